@@ -1,0 +1,161 @@
+// Python bindings: the private extension `speculant._core`. The public API is python/speculant/.
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+
+#include "decoder.h"
+#include "errors.h"
+#include "model.h"
+#include "sampling.h"
+#include "speculative.h"
+
+namespace py = pybind11;
+using namespace speculant;
+
+namespace {
+
+SamplingConfig make_config(double temperature, int64_t top_k, double top_p, double lenience) {
+  SamplingConfig config{temperature, top_k, top_p, lenience};
+  config.validate();
+  return config;
+}
+
+std::optional<at::Device> parse_device(const std::optional<std::string>& device) {
+  if (!device) return std::nullopt;
+  try {
+    return at::Device(*device);
+  } catch (const c10::Error&) {
+    fail("device must be a torch device string such as 'cpu' or 'cuda:0', got '{}'", *device);
+  }
+}
+
+void check_probabilities(const at::Tensor& t, const char* what) {
+  require(at::isFloatingType(t.scalar_type()), "{} must be floating point", what);
+  require(at::isfinite(t).all().item<bool>() && (t >= 0).all().item<bool>(),
+          "{} must be finite and non-negative", what);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "speculant's C++ core: standardized sampling, speculative sampling, the Algorithm 1 engine.";
+
+  py::class_<Model, std::shared_ptr<Model>>(m, "Model")
+      .def_property_readonly("vocab_size", &Model::vocab_size)
+      .def_property_readonly("max_length", &Model::max_length)
+      .def_property_readonly("device", [](const Model& model) { return model.device().str(); })
+      .def_property_readonly("form", &Model::form);
+
+  m.def("load_file",
+        [](const std::string& path, const std::optional<std::string>& device) {
+          return load_script_file(path, parse_device(device));
+        },
+        py::arg("path"), py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("load_bytes",
+        [](const py::bytes& data, const std::string& source, const std::optional<std::string>& device) {
+          std::string bytes = data;
+          py::gil_scoped_release release;
+          return load_script_bytes(bytes, source, parse_device(device));
+        },
+        py::arg("data"), py::arg("source"), py::arg("device") = py::none());
+
+  m.def("standardize",
+        [](const at::Tensor& logits, double temperature, int64_t top_k, double top_p) {
+          SamplingConfig config = make_config(temperature, top_k, top_p, 1.0);
+          at::Tensor probs = standardize(logits, config);
+          check_finite(logits, "logits");
+          return probs;
+        },
+        py::arg("logits"), py::arg("temperature") = 1.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0);
+  m.def("acceptance_probability",
+        [](const at::Tensor& p_x, const at::Tensor& q_x, double lenience) {
+          make_config(1.0, 0, 1.0, lenience);
+          check_probabilities(p_x, "p_x");
+          check_probabilities(q_x, "q_x");
+          return acceptance_probability(p_x, q_x, lenience);
+        },
+        py::arg("p_x"), py::arg("q_x"), py::arg("lenience") = 1.0);
+  m.def("residual",
+        [](const at::Tensor& p, const at::Tensor& q) {
+          check_probabilities(p, "p");
+          check_probabilities(q, "q");
+          require(p.sizes() == q.sizes(), "p and q must have the same shape, got [{}] and [{}]",
+                  fmt::join(p.sizes(), ", "), fmt::join(q.sizes(), ", "));
+          return residual(p, q);
+        },
+        py::arg("p"), py::arg("q"));
+  m.def("verify",
+        [](const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& draft_tokens,
+           double temperature, int64_t top_k, double top_p, double lenience) {
+          check_finite(target_logits, "target_logits");
+          check_probabilities(q, "q");
+          Verification v =
+              verify(target_logits, q, draft_tokens, make_config(temperature, top_k, top_p, lenience));
+          return py::make_tuple(v.accept_prob, v.next_dist);
+        },
+        py::arg("target_logits"), py::arg("q"), py::arg("draft_tokens"), py::arg("temperature") = 1.0,
+        py::arg("top_k") = 0, py::arg("top_p") = 1.0, py::arg("lenience") = 1.0);
+  m.def("sample",
+        [](const at::Tensor& probs, uint64_t seed) {
+          check_probabilities(probs, "probs");
+          require(probs.dim() == 2 && (probs.sum(-1) > 0).all().item<bool>(),
+                  "probs must be [n, vocab] with positive mass in every row");
+          at::Generator generator = make_generator(probs.device(), seed);
+          return sample(probs, generator);
+        },
+        py::arg("probs"), py::arg("seed"));
+  m.def("_sample_generic",
+        [](const at::Tensor& probs, uint64_t seed) {
+          at::Generator generator = make_generator(probs.device(), seed);
+          return sample_generic(probs, generator);
+        },
+        py::arg("probs"), py::arg("seed"));
+
+  py::class_<Iteration>(m, "Iteration")
+      .def_readonly("drafted", &Iteration::drafted)
+      .def_readonly("accepted", &Iteration::accepted)
+      .def_readonly("token", &Iteration::token)
+      .def_readonly("bonus", &Iteration::bonus)
+      .def_readonly("emitted", &Iteration::emitted)
+      .def("__repr__", [](const Iteration& it) {
+        return fmt::format("Iteration(drafted=[{}], accepted={}, token={}, bonus={})",
+                           fmt::join(it.drafted, ", "), it.accepted, it.token, it.bonus ? "True" : "False");
+      });
+
+  py::class_<Stats>(m, "Stats")
+      .def_readonly("gamma", &Stats::gamma)
+      .def_readonly("iterations", &Stats::iterations)
+      .def_readonly("target_calls", &Stats::target_calls)
+      .def_readonly("draft_calls", &Stats::draft_calls)
+      .def_readonly("new_tokens", &Stats::new_tokens)
+      .def_readonly("drafted_tokens", &Stats::drafted_tokens)
+      .def_readonly("accepted_tokens", &Stats::accepted_tokens)
+      .def_readonly("drafted_per_position", &Stats::drafted_per_position)
+      .def_readonly("accepted_per_position", &Stats::accepted_per_position)
+      .def_property_readonly("tokens_per_target_call", &Stats::tokens_per_target_call)
+      .def_property_readonly("acceptance_rate", &Stats::acceptance_rate)
+      .def_property_readonly("alpha", &Stats::alpha)
+      .def_readonly("draft_seconds", &Stats::draft_seconds)
+      .def_readonly("target_seconds", &Stats::target_seconds)
+      .def_property_readonly("other_seconds", &Stats::other_seconds)
+      .def_readonly("total_seconds", &Stats::total_seconds)
+      .def_readonly("seed", &Stats::seed);
+
+  py::class_<Generation>(m, "Generation")
+      .def_readonly("tokens", &Generation::tokens)
+      .def_readonly("stats", &Generation::stats)
+      .def_readonly("trace", &Generation::trace);
+
+  py::class_<Decoder>(m, "Decoder")
+      .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Model> draft, int64_t gamma,
+                       double temperature, int64_t top_k, double top_p, double lenience) {
+             return Decoder(std::move(target), std::move(draft), gamma,
+                            SamplingConfig{temperature, top_k, top_p, lenience});
+           }),
+           py::arg("target"), py::arg("draft"), py::arg("gamma"), py::arg("temperature"), py::arg("top_k"),
+           py::arg("top_p"), py::arg("lenience"))
+      .def("generate", &Decoder::generate, py::arg("prompt"), py::arg("max_new_tokens"),
+           py::arg("eos_token_id"), py::arg("seed"), py::arg("profile") = false,
+           py::call_guard<py::gil_scoped_release>());
+}

@@ -1,0 +1,229 @@
+#include "decoder.h"
+
+#include <torch/cuda.h>
+
+#include <chrono>
+#include <mutex>
+#include <random>
+
+#include "errors.h"
+#include "speculative.h"
+
+namespace speculant {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Accumulates the wall time of one phase into `total`, synchronizing an accelerator first when profiling.
+class PhaseTimer {
+ public:
+  PhaseTimer(double& total, const at::Device& device, bool profile)
+      : total_(total), sync_(profile && device.is_cuda()), start_(Clock::now()) {}
+  ~PhaseTimer() {
+    if (sync_) torch::cuda::synchronize();
+    total_ += seconds_since(start_);
+  }
+
+ private:
+  double& total_;
+  bool sync_;
+  Clock::time_point start_;
+};
+
+void check_prompt(const std::vector<int64_t>& prompt, int64_t vocab) {
+  require(!prompt.empty(), "prompt_ids must hold at least one token id, got an empty prompt");
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    require(prompt[i] >= 0 && prompt[i] < vocab, "prompt_ids[{}] = {} is outside the vocabulary [0, {})", i,
+            prompt[i], vocab);
+  }
+}
+
+void check_length(const Model& model, const char* role, int64_t needed) {
+  if (auto limit = model.max_length()) {
+    require(needed <= *limit,
+            "{} model holds at most max_length = {} positions, but the prompt plus max_new_tokens needs {} "
+            "(prompt + max_new_tokens - 1)",
+            role, *limit, needed);
+  }
+}
+
+}  // namespace
+
+Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Model> draft, int64_t gamma,
+                 SamplingConfig config)
+    : target_(std::move(target)), draft_(std::move(draft)), gamma_(gamma), config_(config) {
+  require(target_ != nullptr, "target must be a model");
+  config_.validate();
+  if (!draft_) {
+    require(gamma_ == 0, "gamma must be 0 without a draft model, got {}", gamma_);
+    return;
+  }
+  require(gamma_ >= 1, "gamma must be an integer >= 1 (the number of draft tokens per iteration), got {}",
+          gamma_);
+  require(draft_ != target_, "draft and target must be different model handles (each owns its cache); "
+                             "load the file twice to draft with the target itself");
+  require(draft_->vocab_size() == target_->vocab_size(),
+          "target and draft vocabularies differ: target vocab_size = {}, draft vocab_size = {}",
+          target_->vocab_size(), draft_->vocab_size());
+  require(draft_->device() == target_->device(), "target and draft must be on the same device: target on {}, "
+          "draft on {}", target_->device().str(), draft_->device().str());
+}
+
+Generation Decoder::generate(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                             std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
+                             bool profile) const {
+  const int64_t vocab = target_->vocab_size();
+  check_prompt(prompt, vocab);
+  require(max_new_tokens >= 0, "max_new_tokens must be >= 0, got {}", max_new_tokens);
+  if (eos_token_id) {
+    require(*eos_token_id >= 0 && *eos_token_id < vocab, "eos_token_id = {} is outside the vocabulary [0, {})",
+            *eos_token_id, vocab);
+  }
+  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
+  check_length(*target_, "target", prompt_length + max_new_tokens - 1);
+  if (draft_) check_length(*draft_, "draft", prompt_length + max_new_tokens - 1);
+
+  // One generation at a time per model: each owns mutable cache state.
+  std::unique_lock<std::mutex> target_lock(target_->in_use(), std::defer_lock);
+  std::unique_lock<std::mutex> draft_lock;
+  if (draft_) {
+    draft_lock = std::unique_lock<std::mutex>(draft_->in_use(), std::defer_lock);
+    std::lock(target_lock, draft_lock);
+  } else {
+    target_lock.lock();
+  }
+
+  Generation out;
+  Stats& stats = out.stats;
+  stats.gamma = gamma_;
+  stats.drafted_per_position.assign(gamma_, 0);
+  stats.accepted_per_position.assign(gamma_, 0);
+  stats.seed = seed ? *seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  const auto start = Clock::now();
+  const at::Device device = target_->device();
+  const auto long_options = at::TensorOptions(device).dtype(at::kLong);
+  at::Generator generator = make_generator(device, stats.seed);
+
+  // Invariant between iterations: each model has cached the sequence except the tokens in its `pending`
+  // tensor, which it is fed first in the next iteration. For the target that is the last token; for the draft
+  // also the last draft token when all gamma were accepted (it sampled that token but never ran on it).
+  at::Tensor prompt_tensor = at::tensor(prompt, long_options);  // [P]
+  at::Tensor prefix = prompt_tensor.narrow(0, 0, prompt_length - 1);
+  at::Tensor target_pending = prompt_tensor.narrow(0, prompt_length - 1, 1);  // [1]
+  at::Tensor draft_pending = target_pending;
+  if (max_new_tokens > 0) {
+    { PhaseTimer timer(stats.target_seconds, device, profile); target_->reset(prefix); }
+    if (draft_) { PhaseTimer timer(stats.draft_seconds, device, profile); draft_->reset(prefix); }
+  }
+  int64_t sequence_length = prompt_length;  // tokens in the sequence, pending ones included
+
+  while (stats.new_tokens < max_new_tokens) {
+    // A longer draft than the tokens still wanted would be wasted work (any gamma keeps the law exact).
+    const int64_t gamma = std::min<int64_t>(gamma_, max_new_tokens - stats.new_tokens - 1);
+    at::Tensor drafted = at::empty({0}, long_options);  // [gamma]
+    at::Tensor q;                                       // [gamma, V]
+    std::vector<at::Tensor> maxima;                     // row maxima of every call's logits (finiteness)
+    if (gamma > 0) {
+      std::vector<at::Tensor> q_rows, x_rows;
+      at::Tensor feed = draft_pending;
+      for (int64_t i = 0; i < gamma; ++i) {
+        at::Tensor logits;  // [k, V]
+        {
+          PhaseTimer timer(stats.draft_seconds, device, profile);
+          logits = draft_->extend(feed);
+        }
+        logits = logits.narrow(0, logits.size(0) - 1, 1);          // [1, V] after the last fed token
+        maxima.push_back(row_maxima(logits));
+        at::Tensor q_i = standardize(logits, config_);             // [1, V]
+        at::Tensor x_i = config_.greedy() ? q_i.argmax(-1) : sample(q_i, generator);  // [1]
+        q_rows.push_back(q_i);
+        x_rows.push_back(x_i);
+        feed = x_i;
+      }
+      q = at::cat(q_rows, 0);
+      drafted = at::cat(x_rows, 0);
+      stats.draft_calls += gamma;
+    }
+
+    // Algorithm 1: run M_p on prefix + [x_1 .. x_gamma] in parallel (one call).
+    at::Tensor target_logits;  // [gamma + 1, V]
+    {
+      PhaseTimer timer(stats.target_seconds, device, profile);
+      at::Tensor logits = target_->extend(at::cat({target_pending, drafted}));  // [pending + gamma, V]
+      target_logits = logits.narrow(0, logits.size(0) - gamma - 1, gamma + 1);
+      stats.target_calls += 1;
+    }
+    maxima.push_back(row_maxima(target_logits));
+    if (gamma == 0) q = at::empty({0, vocab}, target_logits.options());
+    at::Tensor p = standardize(target_logits, config_);  // [gamma + 1, V]
+    at::Tensor accept_prob = accept_probabilities(p, q, drafted, target_logits, config_);  // [gamma]
+
+    // n = min({i - 1 | r_i > p_i(x) / q_i(x)} U {gamma}), then t ~ residual(p_{n+1}, q_{n+1}) (q_{gamma+1} = 0).
+    at::Tensor r = at::rand({gamma}, generator, accept_prob.options());                // [gamma]
+    at::Tensor n = (r < accept_prob).to(at::kLong).cumprod(0).sum().view({1});        // [1] leading acceptances
+    at::Tensor dist = residual(p.index_select(0, n), pad_draft(q).index_select(0, n).to(p.scalar_type()));
+    at::Tensor t = config_.greedy() ? dist.argmax(-1) : sample(dist, generator);      // [1]
+    at::Tensor beta = at::minimum(p.narrow(0, 0, gamma), q.to(p.scalar_type())).sum(-1);  // [gamma]
+    at::Tensor bad = at::isfinite(at::cat(maxima)).all().logical_not().to(at::kLong).view({1});  // [1]
+
+    // The iteration's one device -> host transfer: [n, bad, x_1 .. x_gamma, t].
+    at::Tensor host = at::cat({n, bad, drafted, t}).cpu();
+    const int64_t* h = host.data_ptr<int64_t>();
+    require(h[1] == 0, "model returned NaN or +inf logits, or an all -inf row, at sequence position {} "
+                       "(checked in every draft and target call)", sequence_length);
+    const int64_t accepted = h[0];
+    std::vector<double> betas;
+    if (gamma > 0) {
+      at::Tensor beta_host = beta.to(at::kDouble).cpu();
+      betas.assign(beta_host.data_ptr<double>(), beta_host.data_ptr<double>() + gamma);
+    }
+
+    Iteration it;
+    it.drafted.assign(h + 2, h + 2 + gamma);
+    it.accepted = accepted;
+    it.token = h[2 + gamma];
+    it.bonus = accepted == gamma;
+    stats.iterations += 1;
+    stats.drafted_tokens += gamma;
+    stats.accepted_tokens += accepted;
+    for (int64_t i = 0; i < gamma; ++i) {
+      stats.drafted_per_position[i] += 1;
+      stats.accepted_per_position[i] += i < accepted;
+    }
+    for (int64_t i = 0; i < std::min(accepted + 1, gamma); ++i) stats.beta_sum += betas[i];
+    stats.beta_count += std::min(accepted + 1, gamma);
+
+    // Emit x_1 .. x_n, t, stopping at max_new_tokens or just after an EOS.
+    bool stop = false;
+    for (int64_t i = 0; i <= accepted && !stop; ++i) {
+      const int64_t token = i < accepted ? it.drafted[i] : it.token;
+      out.tokens.push_back(token);
+      it.emitted += 1;
+      stats.new_tokens += 1;
+      stop = (eos_token_id && token == *eos_token_id) || stats.new_tokens == max_new_tokens;
+    }
+    out.trace.push_back(std::move(it));
+    if (stop) break;
+
+    // Rollback: the target ran on pending + x_1..x_gamma; keep the accepted prefix, t becomes pending.
+    const int64_t kept = sequence_length + accepted;  // sequence length after this iteration, minus t
+    target_->truncate(kept);
+    if (accepted < gamma) {
+      draft_pending = t;
+      if (draft_) draft_->truncate(kept);
+    } else {
+      // The draft ran on pending + x_1..x_{gamma-1} and never on x_gamma: feed both next time.
+      draft_pending = gamma > 0 ? at::cat({drafted.narrow(0, gamma - 1, 1), t}) : t;
+    }
+    target_pending = t;
+    sequence_length += accepted + 1;
+  }
+  stats.total_seconds = seconds_since(start);
+  return out;
+}
+
+}  // namespace speculant

@@ -1,0 +1,44 @@
+// The decoding loop: Algorithm 1 (SpeculativeDecodingStep) repeated until max_new_tokens or an EOS, over a
+// target and a draft Model with cache rollback. gamma = 0 without a draft is plain autoregressive decoding
+// through the same code.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "model.h"
+#include "sampling.h"
+#include "stats.h"
+
+namespace speculant {
+
+struct Generation {
+  std::vector<int64_t> tokens;  // the new tokens (an EOS that stopped the run included)
+  Stats stats;
+  std::vector<Iteration> trace;
+};
+
+class Decoder {
+ public:
+  // draft may be null only with gamma = 0. Validates everything it is given (ValueError).
+  Decoder(std::shared_ptr<Model> target, std::shared_ptr<Model> draft, int64_t gamma, SamplingConfig config);
+
+  // prompt: token ids (at least one); seed: replays a run exactly (std::random_device when absent, and the
+  // seed used is reported in stats). `profile` synchronizes an accelerator around the model calls so the
+  // time split is exact; without it only the host-side time of the launches is attributed there.
+  Generation generate(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+                      std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile) const;
+
+  int64_t gamma() const { return gamma_; }
+  const SamplingConfig& config() const { return config_; }
+
+ private:
+  std::shared_ptr<Model> target_;
+  std::shared_ptr<Model> draft_;
+  int64_t gamma_;
+  SamplingConfig config_;
+};
+
+}  // namespace speculant

@@ -1,0 +1,64 @@
+// The model interface the decoder runs (one causal LM with its own cache), and its TorchScript backends.
+//
+// Contract of a TorchScript model file, in one of two forms:
+//  (a) cached: integer attribute `vocab_size` (and optionally `max_length`, 0 = unlimited) and methods
+//        prefill(input_ids: Tensor[1, T]) -> Tensor[1, T, V]   clears the cache, then runs T >= 1 tokens
+//        extend(input_ids: Tensor[1, k])  -> Tensor[1, k, V]   appends k >= 1 tokens after the cached ones
+//        truncate(length: int) -> None                          keeps the first `length` cached positions
+//        cache_length() -> int
+//  (b) plain: forward(input_ids: Tensor[1, T]) -> Tensor[1, T, V], which any causal LM satisfies; run
+//      without a cache, by recomputing the whole prefix at every call.
+// Row j of the logits is the next-token distribution after token j. Logits are floating point.
+// The interface is backend-neutral so that a torch.export / AOTInductor backend can sit beside TorchScript.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/script.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace speculant {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // Clears the cache and runs `tokens` (int64 [T], T >= 0, on device()). Returns nothing: the decoder
+  // feeds the last prompt token with the first draft / verification call.
+  virtual void reset(const at::Tensor& tokens) = 0;
+  // Appends tokens (int64 [k], k >= 1, on device()); returns logits [k, V] for them.
+  virtual at::Tensor extend(const at::Tensor& tokens) = 0;
+  // Keeps the first `length` positions (rollback of rejected drafts).
+  virtual void truncate(int64_t length) = 0;
+  virtual int64_t length() const = 0;
+
+  int64_t vocab_size() const { return vocab_size_; }
+  std::optional<int64_t> max_length() const { return max_length_; }
+  const at::Device& device() const { return device_; }
+  virtual std::string form() const = 0;
+
+  // A model owns mutable cache state: one generation at a time (the decoder holds this while it runs).
+  std::mutex& in_use() { return in_use_; }
+
+ protected:
+  int64_t vocab_size_ = 0;
+  std::optional<int64_t> max_length_;
+  at::Device device_ = at::kCPU;
+
+ private:
+  std::mutex in_use_;
+};
+
+// Loads a TorchScript file (or serialized bytes, `source` naming them in messages), moves it to `device`
+// if given, checks it against the contract with a one-token probe, and returns the matching backend.
+// Throws ValueError saying what is wrong with a file that does not follow the contract.
+std::shared_ptr<Model> load_script_file(const std::string& path, std::optional<at::Device> device);
+std::shared_ptr<Model> load_script_bytes(const std::string& bytes, const std::string& source,
+                                         std::optional<at::Device> device);
+
+}  // namespace speculant

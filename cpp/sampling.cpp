@@ -1,0 +1,136 @@
+#include "sampling.h"
+
+#include <ATen/Context.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/DistributionsHelper.h>
+
+#include <cmath>
+#include <limits>
+#include <mutex>
+
+#include "errors.h"
+
+namespace speculant {
+
+void SamplingConfig::validate() const {
+  require(std::isfinite(temperature) && temperature >= 0.0,
+          "temperature must be a finite number >= 0 (0 selects argmax), got {}", temperature);
+  require(top_k >= 0, "top_k must be >= 0 (0 turns it off), got {}", top_k);
+  require(std::isfinite(top_p) && top_p > 0.0 && top_p <= 1.0,
+          "top_p must be in (0, 1] (1 turns it off), got {}", top_p);
+  require(std::isfinite(lenience) && lenience > 0.0 && lenience <= 1.0,
+          "lenience must be in (0, 1] (1 is exact), got {}", lenience);
+}
+
+namespace {
+
+void check_matrix(const at::Tensor& t, const char* what) {
+  require(t.dim() == 2, "{} must be a 2-D tensor [n, vocab], got {} dimensions", what, t.dim());
+  require(at::isFloatingType(t.scalar_type()), "{} must be a floating-point tensor, got {}", what,
+          std::string(c10::toString(t.scalar_type())));
+  require(t.size(1) > 0, "{} must have a non-empty vocabulary dimension", what);
+}
+
+at::ScalarType working_type(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+}  // namespace
+
+at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config) {
+  check_matrix(logits, "logits");
+  const auto vocab = logits.size(1);
+  at::Tensor x = logits.to(working_type(logits));  // [n, V]
+  if (config.greedy()) {
+    return at::one_hot(x.argmax(-1), vocab).to(x.scalar_type());
+  }
+  if (config.temperature != 1.0) x = x / config.temperature;
+  if (config.top_k > 0 && config.top_k < vocab) {
+    at::Tensor kth = std::get<0>(x.topk(config.top_k, -1)).narrow(-1, config.top_k - 1, 1);  // [n, 1]
+    x = x.masked_fill(x < kth, -std::numeric_limits<double>::infinity());
+  }
+  at::Tensor probs = at::softmax(x, -1);  // [n, V]
+  if (config.top_p < 1.0) {
+    auto [sorted, order] = probs.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true);  // [n, V] each
+    at::Tensor mass_before = sorted.cumsum(-1) - sorted;  // mass of the more probable tokens
+    at::Tensor keep = at::zeros_like(probs, probs.options().dtype(at::kBool))
+                          .scatter(-1, order, mass_before < config.top_p);  // [n, V]
+    probs = probs.masked_fill(keep.logical_not(), 0.0);
+    probs = probs / probs.sum(-1, /*keepdim=*/true);
+  }
+  return probs;
+}
+
+at::Tensor row_maxima(const at::Tensor& logits) {
+  return at::amax(logits, -1).to(at::kFloat);  // amax propagates NaN
+}
+
+void check_finite(const at::Tensor& logits, const char* what) {
+  require(at::isfinite(row_maxima(logits)).all().item<bool>(),
+          "{} contain NaN or +inf, or a row that is entirely -inf", what);
+}
+
+namespace {
+
+// Largest double strictly below 1: u * total * kBelowOne < total for every u in [0, 1), even after rounding.
+constexpr double kBelowOne = 1.0 - 4 * std::numeric_limits<double>::epsilon();
+
+// CPU: one pass for the row's mass and one for the search, in float64, with no tensor ops to dispatch.
+at::Tensor sample_cpu(const at::Tensor& probs, at::Generator& generator) {
+  const at::Tensor rows = probs.contiguous();
+  const int64_t n = rows.size(0), vocab = rows.size(1);
+  at::Tensor out = at::empty({n}, rows.options().dtype(at::kLong));
+  int64_t* token = out.data_ptr<int64_t>();
+  auto* cpu_generator = at::check_generator<at::CPUGeneratorImpl>(generator);
+  std::lock_guard<std::mutex> lock(cpu_generator->mutex_);
+  at::uniform_real_distribution<double> uniform(0.0, 1.0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rows.scalar_type(), "speculant_sample", [&] {
+    const scalar_t* data = rows.const_data_ptr<scalar_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const scalar_t* row = data + i * vocab;
+      double total = 0.0;
+      for (int64_t v = 0; v < vocab; ++v) total += static_cast<double>(row[v]);
+      const double target = uniform(cpu_generator) * total * kBelowOne;
+      // First token whose cumulative mass exceeds the target: a zero-probability token never is.
+      double cumulative = 0.0;
+      int64_t chosen = vocab - 1;
+      for (int64_t v = 0; v < vocab; ++v) {
+        cumulative += static_cast<double>(row[v]);
+        if (cumulative > target) {
+          chosen = v;
+          break;
+        }
+      }
+      token[i] = chosen;
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator) {
+  check_matrix(probs, "probs");
+  at::Tensor cdf = probs.to(at::kDouble).cumsum(-1);                          // [n, V], unnormalized
+  at::Tensor total = cdf.narrow(-1, cdf.size(1) - 1, 1);                     // [n, 1]
+  at::Tensor target = at::rand({probs.size(0), 1}, generator, cdf.options()).mul_(total * kBelowOne);
+  // First cdf > target (right side): a zero-probability token has the cdf of its predecessor and is never
+  // that first one. The clamp only guards memory for a zero-mass row, which callers exclude (sampling.h).
+  return at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(-1).clamp_max(cdf.size(1) - 1);
+}
+
+at::Tensor sample(const at::Tensor& probs, at::Generator& generator) {
+  check_matrix(probs, "probs");
+  return probs.is_cpu() ? sample_cpu(probs, generator) : sample_generic(probs, generator);
+}
+
+at::Generator make_generator(const at::Device& device, uint64_t seed) {
+  at::Generator generator = device.is_cpu()
+      ? at::make_generator<at::CPUGeneratorImpl>(seed)
+      : at::globalContext().getAcceleratorHooksInterface(device.type()).getNewGenerator(device.index());
+  generator.set_current_seed(seed);
+  return generator;
+}
+
+}  // namespace speculant

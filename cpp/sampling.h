@@ -1,0 +1,56 @@
+// Standardized sampling (Leviathan, Kalman & Matias 2023, §2.2).
+//
+// Notation (the paper's, used throughout speculant): p = target model M_p, q = draft model M_q,
+// gamma = draft length, beta / alpha = acceptance, l = lenience, c = cost coefficient.
+//
+// Every sampling method is cast into plain sampling from an adjusted distribution: logits go through
+// temperature, top-k and top-p and come out as probabilities. One SamplingConfig produces both p and q,
+// so target and draft can never be standardized differently.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace speculant {
+
+struct SamplingConfig {
+  // 0 selects argmax, an explicit mode (no sentinel arithmetic); otherwise logits are divided by it.
+  double temperature = 1.0;
+  // 0 = off; otherwise keep the k largest logits (and every logit tied with the k-th).
+  int64_t top_k = 0;
+  // 1 = off; otherwise keep the smallest set of most probable tokens whose mass reaches top_p.
+  double top_p = 1.0;
+  // A.5: l in (0, 1]; 1 is the exact algorithm.
+  double lenience = 1.0;
+
+  bool greedy() const { return temperature == 0.0; }
+  // Throws ValueError naming the first parameter outside its allowed range.
+  void validate() const;
+};
+
+// logits [n, V] (float16/bfloat16/float32/float64) -> probabilities [n, V], float64 if the logits are
+// float64, else float32. Order: temperature, top-k, top-p, renormalize. Greedy: one-hot at the argmax
+// (first index on ties). Does not check finiteness: see row_maxima.
+at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config);
+
+// logits [n, V] -> row maxima [n] (float), which are finite exactly when a row has no NaN and no +inf and is
+// not entirely -inf (-inf alone is a masked token and is allowed). One reduction per call, no host sync: the
+// decoding loop checks the maxima of all its calls at once, with the iteration's one transfer.
+at::Tensor row_maxima(const at::Tensor& logits);
+
+// Throws ValueError (naming `what`) unless every row maximum is finite. Syncs: for use outside the loop.
+void check_finite(const at::Tensor& logits, const char* what);
+
+// One token per row of probs [n, V] (rows need not be normalized, but must have positive mass) ->
+// int64 [n], by inverse CDF in float64 with one uniform per row from `generator`. A zero-probability
+// token is never returned.
+at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
+// The device-generic implementation (tensor ops; what accelerators run). sample() takes a direct loop on CPU
+// with the same law; this one is exposed so that tests check it too.
+at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator);
+
+// A generator on `device` seeded with `seed` (CPU or an accelerator, through ATen's hooks).
+at::Generator make_generator(const at::Device& device, uint64_t seed);
+
+}  // namespace speculant

@@ -1,0 +1,200 @@
+// TorchScript backends of Model: the cached form calls the module's own cache methods, the plain form keeps
+// the token history and recomputes it.
+#include <functional>
+#include <sstream>
+
+#include "errors.h"
+#include "model.h"
+
+namespace speculant {
+namespace {
+
+at::Tensor as_batch(const at::Tensor& tokens) { return tokens.view({1, tokens.numel()}); }  // [1, k]
+
+// logits returned by the module for k input tokens -> [k, V], checked against the contract.
+at::Tensor checked_logits(const c10::IValue& output, int64_t k, int64_t vocab, const std::string& source,
+                          const char* method) {
+  require(output.isTensor(), "model {}: {}() must return a Tensor of logits, got {}", source, method,
+          output.tagKind());
+  const at::Tensor& logits = output.toTensor();
+  require(logits.dim() == 3 && logits.size(0) == 1 && logits.size(1) == k && logits.size(2) == vocab,
+          "model {}: {}() on {} token(s) must return logits [1, {}, {}], got [{}]", source, method, k, k,
+          vocab, fmt::join(logits.sizes(), ", "));
+  require(at::isFloatingType(logits.scalar_type()), "model {}: {}() must return floating-point logits, got {}",
+          source, method, std::string(c10::toString(logits.scalar_type())));
+  return logits.squeeze(0);
+}
+
+std::optional<int64_t> int_attribute(const torch::jit::Module& module, const char* name,
+                                     const std::string& source) {
+  if (!module.hasattr(name)) return std::nullopt;
+  c10::IValue value = module.attr(name);
+  require(value.isInt(), "model {}: attribute `{}` must be an int, got {}", source, name, value.tagKind());
+  return value.toInt();
+}
+
+at::Device module_device(const torch::jit::Module& module) {
+  for (const at::Tensor& t : module.parameters()) return t.device();
+  for (const at::Tensor& t : module.buffers()) return t.device();
+  return at::kCPU;
+}
+
+class CachedScriptModel final : public Model {
+ public:
+  CachedScriptModel(torch::jit::Module module, std::string source)
+      : module_(std::move(module)), source_(std::move(source)) {
+    auto vocab = int_attribute(module_, "vocab_size", source_);
+    require(vocab.has_value(), "model {}: the cached form needs an int attribute `vocab_size`", source_);
+    require(*vocab > 0, "model {}: vocab_size must be positive, got {}", source_, *vocab);
+    vocab_size_ = *vocab;
+    auto max_length = int_attribute(module_, "max_length", source_);
+    if (max_length && *max_length > 0) max_length_ = *max_length;
+    device_ = module_device(module_);
+  }
+
+  void reset(const at::Tensor& tokens) override {
+    if (tokens.numel() == 0) {
+      truncate(0);
+      return;
+    }
+    checked_logits(module_.get_method("prefill")({as_batch(tokens)}), tokens.numel(), vocab_size_, source_,
+                   "prefill");
+    length_ = tokens.numel();
+  }
+  at::Tensor extend(const at::Tensor& tokens) override {
+    at::Tensor logits = checked_logits(module_.get_method("extend")({as_batch(tokens)}), tokens.numel(),
+                                       vocab_size_, source_, "extend");
+    length_ += tokens.numel();
+    return logits;
+  }
+  void truncate(int64_t length) override {
+    module_.get_method("truncate")({length});
+    length_ = length;
+  }
+  int64_t length() const override { return length_; }
+  std::string form() const override { return "cached"; }
+
+  // The module's own count, to check the contract in the probe.
+  int64_t module_length() { return module_.get_method("cache_length")({}).toInt(); }
+
+ private:
+  torch::jit::Module module_;
+  std::string source_;
+  int64_t length_ = 0;
+};
+
+class PlainScriptModel final : public Model {
+ public:
+  PlainScriptModel(torch::jit::Module module, std::string source)
+      : module_(std::move(module)), source_(std::move(source)) {
+    device_ = module_device(module_);
+    max_length_ = int_attribute(module_, "max_length", source_);
+    if (max_length_ && *max_length_ <= 0) max_length_.reset();
+    auto vocab = int_attribute(module_, "vocab_size", source_);
+    if (vocab) {
+      require(*vocab > 0, "model {}: vocab_size must be positive, got {}", source_, *vocab);
+      vocab_size_ = *vocab;
+    } else {  // probe: the output's last dimension
+      c10::IValue out = module_.forward({at::zeros({1, 1}, at::TensorOptions(device_).dtype(at::kLong))});
+      require(out.isTensor() && out.toTensor().dim() == 3,
+              "model {}: forward(input_ids[1, T]) must return logits [1, T, V]", source_);
+      vocab_size_ = out.toTensor().size(2);
+    }
+    history_ = at::empty({0}, at::TensorOptions(device_).dtype(at::kLong));
+  }
+
+  void reset(const at::Tensor& tokens) override { history_ = tokens.clone(); }
+  at::Tensor extend(const at::Tensor& tokens) override {
+    history_ = at::cat({history_, tokens});  // [L + k]
+    at::Tensor all = checked_logits(module_.forward({as_batch(history_)}), history_.numel(), vocab_size_,
+                                    source_, "forward");
+    return all.narrow(0, history_.numel() - tokens.numel(), tokens.numel());  // [k, V]
+  }
+  void truncate(int64_t length) override { history_ = history_.narrow(0, 0, length); }
+  int64_t length() const override { return history_.numel(); }
+  std::string form() const override { return "plain"; }
+
+ private:
+  torch::jit::Module module_;
+  std::string source_;
+  at::Tensor history_;  // [L] the tokens "cached" so far
+};
+
+bool has_method(const torch::jit::Module& module, const char* name) {
+  return module.find_method(name).has_value();
+}
+
+// Runs a one-token probe through the chosen backend so that a broken file fails at load, with the reason.
+void probe(Model& model, const std::string& source) {
+  at::Tensor one = at::zeros({1}, at::TensorOptions(model.device()).dtype(at::kLong));
+  model.reset(one);
+  at::Tensor logits = model.extend(one);  // [1, V], shape checked by the backend
+  require(model.length() == 2, "model {}: cache length after prefill(1 token) + extend(1 token) must be 2",
+          source);
+  if (auto* cached = dynamic_cast<CachedScriptModel*>(&model)) {
+    require(cached->module_length() == 2,
+            "model {}: cache_length() must return 2 after prefill of 1 token and extend of 1, got {}", source,
+            cached->module_length());
+    cached->truncate(1);
+    require(cached->module_length() == 1, "model {}: cache_length() must return 1 after truncate(1), got {}",
+            source, cached->module_length());
+  }
+  model.truncate(0);
+  (void)logits;
+}
+
+std::shared_ptr<Model> from_module(torch::jit::Module module, const std::string& source) {
+  module.eval();
+  const char* cached_methods[] = {"prefill", "extend", "truncate", "cache_length"};
+  std::vector<std::string> present, missing;
+  for (const char* name : cached_methods) (has_method(module, name) ? present : missing).push_back(name);
+  std::shared_ptr<Model> model;
+  if (missing.empty()) {
+    model = std::make_shared<CachedScriptModel>(std::move(module), source);
+  } else if (present.empty() && has_method(module, "forward")) {
+    model = std::make_shared<PlainScriptModel>(std::move(module), source);
+  } else if (present.empty()) {
+    fail("model {}: follows neither form of the contract: the cached form needs methods prefill, extend, "
+         "truncate and cache_length; the plain form needs forward(input_ids[1, T]) -> logits[1, T, V]",
+         source);
+  } else {
+    fail("model {}: has {} but is missing {} of the cached form (prefill, extend, truncate, cache_length)",
+         source, fmt::join(present, ", "), fmt::join(missing, ", "));
+  }
+  try {
+    probe(*model, source);
+  } catch (const ValueError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    fail("model {}: failed the one-token probe of the {} contract: {}", source, model->form(),
+         e.what_without_backtrace());
+  }
+  return model;
+}
+
+torch::jit::Module script_load(const std::function<torch::jit::Module()>& loader, const std::string& source) {
+  try {
+    return loader();
+  } catch (const c10::Error& e) {
+    fail("model {}: is not a loadable TorchScript file: {}", source, e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Model> load_script_file(const std::string& path, std::optional<at::Device> device) {
+  return from_module(script_load([&] { return torch::jit::load(path, device); }, path), path);
+}
+
+std::shared_ptr<Model> load_script_bytes(const std::string& bytes, const std::string& source,
+                                         std::optional<at::Device> device) {
+  return from_module(script_load(
+                         [&] {
+                           std::istringstream stream(bytes);
+                           return torch::jit::load(stream, device);
+                         },
+                         source),
+                     source);
+}
+
+}  // namespace speculant

@@ -1,0 +1,55 @@
+// What one generation measured: counts, acceptance, alpha (Corollary 3.6), time split, and the trace.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace speculant {
+
+// One run of Algorithm 1 (the paper's Figure 1 line): `drafted` are the draft's guesses, the first
+// `accepted` were kept, and `token` is the correction (n < gamma) or the bonus token (all accepted).
+// Tokens past max_new_tokens or an EOS are cut from what is returned, not from `drafted`.
+struct Iteration {
+  std::vector<int64_t> drafted;
+  int64_t accepted = 0;
+  int64_t token = 0;
+  bool bonus = false;
+  int64_t emitted = 0;  // tokens this iteration added to the output (accepted + 1 unless cut)
+};
+
+struct Stats {
+  int64_t gamma = 0;
+  int64_t iterations = 0;
+  int64_t target_calls = 0;
+  int64_t draft_calls = 0;
+  int64_t new_tokens = 0;
+  int64_t drafted_tokens = 0;
+  int64_t accepted_tokens = 0;
+  std::vector<int64_t> drafted_per_position;   // [gamma] how often draft position i was verified
+  std::vector<int64_t> accepted_per_position;  // [gamma] how often it was accepted
+  // Corollary 3.6: alpha = E[sum_x min(p, q)], averaged over the verified positions whose prefix is the
+  // generated sequence (every position up to and including the first rejection).
+  double beta_sum = 0.0;
+  int64_t beta_count = 0;
+  // Time inside the models' calls (prefill and extend); everything else (sampling math, verification,
+  // bookkeeping, cache rollback, the host transfer) is other_seconds.
+  double draft_seconds = 0.0;
+  double target_seconds = 0.0;
+  double total_seconds = 0.0;
+  uint64_t seed = 0;
+
+  double tokens_per_target_call() const {
+    return target_calls ? static_cast<double>(new_tokens) / target_calls : 0.0;
+  }
+  double acceptance_rate() const;  // accepted / drafted; NaN when nothing was drafted
+  double alpha() const;            // NaN when nothing was drafted
+  double other_seconds() const { return total_seconds - draft_seconds - target_seconds; }
+};
+
+inline double Stats::acceptance_rate() const {
+  return drafted_tokens ? static_cast<double>(accepted_tokens) / drafted_tokens : std::numeric_limits<double>::quiet_NaN();
+}
+inline double Stats::alpha() const { return beta_count ? beta_sum / beta_count : std::numeric_limits<double>::quiet_NaN(); }
+
+}  // namespace speculant

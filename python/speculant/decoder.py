@@ -1,0 +1,114 @@
+"""The public decoding API: speculative decoding (Algorithm 1 in a loop) and plain decoding, both run by the
+C++ engine with the GIL released."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Union
+
+import torch
+
+from . import _core
+from .model import Model
+from .trace import Trace
+
+PromptIds = Union[Sequence[int], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a generation returns.
+
+    tokens: the new token ids (an EOS that stopped the run is included).
+    stats: counts, acceptance, alpha (Corollary 3.6) and the time split (speculant.Stats).
+    trace: the per-iteration record, the paper's Figure 1 (speculant.Trace).
+    """
+
+    tokens: List[int]
+    stats: _core.Stats
+    trace: Trace
+
+
+def _integer(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _real(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    return float(value)
+
+
+def _prompt(prompt_ids: PromptIds) -> List[int]:
+    if isinstance(prompt_ids, torch.Tensor):
+        if prompt_ids.dim() == 2 and prompt_ids.size(0) == 1:
+            prompt_ids = prompt_ids[0]
+        if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
+            raise ValueError("prompt_ids must be a sequence of token ids, a 1-D or [1, T] integer tensor; got "
+                             f"a {prompt_ids.dtype} tensor of shape {list(prompt_ids.shape)}")
+        return prompt_ids.tolist()
+    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
+        raise ValueError(f"prompt_ids must be a sequence of token ids, got {type(prompt_ids).__name__}")
+    ids = list(prompt_ids)
+    for i, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+            raise ValueError(f"prompt_ids[{i}] must be an integer token id, got {token!r}")
+    return [int(t) for t in ids]
+
+
+def _model(value, name: str) -> Model:
+    if not isinstance(value, Model):
+        raise ValueError(f"{name} must be a speculant.Model (from speculant.load), got {type(value).__name__}")
+    return value
+
+
+def _run(decoder: _core.Decoder, prompt_ids, max_new_tokens, eos_token_id, seed, profile) -> Result:
+    prompt = _prompt(prompt_ids)
+    max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0)
+    eos = None if eos_token_id is None else _integer(eos_token_id, "eos_token_id", 0)
+    seed = None if seed is None else _integer(seed, "seed", 0)
+    generation = decoder.generate(prompt, max_new_tokens, eos, seed, bool(profile))
+    return Result(tokens=list(generation.tokens), stats=generation.stats, trace=Trace(generation.trace))
+
+
+class SpeculativeDecoder:
+    """Speculative decoding of ``target`` with ``draft`` proposing ``gamma`` tokens per iteration.
+
+    One sampling configuration standardizes both models (§2.2): temperature (0 = argmax), top_k (0 = off),
+    top_p (1 = off). lenience in (0, 1] (A.5): 1 is exact; below 1 no token is sampled with probability above
+    p(x) / lenience (argmax: a draft token is kept when p(x) >= lenience * max p).
+    """
+
+    def __init__(self, target: Model, draft: Model, *, gamma: int, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, lenience: float = 1.0):
+        self.target = _model(target, "target")
+        self.draft = _model(draft, "draft")
+        self._core = _core.Decoder(self.target._core, self.draft._core, _integer(gamma, "gamma", 1),
+                                   _real(temperature, "temperature"), _integer(top_k, "top_k", 0),
+                                   _real(top_p, "top_p"), _real(lenience, "lenience"))
+
+    @property
+    def gamma(self) -> int:
+        return self._core.gamma
+
+    def generate(self, prompt_ids: PromptIds, *, max_new_tokens: int, eos_token_id: Optional[int] = None,
+                 seed: Optional[int] = None, profile: bool = False) -> Result:
+        """Generates up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after ``eos_token_id``.
+
+        The same seed and inputs give the same tokens; without a seed one is drawn and reported in
+        ``result.stats.seed``. ``profile=True`` synchronizes a GPU around model calls so that the draft /
+        target / other time split is exact (it adds synchronizations; on CPU it changes nothing).
+        """
+        return _run(self._core, prompt_ids, max_new_tokens, eos_token_id, seed, profile)
+
+
+def generate(target: Model, prompt_ids: PromptIds, *, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int = 0, top_p: float = 1.0, eos_token_id: Optional[int] = None,
+             seed: Optional[int] = None, profile: bool = False) -> Result:
+    """Plain autoregressive decoding of ``target`` through the same engine (gamma = 0): the baseline."""
+    decoder = _core.Decoder(_model(target, "target")._core, None, 0, _real(temperature, "temperature"),
+                            _integer(top_k, "top_k", 0), _real(top_p, "top_p"), 1.0)
+    return _run(decoder, prompt_ids, max_new_tokens, eos_token_id, seed, profile)

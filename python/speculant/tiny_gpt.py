@@ -1,0 +1,192 @@
+"""A small GPT-style decoder and its two TorchScript contract forms.
+
+`TinyGPT` is the training form: forward(ids[B, T]) -> logits[B, T, V]. `script_cached` and `script_plain`
+turn trained weights into the model contract the engine loads (see the README's "Model contract"):
+
+- cached form: the model owns a preallocated KV cache and exports prefill / extend / truncate / cache_length;
+- plain form: forward(input_ids[1, T]) -> logits[1, T, V], recomputing the whole prefix on every call.
+
+Both forms run the same `TinyGPT.run` code as training does, so their logits agree with the training form
+up to floating-point summation order. Shapes use B = batch, T = new tokens, S = attended positions,
+H = heads, D = head_dim, C = d_model, V = vocab, L = n_layer, M = max_length.
+"""
+import copy
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["TinyGPTConfig", "TinyGPT", "script_cached", "script_plain"]
+
+
+@dataclass(frozen=True)
+class TinyGPTConfig:
+    vocab_size: int  # 256 for the byte-level demo models: every string encodes, no tokenizer file to ship
+    n_layer: int
+    n_head: int  # must divide d_model
+    d_model: int
+    max_length: int  # learned position embeddings: the model has no positions beyond this, nor does its cache
+    d_ff: Optional[int] = None  # MLP width; None = 4 * d_model, the GPT-2 ratio
+
+    def __post_init__(self) -> None:
+        if min(self.vocab_size, self.n_layer, self.n_head, self.d_model, self.max_length) < 1:
+            raise ValueError(f"TinyGPTConfig: every size must be >= 1, got {self}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"TinyGPTConfig: n_head={self.n_head} does not divide d_model={self.d_model}")
+
+    @property
+    def ff_width(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: TinyGPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
+        # x [B, T, C] holds positions [start, start + T); cache (keys, values) [H, M, D] each, batch 1.
+        B, T, C = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head)  # [B, T, 3, H, D]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] each
+        if cache is not None:  # write the new positions, then attend to everything cached so far
+            cache_k, cache_v = cache
+            cache_k[:, start:start + T] = k[0]
+            cache_v[:, start:start + T] = v[0]
+            k = cache_k[:, :start + T].unsqueeze(0)  # [1, H, S, D], S = start + T
+            v = cache_v[:, :start + T].unsqueeze(0)  # [1, H, S, D]
+        # query i sits at position start + i and sees keys 0 .. start + i, inclusive
+        mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(start)  # [T, S]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TinyGPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.ff_width), nn.GELU(),
+                                 nn.Linear(cfg.ff_width, cfg.d_model))
+
+    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
+        x = x + self.attn(self.ln_1(x), cache, start)  # [B, T, C], pre-LayerNorm residual
+        return x + self.mlp(self.ln_2(x))  # [B, T, C]
+
+
+class TinyGPT(nn.Module):
+    """Training form: forward(ids[B, T]) -> logits[B, T, V], T <= max_length."""
+
+    def __init__(self, config: TinyGPTConfig):
+        super().__init__()
+        self.config = config  # not scripted (TorchScript skips attributes it cannot type)
+        self.vocab_size = config.vocab_size
+        self.max_length = config.max_length
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)  # [V, C], also the LM head (tied)
+        self.pos_emb = nn.Embedding(config.max_length, config.d_model)  # [M, C]
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2: residual projections scaled by 1/sqrt(2 L)
+            if name.endswith("attn.proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if ids.dim() != 2 or ids.size(1) < 1 or ids.size(1) > self.max_length:
+            raise ValueError(
+                f"forward: expected input_ids [B, T] with 1 <= T <= {self.max_length}, got {ids.shape}"
+            )
+        return self.run(ids, torch.jit.annotate(List[Tuple[Tensor, Tensor]], []), 0)
+
+    def run(self, ids: Tensor, caches: List[Tuple[Tensor, Tensor]], start: int) -> Tensor:
+        # ids [B, T] at positions [start, start + T); caches: [] or a (keys, values) [H, M, D] pair per layer
+        pos = torch.arange(start, start + ids.size(1), device=ids.device)  # [T]
+        x = self.tok_emb(ids) + self.pos_emb(pos)  # [B, T, C]
+        for i, block in enumerate(self.blocks):
+            x = block(x, caches[i] if len(caches) > 0 else None, start)  # [B, T, C]
+        return F.linear(self.ln_f(x), self.tok_emb.weight)  # [B, T, V]
+
+
+class CachedTinyGPT(nn.Module):
+    """The cached contract form: a TinyGPT plus its own KV cache, batch 1."""
+
+    length: int
+
+    def __init__(self, model: TinyGPT):
+        super().__init__()
+        cfg = model.config
+        self.gpt = model
+        self.vocab_size = cfg.vocab_size
+        self.max_length = cfg.max_length
+        self.length = 0  # cached positions; cache rows at or past it are stale
+        shape = (cfg.n_layer, cfg.n_head, cfg.max_length, cfg.d_model // cfg.n_head)  # [L, H, M, D]
+        like = dict(dtype=model.tok_emb.weight.dtype, device=model.tok_emb.weight.device)
+        self.register_buffer("cache_k", torch.zeros(shape, **like), persistent=False)  # [L, H, M, D]
+        self.register_buffer("cache_v", torch.zeros(shape, **like), persistent=False)  # [L, H, M, D]
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        # stateless full run, leaves the cache alone: [B, T] -> [B, T, V]
+        return self.gpt(input_ids)
+
+    @torch.jit.export
+    def prefill(self, input_ids: Tensor) -> Tensor:
+        # [1, T] -> [1, T, V]; clears the cache first
+        self.length = 0
+        return self.extend(input_ids)
+
+    @torch.jit.export
+    def extend(self, input_ids: Tensor) -> Tensor:
+        # [1, k] -> [1, k, V]: writes positions [length, length + k), attends causally to [0, length + k)
+        if input_ids.dim() != 2 or input_ids.size(0) != 1 or input_ids.size(1) < 1:
+            raise ValueError(f"extend/prefill: expected input_ids [1, k] with k >= 1, got {input_ids.shape}")
+        if input_ids.dtype != torch.long:
+            raise ValueError(f"extend/prefill: expected int64 input_ids, got {input_ids.dtype}")
+        k = input_ids.size(1)
+        if self.length + k > self.max_length:
+            raise ValueError(
+                f"extend/prefill: {self.length} cached + {k} new positions exceed max_length={self.max_length}"
+            )
+        caches = [(self.cache_k[i], self.cache_v[i]) for i in range(self.cache_k.size(0))]  # [H, M, D] views
+        logits = self.gpt.run(input_ids, caches, self.length)  # [1, k, V]
+        self.length += k
+        return logits
+
+    @torch.jit.export
+    def truncate(self, length: int) -> None:
+        if length < 0 or length > self.length:
+            raise ValueError(f"truncate: length must be in [0, cache_length()={self.length}], got {length}")
+        self.length = length
+
+    @torch.jit.export
+    def cache_length(self) -> int:
+        return self.length
+
+
+def _frozen_copy(model: TinyGPT) -> TinyGPT:
+    # a fresh module with the trained weights, eval mode, no grad: never aliases the trainer's tensors
+    clone = TinyGPT(model.config)
+    clone.load_state_dict(copy.deepcopy(model.state_dict()))
+    return clone.to(next(model.parameters()).device).eval().requires_grad_(False)
+
+
+def script_cached(model: TinyGPT) -> torch.jit.ScriptModule:
+    """The cached contract form (prefill / extend / truncate / cache_length) with `model`'s weights."""
+    return torch.jit.script(CachedTinyGPT(_frozen_copy(model)).eval())
+
+
+def script_plain(model: TinyGPT) -> torch.jit.ScriptModule:
+    """The plain contract form, forward(input_ids[1, T]) -> [1, T, V], with `model`'s weights."""
+    return torch.jit.script(_frozen_copy(model))

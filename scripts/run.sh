@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: installs everything (idempotently), then runs `demo` or `test`.
+#
+#   bash scripts/run.sh demo [demo options]   # speculative decoding with the default pair, trace + stats
+#   bash scripts/run.sh test [pytest options] # the whole test suite
+#
+# torch is a multi-GB download, so it goes into a virtual environment outside the clone that later clones
+# and CI runs reuse: $SPECULANT_VENV (default ~/.cache/speculant/venv-torch2.11.0). torch is pinned to 2.11.0:
+# PyPI's regular build of it carries the full C++ headers and is built for CUDA 13.0, the same as the GPU
+# machines' torch 2.11+cu130, and its TorchScript still works (deprecated, with a warning). The extension is
+# built against that torch with --no-build-isolation; an isolated build would fetch another torch.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${SPECULANT_VENV:-$HOME/.cache/speculant/venv-torch2.11.0}"
+python="$venv/bin/python"
+
+if [ ! -x "$python" ]; then
+  python3 -m venv "$venv"
+fi
+# Quiet when everything is already there; pip only downloads what is missing.
+"$python" -m pip install --disable-pip-version-check --progress-bar off -q \
+  "torch==2.11.0" "scikit-build-core>=0.10" "cmake>=3.26" ninja numpy tqdm pytest scipy
+CMAKE_BUILD_PARALLEL_LEVEL=2 "$python" -m pip install --disable-pip-version-check --progress-bar off -q --no-build-isolation \
+  "$root"
+
+cmd="${1:-demo}"
+shift || true
+case "$cmd" in
+  demo) exec "$python" -m speculant demo "$@" ;;
+  test) cd "$root" && exec "$python" -m pytest tests "$@" ;;
+  *) echo "usage: bash scripts/run.sh demo|test [options]" >&2; exit 2 ;;
+esac

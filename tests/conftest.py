@@ -1,0 +1,42 @@
+"""Shared pytest configuration and fixtures for speculant's tests.
+
+Warnings are errors (pyproject.toml's filterwarnings = ["error", ...]). TorchScript's own deprecation
+warnings ("`torch.jit.script` is deprecated. Please switch to ...", a DeprecationWarning in torch
+2.11-2.12 and a FutureWarning later, pytorch#173015) are the only ones let through, filtered by
+message here so that no other deprecation is hidden.
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py and tests/markov.py
+
+# `torch.jit.script`, `torch.jit.trace`, `torch.jit.save`, `torch.jit.load`, `...script_method`, ...
+TORCHSCRIPT_DEPRECATION = r"`torch\.jit\.\w+` is deprecated"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Appended after pyproject.toml's "error", so these take precedence over it.
+    for category in ("DeprecationWarning", "FutureWarning"):
+        config.addinivalue_line("filterwarnings", f"ignore:{TORCHSCRIPT_DEPRECATION}:{category}")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+    # The models under test are tiny: intra-op threads only add contention (on a loaded 2-core
+    # machine a [3, 4] softmax took 10 ms with 2 threads and 4 us with one).
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request) -> str:
+    return request.param

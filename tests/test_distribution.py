@@ -1,0 +1,227 @@
+"""Statistical tests of the C++ engine's output law (Algorithm 1 end to end, Theorem A.1).
+
+Notation (paper §2): p = target, q = draft, γ = draft length, l = lenience.
+
+Each test runs N_SAMPLES generations of MAX_NEW_TOKENS tokens with fixed seeds (seed = base + i), from a
+fixed prompt, on Markov table models (tests/markov.py: second order, position-parity dependent, so a stale
+cache or a wrong rollback shows in later tokens), and compares the empirical joint law of a window of
+generated tokens with the exact law enumerated by tests/markov.py:
+
+* a cell whose exact probability is zero must never be observed (asserted exactly);
+* cells with expected count < 5 are pooled; Pearson's chi-square goodness-of-fit test must not reject at
+  SIGNIFICANCE = 1e-3 per test.
+
+There are 2 windows (tokens 1-3 and 4-6) per configuration, 22 chi-square tests in all, so the family-wise
+false-rejection rate of a correct engine is at most 22 * 1e-3 = 2.2% (Bonferroni) for a fresh draw of seeds;
+the seeds are fixed, so the suite's outcome is deterministic. Power: the lenience negative control
+(test_lenient_law_is_detected) is rejected by the same test, and its predicted power at N_SAMPLES is asserted
+to exceed 0.999.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+import markov
+import speculant
+
+SIGNIFICANCE = 1e-3
+N_SAMPLES = 5000
+MAX_NEW_TOKENS = 6
+WINDOWS = [(0, 1, 2), (3, 4, 5)]  # token indices whose joint law is tested (4-6 need several iterations)
+VOCAB = 4
+PROMPT = [2, 1, 3]
+MIN_EXPECTED = 5.0
+
+
+# ------------------------------------------------------------------------------------------------
+# The test statistic
+# ------------------------------------------------------------------------------------------------
+
+
+def pooled(expected: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pools the cells with expected count < MIN_EXPECTED (and, if that pool is still below it, the
+    next smallest cells) into one cell. Zero-probability cells must be dropped before."""
+    order = np.argsort(expected, kind="stable")
+    e, o = expected[order], observed[order]
+    split = int(np.searchsorted(e, MIN_EXPECTED))  # e[:split] < MIN_EXPECTED
+    while split < len(e) and 0 < e[:split].sum() < MIN_EXPECTED:
+        split += 1
+    if split == 0:
+        return e, o
+    return np.append(e[split:], e[:split].sum()), np.append(o[split:], o[:split].sum())
+
+
+def chi_square_pvalue(law: torch.Tensor, samples: np.ndarray) -> float:
+    """Pearson chi-square p-value of samples [n, k] (token ids) against the exact joint law [V] * k.
+
+    Asserts first that no sample falls in a cell of probability zero.
+    """
+    n, k = samples.shape
+    vocab = law.shape[0]
+    cells = np.ravel_multi_index(tuple(samples.T), (vocab,) * k)
+    observed = np.bincount(cells, minlength=vocab**k).astype(np.float64)
+    probs = law.reshape(-1).numpy()
+    impossible = probs == 0
+    assert observed[impossible].sum() == 0, (
+        f"{int(observed[impossible].sum())} samples in zero-probability cells "
+        f"{np.nonzero(impossible & (observed > 0))[0].tolist()}"
+    )
+    expected, observed = pooled(probs[~impossible] * n, observed[~impossible])
+    expected *= observed.sum() / expected.sum()  # float64 rounding only
+    if len(expected) < 2:
+        return 1.0
+    return float(scipy.stats.chisquare(observed, expected).pvalue)
+
+
+def predicted_power(law: torch.Tensor, alternative: torch.Tensor, n: int) -> float:
+    """Power of the pooled chi-square test at SIGNIFICANCE against data drawn from `alternative`
+    (noncentral chi-square approximation, noncentrality n Σ (P_alt - P)^2 / P over the pooled cells)."""
+    probs = law.reshape(-1).numpy()
+    alt = alternative.reshape(-1).numpy()
+    keep = probs > 0
+    expected, alt_expected = pooled(probs[keep] * n, alt[keep] * n)
+    noncentrality = float(((alt_expected - expected) ** 2 / expected).sum())
+    df = len(expected) - 1
+    critical = scipy.stats.chi2.ppf(1 - SIGNIFICANCE, df)
+    return float(scipy.stats.ncx2.sf(critical, df, noncentrality))
+
+
+# ------------------------------------------------------------------------------------------------
+# Models, configurations and sampling
+# ------------------------------------------------------------------------------------------------
+
+
+def check_no_top_p_boundary(table: torch.Tensor, temperature: float, top_k: int, top_p: float) -> None:
+    """Precondition: no context puts a top-p boundary within 1e-5 of top_p, so the engine's float32
+    standardization and the float64 enumeration keep the same tokens."""
+    if top_p >= 1.0:
+        return
+    probs = markov.standardized_table(table, temperature, top_k, 1.0).reshape(-1, table.shape[-1])
+    sorted_probs = probs.sort(dim=-1, descending=True).values
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    assert ((mass_before - top_p).abs() > 1e-5).all(), "pick another seed or top_p"
+
+
+def generate_samples(generate, n: int, seed_base: int) -> np.ndarray:
+    out = np.empty((n, MAX_NEW_TOKENS), dtype=np.int64)
+    for i in range(n):
+        tokens = generate(seed_base + i)
+        assert len(tokens) == MAX_NEW_TOKENS
+        out[i] = tokens
+    return out
+
+
+def assert_law(samples: np.ndarray, law: torch.Tensor, label: str) -> None:
+    for window in WINDOWS:
+        window_law = markov.marginal(law, list(window))
+        pvalue = chi_square_pvalue(window_law, samples[:, list(window)])
+        assert pvalue > SIGNIFICANCE, f"{label}: tokens {window} reject the exact law, p = {pvalue:.3g}"
+
+
+CONFIGS = [
+    # id, temperature, top_k, top_p, gamma, target form, draft form, table seed, independent draft
+    ("T1-plain-g1-cached", 1.0, 0, 1.0, 1, "cached", "cached", 1, False),
+    ("T0.7-plain-g3-cached", 0.7, 0, 1.0, 3, "cached", "cached", 2, False),
+    ("T1-topk2-g3-plain", 1.0, 2, 1.0, 3, "plain", "plain", 3, False),
+    ("T0.7-topk3-g8-mixed", 0.7, 3, 1.0, 8, "cached", "plain", 4, False),
+    ("T1-topp0.8-g8-cached", 1.0, 0, 0.8, 8, "cached", "cached", 5, False),
+    ("T0.7-topp0.7-g1-mixed", 0.7, 0, 0.7, 1, "plain", "cached", 6, False),
+    ("T1-plain-g3-unrelated-masked-draft", 1.0, 0, 1.0, 3, "cached", "cached", 7, True),
+    ("T0.7-topk2-topp0.9-g8-unrelated", 0.7, 2, 0.9, 8, "cached", "cached", 8, True),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_speculative_law_equals_target_law(config):
+    name, temperature, top_k, top_p, gamma, target_form, draft_form, seed, independent = config
+    target, draft = markov.target_and_draft(
+        VOCAB, seed, mask_prob=0.25 if independent else 0.1, independent_draft=independent
+    )
+    check_no_top_p_boundary(target, temperature, top_k, top_p)
+    check_no_top_p_boundary(draft, temperature, top_k, top_p)
+    decoder = speculant.SpeculativeDecoder(
+        speculant.load(markov.script(target, target_form)),
+        speculant.load(markov.script(draft, draft_form)),
+        gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
+    )
+    samples = generate_samples(
+        lambda s: decoder.generate(PROMPT, max_new_tokens=MAX_NEW_TOKENS, seed=s).tokens,
+        N_SAMPLES, seed_base=1000 * seed,
+    )
+    law = markov.continuation_law(target, PROMPT, MAX_NEW_TOKENS, temperature, top_k, top_p)
+    assert_law(samples, law, name)
+
+
+PLAIN_CONFIGS = [
+    ("T1-cached", 1.0, 0, 1.0, "cached", 11),
+    ("T0.7-topk3-topp0.8-plain", 0.7, 3, 0.8, "plain", 12),
+]
+
+
+@pytest.mark.parametrize("config", PLAIN_CONFIGS, ids=[c[0] for c in PLAIN_CONFIGS])
+def test_plain_decoding_law_equals_target_law(config):
+    name, temperature, top_k, top_p, form, seed = config
+    target = markov.random_table(VOCAB, seed, mask_prob=0.1)
+    check_no_top_p_boundary(target, temperature, top_k, top_p)
+    model = speculant.load(markov.script(target, form))
+    samples = generate_samples(
+        lambda s: speculant.generate(
+            model, PROMPT, max_new_tokens=MAX_NEW_TOKENS, temperature=temperature, top_k=top_k, top_p=top_p,
+            seed=s,
+        ).tokens,
+        N_SAMPLES, seed_base=1000 * seed,
+    )
+    law = markov.continuation_law(target, PROMPT, MAX_NEW_TOKENS, temperature, top_k, top_p)
+    assert_law(samples, law, name)
+
+
+def test_lenient_law_is_detected():
+    """Negative control (power): lenience l = 0.3 with an unrelated draft changes the output law; the same
+    chi-square test must reject the target law, while the exact lenient law (enumerated with
+    tests/reference.py) is not rejected, and the first token respects P(x) <= p(x) / l (A.5)."""
+    lenience, gamma, temperature = 0.3, 2, 1.0
+    target, draft = markov.target_and_draft(VOCAB, 21, independent_draft=True, concentration=0.5)
+    law = markov.continuation_law(target, PROMPT, MAX_NEW_TOKENS, temperature)
+    lenient = markov.speculative_law(target, draft, PROMPT, MAX_NEW_TOKENS, gamma, temperature, lenience=lenience)
+    first, first_p = markov.marginal(lenient, [0]), markov.marginal(law, [0])
+    assert (first <= first_p / lenience + 1e-12).all()
+    for window in WINDOWS:
+        power = predicted_power(markov.marginal(law, list(window)), markov.marginal(lenient, list(window)), N_SAMPLES)
+        assert power > 0.999, f"the test has too little power at N = {N_SAMPLES}: {power:.4f}"
+
+    decoder = speculant.SpeculativeDecoder(
+        speculant.load(markov.cached_model(target)), speculant.load(markov.cached_model(draft)),
+        gamma=gamma, temperature=temperature, lenience=lenience,
+    )
+    samples = generate_samples(
+        lambda s: decoder.generate(PROMPT, max_new_tokens=MAX_NEW_TOKENS, seed=s).tokens,
+        N_SAMPLES, seed_base=21000,
+    )
+    for window in WINDOWS:
+        pvalue = chi_square_pvalue(markov.marginal(law, list(window)), samples[:, list(window)])
+        assert pvalue < SIGNIFICANCE, f"lenient output not told apart from the target law, p = {pvalue:.3g}"
+    assert_law(samples, lenient, "lenience 0.3")
+    # One-sided binomial tests at 1e-3 each: the first token's frequency is not above p(x) / l.
+    counts = np.bincount(samples[:, 0], minlength=VOCAB)
+    for x in range(VOCAB):
+        bound = min(1.0, float(first_p[x]) / lenience)
+        test = scipy.stats.binomtest(int(counts[x]), N_SAMPLES, bound, alternative="greater")
+        assert test.pvalue > SIGNIFICANCE, (x, counts[x], bound)
+
+
+def test_statistic_rejects_a_wrong_law():
+    """Self-check of chi_square_pvalue: a clear mismatch is rejected, an exact sample is not, and a
+    sample in a zero-probability cell fails outright."""
+    law = torch.tensor([[0.5, 0.2], [0.0, 0.3]], dtype=torch.float64)
+    rng = np.random.default_rng(0)
+    cells = rng.choice(4, size=4000, p=law.reshape(-1).numpy())
+    samples = np.stack(np.unravel_index(cells, (2, 2)), axis=1)
+    assert chi_square_pvalue(law, samples) > SIGNIFICANCE
+    shifted = torch.tensor([[0.45, 0.25], [0.0, 0.3]], dtype=torch.float64)
+    assert chi_square_pvalue(shifted, samples) < SIGNIFICANCE
+    with pytest.raises(AssertionError, match="zero-probability"):
+        chi_square_pvalue(law, np.array([[1, 0]] * 10))

@@ -1,0 +1,583 @@
+"""The engine's contract: determinism, statistics, stopping, model loading and every error the spec names.
+
+Notation (paper §2): p = target, q = draft, γ = draft length, α = E[Σ min(p, q)] (Corollary 3.6).
+Models are Markov tables (tests/markov.py) unless stated otherwise.
+"""
+
+import math
+from typing import List
+
+import pytest
+import torch
+
+import markov
+import speculant
+
+VOCAB = 5
+PROMPT = [1, 2, 3]
+
+
+def load_pair(seed: int = 1, *, vocab: int = VOCAB, forms=("cached", "cached"), **kwargs):
+    target, draft = markov.target_and_draft(vocab, seed, **kwargs)
+    return speculant.load(markov.script(target, forms[0])), speculant.load(markov.script(draft, forms[1]))
+
+
+def decoder(gamma: int = 3, *, seed: int = 1, forms=("cached", "cached"), vocab: int = VOCAB, **sampling):
+    target, draft = load_pair(seed, vocab=vocab, forms=forms, concentration=3.0)
+    return speculant.SpeculativeDecoder(target, draft, gamma=gamma, **sampling)
+
+
+# ------------------------------------------------------------------------------------------------
+# Determinism
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("forms", [("cached", "cached"), ("plain", "plain"), ("cached", "plain")])
+def test_same_seed_same_tokens_different_seed_different_tokens(forms):
+    """High-entropy model (V = 16, near-uniform rows): 32 tokens from two seeds coincide w.p. ~1e-38."""
+    spec = decoder(3, forms=forms, vocab=16, temperature=1.0)
+    a = spec.generate(PROMPT, max_new_tokens=32, seed=5)
+    b = spec.generate(PROMPT, max_new_tokens=32, seed=6)  # in between: the caches must be reset
+    a_again = spec.generate(PROMPT, max_new_tokens=32, seed=5)
+    assert a.tokens == a_again.tokens
+    assert [tuple(vars_of(it).values()) for it in a.trace] == [tuple(vars_of(it).values()) for it in a_again.trace]
+    assert a.tokens != b.tokens
+    assert len({tuple(spec.generate(PROMPT, max_new_tokens=32, seed=s).tokens) for s in range(10, 15)}) == 5
+
+
+def test_plain_generate_is_deterministic():
+    target = speculant.load(markov.cached_model(markov.random_table(16, 3, concentration=3.0)))
+    runs = [speculant.generate(target, PROMPT, max_new_tokens=32, seed=s).tokens for s in (7, 8, 7)]
+    assert runs[0] == runs[2] and runs[0] != runs[1]
+
+
+def test_seed_none_is_reported_and_replays():
+    spec = decoder(2, vocab=16)
+    first = spec.generate(PROMPT, max_new_tokens=24)
+    second = spec.generate(PROMPT, max_new_tokens=24)
+    assert isinstance(first.stats.seed, int) and first.stats.seed != second.stats.seed
+    assert spec.generate(PROMPT, max_new_tokens=24, seed=first.stats.seed).tokens == first.tokens
+    assert spec.generate(PROMPT, max_new_tokens=24, seed=123).stats.seed == 123
+
+
+# ------------------------------------------------------------------------------------------------
+# Statistics and trace
+# ------------------------------------------------------------------------------------------------
+
+
+def vars_of(it) -> dict:
+    return {name: getattr(it, name) for name in ("drafted", "accepted", "token", "bonus")}
+
+
+def check_stats(result, gamma: int, max_new_tokens: int, eos: int | None = None, seed: int | None = None):
+    """Every invariant the spec states between tokens, trace and stats."""
+    tokens, stats, trace = result.tokens, result.stats, list(result.trace)
+    assert stats.new_tokens == len(tokens) <= max_new_tokens
+    if eos is not None and eos in tokens:
+        assert tokens.index(eos) == len(tokens) - 1  # stops at the first EOS, which is included
+    elif max_new_tokens > 0:
+        assert len(tokens) == max_new_tokens
+    assert stats.iterations == len(trace) == stats.target_calls
+    assert stats.draft_calls == sum(len(it.drafted) for it in trace)
+    rebuilt: List[int] = []
+    for i, it in enumerate(trace):
+        drafted = list(it.drafted)
+        assert 0 <= it.accepted <= len(drafted) <= gamma
+        if len(rebuilt) + gamma + 1 <= max_new_tokens:
+            assert len(drafted) == gamma  # only the iterations near max_new_tokens may draft fewer
+        assert it.bonus == (it.accepted == len(drafted))
+        assert all(0 <= t < VOCAB_OF[id(result)] for t in drafted + [it.token])
+        block = drafted[: it.accepted] + [it.token]
+        if i < len(trace) - 1:
+            rebuilt += block
+        else:  # the last iteration may be cut at max_new_tokens or the EOS
+            rebuilt += block[: len(tokens) - len(rebuilt)]
+    assert rebuilt == tokens
+    assert sum(len(it.drafted[: it.accepted]) + 1 for it in trace) - stats.new_tokens in range(0, gamma + 1)
+    # Per position: position i was accepted in the iterations that kept more than i drafts.
+    assert len(stats.accepted_per_position) == len(stats.drafted_per_position) == gamma
+    assert list(stats.accepted_per_position) == [sum(it.accepted > i for it in trace) for i in range(gamma)]
+    assert list(stats.drafted_per_position) == [sum(len(it.drafted) > i for it in trace) for i in range(gamma)]
+    accepted, drafted = sum(stats.accepted_per_position), sum(stats.drafted_per_position)
+    if drafted:
+        assert stats.acceptance_rate == pytest.approx(accepted / drafted, rel=1e-12)
+        assert 0.0 <= stats.alpha <= 1.0
+    else:
+        assert math.isnan(stats.acceptance_rate) and math.isnan(stats.alpha)
+    if stats.target_calls:
+        assert stats.tokens_per_target_call == pytest.approx(stats.new_tokens / stats.target_calls, rel=1e-12)
+    for name in ("draft_seconds", "target_seconds", "other_seconds", "total_seconds"):
+        assert getattr(stats, name) >= 0.0, name
+    assert stats.draft_seconds + stats.target_seconds <= stats.total_seconds + 1e-9
+    if seed is not None:
+        assert stats.seed == seed
+    as_dict = stats.as_dict()
+    for name in ("target_calls", "draft_calls", "iterations", "new_tokens", "tokens_per_target_call",
+                 "acceptance_rate", "alpha", "accepted_per_position", "drafted_per_position", "draft_seconds",
+                 "target_seconds", "other_seconds", "total_seconds", "seed"):
+        want = getattr(stats, name)
+        got = as_dict[name]
+        assert (got == want) or (isinstance(want, float) and math.isnan(want) and math.isnan(got)) or (
+            list(got) == list(want)), name
+
+
+VOCAB_OF: dict[int, int] = {}
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 5, 8])
+@pytest.mark.parametrize("forms", [("cached", "cached"), ("plain", "cached"), ("cached", "plain")])
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_stats_are_consistent(gamma, forms, temperature):
+    target, draft = load_pair(2, forms=forms, draft_scale=1.0)
+    spec = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=temperature)
+    for max_new_tokens in (1, 2, 7, 30):
+        for seed in range(4):
+            result = spec.generate(PROMPT, max_new_tokens=max_new_tokens, seed=seed)
+            VOCAB_OF[id(result)] = VOCAB
+            check_stats(result, gamma, max_new_tokens, seed=seed)
+    # EOS: choose the token generated at index 4 of an unstopped run.
+    full = spec.generate(PROMPT, max_new_tokens=30, seed=11).tokens
+    eos = full[4]
+    result = spec.generate(PROMPT, max_new_tokens=30, eos_token_id=eos, seed=11)
+    VOCAB_OF[id(result)] = VOCAB
+    check_stats(result, gamma, 30, eos=eos, seed=11)
+    assert result.tokens == full[: full.index(eos) + 1]
+
+
+def test_plain_generate_stats():
+    target = speculant.load(markov.cached_model(markov.random_table(VOCAB, 4)))
+    result = speculant.generate(target, PROMPT, max_new_tokens=12, seed=3)
+    assert len(result.tokens) == result.stats.new_tokens == 12
+    assert result.stats.target_calls == 12 and result.stats.draft_calls == 0
+    assert result.stats.tokens_per_target_call == pytest.approx(1.0)
+    assert math.isnan(result.stats.acceptance_rate) and math.isnan(result.stats.alpha)
+    assert result.stats.seed == 3
+
+
+def test_max_new_tokens_zero():
+    spec = decoder(3)
+    result = spec.generate(PROMPT, max_new_tokens=0, seed=1)
+    assert result.tokens == [] and len(result.trace) == 0
+    assert result.stats.new_tokens == 0 and result.stats.target_calls == 0 and result.stats.draft_calls == 0
+    assert math.isnan(result.stats.alpha)
+    target = speculant.load(markov.cached_model(markov.random_table(VOCAB, 4)))
+    assert speculant.generate(target, PROMPT, max_new_tokens=0).tokens == []
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_eos_stops_and_is_included(gamma):
+    """A target that emits token 0 after the 3rd generated token, with a draft that never proposes it."""
+    probs = torch.full((VOCAB,), 1.0 / VOCAB, dtype=torch.float64)
+    table = markov.constant_table(probs)
+    spec_target = table.clone()
+    # Generated tokens sit at sequence index >= 3; make every row deterministic: emit 0 at index 6.
+    spec_target[:] = math.log(1e-9)
+    spec_target[..., 4] = 0.0  # otherwise token 4
+    spec_target[0, :, 4, :] = torch.tensor([0.0] + [math.log(1e-9)] * (VOCAB - 1), dtype=torch.float64)
+    draft = table.clone()
+    draft[..., 0] = -math.inf
+    spec = speculant.SpeculativeDecoder(
+        speculant.load(markov.cached_model(spec_target)), speculant.load(markov.cached_model(draft)),
+        gamma=gamma, temperature=0.0,
+    )
+    full = spec.generate(PROMPT, max_new_tokens=20).tokens
+    assert 0 in full
+    result = spec.generate(PROMPT, max_new_tokens=20, eos_token_id=0)
+    assert result.tokens == full[: full.index(0) + 1] and result.tokens[-1] == 0
+    plain = speculant.generate(speculant.load(markov.cached_model(spec_target)), PROMPT, max_new_tokens=20,
+                               temperature=0.0, eos_token_id=0)
+    assert plain.tokens == result.tokens
+    # The EOS as the very first token.
+    assert spec.generate(PROMPT, max_new_tokens=20, eos_token_id=full[0]).tokens == [full[0]]
+
+
+def test_alpha_iid_equals_sum_of_min():
+    """Every context has the same p and q: alpha = Σ_x min(p, q) exactly (Corollary 3.6)."""
+    gen = torch.Generator().manual_seed(0)
+    p = torch.rand(VOCAB, generator=gen, dtype=torch.float64) + 0.1
+    q = torch.rand(VOCAB, generator=gen, dtype=torch.float64) + 0.1
+    p, q = p / p.sum(), q / q.sum()
+    target = markov.constant_table(p)
+    draft = markov.constant_table(q)
+    spec = speculant.SpeculativeDecoder(
+        speculant.load(markov.cached_model(target)), speculant.load(markov.plain_model(draft)), gamma=4
+    )
+    result = spec.generate(PROMPT, max_new_tokens=40, seed=0)
+    want = float(torch.minimum(reference_probs(target), reference_probs(draft)).sum())
+    assert result.stats.alpha == pytest.approx(want, abs=1e-6)
+
+
+def reference_probs(table: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(table[0, 0, 0].to(torch.float32).to(torch.float64), -1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_identical_draft_is_always_accepted(temperature):
+    """Draft = target (loaded twice, each handle owns its cache): p = q so every draft is accepted,
+    alpha = 1 and each iteration yields γ + 1 tokens."""
+    table = markov.random_table(VOCAB, 9, mask_prob=0.2)
+    spec = speculant.SpeculativeDecoder(
+        speculant.load(markov.cached_model(table)), speculant.load(markov.cached_model(table)),
+        gamma=3, temperature=temperature, top_k=4,
+    )
+    result = spec.generate(PROMPT, max_new_tokens=41, seed=2)
+    assert result.stats.acceptance_rate == 1.0
+    assert result.stats.alpha == pytest.approx(1.0, abs=1e-6)
+    assert all(it.bonus for it in result.trace)
+    assert result.stats.target_calls == 41 // 4 + (41 % 4 > 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Models: loading and properties
+# ------------------------------------------------------------------------------------------------
+
+
+def test_model_properties(tmp_path):
+    table = markov.random_table(VOCAB, 1)
+    cached = speculant.load(markov.cached_model(table, max_length=50))
+    assert (cached.form, cached.vocab_size, cached.max_length) == ("cached", VOCAB, 50)
+    assert cached.device == torch.device("cpu")
+    unlimited = speculant.load(markov.cached_model(table))
+    assert unlimited.max_length is None
+    plain = speculant.load(markov.plain_model(table))
+    assert (plain.form, plain.vocab_size, plain.max_length) == ("plain", VOCAB, None)
+    path = tmp_path / "model.pt"
+    torch.jit.save(markov.cached_model(table), str(path))
+    assert speculant.load(path).form == "cached"
+    assert speculant.load(str(path), device="cpu").vocab_size == VOCAB
+
+
+class NoVocabPlain(torch.nn.Module):
+    """Plain form without a vocab_size attribute: the loader must probe the output width."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(1, input_ids.size(1), 7) + input_ids.unsqueeze(-1).float()
+
+
+def test_plain_model_without_vocab_size_is_probed():
+    model = speculant.load(torch.jit.script(NoVocabPlain()))
+    assert model.vocab_size == 7 and model.form == "plain"
+    assert len(speculant.generate(model, [1], max_new_tokens=3, seed=0).tokens) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_other_logit_dtypes(dtype):
+    table = markov.random_table(VOCAB, 5)
+    target = speculant.load(markov.cached_model(table, dtype=dtype))
+    draft = speculant.load(markov.plain_model(markov.perturb(table, 1, 0.5), dtype=dtype))
+    result = speculant.SpeculativeDecoder(target, draft, gamma=3).generate(PROMPT, max_new_tokens=20, seed=0)
+    assert len(result.tokens) == 20
+    greedy = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0.0).generate(PROMPT, max_new_tokens=20)
+    assert greedy.tokens == speculant.generate(target, PROMPT, max_new_tokens=20, temperature=0.0).tokens
+
+
+def test_max_length_exactly_enough_and_too_small():
+    """The cached Markov model raises on any write past max_length, so "exactly enough" proves the engine
+    never uses more positions than prompt + max_new_tokens - 1 (the last token is never fed back)."""
+    table = markov.random_table(VOCAB, 6)
+    needed = len(PROMPT) + 10 - 1
+    for gamma in (1, 4, 8):
+        target = speculant.load(markov.cached_model(table, max_length=needed))
+        draft = speculant.load(markov.cached_model(markov.perturb(table, 2, 0.5), max_length=needed))
+        spec = speculant.SpeculativeDecoder(target, draft, gamma=gamma)
+        for seed in range(5):
+            assert len(spec.generate(PROMPT, max_new_tokens=10, seed=seed).tokens) == 10
+        with pytest.raises(ValueError, match="max_length"):
+            spec.generate(PROMPT, max_new_tokens=11, seed=0)
+    small_draft = speculant.SpeculativeDecoder(
+        speculant.load(markov.cached_model(table)),
+        speculant.load(markov.cached_model(table, max_length=needed - 1)),
+        gamma=2,
+    )
+    with pytest.raises(ValueError, match="max_length"):
+        small_draft.generate(PROMPT, max_new_tokens=10)
+    with pytest.raises(ValueError, match="max_length"):
+        speculant.generate(speculant.load(markov.cached_model(table, max_length=needed - 1)), PROMPT,
+                           max_new_tokens=10)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad parameters: ValueError naming the parameter
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair(3)
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(gamma=0), "gamma"),
+        (dict(gamma=-2), "gamma"),
+        (dict(gamma=1, temperature=-1.0), "temperature"),
+        (dict(gamma=1, temperature=float("nan")), "temperature"),
+        (dict(gamma=1, temperature=float("inf")), "temperature"),
+        (dict(gamma=1, top_k=-1), "top_k"),
+        (dict(gamma=1, top_p=0.0), "top_p"),
+        (dict(gamma=1, top_p=1.5), "top_p"),
+        (dict(gamma=1, top_p=float("nan")), "top_p"),
+        (dict(gamma=1, lenience=0.0), "lenience"),
+        (dict(gamma=1, lenience=1.5), "lenience"),
+        (dict(gamma=1, lenience=float("nan")), "lenience"),
+    ],
+)
+def test_decoder_rejects_bad_parameters(pair, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        speculant.SpeculativeDecoder(*pair, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(prompt_ids=[]), "prompt_ids"),
+        (dict(prompt_ids=[1, VOCAB]), "prompt_ids"),
+        (dict(prompt_ids=[-1, 2]), "prompt_ids"),
+        (dict(eos_token_id=VOCAB), "eos_token_id"),
+        (dict(eos_token_id=-1), "eos_token_id"),
+    ],
+)
+def test_generate_rejects_bad_parameters(pair, kwargs, name):
+    args = dict(prompt_ids=PROMPT, max_new_tokens=4)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        speculant.generate(pair[0], args.pop("prompt_ids"), **args)
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(prompt_ids=[]), "prompt_ids"),
+        (dict(prompt_ids=torch.tensor([], dtype=torch.long)), "prompt_ids"),
+        (dict(prompt_ids=[1, VOCAB]), "prompt_ids"),
+        (dict(prompt_ids=[-1]), "prompt_ids"),
+        (dict(prompt_ids=torch.tensor([[1, 2], [3, 4]])), "prompt_ids"),
+        (dict(eos_token_id=VOCAB), "eos_token_id"),
+        (dict(eos_token_id=-3), "eos_token_id"),
+    ],
+)
+def test_speculative_generate_rejects_bad_inputs(pair, kwargs, name):
+    spec = speculant.SpeculativeDecoder(*pair, gamma=2)
+    args = dict(prompt_ids=PROMPT, max_new_tokens=4)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        spec.generate(args.pop("prompt_ids"), **args)
+
+
+def test_vocab_mismatch_is_rejected():
+    target = speculant.load(markov.cached_model(markov.random_table(5, 1)))
+    draft = speculant.load(markov.cached_model(markov.random_table(4, 1)))
+    with pytest.raises(ValueError, match="vocab"):
+        speculant.SpeculativeDecoder(target, draft, gamma=2)
+
+
+@pytest.mark.cuda
+def test_device_mismatch_is_rejected():
+    table = markov.random_table(VOCAB, 1)
+    target = speculant.load(markov.cached_model(table), device="cpu")
+    draft = speculant.load(markov.cached_model(table), device="cuda")
+    with pytest.raises(ValueError, match="device"):
+        speculant.SpeculativeDecoder(target, draft, gamma=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad models
+# ------------------------------------------------------------------------------------------------
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        speculant.load(tmp_path / "nope.pt")
+    with pytest.raises(FileNotFoundError):
+        speculant.load(str(tmp_path / "nope.pt"))
+
+
+def test_file_that_is_not_a_model(tmp_path):
+    path = tmp_path / "junk.pt"
+    path.write_bytes(b"this is not a TorchScript archive\n" * 10)
+    with pytest.raises(ValueError):
+        speculant.load(path)
+    torch.save({"weights": torch.zeros(3)}, str(path))  # a pickle, not TorchScript
+    with pytest.raises(ValueError):
+        speculant.load(path)
+
+
+def test_unscripted_module_is_rejected():
+    with pytest.raises(ValueError):
+        speculant.load(markov.MarkovPlain(markov.random_table(VOCAB, 1).float()))
+
+
+class NoTruncate(torch.nn.Module):
+    """Cached form without truncate (and without forward)."""
+
+    vocab_size: int
+
+    def __init__(self):
+        super().__init__()
+        self.vocab_size = 3
+        self.n = 0
+
+    @torch.jit.export
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.n = input_ids.size(1)
+        return torch.zeros(1, input_ids.size(1), 3)
+
+    @torch.jit.export
+    def extend(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.n += input_ids.size(1)
+        return torch.zeros(1, input_ids.size(1), 3)
+
+    @torch.jit.export
+    def cache_length(self) -> int:
+        return self.n
+
+
+class NoContract(torch.nn.Module):
+    """Neither form: no forward and no cache methods."""
+
+    @torch.jit.export
+    def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(1, input_ids.size(1), 3)
+
+
+class CachedNoVocab(torch.nn.Module):
+    """All four cache methods but no vocab_size attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    @torch.jit.export
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.n = input_ids.size(1)
+        return torch.zeros(1, input_ids.size(1), 3)
+
+    @torch.jit.export
+    def extend(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.n += input_ids.size(1)
+        return torch.zeros(1, input_ids.size(1), 3)
+
+    @torch.jit.export
+    def truncate(self, length: int) -> None:
+        self.n = length
+
+    @torch.jit.export
+    def cache_length(self) -> int:
+        return self.n
+
+
+def test_modules_breaking_the_contract():
+    with pytest.raises(ValueError, match="truncate"):
+        speculant.load(torch.jit.script(NoTruncate()))
+    with pytest.raises(ValueError, match="forward"):
+        speculant.load(torch.jit.script(NoContract()))
+    with pytest.raises(ValueError, match="vocab_size"):
+        speculant.load(torch.jit.script(CachedNoVocab()))
+
+
+class LastPositionOnly(torch.nn.Module):
+    """Plain form returning only the last position's logits [1, 1, V]: right for one token (the load
+    probe), wrong for longer inputs."""
+
+    vocab_size: int
+
+    def __init__(self):
+        super().__init__()
+        self.vocab_size = 4
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(1, 1, 4)
+
+
+class WideAfter(torch.nn.Module):
+    """Plain form whose logits get one column too many once the sequence is longer than 4."""
+
+    vocab_size: int
+
+    def __init__(self):
+        super().__init__()
+        self.vocab_size = 4
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        width = 5 if input_ids.size(1) > 4 else 4
+        return torch.zeros(1, input_ids.size(1), width)
+
+
+class CachedFlat(torch.nn.Module):
+    """Cached form whose extend returns 2-D logits [k, V]."""
+
+    vocab_size: int
+
+    def __init__(self):
+        super().__init__()
+        self.vocab_size = 4
+        self.n = 0
+
+    @torch.jit.export
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.n = input_ids.size(1)
+        return torch.zeros(1, input_ids.size(1), 4)
+
+    @torch.jit.export
+    def extend(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.n += input_ids.size(1)
+        if self.n > 4:
+            return torch.zeros(input_ids.size(1), 4)
+        return torch.zeros(1, input_ids.size(1), 4)
+
+    @torch.jit.export
+    def truncate(self, length: int) -> None:
+        self.n = length
+
+    @torch.jit.export
+    def cache_length(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("module", [LastPositionOnly, WideAfter, CachedFlat])
+@pytest.mark.parametrize("role", ["target", "draft", "plain"])
+def test_wrong_output_shape_at_run_time(module, role):
+    bad = speculant.load(torch.jit.script(module()))
+    good = speculant.load(markov.cached_model(markov.random_table(4, 1)))
+    with pytest.raises(ValueError):
+        if role == "plain":
+            speculant.generate(bad, [1, 2, 3], max_new_tokens=8, seed=0)
+        else:
+            pair = (bad, good) if role == "target" else (good, bad)
+            speculant.SpeculativeDecoder(*pair, gamma=3).generate([1, 2, 3], max_new_tokens=8, seed=0)
+
+
+def poisoned_table(value: float) -> torch.Tensor:
+    """A V = 3 table whose rows after token 0 hold `value` (NaN / +inf) or are entirely -inf."""
+    table = markov.random_table(3, 4)
+    if value == -math.inf:
+        table[:, :, 0, :] = -math.inf
+    else:
+        table[:, :, 0, 1] = value
+    return table
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -math.inf], ids=["nan", "pos-inf", "all-neg-inf"])
+@pytest.mark.parametrize("role", ["target", "draft", "plain"])
+@pytest.mark.parametrize("form", ["cached", "plain"])
+def test_non_finite_logits_at_run_time(value, role, form):
+    """Token 0 (probability ~1/3 per step, never in the prompt) leads to bad logits: 30 tokens reach it."""
+    bad = speculant.load(markov.script(poisoned_table(value), form))
+    good = speculant.load(markov.script(markov.random_table(3, 5), "cached"))
+    with pytest.raises(ValueError):
+        if role == "plain":
+            speculant.generate(bad, [1, 2], max_new_tokens=30, seed=0)
+        else:
+            pair = (bad, good) if role == "target" else (good, bad)
+            speculant.SpeculativeDecoder(*pair, gamma=2).generate([1, 2], max_new_tokens=30, seed=0)
+    # Sanity: a prompt ending in 0 hits the bad row at once.
+    with pytest.raises(ValueError):
+        speculant.generate(bad, [1, 0], max_new_tokens=1, seed=0)
