@@ -140,7 +140,34 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("target_seconds", &Stats::target_seconds)
       .def_property_readonly("other_seconds", &Stats::other_seconds)
       .def_readonly("total_seconds", &Stats::total_seconds)
-      .def_readonly("seed", &Stats::seed);
+      .def_readonly("seed", &Stats::seed)
+      .def("as_dict", [](const Stats& s) {
+        py::dict d;
+        d["gamma"] = s.gamma;
+        d["iterations"] = s.iterations;
+        d["target_calls"] = s.target_calls;
+        d["draft_calls"] = s.draft_calls;
+        d["new_tokens"] = s.new_tokens;
+        d["drafted_tokens"] = s.drafted_tokens;
+        d["accepted_tokens"] = s.accepted_tokens;
+        d["drafted_per_position"] = s.drafted_per_position;
+        d["accepted_per_position"] = s.accepted_per_position;
+        d["tokens_per_target_call"] = s.tokens_per_target_call();
+        d["acceptance_rate"] = s.acceptance_rate();
+        d["alpha"] = s.alpha();
+        d["draft_seconds"] = s.draft_seconds;
+        d["target_seconds"] = s.target_seconds;
+        d["other_seconds"] = s.other_seconds();
+        d["total_seconds"] = s.total_seconds;
+        d["seed"] = s.seed;
+        return d;
+      })
+      .def("__repr__", [](const Stats& s) {
+        return fmt::format("Stats(new_tokens={}, target_calls={}, draft_calls={}, tokens_per_target_call={:.3f}, "
+                           "acceptance_rate={:.3f}, alpha={:.3f}, total_seconds={:.4f})",
+                           s.new_tokens, s.target_calls, s.draft_calls, s.tokens_per_target_call(),
+                           s.acceptance_rate(), s.alpha(), s.total_seconds);
+      });
 
   py::class_<Generation>(m, "Generation")
       .def_readonly("tokens", &Generation::tokens)

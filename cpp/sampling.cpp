@@ -45,6 +45,9 @@ at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config) {
   if (config.greedy()) {
     return at::one_hot(x.argmax(-1), vocab).to(x.scalar_type());
   }
+  // Shifting by the row maximum leaves the law unchanged and keeps (x - max) / T finite for any T > 0
+  // (a tiny T would otherwise overflow to inf and give NaN).
+  x = x - at::amax(x, -1, /*keepdim=*/true);
   if (config.temperature != 1.0) x = x / config.temperature;
   if (config.top_k > 0 && config.top_k < vocab) {
     at::Tensor kth = std::get<0>(x.topk(config.top_k, -1)).narrow(-1, config.top_k - 1, 1);  // [n, 1]

@@ -1,8 +1,8 @@
-"""Shared pytest configuration and fixtures for speculant's tests.
+"""Shared pytest configuration for speculant's tests.
 
 Warnings are errors (pyproject.toml's filterwarnings = ["error", ...]). TorchScript's own deprecation
-warnings ("`torch.jit.script` is deprecated. Please switch to ...", a DeprecationWarning in torch
-2.11-2.12 and a FutureWarning later, pytorch#173015) are the only ones let through, filtered by
+warnings ("`torch.jit.script` is deprecated. Please switch to ...": a DeprecationWarning in torch 2.11,
+where we saw it, and a FutureWarning by 2.14, pytorch#173015) are the only ones let through, filtered by
 message here so that no other deprecation is hidden.
 """
 
@@ -36,7 +36,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "cuda" in item.keywords:
             item.add_marker(skip)
 
-
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def device(request) -> str:
-    return request.param

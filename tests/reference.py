@@ -36,7 +36,9 @@ def standardize(
     if temperature == 0:
         # torch.argmax returns the first maximal index on ties.
         return torch.nn.functional.one_hot(x.argmax(dim=-1), vocab).to(DTYPE)
-    x = x / temperature
+    # Subtracting the row maximum first leaves the law unchanged and keeps a tiny temperature from
+    # overflowing to +inf (which would turn the softmax into NaN): the limit is argmax, ties shared.
+    x = (x - x.max(dim=-1, keepdim=True).values) / temperature
     if 0 < top_k < vocab:
         kth = x.topk(top_k, dim=-1).values[..., -1:]  # [..., 1]
         x = x.masked_fill(x < kth, -math.inf)

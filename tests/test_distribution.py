@@ -11,14 +11,15 @@ generated tokens with the exact law enumerated by tests/markov.py:
 * cells with expected count < 5 are pooled; Pearson's chi-square goodness-of-fit test must not reject at
   SIGNIFICANCE = 1e-3 per test.
 
-There are 2 windows (tokens 1-3 and 4-6) per configuration, 22 chi-square tests in all, so the family-wise
-false-rejection rate of a correct engine is at most 22 * 1e-3 = 2.2% (Bonferroni) for a fresh draw of seeds;
-the seeds are fixed, so the suite's outcome is deterministic. Power: the lenience negative control
-(test_lenient_law_is_detected) is rejected by the same test, and its predicted power at N_SAMPLES is asserted
-to exceed 0.999.
+Every test here runs at SIGNIFICANCE = 1e-3: 2 windows (tokens 1-3 and 4-6) x 10 configurations, 2 windows
+of the exact lenient law, 4 one-sided binomial bounds and 2 accepted-count laws make 28 tests that a correct
+engine could fail by chance, so the family-wise false-rejection rate is at most 28 * 1e-3 = 2.8% (Bonferroni)
+for a fresh draw of seeds; the seeds are fixed, so the suite's outcome is deterministic. Power: the lenience
+negative control (test_lenient_law_is_detected) must be rejected by the same test, and its predicted power at
+N_SAMPLES is asserted to exceed 0.999. (Offline, the same approximation gives power ~1 at N_SAMPLES against a
+residual replaced by p or a bonus token drawn from the wrong row, for every configuration below.)
 """
 
-import math
 
 import numpy as np
 import pytest
@@ -123,21 +124,21 @@ def assert_law(samples: np.ndarray, law: torch.Tensor, label: str) -> None:
 
 
 CONFIGS = [
-    # id, temperature, top_k, top_p, gamma, target form, draft form, table seed, independent draft
-    ("T1-plain-g1-cached", 1.0, 0, 1.0, 1, "cached", "cached", 1, False),
-    ("T0.7-plain-g3-cached", 0.7, 0, 1.0, 3, "cached", "cached", 2, False),
-    ("T1-topk2-g3-plain", 1.0, 2, 1.0, 3, "plain", "plain", 3, False),
-    ("T0.7-topk3-g8-mixed", 0.7, 3, 1.0, 8, "cached", "plain", 4, False),
-    ("T1-topp0.8-g8-cached", 1.0, 0, 0.8, 8, "cached", "cached", 5, False),
-    ("T0.7-topp0.7-g1-mixed", 0.7, 0, 0.7, 1, "plain", "cached", 6, False),
-    ("T1-plain-g3-unrelated-masked-draft", 1.0, 0, 1.0, 3, "cached", "cached", 7, True),
-    ("T0.7-topk2-topp0.9-g8-unrelated", 0.7, 2, 0.9, 8, "cached", "cached", 8, True),
+    # id, temperature, top_k, top_p, gamma, target form, draft form, table seed, independent draft, prompt
+    ("T1-plain-g1-cached-prompt1", 1.0, 0, 1.0, 1, "cached", "cached", 1, False, [2]),
+    ("T0.7-plain-g3-cached", 0.7, 0, 1.0, 3, "cached", "cached", 2, False, PROMPT),
+    ("T1-topk2-g3-plain", 1.0, 2, 1.0, 3, "plain", "plain", 3, False, PROMPT),
+    ("T0.7-topk3-g8-mixed", 0.7, 3, 1.0, 8, "cached", "plain", 4, False, PROMPT),
+    ("T1-topp0.8-g8-cached", 1.0, 0, 0.8, 8, "cached", "cached", 5, False, PROMPT),
+    ("T0.7-topp0.7-g1-mixed-prompt1", 0.7, 0, 0.7, 1, "plain", "cached", 6, False, [0]),
+    ("T1-plain-g3-unrelated-masked-draft", 1.0, 0, 1.0, 3, "cached", "cached", 7, True, PROMPT),
+    ("T0.7-topk2-topp0.9-g8-unrelated", 0.7, 2, 0.9, 8, "cached", "cached", 8, True, PROMPT),
 ]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c[0] for c in CONFIGS])
 def test_speculative_law_equals_target_law(config):
-    name, temperature, top_k, top_p, gamma, target_form, draft_form, seed, independent = config
+    name, temperature, top_k, top_p, gamma, target_form, draft_form, seed, independent, prompt = config
     target, draft = markov.target_and_draft(
         VOCAB, seed, mask_prob=0.25 if independent else 0.1, independent_draft=independent
     )
@@ -149,10 +150,10 @@ def test_speculative_law_equals_target_law(config):
         gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p,
     )
     samples = generate_samples(
-        lambda s: decoder.generate(PROMPT, max_new_tokens=MAX_NEW_TOKENS, seed=s).tokens,
+        lambda s: decoder.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, seed=s).tokens,
         N_SAMPLES, seed_base=1000 * seed,
     )
-    law = markov.continuation_law(target, PROMPT, MAX_NEW_TOKENS, temperature, top_k, top_p)
+    law = markov.continuation_law(target, prompt, MAX_NEW_TOKENS, temperature, top_k, top_p)
     assert_law(samples, law, name)
 
 
@@ -211,6 +212,33 @@ def test_lenient_law_is_detected():
         bound = min(1.0, float(first_p[x]) / lenience)
         test = scipy.stats.binomtest(int(counts[x]), N_SAMPLES, bound, alternative="greater")
         assert test.pvalue > SIGNIFICANCE, (x, counts[x], bound)
+
+
+@pytest.mark.parametrize("gamma", [2, 5])
+def test_accepted_count_law_iid(gamma):
+    """Same p and q in every context: the number of accepted drafts per iteration follows
+    P(n) = α^n (1 - α) for n < γ and α^γ for n = γ, α = Σ min(p, q) (STYLE.md, Corollary 3.6), tested
+    with a chi-square test at SIGNIFICANCE over the iterations that drafted all γ tokens."""
+    gen = torch.Generator().manual_seed(gamma)
+    p = torch.rand(5, generator=gen, dtype=torch.float64) + 0.05
+    q = torch.rand(5, generator=gen, dtype=torch.float64) + 0.05
+    target, draft = markov.constant_table(p / p.sum()), markov.constant_table(q / q.sum())
+    probs = [torch.softmax(t[0, 0, 0].float().double(), -1) for t in (target, draft)]  # what the models emit
+    alpha = float(torch.minimum(*probs).sum())
+    decoder = speculant.SpeculativeDecoder(
+        speculant.load(markov.cached_model(target)), speculant.load(markov.plain_model(draft)), gamma=gamma
+    )
+    counts = np.zeros(gamma + 1)
+    for seed in range(25):
+        result = decoder.generate(PROMPT, max_new_tokens=200, seed=seed)
+        for it in result.trace:
+            if len(it.drafted) == gamma:
+                counts[it.accepted] += 1
+    law = np.array([alpha**n * (1 - alpha) for n in range(gamma)] + [alpha**gamma])
+    expected, observed = pooled(law * counts.sum(), counts)
+    assert counts.sum() > 500
+    pvalue = scipy.stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue
+    assert pvalue > SIGNIFICANCE, (counts, law * counts.sum())
 
 
 def test_statistic_rejects_a_wrong_law():

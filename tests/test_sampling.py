@@ -155,6 +155,25 @@ def test_standardize_one_hot_and_extreme_logits():
     torch.testing.assert_close(got.sum(), torch.tensor(1.0, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("dtype,temperature", [(torch.float32, 1e-40), (torch.float64, 1e-310), (torch.float32, 1e-30)])
+def test_standardize_tiny_temperature_tends_to_argmax(dtype, temperature):
+    """A positive temperature is valid however small: logits / T may overflow, but the law is the
+    limit, argmax with tied maxima sharing the mass, never NaN."""
+    logits = torch.tensor([[1.0, 3.0, -2.0, NEG_INF], [5.0, -1.0, 5.0, 4.0], [-30.0, -40.0, -35.0, -31.0]], dtype=dtype)
+    want = torch.tensor([[0, 1, 0, 0], [0.5, 0, 0.5, 0], [1, 0, 0, 0]], dtype=torch.float64)
+    got = sampling.standardize(logits, temperature=temperature)
+    torch.testing.assert_close(got.to(torch.float64), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(reference.standardize(logits, temperature), want, rtol=0, atol=1e-12)
+
+
+def test_standardize_huge_finite_logits():
+    """Finite float32 logits near the float32 limit overflow once divided by T = 0.5: still no NaN."""
+    huge = torch.tensor([[3e38, 1e38, -3e38]], dtype=torch.float32)
+    want = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(sampling.standardize(huge, temperature=0.5).to(torch.float64), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(reference.standardize(huge, 0.5), want, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize(
     "values",
     [[0.0, float("nan"), 1.0], [0.0, float("inf"), 1.0], [NEG_INF, NEG_INF, NEG_INF]],
@@ -199,6 +218,16 @@ def test_residual_matches_reference():
     torch.testing.assert_close(got[:20], p[:20], rtol=0, atol=0)
     assert (got >= 0).all()
     torch.testing.assert_close(got.sum(-1), torch.ones(200, dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype,eps", [(torch.float64, 1e-9), (torch.float32, 1e-5)])
+def test_residual_with_tiny_mass_is_still_exact(dtype, eps):
+    """p and q differ by eps: the residual is the exact norm(max(0, p - q)), here one-hot at token 0, not
+    p (only a row with zero residual mass may fall back to p)."""
+    p = torch.tensor([0.3, 0.2, 0.5], dtype=dtype)
+    q = p + torch.tensor([-eps, eps, 0.0], dtype=dtype)
+    got = sampling.residual(p, q)
+    torch.testing.assert_close(got, torch.tensor([1.0, 0.0, 0.0], dtype=dtype), rtol=0, atol=1e-6)
 
 
 def test_residual_edge_cases():
