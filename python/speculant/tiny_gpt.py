@@ -49,8 +49,8 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
-        # x [B, T, C] holds positions [start, start + T); cache (keys, values) [H, M, D] each, batch 1.
+    def forward(self, x: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
+        # x [B, T, C] holds positions [start, start + T); mask [T, S]; cache (keys, values) [H, M, D], batch 1
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head)  # [B, T, 3, H, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] each
@@ -60,8 +60,6 @@ class CausalSelfAttention(nn.Module):
             cache_v[:, start:start + T] = v[0]
             k = cache_k[:, :start + T].unsqueeze(0)  # [1, H, S, D], S = start + T
             v = cache_v[:, :start + T].unsqueeze(0)  # [1, H, S, D]
-        # query i sits at position start + i and sees keys 0 .. start + i, inclusive
-        mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril(start)  # [T, S]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
 
@@ -75,8 +73,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.ff_width), nn.GELU(),
                                  nn.Linear(cfg.ff_width, cfg.d_model))
 
-    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
-        x = x + self.attn(self.ln_1(x), cache, start)  # [B, T, C], pre-LayerNorm residual
+    def forward(self, x: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
+        x = x + self.attn(self.ln_1(x), mask, cache, start)  # [B, T, C], pre-LayerNorm residual
         return x + self.mlp(self.ln_2(x))  # [B, T, C]
 
 
@@ -113,10 +111,13 @@ class TinyGPT(nn.Module):
 
     def run(self, ids: Tensor, caches: List[Tuple[Tensor, Tensor]], start: int) -> Tensor:
         # ids [B, T] at positions [start, start + T); caches: [] or a (keys, values) [H, M, D] pair per layer
-        pos = torch.arange(start, start + ids.size(1), device=ids.device)  # [T]
+        T = ids.size(1)
+        pos = torch.arange(start, start + T, device=ids.device)  # [T]
+        # query i sits at position start + i and sees keys 0 .. start + i, inclusive
+        mask = torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)  # [T, S]
         x = self.tok_emb(ids) + self.pos_emb(pos)  # [B, T, C]
         for i, block in enumerate(self.blocks):
-            x = block(x, caches[i] if len(caches) > 0 else None, start)  # [B, T, C]
+            x = block(x, mask, caches[i] if len(caches) > 0 else None, start)  # [B, T, C]
         return F.linear(self.ln_f(x), self.tok_emb.weight)  # [B, T, V]
 
 
@@ -179,7 +180,8 @@ def _frozen_copy(model: TinyGPT) -> TinyGPT:
     # a fresh module with the trained weights, eval mode, no grad: never aliases the trainer's tensors
     clone = TinyGPT(model.config)
     clone.load_state_dict(copy.deepcopy(model.state_dict()))
-    return clone.to(next(model.parameters()).device).eval().requires_grad_(False)
+    like = model.tok_emb.weight
+    return clone.to(device=like.device, dtype=like.dtype).eval().requires_grad_(False)
 
 
 def script_cached(model: TinyGPT) -> torch.jit.ScriptModule:
