@@ -45,8 +45,8 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = 4, temperature: float = 0.
           f"seed={seed}\n", file=out)
     print("Trace (one line per target call; green: accepted draft tokens, red: rejected draft token, "
           "blue: the target's correction, underlined blue: bonus token):" if color else
-          "Trace (one line per target call; [rejected:...] draft token, [correction:...] / [bonus:...] token "
-          "from the target):", file=out)
+          "Trace (one line per target call: [accepted:...] draft tokens, the [rejected:...] draft token, and the "
+          "target's [correction:...] or [bonus:...] token):", file=out)
     print(spec.trace.with_decoder(demo_pair.decode).render(color=color, prefix=prompt), file=out)
     print(file=out)
     speed = s.new_tokens / s.total_seconds

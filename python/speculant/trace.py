@@ -52,18 +52,22 @@ class Trace(Sequence[Iteration]):
         return Trace(self._iterations, decode)
 
     def _text(self, tokens: List[int]) -> str:
-        return self.decode(tokens) if self.decode else " ".join(map(str, tokens)) + " "
+        """Tokens as one line of text: decoded when a decoder is set, with newlines and tabs made visible."""
+        text = self.decode(tokens) if self.decode else " ".join(map(str, tokens)) + " "
+        return text.replace("\n", "\u21b5").replace("\t", "\u2192").replace("\r", "")
 
-    def render(self, color: bool = True, prefix: str = "") -> str:
-        """One line per iteration, each ending with the text generated so far, as in Figure 1."""
-        lines, so_far = [], prefix
+    def render(self, color: bool = True, prefix: str = "", context: Optional[int] = 60) -> str:
+        """One line per iteration (one target call), as in Figure 1: the text so far (its last ``context``
+        characters; None for all of it), then this iteration's accepted drafts, the rejected draft and the
+        target's correction or bonus token. Without colour the kinds are spelled out."""
+        lines, so_far = [], prefix.replace("\n", "\u21b5")
         for i, it in enumerate(self._iterations):
             shown = ""
             for kind, tokens in _segments(it):
                 text = self._text(tokens)
-                shown += f"{_ANSI[kind]}{text}{_ANSI['reset']}" if color else (
-                    f"[{kind}:{text}]" if kind != "accepted" else text)
-            lines.append(f"{i + 1:>3} | {so_far}{shown}")
+                shown += f"{_ANSI[kind]}{text}{_ANSI['reset']}" if color else f"[{kind}:{text}]"
+            tail = so_far if context is None or len(so_far) <= context else "\u2026" + so_far[-context:]
+            lines.append(f"{i + 1:>3} | {tail}{shown}")
             so_far += self._text(_emitted(it))
         return "\n".join(lines)
 
