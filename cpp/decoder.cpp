@@ -168,24 +168,22 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt, int64_t max_new
     at::Tensor dist = residual(p.index_select(0, n), pad_draft(q).index_select(0, n).to(p.scalar_type()));
     at::Tensor t = config_.greedy() ? dist.argmax(-1) : sample(dist, generator);      // [1]
     at::Tensor beta = at::minimum(p.narrow(0, 0, gamma), q.to(p.scalar_type())).sum(-1);  // [gamma]
-    at::Tensor bad = at::isfinite(at::cat(maxima)).all().logical_not().to(at::kLong).view({1});  // [1]
+    at::Tensor bad = at::isfinite(at::cat(maxima)).all().logical_not().view({1});  // [1]
 
-    // The iteration's one device -> host transfer: [n, bad, x_1 .. x_gamma, t].
-    at::Tensor host = at::cat({n, bad, drafted, t}).cpu();
-    const int64_t* h = host.data_ptr<int64_t>();
+    // The iteration's one device -> host transfer, in float64 (token ids are exact there up to 2^53):
+    // [n, bad, x_1 .. x_gamma, t, beta_1 .. beta_gamma].
+    at::Tensor host = at::cat({n.to(at::kDouble), bad.to(at::kDouble), drafted.to(at::kDouble),
+                               t.to(at::kDouble), beta.to(at::kDouble)}).cpu();
+    const double* h = host.data_ptr<double>();
     require(h[1] == 0, "model returned NaN or +inf logits, or an all -inf row, at sequence position {} "
                        "(checked in every draft and target call)", sequence_length);
-    const int64_t accepted = h[0];
-    std::vector<double> betas;
-    if (gamma > 0) {
-      at::Tensor beta_host = beta.to(at::kDouble).cpu();
-      betas.assign(beta_host.data_ptr<double>(), beta_host.data_ptr<double>() + gamma);
-    }
+    const auto accepted = static_cast<int64_t>(h[0]);
+    const double* betas = h + 3 + gamma;
 
     Iteration it;
-    it.drafted.assign(h + 2, h + 2 + gamma);
+    for (int64_t i = 0; i < gamma; ++i) it.drafted.push_back(static_cast<int64_t>(h[2 + i]));
     it.accepted = accepted;
-    it.token = h[2 + gamma];
+    it.token = static_cast<int64_t>(h[2 + gamma]);
     it.bonus = accepted == gamma;
     stats.iterations += 1;
     stats.drafted_tokens += gamma;
