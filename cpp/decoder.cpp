@@ -107,6 +107,9 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt, int64_t max_new
   const at::Device device = target_->device();
   const auto long_options = at::TensorOptions(device).dtype(at::kLong);
   at::Generator generator = make_generator(device, stats.seed);
+  // q_{gamma+1} = 0 (speculative.h), appended to the draft's rows by the one cat that gathers them; allocated
+  // at the first verification, in the target's working dtype.
+  at::Tensor zero_row;
 
   // Invariant between iterations: each model has cached the sequence except the tokens in its `pending`
   // tensor, which it is fed first in the next iteration. For the target that is the last token; for the draft
@@ -125,10 +128,10 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt, int64_t max_new
     // A longer draft than the tokens still wanted would be wasted work (any gamma keeps the law exact).
     const int64_t gamma = std::min<int64_t>(gamma_, max_new_tokens - stats.new_tokens - 1);
     at::Tensor drafted = at::empty({0}, long_options);  // [gamma]
-    at::Tensor q;                                       // [gamma, V]
+    std::vector<at::Tensor> q_rows;                     // q_1 .. q_gamma, then the zero row q_{gamma+1}
     std::vector<at::Tensor> maxima;                     // row maxima of every call's logits (finiteness)
     if (gamma > 0) {
-      std::vector<at::Tensor> q_rows, x_rows;
+      std::vector<at::Tensor> x_rows;
       at::Tensor feed = draft_pending;
       for (int64_t i = 0; i < gamma; ++i) {
         at::Tensor logits;  // [k, V]
@@ -137,14 +140,12 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt, int64_t max_new
           logits = draft_->extend(feed);
         }
         logits = logits.narrow(0, logits.size(0) - 1, 1);          // [1, V] after the last fed token
-        maxima.push_back(row_maxima(logits));
-        at::Tensor q_i = standardize(logits, config_);             // [1, V]
+        at::Tensor q_i = standardize(logits, config_, &maxima.emplace_back());  // [1, V]
         at::Tensor x_i = config_.greedy() ? q_i.argmax(-1) : sample(q_i, generator);  // [1]
         q_rows.push_back(q_i);
         x_rows.push_back(x_i);
         feed = x_i;
       }
-      q = at::cat(q_rows, 0);
       drafted = at::cat(x_rows, 0);
       stats.draft_calls += gamma;
     }
@@ -157,17 +158,19 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt, int64_t max_new
       target_logits = logits.narrow(0, logits.size(0) - gamma - 1, gamma + 1);
       stats.target_calls += 1;
     }
-    maxima.push_back(row_maxima(target_logits));
-    if (gamma == 0) q = at::empty({0, vocab}, target_logits.options());
-    at::Tensor p = standardize(target_logits, config_);  // [gamma + 1, V]
+    at::Tensor p = standardize(target_logits, config_, &maxima.emplace_back());  // [gamma + 1, V]
+    if (!zero_row.defined()) zero_row = at::zeros_like(p.narrow(0, 0, 1));  // [1, V]
+    q_rows.push_back(zero_row);
+    at::Tensor q_padded = at::cat(q_rows, 0);          // [gamma + 1, V]
+    at::Tensor q = q_padded.narrow(0, 0, gamma);        // [gamma, V]
     at::Tensor accept_prob = accept_probabilities(p, q, drafted, target_logits, config_);  // [gamma]
 
     // n = min({i - 1 | r_i > p_i(x) / q_i(x)} U {gamma}), then t ~ residual(p_{n+1}, q_{n+1}) (q_{gamma+1} = 0).
     at::Tensor r = at::rand({gamma}, generator, accept_prob.options());                // [gamma]
     at::Tensor n = (r < accept_prob).to(at::kLong).cumprod(0).sum().view({1});        // [1] leading acceptances
-    at::Tensor dist = residual(p.index_select(0, n), pad_draft(q).index_select(0, n).to(p.scalar_type()));
+    at::Tensor dist = residual(p.index_select(0, n), q_padded.index_select(0, n));    // [1, V]
     at::Tensor t = config_.greedy() ? dist.argmax(-1) : sample(dist, generator);      // [1]
-    at::Tensor beta = at::minimum(p.narrow(0, 0, gamma), q.to(p.scalar_type())).sum(-1);  // [gamma]
+    at::Tensor beta = at::minimum(p.narrow(0, 0, gamma), q).sum(-1);                  // [gamma]
     at::Tensor bad = at::isfinite(at::cat(maxima)).all().logical_not().view({1});  // [1]
 
     // The iteration's one device -> host transfer, in float64 (token ids are exact there up to 2^53):

@@ -38,16 +38,19 @@ at::ScalarType working_type(const at::Tensor& t) {
 
 }  // namespace
 
-at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config) {
+at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima) {
   check_matrix(logits, "logits");
   const auto vocab = logits.size(1);
   at::Tensor x = logits.to(working_type(logits));  // [n, V]
   if (config.greedy()) {
+    if (maxima) *maxima = row_maxima(x);
     return at::one_hot(x.argmax(-1), vocab).to(x.scalar_type());
   }
+  at::Tensor top = at::amax(x, -1, /*keepdim=*/true);  // [n, 1] (amax propagates NaN)
+  if (maxima) *maxima = top.squeeze(-1).to(at::kFloat);
   // Shifting by the row maximum leaves the law unchanged and keeps (x - max) / T finite for any T > 0
   // (a tiny T would otherwise overflow to inf and give NaN).
-  x = x - at::amax(x, -1, /*keepdim=*/true);
+  x = x - top;
   if (config.temperature != 1.0) x = x / config.temperature;
   if (config.top_k > 0 && config.top_k < vocab) {
     at::Tensor kth = std::get<0>(x.topk(config.top_k, -1)).narrow(-1, config.top_k - 1, 1);  // [n, 1]

@@ -31,8 +31,9 @@ struct SamplingConfig {
 
 // logits [n, V] (float16/bfloat16/float32/float64) -> probabilities [n, V], float64 if the logits are
 // float64, else float32. Order: temperature, top-k, top-p, renormalize. Greedy: one-hot at the argmax
-// (first index on ties). Does not check finiteness: see row_maxima.
-at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config);
+// (first index on ties). Does not check finiteness; when `maxima` is given it receives row_maxima(logits),
+// which standardize computes anyway, so that callers can check finiteness without a second reduction.
+at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima = nullptr);
 
 // logits [n, V] -> row maxima [n] (float), which are finite exactly when a row has no NaN and no +inf and is
 // not entirely -inf (-inf alone is a masked token and is allowed). One reduction per call, no host sync: the

@@ -36,10 +36,6 @@ at::Tensor accept_probabilities(const at::Tensor& p, const at::Tensor& q, const 
   return accept;
 }
 
-at::Tensor pad_draft(const at::Tensor& q) {
-  return at::cat({q, at::zeros({1, q.size(1)}, q.options())}, 0);  // [gamma + 1, V]
-}
-
 Verification verify(const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& draft_tokens,
                     const SamplingConfig& config) {
   const int64_t gamma = draft_tokens.numel();
@@ -54,7 +50,8 @@ Verification verify(const at::Tensor& target_logits, const at::Tensor& q, const 
   Verification out;
   out.p = standardize(target_logits, config);
   out.accept_prob = accept_probabilities(out.p, q, draft_tokens, target_logits, config);
-  out.next_dist = residual(out.p, pad_draft(q.to(out.p.scalar_type())));
+  at::Tensor q_padded = at::cat({q.to(out.p.scalar_type()), at::zeros_like(out.p.narrow(0, 0, 1))});  // [gamma+1, V]
+  out.next_dist = residual(out.p, q_padded);
   return out;
 }
 

@@ -36,9 +36,9 @@ at::Tensor residual(const at::Tensor& p, const at::Tensor& q);
 at::Tensor accept_probabilities(const at::Tensor& p, const at::Tensor& q, const at::Tensor& draft_tokens,
                                 const at::Tensor& target_logits, const SamplingConfig& config);
 
-// q [gamma, V] -> [gamma + 1, V] with a zero last row: residual(p_{gamma+1}, 0) = p_{gamma+1}, so the token
-// after n acceptances is always drawn from residual(p_{n+1}, q_padded_{n+1}), bonus token included.
-at::Tensor pad_draft(const at::Tensor& q);
+// The token after n acceptances is drawn from residual(p_{n+1}, q_{n+1}) with q_{gamma+1} = 0: since
+// residual(p, 0) = p, the bonus token needs no special case. Callers keep q as [gamma + 1, V] with a zero
+// last row ("padded").
 
 // Everything about one iteration of Algorithm 1 once both models have run, for all n at once (tests and
 // analysis; the decoder evaluates only the row it needs, with the same two functions).
