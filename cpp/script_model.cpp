@@ -128,7 +128,7 @@ bool has_method(const torch::jit::Module& module, const char* name) {
 void probe(Model& model, const std::string& source) {
   at::Tensor one = at::zeros({1}, at::TensorOptions(model.device()).dtype(at::kLong));
   model.reset(one);
-  at::Tensor logits = model.extend(one);  // [1, V], shape checked by the backend
+  model.extend(one);  // [1, V]; the backend checks the shape
   require(model.length() == 2, "model {}: cache length after prefill(1 token) + extend(1 token) must be 2",
           source);
   if (auto* cached = dynamic_cast<CachedScriptModel*>(&model)) {
@@ -140,7 +140,6 @@ void probe(Model& model, const std::string& source) {
             source, cached->module_length());
   }
   model.truncate(0);
-  (void)logits;
 }
 
 std::shared_ptr<Model> from_module(torch::jit::Module module, const std::string& source) {
