@@ -1,81 +1,199 @@
-"""The paper's analysis (Leviathan, Kalman & Matias 2023, §3 and A.5) as pure functions.
+"""The paper's analysis (Leviathan, Kalman & Matias 2023, §3 and A.5).
 
-alpha: expected acceptance rate; gamma: draft length; c: cost coefficient (draft call time / target call time,
-Definition 3.7); c_hat: the same ratio for arithmetic operations (Definition 3.10); l: lenience.
+p is the target M_p's distribution, q the draft M_q's; beta: acceptance rate at one prefix (Definition 3.1);
+alpha = E[beta] (Corollary 3.6); gamma: draft length; c: cost coefficient (draft call time / target call time,
+Definition 3.7); c_hat: the same ratio for arithmetic operations (Definition 3.10); l: lenience (A.5).
+
+The formulas of §3 take scalars or numpy arrays (broadcast together; an array in gives an array out, scalars
+give a Python float) and raise ValueError naming the parameter for out-of-range input. ``estimate_alpha`` is the
+one function here that runs models.
 """
 
 from __future__ import annotations
 
+import numbers
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
 import torch
 
+ArrayLike = Union[float, Sequence[float], np.ndarray]
 
-def _alpha(alpha: float) -> float:
-    if not 0.0 <= alpha <= 1.0:
+
+def _out(value: np.ndarray):
+    """A 0-d result as a Python scalar, anything else as the array."""
+    return value.item() if value.ndim == 0 else value
+
+
+def _alpha(alpha: ArrayLike) -> np.ndarray:
+    a = np.asarray(alpha, dtype=np.float64)
+    if not np.all((a >= 0.0) & (a <= 1.0)):  # also rejects NaN
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    return float(alpha)
+    return a
 
 
-def _gamma(gamma: int) -> int:
-    if isinstance(gamma, bool) or int(gamma) != gamma or gamma < 0:
-        raise ValueError(f"gamma must be an integer >= 0, got {gamma}")
-    return int(gamma)
+def _gamma(gamma: ArrayLike, minimum: int = 0) -> np.ndarray:
+    g = np.asarray(gamma)
+    if g.dtype == bool or not np.issubdtype(g.dtype, np.number) or not np.all(np.isfinite(g)) \
+            or not np.all(g == np.round(g)) or not np.all(g >= minimum):
+        raise ValueError(f"gamma must be an integer >= {minimum}, got {gamma}")
+    return g.astype(np.int64)
 
 
-def _cost(c: float, name: str = "c") -> float:
-    if not c >= 0.0:
+def _cost(c: ArrayLike, name: str = "c") -> np.ndarray:
+    value = np.asarray(c, dtype=np.float64)
+    if not np.all(value >= 0.0):  # also rejects NaN
         raise ValueError(f"{name} must be >= 0, got {c}")
-    return float(c)
+    return value
+
+
+def _lenience(lenience: float) -> float:
+    if isinstance(lenience, bool) or not isinstance(lenience, numbers.Real) or not 0.0 < lenience <= 1.0:
+        raise ValueError(f"lenience must be in (0, 1], got {lenience!r}")
+    return float(lenience)
+
+
+# --------------------------------------------------------------------------------------------------
+# §3.2: the acceptance rate of one pair of distributions
+# --------------------------------------------------------------------------------------------------
 
 
 def lk_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Definition 3.2 / Lemma 3.3: D_LK(p, q) = 1 - sum_x min(p(x), q(x)), over the last dimension."""
+    """Definition 3.2 / Lemma 3.3: D_LK(p, q) = sum_x |p(x) - M(x)| = 1 - sum_x min(p(x), q(x)), over the last
+    dimension (M = (p + q) / 2). Symmetric, in [0, 1] (Corollary 3.4): 0 iff p = q, 1 iff disjoint supports."""
+    p, q = torch.as_tensor(p), torch.as_tensor(q)
     return 1.0 - torch.minimum(p, q).sum(-1)
 
 
-def acceptance(p: torch.Tensor, q: torch.Tensor, lenience: float = 1.0) -> torch.Tensor:
-    """Theorem 3.5: beta = 1 - D_LK(p, q) = sum_x min(p, q); with lenience l (A.5): sum_x min(p / l, q)."""
-    if not 0.0 < lenience <= 1.0:
-        raise ValueError(f"lenience must be in (0, 1], got {lenience}")
+def beta(p: torch.Tensor, q: torch.Tensor, lenience: float = 1.0) -> torch.Tensor:
+    """Theorem 3.5: the probability that speculative sampling keeps x ~ q, beta = 1 - D_LK(p, q) =
+    sum_x min(p(x), q(x)), over the last dimension. With lenience l (A.5): sum_x min(p(x) / l, q(x)).
+
+    p and q are standardized distributions (``speculant.sampling.standardize``), any leading shape."""
+    lenience = _lenience(lenience)
+    p, q = torch.as_tensor(p), torch.as_tensor(q)
     return torch.minimum(p / lenience, q).sum(-1)
 
 
-def expected_tokens(alpha: float, gamma: int) -> float:
-    """Equation (1): E[# tokens per run of Algorithm 1] = (1 - alpha^(gamma+1)) / (1 - alpha)."""
-    alpha, gamma = _alpha(alpha), _gamma(gamma)
-    return float(gamma + 1) if alpha == 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+# --------------------------------------------------------------------------------------------------
+# §3.1, §3.3 - §3.5: tokens, walltime, operations, the choice of gamma
+# --------------------------------------------------------------------------------------------------
 
 
-def walltime_improvement(alpha: float, gamma: int, c: float) -> float:
-    """Theorem 3.8: (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))."""
-    return expected_tokens(alpha, gamma) / (_gamma(gamma) * _cost(c) + 1.0)
+def expected_tokens(alpha: ArrayLike, gamma: ArrayLike):
+    """Equation (1): E[# tokens per run of Algorithm 1] = (1 - alpha^(gamma+1)) / (1 - alpha), and gamma + 1 at
+    alpha = 1 (a capped geometric variable, assuming i.i.d. betas)."""
+    a, g = _alpha(alpha), _gamma(gamma)
+    denominator = np.where(a == 1.0, 1.0, 1.0 - a)
+    return _out(np.where(a == 1.0, g + 1.0, (1.0 - a ** (g + 1)) / denominator))
 
 
-def operations_factor(alpha: float, gamma: int, c_hat: float) -> float:
-    """Theorem 3.11: (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)), the increase in operations."""
-    gamma = _gamma(gamma)
-    return (gamma * _cost(c_hat, "c_hat") + gamma + 1.0) / expected_tokens(alpha, gamma)
+def walltime_improvement(alpha: ArrayLike, gamma: ArrayLike, c: ArrayLike):
+    """Theorem 3.8: the expected walltime improvement factor (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)),
+    assuming the gamma + 1 parallel target evaluations take the time of one and long enough generations."""
+    g = _gamma(gamma)
+    return _out(np.asarray(expected_tokens(alpha, g)) / (g * _cost(c) + 1.0))
 
 
-def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
-    """§3.5: the integer gamma in [1, max_gamma] that maximizes Theorem 3.8 (the smallest one on ties)."""
-    return max(range(1, _gamma(max_gamma) + 1), key=lambda g: (walltime_improvement(alpha, g, c), -g))
+def operations_factor(alpha: ArrayLike, gamma: ArrayLike, c_hat: ArrayLike):
+    """Theorem 3.11: the expected factor of increase in arithmetic operations,
+    (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))."""
+    g = _gamma(gamma)
+    return _out((g * _cost(c_hat, "c_hat") + g + 1.0) / np.asarray(expected_tokens(alpha, g)))
 
 
-def oracle_improvement(alpha: float, c: float) -> float:
-    """§3.5's oracle bound: a draft that always proposes exactly the tokens that will be accepted gives
-    1 / (1 - alpha) tokens per target call for c * alpha / (1 - alpha) draft calls, an improvement of
-    1 / (1 - alpha + c alpha)."""
-    alpha, c = _alpha(alpha), _cost(c)
-    return 1.0 / (1.0 - alpha + c * alpha) if alpha < 1.0 or c > 0 else float("inf")
+def optimal_gamma(alpha: ArrayLike, c: ArrayLike, max_gamma: int = 64):
+    """§3.5 (Figure 3): the integer gamma in [1, max_gamma] that maximizes Theorem 3.8, the smallest on ties."""
+    a, cost = np.broadcast_arrays(_alpha(alpha), _cost(c))
+    gammas = np.arange(1, int(_gamma(max_gamma, minimum=1)) + 1)  # [G]
+    improvement = np.asarray(walltime_improvement(a[..., None], gammas, cost[..., None]))  # [..., G]
+    return _out(gammas[np.argmax(improvement, axis=-1)])
 
 
-def improves(alpha: float, c: float) -> bool:
+def oracle_improvement(alpha: ArrayLike, c: ArrayLike):
+    """§3.5's oracle bound: with an oracle choosing gamma per iteration, Algorithm 1 yields 1 / (1 - alpha) tokens
+    per target call for c * alpha / (1 - alpha) draft calls, an improvement of 1 / (1 - alpha + c alpha)
+    (inf at alpha = 1, c = 0)."""
+    a, cost = _alpha(alpha), _cost(c)
+    denominator = 1.0 - a + cost * a
+    return _out(np.where(denominator > 0, 1.0 / np.where(denominator > 0, denominator, 1.0), np.inf))
+
+
+def improves(alpha: ArrayLike, c: ArrayLike):
     """Corollary 3.9: some gamma improves the walltime iff alpha > c."""
-    return _alpha(alpha) > _cost(c)
+    return _out(_alpha(alpha) > _cost(c))
 
 
-def minimum_improvement(alpha: float, c: float) -> float:
+def minimum_improvement(alpha: ArrayLike, c: ArrayLike):
     """Corollary 3.9: when alpha > c, gamma = 1 already gives (1 + alpha) / (1 + c)."""
-    if not improves(alpha, c):
+    a, cost = _alpha(alpha), _cost(c)
+    if not np.all(a > cost):
         raise ValueError(f"Corollary 3.9 needs alpha > c, got alpha={alpha}, c={c}")
-    return (1.0 + alpha) / (1.0 + c)
+    return _out((1.0 + a) / (1.0 + cost))
+
+
+# --------------------------------------------------------------------------------------------------
+# Corollary 3.6: alpha of a model pair, measured through the engine
+# --------------------------------------------------------------------------------------------------
+
+
+def generation_kwargs(prompts, generate_kwargs: Optional[Mapping[str, Any]] = None) -> List[Dict[str, Any]]:
+    """The keyword arguments of one ``generate`` call per prompt.
+
+    ``prompts`` is one prompt (token ids, or a 1-D tensor) or a sequence of prompts (a 2-D tensor is one per
+    row). A prompt may also be a mapping of ``generate`` keyword arguments with ``prompt_ids`` among them, for
+    arguments that change with the prompt (an encoder-decoder's ``encoder_input_ids``). ``generate_kwargs``
+    are added to every call.
+    """
+    common = dict(generate_kwargs or {})
+    if isinstance(prompts, torch.Tensor):
+        prompts = [prompts] if prompts.dim() == 1 else list(prompts)
+    elif isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be token ids or a sequence of prompts, got {type(prompts).__name__}")
+    elif len(prompts) > 0 and isinstance(prompts[0], numbers.Integral):
+        prompts = [prompts]
+    if len(prompts) == 0:
+        raise ValueError("prompts must hold at least one prompt")
+    calls = []
+    for i, prompt in enumerate(prompts):
+        if isinstance(prompt, Mapping):
+            if "prompt_ids" not in prompt:
+                raise ValueError(f"prompts[{i}] is a mapping of generate arguments without 'prompt_ids'")
+            calls.append({**common, **prompt})
+        else:
+            calls.append({**common, "prompt_ids": prompt})
+    return calls
+
+
+def verified_positions(trace) -> int:
+    """The draft positions Algorithm 1 decided on in a generation's trace: up to and including the first
+    rejection of each iteration (the positions over which the engine averages beta, Corollary 3.6)."""
+    return sum(min(it.accepted + 1, len(it.drafted)) for it in trace)
+
+
+def estimate_alpha(target, draft, prompts, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   gamma: int = 4, max_new_tokens: int = 128, seed: int = 0,
+                   generate_kwargs: Optional[Mapping[str, Any]] = None) -> float:
+    """Corollary 3.6: alpha = E[beta] = E[sum_x min(p, q)] for a target / draft pair (speculant.Model) under
+    one sampling configuration, estimated as the paper's §4.2 does, over sequences generated by the target.
+
+    Runs exact speculative decoding (lenience 1) from each prompt (see ``generation_kwargs``; prompt i uses
+    seed + i) and pools the engine's per-position beta = sum_x min(p, q) over every verified position (each
+    generated token whose position had a draft: all but the bonus tokens). Because the engine's output follows
+    the target's law, those prefixes are the target's own samples. The exact per-position beta (not the 0/1
+    accept outcomes) is averaged, so the estimate has the variance of the prefixes only. gamma changes how
+    many positions are verified, not what is averaged.
+    """
+    from .decoder import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(target, draft, gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p)
+    total, count = 0.0, 0
+    for i, kwargs in enumerate(generation_kwargs(prompts, generate_kwargs)):
+        result = decoder.generate(**kwargs, max_new_tokens=max_new_tokens, seed=seed + i)
+        n = verified_positions(result.trace)
+        if n:
+            total += result.stats.alpha * n
+            count += n
+    if count == 0:
+        raise ValueError("no position was verified: max_new_tokens must be >= 2 (or the prompts hit EOS at once)")
+    return total / count
