@@ -45,7 +45,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("vocab_size", &Model::vocab_size)
       .def_property_readonly("max_length", &Model::max_length)
       .def_property_readonly("device", [](const Model& model) { return model.device().str(); })
-      .def_property_readonly("form", &Model::form);
+      .def_property_readonly("form", &Model::form)
+      .def_property_readonly("encoder_decoder", &Model::encoder_decoder)
+      .def_property_readonly("max_source_length", &Model::max_source_length)
+      .def_property_readonly("metadata", [](const Model& model) { return py::bytes(model.metadata()); });
 
   m.def("load_file",
         [](const std::string& path, const std::optional<std::string>& device) {
@@ -182,7 +185,7 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("target"), py::arg("draft"), py::arg("gamma"), py::arg("temperature"), py::arg("top_k"),
            py::arg("top_p"), py::arg("lenience"))
-      .def("generate", &Decoder::generate, py::arg("prompt"), py::arg("max_new_tokens"),
+      .def("generate", &Decoder::generate, py::arg("prompt"), py::arg("source"), py::arg("max_new_tokens"),
            py::arg("eos_token_id"), py::arg("seed"), py::arg("profile") = false,
            py::call_guard<py::gil_scoped_release>());
 }

@@ -34,11 +34,30 @@ class PhaseTimer {
   Clock::time_point start_;
 };
 
-void check_prompt(const std::vector<int64_t>& prompt, int64_t vocab) {
-  require(!prompt.empty(), "prompt_ids must hold at least one token id, got an empty prompt");
-  for (size_t i = 0; i < prompt.size(); ++i) {
-    require(prompt[i] >= 0 && prompt[i] < vocab, "prompt_ids[{}] = {} is outside the vocabulary [0, {})", i,
-            prompt[i], vocab);
+void check_ids(const std::vector<int64_t>& ids, const char* name, int64_t vocab) {
+  require(!ids.empty(), "{} must hold at least one token id, got an empty sequence", name);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    require(ids[i] >= 0 && ids[i] < vocab, "{}[{}] = {} is outside the vocabulary [0, {})", name, i, ids[i],
+            vocab);
+  }
+}
+
+// The encoder input: required by encoder-decoder models, refused by decoder-only ones.
+void check_source(const Model& target, const std::optional<std::vector<int64_t>>& source) {
+  if (!target.encoder_decoder()) {
+    require(!source.has_value(), "encoder_input_ids is only for encoder-decoder models; the target is a "
+                                 "decoder-only model (prompt_ids holds its whole context)");
+    return;
+  }
+  require(source.has_value(), "the target is an encoder-decoder model: pass encoder_input_ids (the source "
+                              "sequence) as well as prompt_ids (the decoder's start)");
+  check_ids(*source, "encoder_input_ids", target.vocab_size());
+}
+
+void check_source_length(const Model& model, const char* role, int64_t length) {
+  if (auto limit = model.max_source_length()) {
+    require(length <= *limit, "{} model encodes at most max_source_length = {} tokens, encoder_input_ids has {}",
+            role, *limit, length);
   }
 }
 
@@ -69,15 +88,21 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Model> draft, in
   require(draft_->vocab_size() == target_->vocab_size(),
           "target and draft vocabularies differ: target vocab_size = {}, draft vocab_size = {}",
           target_->vocab_size(), draft_->vocab_size());
+  require(draft_->encoder_decoder() == target_->encoder_decoder(),
+          "target and draft must both be encoder-decoder models or both decoder-only: the target is {}, the "
+          "draft is {}", target_->encoder_decoder() ? "encoder-decoder" : "decoder-only",
+          draft_->encoder_decoder() ? "encoder-decoder" : "decoder-only");
   require(draft_->device() == target_->device(), "target and draft must be on the same device: target on {}, "
           "draft on {}", target_->device().str(), draft_->device().str());
 }
 
-Generation Decoder::generate(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
+Generation Decoder::generate(const std::vector<int64_t>& prompt,
+                             const std::optional<std::vector<int64_t>>& source, int64_t max_new_tokens,
                              std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
                              bool profile) const {
   const int64_t vocab = target_->vocab_size();
-  check_prompt(prompt, vocab);
+  check_ids(prompt, "prompt_ids", vocab);
+  check_source(*target_, source);
   require(max_new_tokens >= 0, "max_new_tokens must be >= 0, got {}", max_new_tokens);
   if (eos_token_id) {
     require(*eos_token_id >= 0 && *eos_token_id < vocab, "eos_token_id = {} is outside the vocabulary [0, {})",
@@ -86,6 +111,10 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt, int64_t max_new
   const int64_t prompt_length = static_cast<int64_t>(prompt.size());
   check_length(*target_, "target", prompt_length + max_new_tokens - 1);
   if (draft_) check_length(*draft_, "draft", prompt_length + max_new_tokens - 1);
+  if (source) {
+    check_source_length(*target_, "target", static_cast<int64_t>(source->size()));
+    if (draft_) check_source_length(*draft_, "draft", static_cast<int64_t>(source->size()));
+  }
 
   // One generation at a time per model: each owns mutable cache state.
   std::unique_lock<std::mutex> target_lock(target_->in_use(), std::defer_lock);
@@ -119,8 +148,18 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt, int64_t max_new
   at::Tensor target_pending = prompt_tensor.narrow(0, prompt_length - 1, 1);  // [1]
   at::Tensor draft_pending = target_pending;
   if (max_new_tokens > 0) {
-    { PhaseTimer timer(stats.target_seconds, device, profile); target_->reset(prefix); }
-    if (draft_) { PhaseTimer timer(stats.draft_seconds, device, profile); draft_->reset(prefix); }
+    // Encoder-decoder: each model encodes the source once (cross-attention keys and values included).
+    at::Tensor source_tensor = source ? at::tensor(*source, long_options) : at::Tensor();  // [S]
+    {
+      PhaseTimer timer(stats.target_seconds, device, profile);
+      if (source) target_->encode(source_tensor);
+      target_->reset(prefix);
+    }
+    if (draft_) {
+      PhaseTimer timer(stats.draft_seconds, device, profile);
+      if (source) draft_->encode(source_tensor);
+      draft_->reset(prefix);
+    }
   }
   int64_t sequence_length = prompt_length;  // tokens in the sequence, pending ones included
 

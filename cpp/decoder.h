@@ -25,11 +25,14 @@ class Decoder {
   // draft may be null only with gamma = 0. Validates everything it is given (ValueError).
   Decoder(std::shared_ptr<Model> target, std::shared_ptr<Model> draft, int64_t gamma, SamplingConfig config);
 
-  // prompt: token ids (at least one); seed: replays a run exactly (std::random_device when absent, and the
+  // prompt: token ids (at least one; for an encoder-decoder pair the decoder's start, usually its
+  // decoder_start_token_id); source: the encoder's input ids, required for encoder-decoder models and refused
+  // for decoder-only ones; each model encodes it once per generation. seed: replays a run exactly (std::random_device when absent, and the
   // seed used is reported in stats). `profile` synchronizes an accelerator around the model calls so the
   // time split is exact; without it only the host-side time of the launches is attributed there.
-  Generation generate(const std::vector<int64_t>& prompt, int64_t max_new_tokens,
-                      std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile) const;
+  Generation generate(const std::vector<int64_t>& prompt, const std::optional<std::vector<int64_t>>& source,
+                      int64_t max_new_tokens, std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
+                      bool profile) const;
 
   int64_t gamma() const { return gamma_; }
   const SamplingConfig& config() const { return config_; }

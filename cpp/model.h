@@ -9,6 +9,12 @@
 //  (b) plain: forward(input_ids: Tensor[1, T]) -> Tensor[1, T, V], which any causal LM satisfies; run
 //      without a cache, by recomputing the whole prefix at every call.
 // Row j of the logits is the next-token distribution after token j. Logits are floating point.
+// An encoder-decoder model (T5) has the cached form plus
+//        encode(input_ids: Tensor[1, S]) -> None   runs the encoder on the source once, stores what every
+//                                                    decoder call needs (cross-attention keys and values) and
+//                                                    clears the decoder cache
+//      and optionally the int attribute `max_source_length`; prefill / extend then run decoder tokens.
+// A file may carry metadata as the extra file `speculant.json` (what speculant.export writes).
 // The interface is backend-neutral so that a torch.export / AOTInductor backend can sit beside TorchScript.
 #pragma once
 
@@ -37,6 +43,14 @@ class Model {
   virtual void truncate(int64_t length) = 0;
   virtual int64_t length() const = 0;
 
+  // Encoder-decoder models: runs the encoder on `source` (int64 [S], S >= 1, on device()) and clears the
+  // decoder cache. Decoder-only models never get this call.
+  virtual void encode(const at::Tensor& source) { (void)source; }
+  bool encoder_decoder() const { return encoder_decoder_; }
+  std::optional<int64_t> max_source_length() const { return max_source_length_; }
+  // The file's `speculant.json` extra file, or "" when it has none.
+  const std::string& metadata() const { return metadata_; }
+
   int64_t vocab_size() const { return vocab_size_; }
   std::optional<int64_t> max_length() const { return max_length_; }
   const at::Device& device() const { return device_; }
@@ -49,6 +63,9 @@ class Model {
   int64_t vocab_size_ = 0;
   std::optional<int64_t> max_length_;
   at::Device device_ = at::kCPU;
+  bool encoder_decoder_ = false;
+  std::optional<int64_t> max_source_length_;
+  std::string metadata_;
 
  private:
   std::mutex in_use_;

@@ -33,6 +33,10 @@ std::optional<int64_t> int_attribute(const torch::jit::Module& module, const cha
   return value.toInt();
 }
 
+bool has_method(const torch::jit::Module& module, const char* name) {
+  return module.find_method(name).has_value();
+}
+
 at::Device module_device(const torch::jit::Module& module) {
   for (const at::Tensor& t : module.parameters()) return t.device();
   for (const at::Tensor& t : module.buffers()) return t.device();
@@ -41,15 +45,24 @@ at::Device module_device(const torch::jit::Module& module) {
 
 class CachedScriptModel final : public Model {
  public:
-  CachedScriptModel(torch::jit::Module module, std::string source)
+  CachedScriptModel(torch::jit::Module module, std::string source, std::string metadata)
       : module_(std::move(module)), source_(std::move(source)) {
+    metadata_ = std::move(metadata);
     auto vocab = int_attribute(module_, "vocab_size", source_);
     require(vocab.has_value(), "model {}: the cached form needs an int attribute `vocab_size`", source_);
     require(*vocab > 0, "model {}: vocab_size must be positive, got {}", source_, *vocab);
     vocab_size_ = *vocab;
     auto max_length = int_attribute(module_, "max_length", source_);
     if (max_length && *max_length > 0) max_length_ = *max_length;
+    encoder_decoder_ = has_method(module_, "encode");
+    auto max_source = int_attribute(module_, "max_source_length", source_);
+    if (max_source && *max_source > 0) max_source_length_ = *max_source;
     device_ = module_device(module_);
+  }
+
+  void encode(const at::Tensor& source) override {
+    module_.get_method("encode")({as_batch(source)});
+    length_ = 0;
   }
 
   void reset(const at::Tensor& tokens) override {
@@ -85,8 +98,9 @@ class CachedScriptModel final : public Model {
 
 class PlainScriptModel final : public Model {
  public:
-  PlainScriptModel(torch::jit::Module module, std::string source)
+  PlainScriptModel(torch::jit::Module module, std::string source, std::string metadata)
       : module_(std::move(module)), source_(std::move(source)) {
+    metadata_ = std::move(metadata);
     device_ = module_device(module_);
     max_length_ = int_attribute(module_, "max_length", source_);
     if (max_length_ && *max_length_ <= 0) max_length_.reset();
@@ -120,13 +134,10 @@ class PlainScriptModel final : public Model {
   at::Tensor history_;  // [L] the tokens "cached" so far
 };
 
-bool has_method(const torch::jit::Module& module, const char* name) {
-  return module.find_method(name).has_value();
-}
-
 // Runs a one-token probe through the chosen backend so that a broken file fails at load, with the reason.
 void probe(Model& model, const std::string& source) {
   at::Tensor one = at::zeros({1}, at::TensorOptions(model.device()).dtype(at::kLong));
+  if (model.encoder_decoder()) model.encode(one);
   model.reset(one);
   model.extend(one);  // [1, V]; the backend checks the shape
   require(model.length() == 2, "model {}: cache length after prefill(1 token) + extend(1 token) must be 2",
@@ -142,16 +153,20 @@ void probe(Model& model, const std::string& source) {
   model.truncate(0);
 }
 
-std::shared_ptr<Model> from_module(torch::jit::Module module, const std::string& source) {
+std::shared_ptr<Model> from_module(torch::jit::Module module, const std::string& source, std::string metadata) {
   module.eval();
   const char* cached_methods[] = {"prefill", "extend", "truncate", "cache_length"};
   std::vector<std::string> present, missing;
   for (const char* name : cached_methods) (has_method(module, name) ? present : missing).push_back(name);
   std::shared_ptr<Model> model;
   if (missing.empty()) {
-    model = std::make_shared<CachedScriptModel>(std::move(module), source);
+    model = std::make_shared<CachedScriptModel>(std::move(module), source, std::move(metadata));
+  } else if (has_method(module, "encode")) {
+    fail("model {}: has encode() (an encoder-decoder) but is missing {} of the cached form (prefill, extend, "
+         "truncate, cache_length), which encoder-decoder models need",
+         source, fmt::join(missing, ", "));
   } else if (present.empty() && has_method(module, "forward")) {
-    model = std::make_shared<PlainScriptModel>(std::move(module), source);
+    model = std::make_shared<PlainScriptModel>(std::move(module), source, std::move(metadata));
   } else if (present.empty()) {
     fail("model {}: follows neither form of the contract: the cached form needs methods prefill, extend, "
          "truncate and cache_length; the plain form needs forward(input_ids[1, T]) -> logits[1, T, V]",
@@ -171,9 +186,15 @@ std::shared_ptr<Model> from_module(torch::jit::Module module, const std::string&
   return model;
 }
 
-torch::jit::Module script_load(const std::function<torch::jit::Module()>& loader, const std::string& source) {
+constexpr const char* kMetadataFile = "speculant.json";
+
+torch::jit::Module script_load(const std::function<torch::jit::Module(torch::jit::ExtraFilesMap&)>& loader,
+                               const std::string& source, std::string& metadata) {
+  torch::jit::ExtraFilesMap extra{{kMetadataFile, ""}};
   try {
-    return loader();
+    torch::jit::Module module = loader(extra);
+    metadata = extra[kMetadataFile];
+    return module;
   } catch (const c10::Error& e) {
     fail("model {}: is not a loadable TorchScript file: {}", source, e.what_without_backtrace());
   }
@@ -182,18 +203,22 @@ torch::jit::Module script_load(const std::function<torch::jit::Module()>& loader
 }  // namespace
 
 std::shared_ptr<Model> load_script_file(const std::string& path, std::optional<at::Device> device) {
-  return from_module(script_load([&] { return torch::jit::load(path, device); }, path), path);
+  std::string metadata;
+  torch::jit::Module module = script_load(
+      [&](torch::jit::ExtraFilesMap& extra) { return torch::jit::load(path, device, extra); }, path, metadata);
+  return from_module(std::move(module), path, std::move(metadata));
 }
 
 std::shared_ptr<Model> load_script_bytes(const std::string& bytes, const std::string& source,
                                          std::optional<at::Device> device) {
-  return from_module(script_load(
-                         [&] {
-                           std::istringstream stream(bytes);
-                           return torch::jit::load(stream, device);
-                         },
-                         source),
-                     source);
+  std::string metadata;
+  torch::jit::Module module = script_load(
+      [&](torch::jit::ExtraFilesMap& extra) {
+        std::istringstream stream(bytes);
+        return torch::jit::load(stream, device, extra);
+      },
+      source, metadata);
+  return from_module(std::move(module), source, std::move(metadata));
 }
 
 }  // namespace speculant

@@ -42,20 +42,20 @@ def _real(value, name: str) -> float:
     return float(value)
 
 
-def _prompt(prompt_ids: PromptIds) -> List[int]:
-    if isinstance(prompt_ids, torch.Tensor):
-        if prompt_ids.dim() == 2 and prompt_ids.size(0) == 1:
-            prompt_ids = prompt_ids[0]
-        if prompt_ids.dim() != 1 or prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool:
-            raise ValueError("prompt_ids must be a sequence of token ids, a 1-D or [1, T] integer tensor; got "
-                             f"a {prompt_ids.dtype} tensor of shape {list(prompt_ids.shape)}")
-        return prompt_ids.tolist()
-    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, Sequence):
-        raise ValueError(f"prompt_ids must be a sequence of token ids, got {type(prompt_ids).__name__}")
-    ids = list(prompt_ids)
+def _ids(value: PromptIds, name: str) -> List[int]:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 2 and value.size(0) == 1:
+            value = value[0]
+        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise ValueError(f"{name} must be a sequence of token ids, a 1-D or [1, T] integer tensor; got "
+                             f"a {value.dtype} tensor of shape {list(value.shape)}")
+        return value.tolist()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(f"{name} must be a sequence of token ids, got {type(value).__name__}")
+    ids = list(value)
     for i, token in enumerate(ids):
         if isinstance(token, bool) or not isinstance(token, numbers.Integral):
-            raise ValueError(f"prompt_ids[{i}] must be an integer token id, got {token!r}")
+            raise ValueError(f"{name}[{i}] must be an integer token id, got {token!r}")
     return [int(t) for t in ids]
 
 
@@ -65,12 +65,20 @@ def _model(value, name: str) -> Model:
     return value
 
 
-def _run(decoder: _core.Decoder, prompt_ids, max_new_tokens, eos_token_id, seed, profile) -> Result:
-    prompt = _prompt(prompt_ids)
+def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id,
+         seed, profile) -> Result:
+    source = None if encoder_input_ids is None else _ids(encoder_input_ids, "encoder_input_ids")
+    if prompt_ids is None:
+        start = target.decoder_start_token_id
+        if start is None:
+            raise ValueError("prompt_ids is required (only an encoder-decoder model with a "
+                             "decoder_start_token_id in its metadata starts by itself)")
+        prompt_ids = [start]
+    prompt = _ids(prompt_ids, "prompt_ids")
     max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0)
     eos = None if eos_token_id is None else _integer(eos_token_id, "eos_token_id", 0)
     seed = None if seed is None else _integer(seed, "seed", 0)
-    generation = decoder.generate(prompt, max_new_tokens, eos, seed, bool(profile))
+    generation = decoder.generate(prompt, source, max_new_tokens, eos, seed, bool(profile))
     return Result(tokens=list(generation.tokens), stats=generation.stats, trace=Trace(generation.trace))
 
 
@@ -94,21 +102,30 @@ class SpeculativeDecoder:
     def gamma(self) -> int:
         return self._core.gamma
 
-    def generate(self, prompt_ids: PromptIds, *, max_new_tokens: int, eos_token_id: Optional[int] = None,
+    def generate(self, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
+                 encoder_input_ids: Optional[PromptIds] = None, eos_token_id: Optional[int] = None,
                  seed: Optional[int] = None, profile: bool = False) -> Result:
         """Generates up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after ``eos_token_id``.
+
+        Encoder-decoder pairs (T5) take the source as ``encoder_input_ids``, encoded once per model and
+        generation; ``prompt_ids`` is then the decoder's start and defaults to the target's
+        ``decoder_start_token_id``.
 
         The same seed and inputs give the same tokens; without a seed one is drawn and reported in
         ``result.stats.seed``. ``profile=True`` synchronizes a GPU around model calls so that the draft /
         target / other time split is exact (it adds synchronizations; on CPU it changes nothing).
         """
-        return _run(self._core, prompt_ids, max_new_tokens, eos_token_id, seed, profile)
+        return _run(self._core, self.target, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id, seed,
+                    profile)
 
 
-def generate(target: Model, prompt_ids: PromptIds, *, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int = 0, top_p: float = 1.0, eos_token_id: Optional[int] = None,
-             seed: Optional[int] = None, profile: bool = False) -> Result:
-    """Plain autoregressive decoding of ``target`` through the same engine (gamma = 0): the baseline."""
-    decoder = _core.Decoder(_model(target, "target")._core, None, 0, _real(temperature, "temperature"),
-                            _integer(top_k, "top_k", 0), _real(top_p, "top_p"), 1.0)
-    return _run(decoder, prompt_ids, max_new_tokens, eos_token_id, seed, profile)
+def generate(target: Model, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
+             encoder_input_ids: Optional[PromptIds] = None, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, eos_token_id: Optional[int] = None, seed: Optional[int] = None,
+             profile: bool = False) -> Result:
+    """Plain autoregressive decoding of ``target`` through the same engine (gamma = 0): the baseline.
+    Arguments as in SpeculativeDecoder.generate."""
+    target = _model(target, "target")
+    decoder = _core.Decoder(target._core, None, 0, _real(temperature, "temperature"), _integer(top_k, "top_k", 0),
+                            _real(top_p, "top_p"), 1.0)
+    return _run(decoder, target, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id, seed, profile)

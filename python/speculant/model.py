@@ -7,11 +7,17 @@ The contract (also in cpp/model.h), in one of two forms:
   logits[1, k, V]`` (appends), ``truncate(length: int) -> None`` and ``cache_length() -> int``.
 * plain: ``forward(input_ids[1, T]) -> logits[1, T, V]``, which any causal LM satisfies; the engine recomputes
   the whole prefix at each call.
+* encoder-decoder (T5): the cached form plus ``encode(input_ids[1, S]) -> None``, which runs the encoder on the
+  source once and clears the decoder cache; optionally an int attribute ``max_source_length``.
+
+A file may carry metadata in the extra file ``speculant.json`` (speculant.export writes it: architecture,
+vocabulary size, EOS / pad / decoder-start ids).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 from typing import Optional, Union
 
@@ -26,6 +32,13 @@ class Model:
     def __init__(self, core: _core.Model, source: str):
         self._core = core
         self.source = source
+        raw = core.metadata
+        try:
+            self.metadata = json.loads(raw) if raw else {}
+        except ValueError as error:
+            raise ValueError(f"model {source}: its speculant.json metadata is not valid JSON: {error}") from None
+        if not isinstance(self.metadata, dict):
+            raise ValueError(f"model {source}: its speculant.json metadata must be a JSON object")
 
     @property
     def vocab_size(self) -> int:
@@ -35,6 +48,25 @@ class Model:
     def max_length(self) -> Optional[int]:
         """The most positions the model can hold, or None when it declares no limit."""
         return self._core.max_length
+
+    @property
+    def encoder_decoder(self) -> bool:
+        """True for an encoder-decoder model (generate takes encoder_input_ids)."""
+        return self._core.encoder_decoder
+
+    @property
+    def max_source_length(self) -> Optional[int]:
+        return self._core.max_source_length
+
+    @property
+    def eos_token_id(self) -> Optional[int]:
+        """The EOS id from the file's metadata (None without one)."""
+        return self.metadata.get("eos_token_id")
+
+    @property
+    def decoder_start_token_id(self) -> Optional[int]:
+        """The first decoder token of an encoder-decoder model, from the file's metadata."""
+        return self.metadata.get("decoder_start_token_id")
 
     @property
     def device(self) -> torch.device:
