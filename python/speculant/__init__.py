@@ -10,6 +10,7 @@ from . import analysis, sampling
 from ._core import Iteration, Stats
 from .decoder import Result, SpeculativeDecoder, generate
 from .model import Model, load
+from .sweep import sweep
 from .trace import Trace
 
 __all__ = [
@@ -23,5 +24,6 @@ __all__ = [
     "generate",
     "load",
     "sampling",
+    "sweep",
 ]
 __version__ = "0.1.0"

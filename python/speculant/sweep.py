@@ -1,0 +1,152 @@
+"""Sweeps: a target / draft pair over grids of gamma, temperature, lenience, top-k and top-p on a prompt set,
+each setting measured against plain decoding of the same target, one row per setting (a pandas DataFrame)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import numbers
+import warnings
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+from . import analysis
+from .decoder import SpeculativeDecoder, generate
+from .model import Model
+
+Grid = Union[float, Sequence[float]]
+
+COLUMNS = [
+    "gamma", "temperature", "top_k", "top_p", "lenience",
+    "alpha", "acceptance", "tokens_per_target_call", "expected_tokens",
+    "new_tokens", "target_calls", "draft_calls", "seconds", "plain_seconds", "c", "speedup", "predicted_speedup",
+]
+
+# Untimed warm-up generations: TorchScript optimizes a method during its first calls (for each input shape),
+# so the first timed run of a setting would otherwise pay for that.
+_WARMUP_TOKENS = 16
+_RESERVED = {"prompt_ids", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "gamma", "lenience"}
+
+
+def _grid(values: Grid, name: str) -> List:
+    """A grid as a list of Python numbers: one number, or a sequence or 1-D array of them."""
+    values = values.tolist() if isinstance(values, np.ndarray) else values
+    values = list(values) if isinstance(values, Sequence) and not isinstance(values, str) else [values]
+    if not values:
+        raise ValueError(f"{name} must hold at least one value")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{name} must be numbers, got {value!r}")
+    return values
+
+
+def _totals(results) -> Dict[str, float]:
+    stats = [r.stats for r in results]
+    return {key: sum(getattr(s, key) for s in stats)
+            for key in ("new_tokens", "target_calls", "draft_calls", "accepted_tokens", "target_seconds",
+                        "draft_seconds", "total_seconds")}
+
+
+def sweep(target: Model, draft: Model, prompts, *, gammas: Grid, temperatures: Grid = (1.0,),
+          lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,), max_new_tokens: int = 64,
+          seed: int = 0, progress: bool = True, generate_kwargs: Optional[Mapping[str, Any]] = None):
+    """Runs speculative decoding for every combination of the grids and returns a ``pandas.DataFrame``, one row
+    per setting (columns in ``COLUMNS``).
+
+    prompts: one prompt or a sequence of them; each is token ids, or a mapping of ``generate`` keyword
+    arguments with ``prompt_ids`` among them (see ``speculant.analysis.generation_kwargs``). ``generate_kwargs``
+    go to every generation, speculative and plain (``eos_token_id``, an encoder-decoder's inputs, ...).
+
+    Every setting generates ``max_new_tokens`` from every prompt, prompt i with seed ``seed + i``, so the same
+    seed gives the same tokens, alpha and counts (not the same times); plain decoding of the target runs once per
+    (temperature, top_k, top_p) with the same prompts and seeds and is reused across gamma and lenience. Each
+    new gamma and the plain baseline get one untimed warm-up generation first.
+
+    Columns: the setting; ``alpha``, Corollary 3.6: the engine's sum_x min(p, q) averaged over every verified
+    position of every prompt (it does not depend on lenience); ``acceptance``, the alpha that governs the
+    speed at the setting's lenience (A.5): equal to ``alpha`` at lenience 1, below 1 the fraction of verified
+    drafts that were kept; ``tokens_per_target_call`` measured and ``expected_tokens`` from Equation (1) at
+    ``acceptance``; totals over the prompts (``new_tokens``, ``target_calls``, ``draft_calls``, ``seconds`` of
+    speculative and ``plain_seconds`` of plain decoding, the engine's own timings); ``c`` (Definition 3.7),
+    the draft's mean seconds per call in the speculative runs over the target's mean seconds per call in plain
+    decoding; ``speedup``, plain seconds per token over speculative seconds per token; ``predicted_speedup``,
+    Theorem 3.8 at ``acceptance``, gamma and ``c`` (it assumes a verification call costs what a one-token call
+    does, which a CPU does not grant).
+
+    A progress bar (tqdm) counts the settings. Interrupting the sweep (KeyboardInterrupt, the Jupyter stop
+    button) returns the rows finished so far with a RuntimeWarning and ``frame.attrs["interrupted"] = True``.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    reserved = sorted(_RESERVED.intersection(generate_kwargs or {}))
+    if reserved:
+        raise ValueError(f"generate_kwargs must not set {reserved}: the sweep sets them")
+    grids = [_grid(temperatures, "temperatures"), _grid(top_k, "top_k"), _grid(top_p, "top_p"),
+             _grid(gammas, "gammas"), _grid(lenience, "lenience")]
+    settings = list(itertools.product(*grids))  # sampling settings outermost: each plain baseline is reused
+    # Built first, so that a bad value anywhere in the grids raises before anything runs.
+    decoders = [SpeculativeDecoder(target, draft, gamma=g, temperature=t, top_k=k, top_p=p, lenience=l)
+                for t, k, p, g, l in settings]
+    calls = analysis.generation_kwargs(prompts, generate_kwargs)
+
+    def run(generate_one, tokens: int) -> list:
+        return [generate_one(**kwargs, max_new_tokens=tokens, seed=seed + i) for i, kwargs in enumerate(calls)]
+
+    rows: List[Dict[str, Any]] = []
+    plain: Dict[tuple, Dict[str, float]] = {}
+    warm = set()
+    interrupted = False
+    bar = tqdm(total=len(settings), desc="speculant sweep", disable=not progress)
+    try:
+        for (temperature, k, p, gamma, l), decoder in zip(settings, decoders):
+            if (temperature, k, p) not in plain:
+                baseline = functools.partial(generate, target, temperature=temperature, top_k=k, top_p=p)
+                baseline(**calls[0], max_new_tokens=_WARMUP_TOKENS, seed=seed)
+                plain[(temperature, k, p)] = _totals(run(baseline, max_new_tokens))
+            if gamma not in warm:
+                decoder.generate(**calls[0], max_new_tokens=_WARMUP_TOKENS, seed=seed)
+                warm.add(gamma)
+            results = run(decoder.generate, max_new_tokens)
+            rows.append(_row(results, plain[(temperature, k, p)], gamma=gamma, temperature=temperature, top_k=k,
+                             top_p=p, lenience=l))
+            bar.update()
+    except KeyboardInterrupt:
+        interrupted = True
+        warnings.warn(f"sweep interrupted: returning the {len(rows)} of {len(settings)} settings it finished",
+                      RuntimeWarning, stacklevel=2)
+    finally:
+        bar.close()
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    frame.attrs.update(interrupted=interrupted, prompts=len(calls), max_new_tokens=max_new_tokens, seed=seed)
+    return frame
+
+
+def _per_token(totals: Dict[str, float]) -> float:
+    return totals["total_seconds"] / totals["new_tokens"] if totals["new_tokens"] else math.nan
+
+
+def _row(results, plain: Dict[str, float], *, gamma: int, temperature: float, top_k: int, top_p: float,
+         lenience: float) -> Dict[str, Any]:
+    spec = _totals(results)
+    positions = [analysis.verified_positions(r.trace) for r in results]
+    verified = sum(positions)
+    nan = math.nan
+    alpha = sum(r.stats.alpha * n for r, n in zip(results, positions) if n) / verified if verified else nan
+    acceptance = alpha if lenience == 1.0 or not verified else spec["accepted_tokens"] / verified
+    draft_call = spec["draft_seconds"] / spec["draft_calls"] if spec["draft_calls"] else nan
+    target_call = plain["target_seconds"] / plain["target_calls"] if plain["target_calls"] else nan
+    c = draft_call / target_call if target_call > 0 else nan
+    known = not (math.isnan(acceptance) or math.isnan(c))
+    return {
+        "gamma": gamma, "temperature": temperature, "top_k": top_k, "top_p": top_p, "lenience": lenience,
+        "alpha": alpha, "acceptance": acceptance,
+        "tokens_per_target_call": spec["new_tokens"] / spec["target_calls"] if spec["target_calls"] else nan,
+        "expected_tokens": analysis.expected_tokens(acceptance, gamma) if verified else nan,
+        "new_tokens": spec["new_tokens"], "target_calls": spec["target_calls"], "draft_calls": spec["draft_calls"],
+        "seconds": spec["total_seconds"], "plain_seconds": plain["total_seconds"], "c": c,
+        "speedup": _per_token(plain) / _per_token(spec),
+        "predicted_speedup": analysis.walltime_improvement(acceptance, gamma, c) if known else nan,
+    }

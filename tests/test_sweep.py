@@ -1,0 +1,116 @@
+"""speculant.sweep on table models (tests/markov.py): the grid, the columns' definitions, reproducibility with a
+seed, interruption, and the pass-through of generate arguments."""
+
+import importlib
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import markov
+import speculant
+from speculant import analysis
+
+sweep_module = importlib.import_module("speculant.sweep")  # the module; speculant.sweep is the function
+PROMPTS = [[1, 2], [3], [0, 1, 2]]
+TIMES = ["seconds", "plain_seconds", "c", "speedup", "predicted_speedup"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, draft = markov.target_and_draft(6, 3, draft_scale=1.0)
+    return speculant.load(markov.cached_model(target)), speculant.load(markov.cached_model(draft))
+
+
+def test_one_row_per_setting_with_consistent_columns(pair, capsys):
+    frame = speculant.sweep(*pair, PROMPTS, gammas=[1, 3], temperatures=[0.0, 1.0], lenience=[1.0, 0.5],
+                            max_new_tokens=20, seed=5)
+    assert "speculant sweep" in capsys.readouterr().err  # the progress bar
+    assert list(frame.columns) == sweep_module.COLUMNS and len(frame) == 8
+    assert set(zip(frame.gamma, frame.temperature, frame.lenience)) == \
+        {(g, t, l) for g in (1, 3) for t in (0.0, 1.0) for l in (1.0, 0.5)}
+    assert (frame.top_k == 0).all() and (frame.top_p == 1.0).all() and not frame.attrs["interrupted"]
+    assert (frame.new_tokens == len(PROMPTS) * 20).all()
+    assert np.allclose(frame.tokens_per_target_call, frame.new_tokens / frame.target_calls)
+    assert ((frame.alpha > 0) & (frame.alpha < 1)).all()
+    exact = frame[frame.lenience == 1.0]
+    assert (exact.acceptance == exact.alpha).all()
+    assert np.allclose(frame.expected_tokens, analysis.expected_tokens(frame.acceptance.to_numpy(),
+                                                                       frame.gamma.to_numpy()))
+    assert np.allclose(frame.predicted_speedup, analysis.walltime_improvement(
+        frame.acceptance.to_numpy(), frame.gamma.to_numpy(), frame.c.to_numpy()))
+    assert (frame[TIMES] > 0).all().all()
+    # plain decoding ran once per temperature and is shared by its rows
+    assert frame.groupby("temperature").plain_seconds.nunique().eq(1).all()
+
+
+def test_alpha_and_acceptance_on_iid_models():
+    """Same p and q after every prefix: alpha is sum min(p, q) exactly; at lenience 0.5 each verified draft is
+    kept with probability sum min(p / 0.5, q) (A.5), so the observed fraction lies within 5 binomial standard
+    deviations of it (a false failure has probability < 1e-6; the seed is fixed)."""
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    target = speculant.load(markov.cached_model(markov.constant_table(p)))
+    draft = speculant.load(markov.cached_model(markov.constant_table(q)))
+    frame = speculant.sweep(target, draft, [[0]] * 10, gammas=4, lenience=[1.0, 0.5], max_new_tokens=100,
+                            progress=False)
+    exact, lenient = frame.iloc[0], frame.iloc[1]
+    assert exact.alpha == pytest.approx(analysis.beta(p, q).item(), abs=1e-6)
+    assert lenient.alpha == pytest.approx(exact.alpha)  # the engine's alpha ignores lenience
+    rate = analysis.beta(p, q, 0.5).item()
+    decisions = lenient.target_calls  # a lower bound on the verified drafts (>= 1 per call): a wider band
+    assert abs(lenient.acceptance - rate) < 5 * math.sqrt(rate * (1 - rate) / decisions)
+    assert lenient.acceptance > exact.alpha + 0.2
+
+
+def test_same_seed_same_numbers(pair):
+    kwargs = dict(gammas=[2, 4], temperatures=0.8, top_k=[0, 3], top_p=0.9, max_new_tokens=16, progress=False)
+    first = speculant.sweep(*pair, PROMPTS, **kwargs, seed=11)
+    again = speculant.sweep(*pair, PROMPTS, **kwargs, seed=11)
+    other = speculant.sweep(*pair, PROMPTS, **kwargs, seed=12)
+    counts = [c for c in sweep_module.COLUMNS if c not in TIMES]
+    assert first[counts].equals(again[counts])
+    assert not first[counts].equals(other[counts])
+
+
+def test_interrupted_sweep_keeps_finished_rows(pair, monkeypatch):
+    class Interrupting(speculant.SpeculativeDecoder):
+        calls = 0
+
+        def generate(self, *args, **kwargs):
+            Interrupting.calls += 1
+            if Interrupting.calls > 1 + 2 * len(PROMPTS) + 1:  # warm-up + two settings, warm-up of the third
+                raise KeyboardInterrupt
+            return super().generate(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "SpeculativeDecoder", Interrupting)
+    with pytest.warns(RuntimeWarning, match="2 of 3 settings"):
+        frame = speculant.sweep(*pair, PROMPTS, gammas=[1, 1, 2], max_new_tokens=8, progress=False)
+    assert frame.attrs["interrupted"] and len(frame) == 2 and frame.gamma.tolist() == [1, 1]
+    assert (frame.new_tokens == len(PROMPTS) * 8).all()
+
+
+def test_generate_arguments_pass_through(pair):
+    eos = 2
+    common = speculant.sweep(*pair, PROMPTS, gammas=2, max_new_tokens=30, progress=False,
+                             generate_kwargs={"eos_token_id": eos})
+    per_prompt = speculant.sweep(*pair, [{"prompt_ids": p, "eos_token_id": eos} for p in PROMPTS], gammas=2,
+                                 max_new_tokens=30, progress=False)
+    assert common.new_tokens.item() < len(PROMPTS) * 30
+    assert common.new_tokens.item() == per_prompt.new_tokens.item()
+    single = speculant.sweep(*pair, torch.tensor([1, 2]), gammas=np.array([1]), max_new_tokens=5, progress=False)
+    assert single.new_tokens.item() == 5 and single.attrs["prompts"] == 1
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(gammas=[2, 0]), "gamma"),
+    (dict(gammas=2, lenience=[1.0, 1.5]), "lenience"),
+    (dict(gammas=[]), "gammas must hold"),
+    (dict(gammas=["2"]), "gammas must be numbers"),
+    (dict(gammas=2, generate_kwargs={"seed": 1}), "seed"),
+])
+def test_bad_grids_raise_before_running(pair, kwargs, match, monkeypatch):
+    monkeypatch.setattr(sweep_module, "generate", None)  # nothing may run
+    with pytest.raises(ValueError, match=match):
+        speculant.sweep(*pair, PROMPTS, progress=False, **kwargs)
