@@ -1,23 +1,44 @@
 """The per-iteration trace of a generation, drawn like the paper's Figure 1: draft tokens the target accepted
-(green), the rejected draft token (red; the drafts after it are discarded unseen) and the target's correction
-(blue) or, when all gamma were accepted, its bonus token (blue, underlined)."""
+(green), the rejected draft token (red, struck through; the drafts after it are discarded unseen) and the
+target's correction (blue) or, when all gamma were accepted, its bonus token (blue, underlined).
+
+Tokens are shown as ids, or as text through a tokenizer: anything with ``decode(ids) -> str`` (a Hugging Face
+tokenizer, a ``tokenizers.Tokenizer``) or a callable ``ids -> str`` (``speculant.demo_pair.decode`` for the
+byte-level demo). Each piece is decoded after the tokens before it (the text of ``context + piece`` past the
+text of ``context``), so tokenizers that drop a word's leading space when it stands alone (SentencePiece) and
+characters split over several byte tokens come out as they do in the whole text.
+"""
 
 from __future__ import annotations
 
 import html
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 from ._core import Iteration
 
 Decode = Callable[[List[int]], str]
+Tokenizer = Union[Decode, object]  # a callable ids -> str, or an object with decode(ids) -> str
 
 _ANSI = {"accepted": "\033[32m", "rejected": "\033[31;9m", "correction": "\033[34m", "bonus": "\033[34;4m",
          "reset": "\033[0m"}
 _CSS = {"accepted": "color:#1a7f37", "rejected": "color:#cf222e;text-decoration:line-through",
         "correction": "color:#0969da", "bonus": "color:#0969da;text-decoration:underline"}
+_CONTEXT_TOKENS = 8  # tokens of context a piece is decoded after
 
 
-def _segments(it: Iteration) -> List[tuple]:
+def _decoder(tokenizer: Optional[Tokenizer]) -> Optional[Decode]:
+    if tokenizer is None:
+        return None
+    decode = getattr(tokenizer, "decode", None)
+    if callable(decode):
+        return decode
+    if callable(tokenizer):
+        return tokenizer
+    raise ValueError("tokenizer must have a decode(ids) -> str method or be a callable ids -> str, got "
+                     f"{type(tokenizer).__name__}")
+
+
+def _segments(it: Iteration) -> List[Tuple[str, List[int]]]:
     """(kind, tokens) pieces of one iteration, in order, as far as they were emitted."""
     kept = list(it.drafted[: min(it.accepted, it.emitted)])
     pieces = [("accepted", kept)] if kept else []
@@ -34,12 +55,34 @@ def _emitted(it: Iteration) -> List[int]:
     return tokens + [it.token] if it.emitted > it.accepted else tokens
 
 
+def _visible(text: str) -> str:
+    """One line of text: newlines and tabs made visible."""
+    return text.replace("\n", "\u21b5").replace("\t", "\u2192").replace("\r", "")
+
+
+def _text(decode: Optional[Decode], tokens: List[int]) -> str:
+    return decode(tokens) if decode is not None else "".join(f"{t} " for t in tokens)
+
+
+def _piece(decode: Optional[Decode], context: List[int], tokens: List[int]) -> str:
+    """The text ``tokens`` add after ``context`` (decoded after its last _CONTEXT_TOKENS tokens)."""
+    if decode is None:
+        return _text(decode, tokens)
+    context = context[-_CONTEXT_TOKENS:]
+    before, after = decode(context), decode(context + tokens)
+    common = 0
+    while common < min(len(before), len(after)) and before[common] == after[common]:
+        common += 1
+    return after[common:]
+
+
 class Trace(Sequence[Iteration]):
     """A sequence of speculant.Iteration with terminal (``render``) and Jupyter (``_repr_html_``) views."""
 
-    def __init__(self, iterations: Sequence[Iteration], decode: Optional[Decode] = None):
+    def __init__(self, iterations: Sequence[Iteration], tokenizer: Optional[Tokenizer] = None):
         self._iterations = list(iterations)
-        self.decode = decode
+        self._decode = _decoder(tokenizer)
+        self.tokenizer = tokenizer
 
     def __getitem__(self, index):
         return self._iterations[index]
@@ -47,38 +90,47 @@ class Trace(Sequence[Iteration]):
     def __len__(self) -> int:
         return len(self._iterations)
 
-    def with_decoder(self, decode: Decode) -> "Trace":
-        """The same trace, rendering tokens through ``decode`` (a tokenizer's ids -> text)."""
-        return Trace(self._iterations, decode)
+    def with_tokenizer(self, tokenizer: Tokenizer) -> "Trace":
+        """The same trace, showing tokens as text through ``tokenizer`` (see the module docstring)."""
+        return Trace(self._iterations, tokenizer)
 
-    def _text(self, tokens: List[int]) -> str:
-        """Tokens as one line of text: decoded when a decoder is set, with newlines and tabs made visible."""
-        text = self.decode(tokens) if self.decode else " ".join(map(str, tokens)) + " "
-        return text.replace("\n", "\u21b5").replace("\t", "\u2192").replace("\r", "")
+    with_decoder = with_tokenizer  # the same, named for a bare ids -> str function
 
-    def render(self, color: bool = True, prefix: str = "", context: Optional[int] = 60) -> str:
+    def _lines(self, decode: Optional[Decode]) -> List[Tuple[str, List[Tuple[str, str]]]]:
+        """Per iteration: the output's text before it, and its (kind, text) pieces."""
+        lines, output = [], []
+        for it in self._iterations:
+            pieces, context = [], list(output)
+            for kind, tokens in _segments(it):
+                pieces.append((kind, _visible(_piece(decode, context, tokens))))
+                if kind == "accepted":
+                    context += tokens
+            lines.append((_visible(_text(decode, output)), pieces))
+            output += _emitted(it)
+        return lines
+
+    def render(self, color: bool = True, prefix: str = "", context: Optional[int] = 60,
+               tokenizer: Optional[Tokenizer] = None) -> str:
         """One line per iteration (one target call), as in Figure 1: the text so far (its last ``context``
         characters; None for all of it), then this iteration's accepted drafts, the rejected draft and the
-        target's correction or bonus token. Without colour the kinds are spelled out."""
-        lines, so_far = [], prefix.replace("\n", "\u21b5")
-        for i, it in enumerate(self._iterations):
-            shown = ""
-            for kind, tokens in _segments(it):
-                text = self._text(tokens)
-                shown += f"{_ANSI[kind]}{text}{_ANSI['reset']}" if color else f"[{kind}:{text}]"
+        target's correction or bonus token. Without colour the kinds are spelled out. ``prefix`` is the
+        prompt's text; ``tokenizer`` overrides the trace's own."""
+        decode = self._decode if tokenizer is None else _decoder(tokenizer)
+        lines = []
+        for i, (output, pieces) in enumerate(self._lines(decode)):
+            shown = "".join(f"{_ANSI[kind]}{text}{_ANSI['reset']}" if color else f"[{kind}:{text}]"
+                            for kind, text in pieces)
+            so_far = _visible(prefix) + output
             tail = so_far if context is None or len(so_far) <= context else "\u2026" + so_far[-context:]
             lines.append(f"{i + 1:>3} | {tail}{shown}")
-            so_far += self._text(_emitted(it))
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
-        rows, so_far = [], ""
-        for it in self._iterations:
-            shown = "".join(f'<span style="{_CSS[kind]}">{html.escape(self._text(tokens))}</span>'
-                            for kind, tokens in _segments(it))
-            rows.append(f"<div style='font-family:monospace;white-space:pre-wrap'>{html.escape(so_far)}"
-                        f"{shown}</div>")
-            so_far += self._text(_emitted(it))
+        rows = []
+        for i, (output, pieces) in enumerate(self._lines(self._decode)):
+            shown = "".join(f'<span style="{_CSS[kind]}">{html.escape(text)}</span>' for kind, text in pieces)
+            rows.append(f"<div style='font-family:monospace;white-space:pre-wrap'>{i + 1:>3} | "
+                        f"{html.escape(output)}{shown}</div>")
         return "".join(rows)
 
     def __repr__(self) -> str:
