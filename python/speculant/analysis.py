@@ -141,9 +141,9 @@ def generation_kwargs(prompts, generate_kwargs: Optional[Mapping[str, Any]] = No
     """The keyword arguments of one ``generate`` call per prompt.
 
     ``prompts`` is one prompt (token ids, or a 1-D tensor) or a sequence of prompts (a 2-D tensor is one per
-    row). A prompt may also be a mapping of ``generate`` keyword arguments with ``prompt_ids`` among them, for
-    arguments that change with the prompt (an encoder-decoder's ``encoder_input_ids``). ``generate_kwargs``
-    are added to every call.
+    row). A prompt may also be a mapping of ``generate`` keyword arguments, for arguments that change with the
+    prompt (an encoder-decoder's ``encoder_input_ids``, its ``prompt_ids`` defaulting to the decoder start).
+    ``generate_kwargs`` are added to every call.
     """
     common = dict(generate_kwargs or {})
     if isinstance(prompts, torch.Tensor):
@@ -155,10 +155,8 @@ def generation_kwargs(prompts, generate_kwargs: Optional[Mapping[str, Any]] = No
     if len(prompts) == 0:
         raise ValueError("prompts must hold at least one prompt")
     calls = []
-    for i, prompt in enumerate(prompts):
+    for prompt in prompts:
         if isinstance(prompt, Mapping):
-            if "prompt_ids" not in prompt:
-                raise ValueError(f"prompts[{i}] is a mapping of generate arguments without 'prompt_ids'")
             calls.append({**common, **prompt})
         else:
             calls.append({**common, "prompt_ids": prompt})

@@ -56,8 +56,8 @@ def sweep(target: Model, draft: Model, prompts, *, gammas: Grid, temperatures: G
     per setting (columns in ``COLUMNS``).
 
     prompts: one prompt or a sequence of them; each is token ids, or a mapping of ``generate`` keyword
-    arguments with ``prompt_ids`` among them (see ``speculant.analysis.generation_kwargs``). ``generate_kwargs``
-    go to every generation, speculative and plain (``eos_token_id``, an encoder-decoder's inputs, ...).
+    arguments (see ``speculant.analysis.generation_kwargs``). ``generate_kwargs`` go to every generation,
+    speculative and plain (``eos_token_id``, ...).
 
     Every setting generates ``max_new_tokens`` from every prompt, prompt i with seed ``seed + i``, so the same
     seed gives the same tokens, alpha and counts (not the same times); plain decoding of the target runs once per

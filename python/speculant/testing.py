@@ -1,0 +1,276 @@
+"""Distribution checks for your own target / draft pair, to call from your own test suite.
+
+Speculative sampling keeps the output distributed exactly as the target's alone (§2.3, Appendix A.1), whatever
+the draft. ``check_distribution`` tests that claim on your models and settings: it samples many speculative
+generations through the engine and compares the law of their first k tokens with the target's own law, computed
+exactly by running the target alone on every likely prefix and standardizing its logits with the same settings
+(``speculant.sampling.standardize``, the engine's own function).
+
+    from speculant.testing import assert_distribution
+
+    def test_my_pair_is_exact():
+        assert_distribution("target.pt", "draft.pt", prompt_ids, k=2, gamma=4, temperature=0.8, top_p=0.9)
+
+The test: Pearson's chi-square goodness of fit over a partition of the k-token sequences. A prefix whose
+probability is at least 5 / samples is expanded (one target call); a complete sequence that likely gets its own
+cell, and what is left of each expanded prefix (its unlikely continuations, "prefix + *") gets one more; cells
+expected fewer than 5 times are pooled into one. So at most k * samples / 5 target calls are made, and a large
+vocabulary costs no more than a small one. A sample that takes a token the target gives probability 0 after an
+expanded prefix (outside top-k or top-p, a masked token) fails the check outright (p-value 0).
+
+Under a correct engine and exact reference logits the check fails with probability ``significance`` (the
+false-failure rate; with a fixed seed the outcome is deterministic). Its power grows with ``samples``. The
+reference logits come from a full forward pass while the engine uses the model's cache; a token sitting exactly
+on a top-k / top-p boundary could fall on either side of it in the two (floating-point summation order).
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from . import sampling
+from .decoder import SpeculativeDecoder
+from .model import Model, load
+
+MIN_EXPECTED = 5.0  # Pearson's rule of thumb: cells expected fewer times than this are pooled
+Logits = Callable[[List[int]], torch.Tensor]  # token ids -> next-token logits [V]
+ModelLike = Union[Model, str, os.PathLike, torch.jit.ScriptModule]
+Cell = Tuple[Any, ...]  # token ids; a trailing "*" means "any continuation not given its own cell"
+
+
+@dataclass(frozen=True)
+class DistributionCheck:
+    """The outcome of ``check_distribution``.
+
+    statistic: Pearson's chi-square; dof: its degrees of freedom (cells - 1); p_value: its upper tail (0 when a
+    sample was impossible); passed: p_value >= significance; impossible: samples with a token of target
+    probability 0; cells: (cell, observed, expected) rows the statistic sums over, a pooled cell as ("pooled",)
+    ; report: all of it, readable (also ``str(check)``).
+    """
+
+    statistic: float
+    dof: int
+    p_value: float
+    significance: float
+    samples: int
+    impossible: int
+    cells: Tuple[Tuple[Cell, int, float], ...]
+    report: str
+
+    @property
+    def passed(self) -> bool:
+        return self.p_value >= self.significance
+
+    def __str__(self) -> str:
+        return self.report
+
+
+def _engine_model(model: ModelLike) -> Model:
+    return model if isinstance(model, Model) else load(model)
+
+
+def _module_logits(model: ModelLike, name: str, encoder_input_ids=None) -> Logits:
+    """Next-token logits from the model's TorchScript module: its ``prefill`` (cached form) or ``forward``;
+    an encoder-decoder's ``encode`` runs first, once, on ``encoder_input_ids``."""
+    device = model.device if isinstance(model, Model) else None
+    module = model
+    if isinstance(model, Model):
+        if not os.path.isfile(model.source):
+            raise ValueError(f"{name} was loaded from memory, so its logits cannot be recomputed: pass the "
+                             "torch.jit.ScriptModule or the file itself, or target_logits")
+        module = model.source
+    if isinstance(module, (str, os.PathLike)):
+        with warnings.catch_warnings():  # TorchScript's deprecation notice (torch >= 2.11), nothing else
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
+            module = torch.jit.load(os.fspath(module), map_location=device)
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"{name} must be a speculant.Model, a TorchScript file or a torch.jit.ScriptModule, got "
+                         f"{type(model).__name__}")
+    method = module.prefill if hasattr(module, "prefill") else module.forward
+    if device is None:
+        tensors = [*module.parameters(), *module.buffers()]
+        device = tensors[0].device if tensors else torch.device("cpu")
+    if encoder_input_ids is not None:
+        with torch.no_grad():
+            module.encode(torch.as_tensor(encoder_input_ids, dtype=torch.long, device=device).reshape(1, -1))
+
+    def logits(ids: List[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return method(torch.tensor([ids], dtype=torch.long, device=device))[0, -1]  # [V]
+
+    return logits
+
+
+def _integer(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _partition(logits: Logits, prompt: List[int], k: int, threshold: float, settings: Dict[str, Any]):
+    """The target's law of the next k tokens on the partition described in the module docstring.
+
+    Returns (cells: {cell: probability}, expanded: {prefix: standardized probs [V] as float64 numpy}).
+    """
+    cells: Dict[Cell, float] = {}
+    expanded: Dict[Tuple[int, ...], np.ndarray] = {}
+    stack: List[Tuple[Tuple[int, ...], float]] = [((), 1.0)]
+    while stack:
+        prefix, mass = stack.pop()
+        row = torch.as_tensor(logits(prompt + list(prefix)))
+        if row.dim() != 1:
+            raise ValueError(f"target_logits must return next-token logits of shape [V], got {list(row.shape)}")
+        probs = sampling.standardize(row[None], **settings)[0].double().cpu().numpy()  # [V]
+        probs = probs / probs.sum()
+        expanded[prefix] = probs
+        children = mass * probs  # [V]
+        kept = children >= threshold  # [V]
+        rest = float(mass * probs[~kept].sum())
+        if rest > 0:
+            cells[prefix + ("*",)] = rest
+        for token in np.nonzero(kept)[0].tolist():
+            child = prefix + (token,)
+            if len(child) == k:
+                cells[child] = float(children[token])
+            else:
+                stack.append((child, float(children[token])))
+    return cells, expanded
+
+
+def _cell_of(sample: Sequence[int], law: Dict[Cell, float], expanded: Dict[Tuple[int, ...], np.ndarray],
+             k: int) -> Optional[Cell]:
+    """The cell a sample of k tokens falls in, or None when it took a token of target probability 0."""
+    for j in range(k):
+        prefix = tuple(sample[:j])
+        probs, token = expanded[prefix], sample[j]
+        if not 0 <= token < len(probs) or probs[token] == 0:
+            return None
+        child = prefix + (token,)
+        if child not in (expanded if j + 1 < k else law):  # not likely enough for its own cell or expansion
+            return prefix + ("*",)
+    return tuple(sample)
+
+
+def _pooled(rows: List[Tuple[Cell, int, float]]) -> List[Tuple[Cell, int, float]]:
+    """Pools the cells expected fewer than MIN_EXPECTED times (and, if that pool is still short, the next
+    smallest) into one ("pooled",) cell."""
+    rows = sorted(rows, key=lambda row: row[2])
+    split = 0
+    while split < len(rows) and rows[split][2] < MIN_EXPECTED:
+        split += 1
+    while 0 < split < len(rows) and sum(row[2] for row in rows[:split]) < MIN_EXPECTED:
+        split += 1
+    if split <= 1:
+        return rows[::-1]
+    pool = (("pooled",), sum(row[1] for row in rows[:split]), sum(row[2] for row in rows[:split]))
+    return rows[split:][::-1] + [pool]
+
+
+def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, k: int = 2, gamma: int = 4,
+                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, lenience: float = 1.0,
+                       samples: int = 2000, significance: float = 1e-3, seed: int = 0,
+                       target_logits: Optional[Logits] = None,
+                       generate_kwargs: Optional[Mapping[str, Any]] = None) -> DistributionCheck:
+    """Tests at level ``significance`` that the first ``k`` tokens speculative decoding generates after
+    ``prompt_ids`` follow the target's own law (see the module docstring for the test).
+
+    target, draft: ``speculant.Model`` handles (loaded from files), TorchScript files or ScriptModules.
+    Generation i uses seed ``seed + i`` and runs to max(k, gamma + 1) tokens, so the first iteration drafts the
+    full gamma. ``generate_kwargs`` go to every generation: an encoder-decoder pair takes its source as
+    ``encoder_input_ids`` there, and ``prompt_ids`` then defaults to the target's ``decoder_start_token_id``.
+
+    The target's law comes from ``target_logits(ids) -> logits [V]`` (the next-token logits after the token ids
+    ``ids``, prompt included) when given, which models whose logits need more than the ids require; otherwise
+    from the target's TorchScript module (its ``prefill`` if it has one, else ``forward``; after ``encode`` of
+    the source for an encoder-decoder). The logits are standardized with the same temperature, top_k and top_p;
+    lenience < 1 changes the output law on purpose (A.5), so the check then measures by how much.
+    """
+    k = _integer(k, "k", 1)
+    samples = _integer(samples, "samples", 1)
+    seed = _integer(seed, "seed", 0)
+    if isinstance(significance, bool) or not isinstance(significance, numbers.Real) or not 0 < significance < 1:
+        raise ValueError(f"significance must be in (0, 1), got {significance!r}")
+    reserved = sorted({"prompt_ids", "max_new_tokens", "seed", "eos_token_id"}.intersection(generate_kwargs or {}))
+    if reserved:
+        raise ValueError(f"generate_kwargs must not set {reserved}: check_distribution sets them (no EOS: every "
+                         "sample has k tokens)")
+    generate_kwargs = dict(generate_kwargs or {})
+    engine_target = _engine_model(target)
+    decoder = SpeculativeDecoder(engine_target, _engine_model(draft), gamma=gamma, temperature=temperature,
+                                 top_k=top_k, top_p=top_p, lenience=lenience)
+    logits = target_logits if target_logits is not None else \
+        _module_logits(target, "target", generate_kwargs.get("encoder_input_ids"))
+    # Sampling before enumerating: the engine checks the prompt and the arguments and says what is wrong.
+    max_new_tokens = max(k, int(gamma) + 1)  # gamma was checked by SpeculativeDecoder
+    drawn = [decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, seed=seed + i, **generate_kwargs).tokens[:k]
+             for i in range(samples)]
+    prompt = [engine_target.decoder_start_token_id] if prompt_ids is None else \
+        torch.as_tensor(prompt_ids).reshape(-1).tolist()
+    settings = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+    law, expanded = _partition(logits, prompt, k, MIN_EXPECTED / samples, settings)
+
+    observed: Dict[Cell, int] = dict.fromkeys(law, 0)
+    impossible: Dict[Tuple[int, ...], int] = {}
+    for tokens in drawn:
+        cell = _cell_of(tokens, law, expanded, k)
+        if cell is None:
+            impossible[tuple(tokens)] = impossible.get(tuple(tokens), 0) + 1
+        else:
+            observed[cell] += 1
+
+    rows = _pooled([(cell, observed[cell], law[cell] * samples) for cell in law])
+    statistic = float(sum((o - e) ** 2 / e for _, o, e in rows))
+    dof = len(rows) - 1
+    if impossible:
+        p_value = 0.0
+    elif dof == 0:
+        p_value = 1.0
+    else:  # chi-square upper tail: Q(dof / 2, statistic / 2)
+        p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                                torch.tensor(statistic / 2, dtype=torch.float64)))
+    settings_text = (f"gamma={gamma}, temperature={temperature}, top_k={top_k}, top_p={top_p}, "
+                     f"lenience={lenience}")
+    report = _report(statistic, dof, p_value, significance, samples, k, len(prompt), seed, settings_text, rows,
+                     impossible, len(expanded))
+    return DistributionCheck(statistic=statistic, dof=dof, p_value=p_value, significance=float(significance),
+                             samples=samples, impossible=sum(impossible.values()), cells=tuple(rows),
+                             report=report)
+
+
+def _report(statistic, dof, p_value, significance, samples, k, prompt_length, seed, settings, rows, impossible,
+            target_calls, shown: int = 8) -> str:
+    verdict = "passed" if p_value >= significance else "FAILED"
+    lines = [
+        f"speculant distribution check {verdict} at significance {significance:g}",
+        f"  speculative decoding ({settings}) against the target alone: the first {k} token(s) of {samples} "
+        f"generations after a {prompt_length}-token prompt (seeds {seed}..{seed + samples - 1})",
+        f"  Pearson chi-square = {statistic:.4g} on {dof} degrees of freedom, p-value = {p_value:.4g} "
+        f"({len(rows)} cells; the target's law from {target_calls} target call(s))",
+    ]
+    if impossible:
+        listed = ", ".join(f"{list(tokens)} x{count}" for tokens, count in sorted(impossible.items())[:shown])
+        lines.append(f"  {sum(impossible.values())} sample(s) took a token of target probability 0: {listed}")
+    worst = sorted(rows, key=lambda row: -(row[1] - row[2]) ** 2 / row[2])[:shown]
+    if worst and dof > 0:
+        lines.append(f"  largest contributions:\n    {'cell':<28}{'observed':>10}{'expected':>12}{'(O-E)^2/E':>12}")
+        for cell, o, e in worst:
+            label = "pooled" if cell == ("pooled",) else "[" + ", ".join(map(str, cell)) + "]"
+            lines.append(f"    {label:<28}{o:>10}{e:>12.1f}{(o - e) ** 2 / e:>12.2f}")
+    return "\n".join(lines)
+
+
+def assert_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, **kwargs) -> DistributionCheck:
+    """``check_distribution``, raising AssertionError with its report when the check fails; returns the check
+    when it passes."""
+    __tracebackhide__ = True  # pytest shows the caller's line
+    check = check_distribution(target, draft, prompt_ids, **kwargs)
+    if not check.passed:
+        raise AssertionError(check.report)
+    return check

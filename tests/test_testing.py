@@ -1,0 +1,127 @@
+"""speculant.testing on table models (tests/markov.py) and a small TinyGPT: the exact reference law, a correct
+pair passes, lenience and a wrong reference are caught (power), the partition stays small for a larger
+vocabulary, and the inputs it accepts."""
+
+import re
+
+import pytest
+import torch
+
+import markov
+import speculant
+from speculant import testing
+from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_plain
+
+PROMPT = [2, 1, 3]
+
+
+def pair(seed, **kwargs):
+    target, draft = markov.target_and_draft(4, seed, **kwargs)
+    return target, markov.cached_model(target), markov.cached_model(draft)
+
+
+def test_correct_pair_passes_with_the_exact_law():
+    table, target, draft = pair(4, mask_prob=0.1)
+    check = testing.check_distribution(target, draft, PROMPT, k=2, gamma=3, temperature=0.7, top_k=3,
+                                       samples=2000, seed=1)
+    assert check.passed and check.impossible == 0 and check.p_value >= 1e-3
+    exact = markov.continuation_law(table, PROMPT, 2, 0.7, 3, 1.0)  # [4, 4]
+    complete = [(cell, e) for cell, _, e in check.cells if "*" not in cell and cell != ("pooled",)]
+    assert len(complete) >= 5
+    for cell, expected in complete:
+        assert expected / 2000 == pytest.approx(exact[cell].item(), abs=1e-6)
+    assert sum(e for _, _, e in check.cells) == pytest.approx(2000)
+    assert sum(o for _, o, _ in check.cells) == 2000
+    assert check.dof == len(check.cells) - 1 and "passed" in check.report == str(check)
+
+
+def test_lenience_is_detected():
+    """Lenience 0.3 with an unrelated draft changes the law of the first two tokens (A.5); the check must fail
+    and say why."""
+    _, target, draft = pair(21, independent_draft=True, concentration=0.5)
+    with pytest.raises(AssertionError) as failure:
+        testing.assert_distribution(target, draft, PROMPT, k=2, gamma=2, lenience=0.3, samples=2000)
+    report = str(failure.value)
+    assert "FAILED" in report and "lenience=0.3" in report
+    statistic, p_value = re.search(r"chi-square = (\S+) on \d+ degrees of freedom, p-value = (\S+) ", report).groups()
+    assert float(statistic) > 50 and float(p_value) < 1e-6
+
+
+def test_tokens_of_probability_zero_fail_outright():
+    table, target, draft = pair(7)
+    wrong = markov.random_table(4, 99, mask_prob=0.5)  # a reference that forbids tokens the target emits
+    logits = lambda ids: markov.plain_model(wrong)(torch.tensor([ids]))[0, -1]  # noqa: E731
+    check = testing.check_distribution(target, draft, PROMPT, k=2, samples=200, target_logits=logits)
+    assert check.impossible > 0 and check.p_value == 0.0 and not check.passed
+    assert "target probability 0" in check.report
+
+
+def test_argmax_has_one_cell():
+    _, target, draft = pair(5)
+    check = testing.check_distribution(target, draft, PROMPT, k=3, gamma=2, temperature=0.0, samples=50)
+    assert check.passed and check.dof == 0 and check.p_value == 1.0 and len(check.cells) == 1
+    assert testing.assert_distribution(target, draft, PROMPT, k=3, gamma=2, temperature=0.0, samples=50) == check
+
+
+def test_larger_vocabulary_is_partitioned(tmp_path):
+    """Vocabulary 64, k = 3, 400 samples: only prefixes likely enough for a cell of expected count 5 are
+    expanded (at most k * samples / 5 target calls), the rest of each prefix is one "prefix + *" cell."""
+    torch.manual_seed(0)
+    config = TinyGPTConfig(vocab_size=64, n_layer=1, n_head=2, d_model=16, max_length=32)
+    target_gpt, draft_gpt = TinyGPT(config), TinyGPT(config)
+    with torch.no_grad():  # peaked distributions: a few likely tokens per position
+        target_gpt.tok_emb.weight.mul_(20)
+        draft_gpt.tok_emb.weight.copy_(target_gpt.tok_emb.weight + 0.3 * torch.randn(64, 16))
+    path = tmp_path / "target.pt"
+    script_plain(target_gpt).save(str(path))
+    reference = testing._module_logits(str(path), "target")
+    calls = []
+    check = testing.check_distribution(speculant.load(path), script_plain(draft_gpt), [1, 2], k=3, gamma=2,
+                                       samples=400, target_logits=lambda ids: calls.append(ids) or reference(ids))
+    assert check.passed, check.report
+    assert 1 < len(calls) <= 3 * 400 / 5
+    kinds = {"pooled" if cell == ("pooled",) else "rest" if "*" in cell else "complete" for cell, _, _ in check.cells}
+    assert kinds == {"pooled", "rest", "complete"} and check.dof >= 5
+    assert all(e >= 5 for _, _, e in check.cells)
+    # the same check with the reference taken from the file behind the loaded model
+    assert testing.check_distribution(speculant.load(path), script_plain(draft_gpt), [1, 2], k=3, gamma=2,
+                                      samples=400) == check
+
+
+def test_inputs():
+    _, target, draft = pair(3)
+    in_memory = speculant.load(target)
+    with pytest.raises(ValueError, match="memory"):
+        testing.check_distribution(in_memory, draft, PROMPT)
+    for kwargs, match in [(dict(k=0), "k must"), (dict(samples=0), "samples"), (dict(significance=1.0), "significance"),
+                          (dict(generate_kwargs={"eos_token_id": 1}), "eos_token_id"), (dict(gamma=0), "gamma")]:
+        with pytest.raises(ValueError, match=match):
+            testing.check_distribution(target, draft, PROMPT, **kwargs)
+    with pytest.raises(ValueError, match=r"shape \[V\]"):
+        testing.check_distribution(target, draft, PROMPT, samples=5, target_logits=lambda ids: torch.zeros(1, 4))
+
+
+class SourceMarkov(markov.MarkovCached):
+    """The encoder-decoder contract over table models: ``encode`` picks the decoder's table by the source's
+    parity, so logits computed without the source would be wrong."""
+
+    def __init__(self, tables: torch.Tensor):  # [2, 2, V+1, V, V]
+        super().__init__(tables[0])
+        self.register_buffer("tables", tables.clone())
+
+    @torch.jit.export
+    def encode(self, input_ids: torch.Tensor) -> None:
+        self.table.copy_(self.tables[int(input_ids.sum().item()) % 2])
+        self.truncate(0)
+
+
+def test_encoder_decoder_source_reaches_the_reference():
+    tables = torch.stack([markov.random_table(4, 31), markov.random_table(4, 32)]).float()
+    drafts = torch.stack([markov.perturb(t.double(), 5, 0.7) for t in tables]).float()
+    target, draft = torch.jit.script(SourceMarkov(tables)), torch.jit.script(SourceMarkov(drafts))
+    check = testing.check_distribution(target, draft, [0], gamma=2, samples=1500,
+                                       generate_kwargs={"encoder_input_ids": [1, 2, 2]})
+    assert check.passed, check.report
+    exact = markov.continuation_law(tables[1].double(), [0], 2, 1.0)  # source sum 5: odd, table 1
+    complete = [(cell, e) for cell, _, e in check.cells if "*" not in cell and cell != ("pooled",)]
+    assert complete and all(e / 1500 == pytest.approx(exact[cell].item(), abs=1e-6) for cell, e in complete)
