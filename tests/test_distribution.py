@@ -28,6 +28,7 @@ import torch
 
 import markov
 import speculant
+from chisquare import chi_square_pvalue, pooled
 
 SIGNIFICANCE = 1e-3
 N_SAMPLES = 5000
@@ -35,47 +36,11 @@ MAX_NEW_TOKENS = 6
 WINDOWS = [(0, 1, 2), (3, 4, 5)]  # token indices whose joint law is tested (4-6 need several iterations)
 VOCAB = 4
 PROMPT = [2, 1, 3]
-MIN_EXPECTED = 5.0
 
 
 # ------------------------------------------------------------------------------------------------
-# The test statistic
+# The test statistic (tests/chisquare.py) and its power
 # ------------------------------------------------------------------------------------------------
-
-
-def pooled(expected: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pools the cells with expected count < MIN_EXPECTED (and, if that pool is still below it, the
-    next smallest cells) into one cell. Zero-probability cells must be dropped before."""
-    order = np.argsort(expected, kind="stable")
-    e, o = expected[order], observed[order]
-    split = int(np.searchsorted(e, MIN_EXPECTED))  # e[:split] < MIN_EXPECTED
-    while split < len(e) and 0 < e[:split].sum() < MIN_EXPECTED:
-        split += 1
-    if split == 0:
-        return e, o
-    return np.append(e[split:], e[:split].sum()), np.append(o[split:], o[:split].sum())
-
-
-def chi_square_pvalue(law: torch.Tensor, samples: np.ndarray) -> float:
-    """Pearson chi-square p-value of samples [n, k] (token ids) against the exact joint law [V] * k.
-
-    Asserts first that no sample falls in a cell of probability zero.
-    """
-    n, k = samples.shape
-    vocab = law.shape[0]
-    cells = np.ravel_multi_index(tuple(samples.T), (vocab,) * k)
-    observed = np.bincount(cells, minlength=vocab**k).astype(np.float64)
-    probs = law.reshape(-1).numpy()
-    impossible = probs == 0
-    assert observed[impossible].sum() == 0, (
-        f"{int(observed[impossible].sum())} samples in zero-probability cells "
-        f"{np.nonzero(impossible & (observed > 0))[0].tolist()}"
-    )
-    expected, observed = pooled(probs[~impossible] * n, observed[~impossible])
-    expected *= observed.sum() / expected.sum()  # float64 rounding only
-    if len(expected) < 2:
-        return 1.0
-    return float(scipy.stats.chisquare(observed, expected).pvalue)
 
 
 def predicted_power(law: torch.Tensor, alternative: torch.Tensor, n: int) -> float:

@@ -9,6 +9,7 @@ import torch  # noqa: F401  (loads libtorch before the extension that links agai
 from . import analysis, sampling
 from ._core import Iteration, Stats
 from .decoder import Result, SpeculativeDecoder, generate
+from .export import export  # the function; the subpackage stays importable as speculant.export.<arch>
 from .model import Model, load
 from .sweep import sweep
 from .trace import Trace
@@ -21,6 +22,7 @@ __all__ = [
     "Stats",
     "Trace",
     "analysis",
+    "export",
     "generate",
     "load",
     "sampling",

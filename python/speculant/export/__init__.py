@@ -1,0 +1,117 @@
+"""Exporting Hugging Face transformers models to TorchScript files that follow the engine's cached contract.
+
+    speculant.export(model_or_dir, out_path, *, max_length=None, max_source_length=None) -> metadata dict
+    speculant export MODEL_DIR OUT.pt [--max-length N] [--max-source-length N]
+
+transformers 5 has no torchscript flag, and tracing its generation code freezes shapes, so each supported
+architecture is re-expressed as a scripted module of our own that holds the model's weights (gpt2.py,
+llama.py, t5.py); the tests check its logits against transformers' at several lengths, with a cache, and
+after a truncation. The file carries `speculant.json` (architecture, vocabulary size, EOS / pad / BOS /
+decoder-start ids) that `speculant.load` reads back as `Model.metadata`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, Optional, Union
+
+import torch
+
+from . import gpt2, llama, t5
+
+# transformers class name -> (our module, the config.model_type it must have)
+SUPPORTED = {
+    "GPT2LMHeadModel": (gpt2, "gpt2"),
+    "LlamaForCausalLM": (llama, "llama"),
+    "T5ForConditionalGeneration": (t5, "t5"),
+}
+METADATA_FILE = "speculant.json"  # the extra file cpp/script_model.cpp reads
+FORMAT = 1
+
+__all__ = ["SUPPORTED", "export", "load_pretrained"]
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("speculant.export needs transformers: pip install 'speculant[export]'") from None
+    return transformers
+
+
+def load_pretrained(directory: Union[str, os.PathLike]):
+    """A supported transformers model from a local `save_pretrained` directory (no downloads)."""
+    transformers = _transformers()
+    directory = os.fspath(directory)
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+        raise FileNotFoundError(f"model_or_dir: {directory} is not a save_pretrained directory (no config.json)")
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    names = [n for n in (config.architectures or []) if n in SUPPORTED]
+    if not names:
+        raise ValueError(f"model_or_dir: {directory} holds {config.architectures or config.model_type!r}; "
+                         f"supported architectures: {', '.join(SUPPORTED)}")
+    return getattr(transformers, names[0]).from_pretrained(directory, local_files_only=True).eval()
+
+
+def _ids(value) -> Optional[Union[int, list]]:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def metadata(model, max_length: int, max_source_length: Optional[int]) -> Dict[str, Any]:
+    config = model.config
+    generation = getattr(model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None) if generation is not None else None
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+    return {
+        "format": FORMAT,
+        "architecture": type(model).__name__,
+        "model_type": config.model_type,
+        "vocab_size": config.vocab_size,
+        "max_length": max_length,
+        "max_source_length": max_source_length,
+        "encoder_decoder": bool(config.is_encoder_decoder),
+        "eos_token_id": _ids(eos),
+        "pad_token_id": _ids(getattr(config, "pad_token_id", None)),
+        "bos_token_id": _ids(getattr(config, "bos_token_id", None)),
+        "decoder_start_token_id": config.decoder_start_token_id if config.is_encoder_decoder else None,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "transformers_version": _transformers().__version__,
+    }
+
+
+def export(model_or_dir, out_path: Union[str, os.PathLike], *, max_length: Optional[int] = None,
+           max_source_length: Optional[int] = None) -> Dict[str, Any]:
+    """Writes `model_or_dir` (a transformers model object or a local save_pretrained directory) to out_path
+    as TorchScript in the engine's cached contract and returns the metadata written with it.
+
+    max_length: decoder positions the preallocated KV cache holds (GPT-2: n_positions, the most there are;
+    Llama: min(max_position_embeddings, 4096); T5: 512). max_source_length: T5's longest encoder input
+    (default 512). Raises ValueError for an unsupported architecture or configuration, naming what is."""
+    started = time.perf_counter()
+    model = load_pretrained(model_or_dir) if isinstance(model_or_dir, (str, os.PathLike)) else model_or_dir
+    name = type(model).__name__
+    if name not in SUPPORTED:
+        raise ValueError(f"model_or_dir: {name} is not supported; supported architectures: "
+                         f"{', '.join(SUPPORTED)}")
+    module, model_type = SUPPORTED[name]
+    if model.config.model_type != model_type:
+        raise ValueError(f"model_or_dir: a {name} with config.model_type = {model.config.model_type!r} is not "
+                         f"supported (expected {model_type!r})")
+    if max_source_length is not None and not model.config.is_encoder_decoder:
+        raise ValueError("max_source_length is only for encoder-decoder models (T5)")
+    model = model.eval()
+    with torch.no_grad():
+        if model.config.is_encoder_decoder:
+            max_length = 512 if max_length is None else max_length
+            max_source_length = 512 if max_source_length is None else max_source_length
+            scripted = module.script(model, max_length=max_length, max_source_length=max_source_length)
+        else:
+            scripted = module.script(model, max_length=max_length)
+    meta = metadata(model, int(scripted.max_length), max_source_length)
+    out_path = os.fspath(out_path)
+    os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+    torch.jit.save(scripted, out_path, _extra_files={METADATA_FILE: json.dumps(meta, sort_keys=True)})
+    meta["export_seconds"] = time.perf_counter() - started
+    return meta

@@ -1,0 +1,139 @@
+"""What every exported decoder-only model shares: the cached contract around an architecture's `run`, the
+activations transformers configs name, and the causal mask over cached positions.
+
+An architecture module (gpt2.py, llama.py) provides `run(input_ids[1, T], caches, start) -> logits[1, T, V]`,
+where `caches` is [] (stateless: positions [0, T)) or one (keys, values) pair of [H_kv, M, D] views per layer
+into the preallocated cache, written at positions [start, start + T). Shapes: T = new tokens, S = attended
+positions, H_kv = key/value heads, D = head_dim, L = layers, M = max_length, V = vocab.
+"""
+from typing import Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# transformers' activation names -> the function each computes (transformers/activations.py). "gelu_new",
+# "gelu_fast" and "gelu_pytorch_tanh" are all the tanh approximation of GELU.
+ACTIVATIONS: Dict[str, str] = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+
+def activation_kind(name: str, field: str) -> str:
+    """The scripted kind for transformers' activation `name` (config field `field`), or a ValueError."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"config.{field} = {name!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def activate(x: Tensor, kind: str) -> Tensor:
+    if kind == "gelu":
+        return F.gelu(x)
+    if kind == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if kind == "relu":
+        return F.relu(x)
+    return F.silu(x)
+
+
+def causal_mask(new: int, start: int, device: torch.device) -> Tensor:
+    """[T, S] bool, S = start + T: query i sits at position start + i and sees keys 0 .. start + i."""
+    return torch.ones(new, start + new, dtype=torch.bool, device=device).tril(start)
+
+
+class CachedDecoder(nn.Module):
+    """The engine's cached contract (cpp/model.h) around a decoder-only `core`, batch 1: a preallocated KV
+    cache of `max_length` positions with prefill / extend / truncate / cache_length, and a stateless
+    forward(input_ids[1, T]) -> logits[1, T, V] that leaves the cache alone."""
+
+    length: int
+
+    def __init__(self, core: nn.Module, *, vocab_size: int, max_length: int, layers: int, kv_heads: int,
+                 head_dim: int, like: Tensor):
+        super().__init__()
+        self.core = core
+        self.vocab_size = vocab_size
+        self.max_length = max_length
+        self.length = 0  # cached positions; cache rows at or past it are stale
+        shape = (layers, kv_heads, max_length, head_dim)  # [L, H_kv, M, D]
+        self.register_buffer("cache_k", torch.zeros(shape, dtype=like.dtype, device=like.device),
+                             persistent=False)
+        self.register_buffer("cache_v", torch.zeros(shape, dtype=like.dtype, device=like.device),
+                             persistent=False)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        if input_ids.dim() != 2 or input_ids.size(1) < 1 or input_ids.size(1) > self.max_length:
+            raise ValueError(f"forward: expected input_ids [B, T] with 1 <= T <= {self.max_length}, "
+                             f"got {input_ids.shape}")
+        return self.core.run(input_ids, torch.jit.annotate(List[Tuple[Tensor, Tensor]], []), 0)
+
+    @torch.jit.export
+    def prefill(self, input_ids: Tensor) -> Tensor:
+        # [1, T] -> [1, T, V]; clears the cache first
+        self.length = 0
+        return self.extend(input_ids)
+
+    @torch.jit.export
+    def extend(self, input_ids: Tensor) -> Tensor:
+        # [1, k] -> [1, k, V]: writes positions [length, length + k), attends causally to [0, length + k)
+        if input_ids.dim() != 2 or input_ids.size(0) != 1 or input_ids.size(1) < 1:
+            raise ValueError(f"extend/prefill: expected input_ids [1, k] with k >= 1, got {input_ids.shape}")
+        if input_ids.dtype != torch.long:
+            raise ValueError(f"extend/prefill: expected int64 input_ids, got {input_ids.dtype}")
+        k = input_ids.size(1)
+        if self.length + k > self.max_length:
+            raise ValueError(f"extend/prefill: {self.length} cached + {k} new positions exceed "
+                             f"max_length={self.max_length}")
+        caches = [(self.cache_k[i], self.cache_v[i]) for i in range(self.cache_k.size(0))]  # [H_kv, M, D]
+        logits = self.core.run(input_ids, caches, self.length)  # [1, k, V]
+        self.length += k
+        return logits
+
+    @torch.jit.export
+    def truncate(self, length: int) -> None:
+        if length < 0 or length > self.length:
+            raise ValueError(f"truncate: length must be in [0, cache_length()={self.length}], got {length}")
+        self.length = length
+
+    @torch.jit.export
+    def cache_length(self) -> int:
+        return self.length
+
+
+def write_cache(k: Tensor, v: Tensor, cache_k: Tensor, cache_v: Tensor, start: int) -> Tuple[Tensor, Tensor]:
+    """Writes k, v [1, H_kv, T, D] at positions [start, start + T) of the [H_kv, M, D] caches and returns the
+    cached keys and values [1, H_kv, S, D] for S = start + T."""
+    new = k.size(2)
+    cache_k[:, start:start + new] = k[0]
+    cache_v[:, start:start + new] = v[0]
+    return cache_k[:, :start + new].unsqueeze(0), cache_v[:, :start + new].unsqueeze(0)
+
+
+def is_tied(model) -> bool:
+    """Whether a transformers model's LM head is its input embedding (the same storage)."""
+    return model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
+def copy_weights(module: nn.Module, weights: Dict[str, Tensor]) -> None:
+    """Copies `weights` (name -> tensor) into `module`'s parameters, requiring an exact one-to-one match of
+    names and shapes so that nothing is silently left at its initial value. A Parameter shared under two
+    names (a tied LM head) is listed, and copied, under both."""
+    own = dict(module.named_parameters(remove_duplicate=False))
+    missing = sorted(set(own) - set(weights))
+    extra = sorted(set(weights) - set(own))
+    if missing or extra:
+        raise ValueError(f"export: weight mapping mismatch (missing {missing}, unexpected {extra})")
+    with torch.no_grad():
+        for name, param in own.items():
+            source = weights[name]
+            if source.shape != param.shape:
+                raise ValueError(f"export: weight {name} has shape {list(source.shape)}, expected "
+                                 f"{list(param.shape)}")
+            param.copy_(source)
+    module.requires_grad_(False)

@@ -1,0 +1,121 @@
+"""GPT-2 (transformers' GPT2LMHeadModel) as a scripted module with the HF weights: pre-LayerNorm blocks,
+learned positions, fused QKV, an LM head tied to the token embedding unless the model unties it. transformers stores GPT-2's projections as Conv1D ([in, out],
+y = x W + b); they are transposed into nn.Linear ([out, in]) here. Shapes as in cached.py, C = n_embd,
+H = n_head, F = MLP width.
+"""
+import math
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .cached import CachedDecoder, activate, activation_kind, causal_mask, copy_weights, is_tied, write_cache
+
+
+class Attention(nn.Module):
+    def __init__(self, width: int, heads: int, scale: float):
+        super().__init__()
+        self.heads = heads
+        self.scale = scale  # 1/sqrt(D), and / (layer + 1) with scale_attn_by_inverse_layer_idx
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
+        B, T, C = x.shape  # [1, T, C]
+        qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads)  # [B, T, 3, H, D]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] each
+        if cache is not None:
+            k, v = write_cache(k, v, cache[0], cache[1], start)  # [1, H, S, D]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # [B, H, T, D]
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int, inner: int, eps: float, act: str, scale: float):
+        super().__init__()
+        self.act = act
+        self.ln_1 = nn.LayerNorm(width, eps=eps)
+        self.attn = Attention(width, heads, scale)
+        self.ln_2 = nn.LayerNorm(width, eps=eps)
+        self.fc = nn.Linear(width, inner)
+        self.fc_proj = nn.Linear(inner, width)
+
+    def forward(self, x: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
+        x = x + self.attn(self.ln_1(x), mask, cache, start)  # [B, T, C]
+        return x + self.fc_proj(activate(self.fc(self.ln_2(x)), self.act))  # [B, T, C]
+
+
+class GPT2(nn.Module):
+    def __init__(self, config, tied: bool):
+        super().__init__()
+        width, heads = config.n_embd, config.n_head
+        inner = config.n_inner if config.n_inner is not None else 4 * width
+        act = activation_kind(config.activation_function, "activation_function")
+        self.wte = nn.Embedding(config.vocab_size, width)  # [V, C]
+        # [V, C]: the same Parameter as wte's when tied (stored once), else its own
+        self.head = self.wte.weight if tied else nn.Parameter(torch.empty(config.vocab_size, width))
+        self.wpe = nn.Embedding(config.n_positions, width)  # [P, C]
+        scales = []
+        for layer in range(config.n_layer):
+            scale = 1.0 / math.sqrt(width // heads) if config.scale_attn_weights else 1.0
+            if config.scale_attn_by_inverse_layer_idx:
+                scale /= layer + 1
+            scales.append(scale)
+        self.blocks = nn.ModuleList([Block(width, heads, inner, config.layer_norm_epsilon, act, s) for s in scales])
+        self.ln_f = nn.LayerNorm(width, eps=config.layer_norm_epsilon)
+
+    def run(self, input_ids: Tensor, caches: List[Tuple[Tensor, Tensor]], start: int) -> Tensor:
+        T = input_ids.size(1)
+        pos = torch.arange(start, start + T, device=input_ids.device)  # [T]
+        mask = causal_mask(T, start, input_ids.device)  # [T, S]
+        x = self.wte(input_ids) + self.wpe(pos)  # [1, T, C]
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, caches[i] if len(caches) > 0 else None, start)
+        return F.linear(self.ln_f(x), self.head)  # [1, T, V]
+
+
+def check_config(config) -> None:
+    """Refuses, naming the field, what this module does not compute as transformers does."""
+    if getattr(config, "add_cross_attention", False):
+        raise ValueError("config.add_cross_attention = True (GPT-2 with cross-attention) is not supported")
+    activation_kind(config.activation_function, "activation_function")
+    if config.n_embd % config.n_head:
+        raise ValueError(f"config.n_head = {config.n_head} does not divide n_embd = {config.n_embd}")
+
+
+def _weights(model) -> Dict[str, Tensor]:
+    """Our parameter names -> transformers' tensors (Conv1D weights transposed)."""
+    sd = model.state_dict()
+    out = {"wte.weight": sd["transformer.wte.weight"], "wpe.weight": sd["transformer.wpe.weight"],
+           "ln_f.weight": sd["transformer.ln_f.weight"], "ln_f.bias": sd["transformer.ln_f.bias"]}
+    out["head"] = model.get_output_embeddings().weight  # the embedding itself when tied
+    for i in range(model.config.n_layer):
+        hf, ours = f"transformer.h.{i}.", f"blocks.{i}."
+        for a, b in (("ln_1", "ln_1"), ("ln_2", "ln_2")):
+            out[ours + a + ".weight"] = sd[hf + b + ".weight"]
+            out[ours + a + ".bias"] = sd[hf + b + ".bias"]
+        for a, b in (("attn.qkv", "attn.c_attn"), ("attn.proj", "attn.c_proj"), ("fc", "mlp.c_fc"),
+                     ("fc_proj", "mlp.c_proj")):
+            out[ours + a + ".weight"] = sd[hf + b + ".weight"].t()
+            out[ours + a + ".bias"] = sd[hf + b + ".bias"]
+    return out
+
+
+def script(model, *, max_length: Optional[int] = None) -> torch.jit.ScriptModule:
+    """The cached contract form of a GPT2LMHeadModel. max_length defaults to (and may not exceed)
+    config.n_positions, the learned positions there are."""
+    config = model.config
+    check_config(config)
+    if max_length is None:
+        max_length = config.n_positions
+    if not 1 <= max_length <= config.n_positions:
+        raise ValueError(f"max_length must be in [1, n_positions = {config.n_positions}] for GPT-2 (learned "
+                         f"positions), got {max_length}")
+    like = model.transformer.wte.weight
+    tied = is_tied(model)
+    core = GPT2(config, tied).to(dtype=like.dtype, device=like.device).eval()
+    copy_weights(core, _weights(model))
+    wrapper = CachedDecoder(core, vocab_size=config.vocab_size, max_length=max_length, layers=config.n_layer,
+                            kv_heads=config.n_head, head_dim=config.n_embd // config.n_head, like=like)
+    return torch.jit.script(wrapper.eval())

@@ -1,0 +1,177 @@
+"""Llama-architecture decoders (transformers' LlamaForCausalLM) as a scripted module with the HF weights:
+RMSNorm, rotary position embeddings, grouped-query attention, a gated MLP. Shapes as in cached.py,
+C = hidden_size, H = query heads, H_kv = key/value heads (H_kv divides H), F = intermediate_size.
+
+The rotary tables are precomputed for the cache's M positions from the model's own inverse frequencies and
+attention scaling, which transformers derives from config.rope_parameters for each static RoPE type
+(default, linear, llama3, yarn, ...); the types that change with the sequence length are refused.
+"""
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .cached import CachedDecoder, activate, activation_kind, causal_mask, copy_weights, is_tied, write_cache
+
+# RoPE types whose frequencies depend on the current sequence length: one precomputed table cannot hold them.
+DYNAMIC_ROPE = ("dynamic", "longrope")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # computed in float32, as transformers does, then back to the working dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # x [1, H, T, D]; cos, sin [T, D]: the rotation of pairs (i, i + D/2), transformers' rotate_half layout
+    half = x.size(-1) // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(width, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, width, bias=bias)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]],
+                start: int) -> Tensor:
+        B, T, _ = x.shape  # [1, T, C]
+        q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, T, D]
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, T, D]
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if cache is not None:
+            k, v = write_cache(k, v, cache[0], cache[1], start)  # [1, H_kv, S, D]
+        if self.kv_heads != self.heads:  # each key/value head serves H / H_kv consecutive query heads
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)  # [B, H, S, D]
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)  # [B, H, T, D]
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))  # [B, T, C]
+
+
+class Block(nn.Module):
+    def __init__(self, config, head_dim: int, act: str):
+        super().__init__()
+        width, inner = config.hidden_size, config.intermediate_size
+        self.act = act
+        self.input_layernorm = RMSNorm(width, config.rms_norm_eps)
+        self.self_attn = Attention(width, config.num_attention_heads, config.num_key_value_heads, head_dim,
+                                   config.attention_bias)
+        self.post_attention_layernorm = RMSNorm(width, config.rms_norm_eps)
+        self.gate_proj = nn.Linear(width, inner, bias=config.mlp_bias)
+        self.up_proj = nn.Linear(width, inner, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(inner, width, bias=config.mlp_bias)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]],
+                start: int) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, start)  # [B, T, C]
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(activate(self.gate_proj(h), self.act) * self.up_proj(h))  # [B, T, C]
+
+
+class Llama(nn.Module):
+    def __init__(self, config, head_dim: int, tied: bool, cos: Tensor, sin: Tensor):
+        super().__init__()
+        act = activation_kind(config.hidden_act, "hidden_act")
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)  # [V, C]
+        self.layers = nn.ModuleList([Block(config, head_dim, act) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # [V, C]: the same Parameter as the embedding's when tied (stored once), else its own
+        self.head = self.embed_tokens.weight if tied else nn.Parameter(torch.empty(config.vocab_size,
+                                                                                   config.hidden_size))
+        self.register_buffer("cos", cos)  # [M, D] in the working dtype
+        self.register_buffer("sin", sin)  # [M, D]
+
+    def run(self, input_ids: Tensor, caches: List[Tuple[Tensor, Tensor]], start: int) -> Tensor:
+        T = input_ids.size(1)
+        if start + T > self.cos.size(0):
+            raise ValueError(f"run: positions up to {start + T} exceed the {self.cos.size(0)} rotary positions")
+        cos, sin = self.cos[start:start + T], self.sin[start:start + T]  # [T, D]
+        mask = causal_mask(T, start, input_ids.device)  # [T, S]
+        x = self.embed_tokens(input_ids)  # [1, T, C]
+        for i, block in enumerate(self.layers):
+            x = block(x, cos, sin, mask, caches[i] if len(caches) > 0 else None, start)
+        return F.linear(self.norm(x), self.head)  # [1, T, V]
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def check_config(config) -> None:
+    """Refuses, naming the field, what this module does not compute as transformers does."""
+    activation_kind(config.hidden_act, "hidden_act")
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ValueError(f"config.num_key_value_heads = {config.num_key_value_heads} does not divide "
+                         f"num_attention_heads = {config.num_attention_heads}")
+    rope = getattr(config, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", "default")
+    if rope_type in DYNAMIC_ROPE:
+        raise ValueError(f"config.rope_parameters rope_type = {rope_type!r} changes with the sequence length and "
+                         f"is not supported; static types (default, linear, llama3, yarn, ...) are")
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        raise ValueError(f"config.pretraining_tp = {config.pretraining_tp} is not supported (only 1)")
+
+
+def _rotary_tables(model, max_length: int, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """cos, sin [M, D] for positions 0 .. M - 1, from the model's own inverse frequencies and scaling,
+    computed in float32 as transformers does per call, then cast to the working dtype."""
+    rotary = model.model.rotary_emb
+    inv_freq = rotary.inv_freq.to(torch.float32)  # [D / 2]
+    positions = torch.arange(max_length, dtype=torch.float32, device=inv_freq.device)  # [M]
+    freqs = positions[:, None] * inv_freq[None, :]  # [M, D / 2]
+    angles = torch.cat((freqs, freqs), dim=-1)  # [M, D]
+    scaling = float(rotary.attention_scaling)
+    return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
+
+
+def _weights(model, config) -> Dict[str, Tensor]:
+    """Our parameter names -> transformers' tensors (the same layout, shorter names)."""
+    sd = model.state_dict()
+    out = {"embed_tokens.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
+    out["head"] = model.get_output_embeddings().weight  # the embedding itself when tied
+    parts = ["input_layernorm.weight", "post_attention_layernorm.weight"]
+    parts += [f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in (("weight", "bias") if config.attention_bias
+                                                                   else ("weight",))]
+    parts += [f"{p}_proj.{w}" for p in ("gate", "up", "down") for w in (("weight", "bias") if config.mlp_bias
+                                                                        else ("weight",))]
+    for i in range(config.num_hidden_layers):
+        for part in parts:
+            hf = f"model.layers.{i}.{part}" if not part.startswith(("gate", "up", "down")) else \
+                f"model.layers.{i}.mlp.{part}"
+            out[f"layers.{i}.{part}"] = sd[hf]
+    return out
+
+
+def script(model, *, max_length: Optional[int] = None) -> torch.jit.ScriptModule:
+    """The cached contract form of a LlamaForCausalLM. max_length (the preallocated cache's positions)
+    defaults to min(config.max_position_embeddings, 4096)."""
+    config = model.config
+    check_config(config)
+    if max_length is None:
+        max_length = min(config.max_position_embeddings, 4096)
+    if max_length < 1:
+        raise ValueError(f"max_length must be >= 1, got {max_length}")
+    like = model.model.embed_tokens.weight
+    head_dim, tied = _head_dim(config), is_tied(model)
+    cos, sin = _rotary_tables(model, max_length, like.dtype)
+    core = Llama(config, head_dim, tied, cos, sin).to(dtype=like.dtype, device=like.device).eval()
+    copy_weights(core, _weights(model, config))
+    wrapper = CachedDecoder(core, vocab_size=config.vocab_size, max_length=max_length,
+                            layers=config.num_hidden_layers, kv_heads=config.num_key_value_heads,
+                            head_dim=head_dim, like=like)
+    return torch.jit.script(wrapper.eval())

@@ -1,0 +1,54 @@
+"""Small transformers models built from configs with fixed seeds (no downloads), for the export tests.
+
+`make(arch, seed)` returns an eval-mode model; `drafted(model, noise, seed)` a copy with Gaussian noise on
+every weight, a draft that agrees with its target often but not always (so that both acceptances and
+rejections happen). init_std 0.1 (transformers' default is 0.02) spreads the logits of these untrained models
+so that greedy argmaxes are not decided by rounding.
+"""
+
+import copy
+
+import torch
+import transformers
+
+VOCAB = 64
+EOS = 2  # within the vocabulary (GPT-2's default 50256 is not)
+INIT_STD = 0.1
+
+
+def _config(arch: str, **overrides):
+    if arch == "gpt2":
+        cfg = dict(vocab_size=VOCAB, n_positions=96, n_embd=48, n_layer=2, n_head=4, bos_token_id=1,
+                   eos_token_id=EOS, pad_token_id=0, initializer_range=INIT_STD)
+        return transformers.GPT2Config(**{**cfg, **overrides})
+    if arch == "llama":
+        cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1,
+                   eos_token_id=EOS, pad_token_id=0, initializer_range=INIT_STD)
+        return transformers.LlamaConfig(**{**cfg, **overrides})
+    if arch == "t5":
+        cfg = dict(vocab_size=VOCAB, d_model=48, d_kv=12, d_ff=96, num_layers=2, num_decoder_layers=2,
+                   num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=20,
+                   feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0,
+                   pad_token_id=0, eos_token_id=EOS, initializer_factor=5 * INIT_STD)
+        return transformers.T5Config(**{**cfg, **overrides})
+    raise ValueError(arch)
+
+
+CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "t5": "T5ForConditionalGeneration"}
+
+
+def make(arch: str, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    model = getattr(transformers, CLASSES[arch])(_config(arch, **overrides))
+    return model.eval().requires_grad_(False)
+
+
+def drafted(model, noise: float, seed: int):
+    """A copy of `model` with N(0, noise^2) added to every weight."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * noise)
+    return draft
