@@ -1,0 +1,117 @@
+"""Plots of the paper's analysis and of sweeps (matplotlib). Each function draws on ``ax`` (a new figure when
+None) and returns the Axes; ``ax.figure`` is its Figure.
+
+Sweep plots take the DataFrame of ``speculant.sweep`` (or any frame with the columns they name, such as the
+paper's own tables) and draw one line per combination of the settings that vary in it, other than the x axis.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.axes import Axes
+
+from . import analysis
+
+SETTINGS = ["gamma", "temperature", "top_k", "top_p", "lenience"]
+_NAMES = {"gamma": "\u03b3", "temperature": "T", "top_k": "top-k", "top_p": "top-p", "lenience": "l"}
+
+
+def _axes(ax: Optional[Axes]) -> Axes:
+    return plt.subplots()[1] if ax is None else ax
+
+
+def _groups(frame, x: str, by: Optional[Sequence[str]]) -> List[tuple]:
+    """(label, rows sorted by x) per combination of the ``by`` columns; by default the settings other than x
+    that take more than one value in the frame."""
+    if by is None:
+        by = [c for c in SETTINGS if c != x and c in frame.columns and frame[c].nunique() > 1]
+    by = [by] if isinstance(by, str) else list(by)
+    if not by:
+        return [(None, frame.sort_values(x))]
+    groups = []
+    for key, rows in frame.groupby(by, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{_NAMES.get(name, name)} = {value}" for name, value in zip(by, key))
+        groups.append((label, rows.sort_values(x)))
+    return groups
+
+
+def _legend(ax: Axes) -> None:
+    if any(not line.get_label().startswith("_") for line in ax.get_lines()):
+        ax.legend()
+
+
+def speedup_vs_gamma(frame, *, by: Optional[Sequence[str]] = None, predicted: bool = True,
+                     ax: Optional[Axes] = None) -> Axes:
+    """Measured speedup over plain decoding against gamma (solid, one line per setting, e.g. per temperature)
+    and, with ``predicted``, Theorem 3.8's prediction from the measured alpha and c (dashed, same colour)."""
+    ax = _axes(ax)
+    for label, rows in _groups(frame, "gamma", by):
+        (line,) = ax.plot(rows.gamma, rows.speedup, "o-", label=label or "measured")
+        if predicted:
+            ax.plot(rows.gamma, rows.predicted_speedup, "--", color=line.get_color(),
+                    label=f"{label}: Theorem 3.8" if label else "Theorem 3.8")
+    ax.axhline(1.0, color="grey", linewidth=0.8, label="_plain decoding")
+    ax.set(xlabel="\u03b3 (draft length)", ylabel="speedup over plain decoding", title="Speedup vs \u03b3")
+    _legend(ax)
+    return ax
+
+
+def alpha_vs_lenience(frame, *, by: Optional[Sequence[str]] = None, ax: Optional[Axes] = None) -> Axes:
+    """The ``acceptance`` column (alpha at each lenience, A.5) against lenience, one line per setting, averaged
+    over gamma: the paper's Table 5 as a picture."""
+    ax = _axes(ax)
+    if by is None:
+        by = [c for c in SETTINGS if c not in ("lenience", "gamma") and c in frame.columns and frame[c].nunique() > 1]
+    for label, rows in _groups(frame, "lenience", by):
+        mean = rows.groupby("lenience", sort=True).acceptance.mean()
+        ax.plot(mean.index, mean.to_numpy(), "o-", label=label)
+    ax.set(xlabel="lenience l", ylabel="\u03b1", title="\u03b1 vs lenience (A.5)")
+    ax.invert_xaxis()  # from exact (l = 1) to most lenient, as Table 5 reads
+    _legend(ax)
+    return ax
+
+
+def predicted_vs_measured(frame, *, ax: Optional[Axes] = None) -> Axes:
+    """Measured speedup (``speedup``) against Theorem 3.8's prediction (``predicted_speedup``), one point per
+    row labelled with its gamma, and the diagonal where they agree: the paper's Table 4 as a picture."""
+    ax = _axes(ax)
+    ax.plot(frame.predicted_speedup, frame.speedup, "o", label="settings")
+    if "gamma" in frame.columns:
+        for x, y, gamma in zip(frame.predicted_speedup, frame.speedup, frame.gamma):
+            ax.annotate(f"\u03b3={gamma}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    values = np.concatenate([frame.predicted_speedup.to_numpy(float), frame.speedup.to_numpy(float)])
+    values = values[np.isfinite(values)]
+    low, high = (values.min(), values.max()) if values.size else (0.0, 1.0)
+    ax.plot([low, high], [low, high], color="grey", linewidth=0.8, label="measured = predicted")
+    ax.set(xlabel="predicted speedup (Theorem 3.8)", ylabel="measured speedup", title="Predicted vs measured")
+    _legend(ax)
+    return ax
+
+
+def expected_tokens_vs_alpha(gammas: Sequence[int] = (1, 2, 3, 5, 7, 10), *,
+                             alphas: Optional[np.ndarray] = None, ax: Optional[Axes] = None) -> Axes:
+    """Figure 2: Equation (1), the expected tokens per run of Algorithm 1, against alpha for several gamma."""
+    ax = _axes(ax)
+    alphas = np.linspace(0.0, 1.0, 101) if alphas is None else np.asarray(alphas)
+    for gamma in gammas:
+        ax.plot(alphas, analysis.expected_tokens(alphas, gamma), label=f"\u03b3 = {gamma}")
+    ax.set(xlabel="\u03b1", ylabel="expected tokens per iteration", title="Equation (1) (Figure 2)")
+    _legend(ax)
+    return ax
+
+
+def optimal_gamma_vs_alpha(costs: Sequence[float] = (0.01, 0.02, 0.05, 0.1), *,
+                           alphas: Optional[np.ndarray] = None, max_gamma: int = 64,
+                           ax: Optional[Axes] = None) -> Axes:
+    """Figure 3: the gamma that maximizes Theorem 3.8 (§3.5) against alpha for several cost coefficients c."""
+    ax = _axes(ax)
+    alphas = np.linspace(0.0, 0.95, 96) if alphas is None else np.asarray(alphas)
+    for c in costs:
+        ax.plot(alphas, analysis.optimal_gamma(alphas, c, max_gamma), drawstyle="steps-post", label=f"c = {c}")
+    ax.set(xlabel="\u03b1", ylabel="optimal \u03b3", title="Optimal \u03b3 (\u00a73.5, Figure 3)")
+    _legend(ax)
+    return ax

@@ -1,0 +1,86 @@
+"""speculant.plots draws the data it is given: lines and points checked against the frame or the formulas."""
+
+import importlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from speculant import analysis, plots  # noqa: E402
+
+COLUMNS = importlib.import_module("speculant.sweep").COLUMNS
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def frame():
+    """A sweep-shaped frame: gamma 1..3 x temperature 0 / 1 x lenience 1 / 0.5, made-up measurements."""
+    rows = []
+    for t in (0.0, 1.0):
+        for l in (1.0, 0.5):
+            for g in (3, 1, 2):  # unsorted on purpose
+                rows.append({**dict.fromkeys(COLUMNS, 0.0), "gamma": g, "temperature": t, "top_k": 0, "top_p": 1.0,
+                             "lenience": l, "acceptance": 0.5 + 0.3 * t + (1 - l) * 0.2 + 0.01 * g,
+                             "speedup": 1 + g * (1 + t) / 10 + l, "predicted_speedup": 1.5 + g / 10 + t + l})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def line(ax, label):
+    (found,) = [l for l in ax.get_lines() if l.get_label() == label]
+    return found.get_xdata().tolist(), found.get_ydata().tolist()
+
+
+def test_speedup_vs_gamma():
+    data = frame()
+    ax = plots.speedup_vs_gamma(data)
+    assert ax.get_xlabel().startswith("\u03b3")
+    rows = data[(data.temperature == 1.0) & (data.lenience == 0.5)].sort_values("gamma")
+    assert line(ax, "T = 1.0, l = 0.5") == (rows.gamma.tolist(), rows.speedup.tolist())
+    assert line(ax, "T = 1.0, l = 0.5: Theorem 3.8")[1] == rows.predicted_speedup.tolist()
+    assert len([l for l in ax.get_lines() if not l.get_label().startswith("_")]) == 8
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "T = 0.0, l = 1.0" in legend and "_plain decoding" not in legend
+    one = plots.speedup_vs_gamma(data[(data.temperature == 0.0) & (data.lenience == 1.0)], predicted=False)
+    assert line(one, "measured") == ([1, 2, 3], [2.1, 2.2, 2.3])
+
+
+def test_alpha_vs_lenience_averages_over_gamma():
+    ax = plots.alpha_vs_lenience(frame())
+    x, y = line(ax, "T = 1.0")
+    assert x == [0.5, 1.0] and y == pytest.approx([0.5 + 0.3 + 0.1 + 0.02, 0.5 + 0.3 + 0.02])
+    assert ax.xaxis_inverted()
+    paper = pd.DataFrame({"M_q": ["T5-small"] * 4, "lenience": [1, 0.5, 0.3, 0.1],
+                          "acceptance": [0.62, 0.71, 0.76, 0.84]})  # Table 5
+    assert line(plots.alpha_vs_lenience(paper, by="M_q"), "M_q = T5-small") == ([0.1, 0.3, 0.5, 1], [0.84, 0.76, 0.71, 0.62])
+
+
+def test_predicted_vs_measured():
+    data = frame()
+    ax = plots.predicted_vs_measured(data)
+    assert line(ax, "settings") == (data.predicted_speedup.tolist(), data.speedup.tolist())
+    low = min(data.predicted_speedup.min(), data.speedup.min())
+    high = max(data.predicted_speedup.max(), data.speedup.max())
+    assert line(ax, "measured = predicted") == ([low, high], [low, high])
+    assert [t.get_text() for t in ax.texts][:3] == ["\u03b3=3", "\u03b3=1", "\u03b3=2"]
+
+
+def test_figures_2_and_3_plot_the_formulas():
+    ax = plots.expected_tokens_vs_alpha((1, 5))
+    x, y = line(ax, "\u03b3 = 5")
+    assert y == pytest.approx(analysis.expected_tokens(np.array(x), 5).tolist())
+    assert y[-1] == 6.0 and y[0] == 1.0
+    fig, axes = plt.subplots(1, 2)
+    assert plots.optimal_gamma_vs_alpha((0.01, 0.1), alphas=[0.5, 0.8, 0.9], ax=axes[1]) is axes[1]
+    x, y = line(axes[1], "c = 0.1")
+    assert y == [analysis.optimal_gamma(a, 0.1) for a in (0.5, 0.8, 0.9)]
+    cheap = line(axes[1], "c = 0.01")[1]  # cheaper drafts: longer optimal drafts (Figure 3)
+    assert all(a >= b for a, b in zip(cheap, y)) and cheap != y
