@@ -40,9 +40,11 @@ def test_lenience_is_detected():
     and say why."""
     _, target, draft = pair(21, independent_draft=True, concentration=0.5)
     with pytest.raises(AssertionError) as failure:
-        testing.assert_distribution(target, draft, PROMPT, k=2, gamma=2, lenience=0.3, samples=2000)
+        testing.assert_distribution(target, draft, PROMPT, k=2, gamma=2, lenience=0.3, samples=2000,
+                                    tokenizer=lambda ids: "".join("abcd"[i] for i in ids))
     report = str(failure.value)
     assert "FAILED" in report and "lenience=0.3" in report
+    assert re.search(r"\n    \[(\d), (\d)\] '[a-d]{2}' +\d+ ", report)  # cells with their text
     statistic, p_value = re.search(r"chi-square = (\S+) on \d+ degrees of freedom, p-value = (\S+) ", report).groups()
     assert float(statistic) > 50 and float(p_value) < 1e-6
 

@@ -7,6 +7,7 @@ length, alpha the acceptance rate, l the lenience and c the cost coefficient.
 import torch  # noqa: F401  (loads libtorch before the extension that links against it)
 
 from . import analysis, sampling
+from . import testing
 from ._core import Iteration, Stats
 from .decoder import Result, SpeculativeDecoder, generate
 from .export import export  # the function; the subpackage stays importable as speculant.export.<arch>
@@ -27,5 +28,6 @@ __all__ = [
     "load",
     "sampling",
     "sweep",
+    "testing",
 ]
 __version__ = "0.1.0"

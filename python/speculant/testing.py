@@ -38,6 +38,7 @@ import torch
 from . import sampling
 from .decoder import SpeculativeDecoder
 from .model import Model, load
+from .trace import _decoder
 
 MIN_EXPECTED = 5.0  # Pearson's rule of thumb: cells expected fewer times than this are pooled
 Logits = Callable[[List[int]], torch.Tensor]  # token ids -> next-token logits [V]
@@ -176,8 +177,8 @@ def _pooled(rows: List[Tuple[Cell, int, float]]) -> List[Tuple[Cell, int, float]
 def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, k: int = 2, gamma: int = 4,
                        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, lenience: float = 1.0,
                        samples: int = 2000, significance: float = 1e-3, seed: int = 0,
-                       target_logits: Optional[Logits] = None,
-                       generate_kwargs: Optional[Mapping[str, Any]] = None) -> DistributionCheck:
+                       target_logits: Optional[Logits] = None, generate_kwargs: Optional[Mapping[str, Any]] = None,
+                       tokenizer=None) -> DistributionCheck:
     """Tests at level ``significance`` that the first ``k`` tokens speculative decoding generates after
     ``prompt_ids`` follow the target's own law (see the module docstring for the test).
 
@@ -191,7 +192,10 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     from the target's TorchScript module (its ``prefill`` if it has one, else ``forward``; after ``encode`` of
     the source for an encoder-decoder). The logits are standardized with the same temperature, top_k and top_p;
     lenience < 1 changes the output law on purpose (A.5), so the check then measures by how much.
+
+    ``tokenizer`` (anything ``Trace.with_tokenizer`` takes) adds each cell's text to the report.
     """
+    decode = _decoder(tokenizer)
     k = _integer(k, "k", 1)
     samples = _integer(samples, "samples", 1)
     seed = _integer(seed, "seed", 0)
@@ -238,14 +242,22 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     settings_text = (f"gamma={gamma}, temperature={temperature}, top_k={top_k}, top_p={top_p}, "
                      f"lenience={lenience}")
     report = _report(statistic, dof, p_value, significance, samples, k, len(prompt), seed, settings_text, rows,
-                     impossible, len(expanded))
+                     impossible, len(expanded), decode)
     return DistributionCheck(statistic=statistic, dof=dof, p_value=p_value, significance=float(significance),
                              samples=samples, impossible=sum(impossible.values()), cells=tuple(rows),
                              report=report)
 
 
+def _label(cell: Cell, decode) -> str:
+    if cell == ("pooled",):
+        return "pooled"
+    label = "[" + ", ".join(map(str, cell)) + "]"
+    ids = [t for t in cell if t != "*"]
+    return f"{label} {decode(ids)!r}" if decode is not None and ids else label
+
+
 def _report(statistic, dof, p_value, significance, samples, k, prompt_length, seed, settings, rows, impossible,
-            target_calls, shown: int = 8) -> str:
+            target_calls, decode, shown: int = 8) -> str:
     verdict = "passed" if p_value >= significance else "FAILED"
     lines = [
         f"speculant distribution check {verdict} at significance {significance:g}",
@@ -255,14 +267,13 @@ def _report(statistic, dof, p_value, significance, samples, k, prompt_length, se
         f"({len(rows)} cells; the target's law from {target_calls} target call(s))",
     ]
     if impossible:
-        listed = ", ".join(f"{list(tokens)} x{count}" for tokens, count in sorted(impossible.items())[:shown])
+        listed = ", ".join(f"{_label(tokens, decode)} x{count}" for tokens, count in sorted(impossible.items())[:shown])
         lines.append(f"  {sum(impossible.values())} sample(s) took a token of target probability 0: {listed}")
     worst = sorted(rows, key=lambda row: -(row[1] - row[2]) ** 2 / row[2])[:shown]
     if worst and dof > 0:
-        lines.append(f"  largest contributions:\n    {'cell':<28}{'observed':>10}{'expected':>12}{'(O-E)^2/E':>12}")
+        lines.append(f"  largest contributions:\n    {'cell':<32}{'observed':>10}{'expected':>12}{'(O-E)^2/E':>12}")
         for cell, o, e in worst:
-            label = "pooled" if cell == ("pooled",) else "[" + ", ".join(map(str, cell)) + "]"
-            lines.append(f"    {label:<28}{o:>10}{e:>12.1f}{(o - e) ** 2 / e:>12.2f}")
+            lines.append(f"    {_label(cell, decode):<32}{o:>10}{e:>12.1f}{(o - e) ** 2 / e:>12.2f}")
     return "\n".join(lines)
 
 
