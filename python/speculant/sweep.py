@@ -88,8 +88,8 @@ def sweep(target: Model, draft: Model, prompts, *, gammas: Grid, temperatures: G
              _grid(gammas, "gammas"), _grid(lenience, "lenience")]
     settings = list(itertools.product(*grids))  # sampling settings outermost: each plain baseline is reused
     # Built first, so that a bad value anywhere in the grids raises before anything runs.
-    decoders = [SpeculativeDecoder(target, draft, gamma=g, temperature=t, top_k=k, top_p=p, lenience=l)
-                for t, k, p, g, l in settings]
+    decoders = [SpeculativeDecoder(target, draft, gamma=g, temperature=t, top_k=k, top_p=p, lenience=leniency)
+                for t, k, p, g, leniency in settings]
     calls = analysis.generation_kwargs(prompts, generate_kwargs)
 
     def run(generate_one, tokens: int) -> list:
@@ -101,7 +101,7 @@ def sweep(target: Model, draft: Model, prompts, *, gammas: Grid, temperatures: G
     interrupted = False
     bar = tqdm(total=len(settings), desc="speculant sweep", disable=not progress)
     try:
-        for (temperature, k, p, gamma, l), decoder in zip(settings, decoders):
+        for (temperature, k, p, gamma, leniency), decoder in zip(settings, decoders):
             if (temperature, k, p) not in plain:
                 baseline = functools.partial(generate, target, temperature=temperature, top_k=k, top_p=p)
                 baseline(**calls[0], max_new_tokens=_WARMUP_TOKENS, seed=seed)
@@ -111,7 +111,7 @@ def sweep(target: Model, draft: Model, prompts, *, gammas: Grid, temperatures: G
                 warm.add(gamma)
             results = run(decoder.generate, max_new_tokens)
             rows.append(_row(results, plain[(temperature, k, p)], gamma=gamma, temperature=temperature, top_k=k,
-                             top_p=p, lenience=l))
+                             top_p=p, lenience=leniency))
             bar.update()
     except KeyboardInterrupt:
         interrupted = True
