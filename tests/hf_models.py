@@ -2,8 +2,9 @@
 
 `make(arch, seed)` returns an eval-mode model; `drafted(model, noise, seed)` a copy with Gaussian noise on
 every weight, a draft that agrees with its target often but not always (so that both acceptances and
-rejections happen). init_std 0.1 (transformers' default is 0.02) spreads the logits of these untrained models
-so that greedy argmaxes are not decided by rounding.
+rejections happen). Untrained models tend to repeat one token; a wider initialization (INIT_STD, against
+transformers' 0.02), norm gains drawn around 1 and T5 position-bias tables of scale 1 make their greedy
+continuations varied and their argmaxes decided by clear margins rather than by rounding.
 """
 
 import copy
@@ -13,13 +14,13 @@ import transformers
 
 VOCAB = 64
 EOS = 2  # within the vocabulary (GPT-2's default 50256 is not)
-INIT_STD = 0.1
+INIT_STD = 0.05
 
 
 def _config(arch: str, **overrides):
     if arch == "gpt2":
         cfg = dict(vocab_size=VOCAB, n_positions=96, n_embd=48, n_layer=2, n_head=4, bos_token_id=1,
-                   eos_token_id=EOS, pad_token_id=0, initializer_range=INIT_STD)
+                   eos_token_id=EOS, pad_token_id=0, initializer_range=INIT_STD, tie_word_embeddings=False)
         return transformers.GPT2Config(**{**cfg, **overrides})
     if arch == "llama":
         cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -30,7 +31,7 @@ def _config(arch: str, **overrides):
         cfg = dict(vocab_size=VOCAB, d_model=48, d_kv=12, d_ff=96, num_layers=2, num_decoder_layers=2,
                    num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=20,
                    feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0,
-                   pad_token_id=0, eos_token_id=EOS, initializer_factor=5 * INIT_STD)
+                   pad_token_id=0, eos_token_id=EOS)
         return transformers.T5Config(**{**cfg, **overrides})
     raise ValueError(arch)
 
@@ -41,6 +42,14 @@ CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "t5": "T5ForC
 def make(arch: str, seed: int = 0, **overrides):
     torch.manual_seed(seed)
     model = getattr(transformers, CLASSES[arch])(_config(arch, **overrides))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "relative_attention_bias" in name:
+                param.normal_(0.0, 1.0)
+            elif name == "shared.weight":  # T5's embedding (std 1) would otherwise make it echo its input
+                param.normal_(0.0, INIT_STD)
+            elif param.dim() == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight"):
+                param.normal_(1.0, 0.5)
     return model.eval().requires_grad_(False)
 
 

@@ -94,13 +94,14 @@ class SpeculativeDecoder:
                  top_p: float = 1.0, lenience: float = 1.0):
         self.target = _model(target, "target")
         self.draft = _model(draft, "draft")
-        self._core = _core.Decoder(self.target._core, self.draft._core, _integer(gamma, "gamma", 1),
+        self._gamma = _integer(gamma, "gamma", 1)
+        self._core = _core.Decoder(self.target._core, self.draft._core, self._gamma,
                                    _real(temperature, "temperature"), _integer(top_k, "top_k", 0),
                                    _real(top_p, "top_p"), _real(lenience, "lenience"))
 
     @property
     def gamma(self) -> int:
-        return self._core.gamma
+        return self._gamma
 
     def generate(self, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
                  encoder_input_ids: Optional[PromptIds] = None, eos_token_id: Optional[int] = None,

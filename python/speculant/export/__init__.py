@@ -58,8 +58,10 @@ def _ids(value) -> Optional[Union[int, list]]:
     return list(value) if isinstance(value, (list, tuple)) else value
 
 
-def metadata(model, max_length: int, max_source_length: Optional[int]) -> Dict[str, Any]:
+def metadata(model, scripted, max_source_length: Optional[int]) -> Dict[str, Any]:
     config = model.config
+    # transformers 5 may keep it in generation_config only; the T5 exporter has resolved it
+    decoder_start = int(scripted.decoder_start_token_id) if config.is_encoder_decoder else None
     generation = getattr(model, "generation_config", None)
     eos = getattr(generation, "eos_token_id", None) if generation is not None else None
     if eos is None:
@@ -69,13 +71,13 @@ def metadata(model, max_length: int, max_source_length: Optional[int]) -> Dict[s
         "architecture": type(model).__name__,
         "model_type": config.model_type,
         "vocab_size": config.vocab_size,
-        "max_length": max_length,
+        "max_length": int(scripted.max_length),
         "max_source_length": max_source_length,
         "encoder_decoder": bool(config.is_encoder_decoder),
         "eos_token_id": _ids(eos),
         "pad_token_id": _ids(getattr(config, "pad_token_id", None)),
         "bos_token_id": _ids(getattr(config, "bos_token_id", None)),
-        "decoder_start_token_id": config.decoder_start_token_id if config.is_encoder_decoder else None,
+        "decoder_start_token_id": decoder_start,
         "dtype": str(model.dtype).removeprefix("torch."),
         "transformers_version": _transformers().__version__,
     }
@@ -109,7 +111,7 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, max_length: Optio
             scripted = module.script(model, max_length=max_length, max_source_length=max_source_length)
         else:
             scripted = module.script(model, max_length=max_length)
-    meta = metadata(model, int(scripted.max_length), max_source_length)
+    meta = metadata(model, scripted, max_source_length)
     out_path = os.fspath(out_path)
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     torch.jit.save(scripted, out_path, _extra_files={METADATA_FILE: json.dumps(meta, sort_keys=True)})

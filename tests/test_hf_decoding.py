@@ -1,0 +1,144 @@
+"""Exported transformers models decode exactly as transformers does.
+
+* Greedy: speculative decoding (γ ∈ {1, 4, 8}) gives the target's own `model.generate(do_sample=False)`
+  output token for token, for GPT-2, Llama and T5, several prompts, with and without an EOS stop.
+* Sampling: the joint law of the first two generated tokens, sampled through speculative decoding, matches
+  the target's law computed from transformers' logits (standardized by the pure-torch reference: temperature,
+  then top-k, then top-p). Pearson chi-square with cells of expected count < 5 pooled, at SIGNIFICANCE = 1e-3
+  per test: 9 tests, so a correct engine fails one of them by chance with probability at most 0.9% for a
+  fresh draw of seeds; the seeds are fixed, so the outcome is deterministic.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import hf_models
+import reference
+import speculant
+from chisquare import chi_square_pvalue
+
+SIGNIFICANCE = 1e-3
+N_SAMPLES = 3000
+PROMPTS = [[1, 5, 9], [7], [3, 3, 12, 40, 8, 21, 2, 17]]
+SOURCES = [[4, 8, 15, 16, 23, 42], [9], [30, 2, 7, 7, 1]]  # T5's encoder inputs
+MAX_NEW = 20
+ARCHS = ["gpt2", "llama", "t5"]
+NOISE = {"gpt2": 0.005, "llama": 0.006, "t5": 0.005}  # the drafts' weight noise: alpha about 0.95 at T = 1
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """arch -> (transformers target, loaded target, loaded draft); the draft is the target with noise on its
+    weights, so that it agrees often but not always."""
+    out = {}
+    root = tmp_path_factory.mktemp("hf_pairs")
+    for arch in ARCHS:
+        target = hf_models.make(arch, seed=10)
+        speculant.export(target, root / f"{arch}_target.pt")
+        speculant.export(hf_models.drafted(target, noise=NOISE[arch], seed=11), root / f"{arch}_draft.pt")
+        out[arch] = (target, speculant.load(root / f"{arch}_target.pt"), speculant.load(root / f"{arch}_draft.pt"))
+    return out
+
+
+def hf_greedy(model, arch: str, index: int, eos) -> list[int]:
+    """transformers' own greedy generation, new tokens only."""
+    kwargs = dict(do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=0,
+                  num_beams=1, top_k=None, top_p=None, temperature=None)
+    with torch.no_grad():
+        if arch == "t5":
+            source = torch.tensor([SOURCES[index]])
+            out = model.generate(input_ids=source, attention_mask=torch.ones_like(source), **kwargs)
+            return out[0, 1:].tolist()  # after decoder_start_token_id
+        prompt = torch.tensor([PROMPTS[index]])
+        out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+        return out[0, prompt.size(1):].tolist()
+
+
+def inputs(arch: str, index: int) -> dict:
+    if arch == "t5":
+        return {"encoder_input_ids": SOURCES[index]}
+    return {"prompt_ids": PROMPTS[index]}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("index", range(len(PROMPTS)))
+def test_greedy_equals_transformers_generate(pairs, arch, index):
+    model, target, draft = pairs[arch]
+    expected = hf_greedy(model, arch, index, eos=None)
+    assert len(expected) == MAX_NEW
+    # an EOS that transformers emits mid-way: the stop must happen at the same token
+    eos = expected[MAX_NEW // 2]
+    expected_eos = hf_greedy(model, arch, index, eos=eos)
+    assert expected_eos == expected[:expected.index(eos) + 1]
+    plain = speculant.generate(target, max_new_tokens=MAX_NEW, temperature=0, **inputs(arch, index))
+    assert plain.tokens == expected
+    for gamma in (1, 4, 8):
+        decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0)
+        result = decoder.generate(max_new_tokens=MAX_NEW, **inputs(arch, index))
+        assert result.tokens == expected, f"gamma={gamma}"
+        stopped = decoder.generate(max_new_tokens=MAX_NEW, eos_token_id=eos, **inputs(arch, index))
+        assert stopped.tokens == expected_eos, f"gamma={gamma} with eos"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_drafts_are_both_accepted_and_rejected(pairs, arch):
+    """The greedy tests above exercise both paths of Algorithm 1: accepted drafts and corrections."""
+    _, target, draft = pairs[arch]
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=4, temperature=0)
+    stats = [decoder.generate(max_new_tokens=MAX_NEW, **inputs(arch, i)).stats for i in range(len(PROMPTS))]
+    accepted = sum(s.accepted_tokens for s in stats)
+    assert 0 < accepted < sum(s.drafted_tokens for s in stats)
+
+
+def hf_next_logits(model, arch: str, prefixes: torch.Tensor, source: list[int]) -> torch.Tensor:
+    """transformers' next-token logits [N, V] after each row of prefixes [N, T] (decoder tokens for T5)."""
+    with torch.no_grad():
+        if arch == "t5":
+            encoder = torch.tensor([source]).expand(prefixes.size(0), -1)
+            return model(input_ids=encoder, decoder_input_ids=prefixes).logits[:, -1]
+        return model(prefixes).logits[:, -1]
+
+
+def two_token_law(model, arch: str, start: list[int], source: list[int], temperature, top_k, top_p):
+    """The target's exact joint law of the first two generated tokens [V, V] from transformers' logits."""
+    def law(logits):
+        return reference.standardize(logits.double(), temperature=temperature, top_k=top_k, top_p=top_p)
+
+    prefix = torch.tensor([start])
+    first = law(hf_next_logits(model, arch, prefix, source))[0]  # [V]
+    vocab = first.numel()
+    extended = torch.cat([prefix.expand(vocab, -1), torch.arange(vocab)[:, None]], dim=1)  # [V, T + 1]
+    second = law(hf_next_logits(model, arch, extended, source))  # [V, V]
+    return first[:, None] * second
+
+
+SETTINGS = [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.0, 0, 0.8)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("temperature, top_k, top_p", SETTINGS)
+def test_two_token_law_matches_transformers(pairs, arch, temperature, top_k, top_p):
+    model, target, draft = pairs[arch]
+    start = [0] if arch == "t5" else PROMPTS[0]
+    source = SOURCES[0]
+    law = two_token_law(model, arch, start, source, temperature, top_k, top_p)
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=temperature, top_k=top_k,
+                                           top_p=top_p)
+    extra = {"encoder_input_ids": source} if arch == "t5" else {}
+    samples = np.array([decoder.generate(start, max_new_tokens=2, seed=1000 + i, **extra).tokens
+                        for i in range(N_SAMPLES)])
+    pvalue = chi_square_pvalue(law, samples)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+def test_two_token_law_detects_a_different_model(pairs, tmp_path):
+    """Power: tokens from a model whose weights differ a little more (noise 0.05, alpha about 0.7) are
+    rejected by the same test against the target's law."""
+    model, _, _ = pairs["gpt2"]
+    speculant.export(hf_models.drafted(model, noise=0.05, seed=12), tmp_path / "other.pt")
+    other = speculant.load(tmp_path / "other.pt")
+    law = two_token_law(model, "gpt2", PROMPTS[0], [], 1.0, 0, 1.0)
+    samples = np.array([speculant.generate(other, PROMPTS[0], max_new_tokens=2, seed=1000 + i).tokens
+                        for i in range(N_SAMPLES)])
+    assert chi_square_pvalue(law, samples) < SIGNIFICANCE
