@@ -11,6 +11,7 @@ import torch
 
 import markov
 import speculant
+from speculant import tiny_gpt
 
 VOCAB = 5
 PROMPT = [1, 2, 3]
@@ -605,3 +606,9 @@ def test_non_finite_logits_at_run_time(value, role, form):
     # Sanity: a prompt ending in 0 hits the bad row at once.
     with pytest.raises(ValueError):
         speculant.generate(bad, [1, 0], max_new_tokens=1, seed=0)
+
+
+def test_decoder_reports_its_gamma(tmp_path):
+    target = speculant.load(tiny_gpt.script_cached(tiny_gpt.TinyGPT(tiny_gpt.TinyGPTConfig(16, 1, 1, 8, 32))))
+    draft = speculant.load(tiny_gpt.script_cached(tiny_gpt.TinyGPT(tiny_gpt.TinyGPTConfig(16, 1, 1, 8, 32))))
+    assert speculant.SpeculativeDecoder(target, draft, gamma=5).gamma == 5

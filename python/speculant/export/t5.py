@@ -38,24 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .cached import ACTIVATIONS, activate
+
 __all__ = ["check_config", "script", "T5Cached", "relative_position_bucket"]
-
-# config.dense_act_fn values we implement (HF's ACT2FN names); anything else is refused.
-_ACTIVATIONS = ("relu", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
-
-
-def _activation(x: Tensor, name: str) -> Tensor:
-    if name == "relu":
-        return F.relu(x)
-    if name == "gelu":  # exact erf form
-        return F.gelu(x)
-    if name == "gelu_new" or name == "gelu_pytorch_tanh":
-        # tanh approximation; HF writes gelu_new out in 7 ops, the fused kernel differs by rounding only
-        return F.gelu(x, approximate="tanh")
-    if name == "silu" or name == "swish":
-        return F.silu(x)
-    raise ValueError("T5: unsupported activation " + name)
-
 
 def _clamp_half(x: Tensor) -> Tensor:
     # float16 only: clamp to the finite range (1000 below it once an inf appeared), as HF's T5Block does
@@ -149,7 +134,7 @@ class DenseActDense(nn.Module):
         self.wo = _weight(hf_dense.wo.weight)  # [C, F]; HF may keep it in float32 in a half model
 
     def forward(self, x: Tensor) -> Tensor:
-        h = _activation(F.linear(x, self.wi), self.act)  # [B, T, F]
+        h = activate(F.linear(x, self.wi), self.act)  # [B, T, F]
         return F.linear(h.to(self.wo.dtype), self.wo)  # [B, T, C]
 
 
@@ -164,12 +149,14 @@ class GatedDense(nn.Module):
         self.wo = _weight(hf_dense.wo.weight)  # [C, F]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = _activation(F.linear(x, self.wi_0), self.act) * F.linear(x, self.wi_1)  # [B, T, F]
+        h = activate(F.linear(x, self.wi_0), self.act) * F.linear(x, self.wi_1)  # [B, T, F]
         return F.linear(h.to(self.wo.dtype), self.wo)  # [B, T, C]
 
 
 def _feed_forward(hf_ff: nn.Module, act: str, gated: bool) -> nn.Module:
-    return GatedDense(hf_ff.DenseReluDense, act) if gated else DenseActDense(hf_ff.DenseReluDense, act)
+    # act: transformers' activation name (config.dense_act_fn), checked by check_config
+    kind = ACTIVATIONS[act]
+    return GatedDense(hf_ff.DenseReluDense, kind) if gated else DenseActDense(hf_ff.DenseReluDense, kind)
 
 
 class EncoderBlock(nn.Module):
@@ -398,10 +385,10 @@ def check_config(config: Any) -> None:
     for field in ("vocab_size", "d_model", "d_kv", "d_ff", "num_heads", "num_layers", "num_decoder_layers"):
         _positive_int(config, field)
     act = getattr(config, "dense_act_fn", None)
-    if act not in _ACTIVATIONS:
+    if act not in ACTIVATIONS:
         raise ValueError(
             f"T5 export: config.feed_forward_proj={getattr(config, 'feed_forward_proj', None)!r} "
-            f"(dense_act_fn={act!r}) is not implemented; supported activations: {', '.join(_ACTIVATIONS)}, "
+            f"(dense_act_fn={act!r}) is not implemented; supported activations: {', '.join(sorted(ACTIVATIONS))}, "
             "optionally 'gated-'"
         )
     if not isinstance(getattr(config, "is_gated_act", None), bool):
