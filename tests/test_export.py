@@ -79,6 +79,19 @@ def test_exported_logits_match_transformers(arch, overrides, tmp_path):
     assert module.cache_length() == 20
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_files_hold_no_cache(arch, tmp_path):
+    """The KV cache is allocated at the first prefill: a saved file holds the weights, not max_length
+    positions of zeros, and extend before any prefill is refused."""
+    speculant.export(hf_models.make(arch), tmp_path / "m.pt")
+    module = torch.jit.load(str(tmp_path / "m.pt"))
+    assert module.cache.numel() == 0
+    with pytest.raises(torch.jit.Error, match="call prefill first"):
+        module.extend(torch.tensor([[1]]))
+    module.prefill(torch.tensor([[1, 2]]))
+    assert list(module.cache.shape) == module.cache_shape
+
+
 def test_t5_exports_through_the_same_path(tmp_path):
     model = hf_models.make("t5", seed=1)
     meta = speculant.export(model, tmp_path / "t5.pt", max_length=64, max_source_length=32)

@@ -48,11 +48,15 @@ def causal_mask(new: int, start: int, device: torch.device) -> Tensor:
 
 
 class CachedDecoder(nn.Module):
-    """The engine's cached contract (cpp/model.h) around a decoder-only `core`, batch 1: a preallocated KV
-    cache of `max_length` positions with prefill / extend / truncate / cache_length, and a stateless
-    forward(input_ids[1, T]) -> logits[1, T, V] that leaves the cache alone."""
+    """The engine's cached contract (cpp/model.h) around a decoder-only `core`, batch 1: a KV cache of
+    `max_length` positions with prefill / extend / truncate / cache_length, and a stateless
+    forward(input_ids[1, T]) -> logits[1, T, V] that leaves the cache alone.
+
+    The cache is allocated at the first prefill, not here, so that saved files hold no cache zeros. Keys and
+    values share one allocation: TorchScript may merge two identical `torch.zeros` calls into one tensor."""
 
     length: int
+    cache_shape: List[int]
 
     def __init__(self, core: nn.Module, *, vocab_size: int, max_length: int, layers: int, kv_heads: int,
                  head_dim: int, like: Tensor):
@@ -61,11 +65,9 @@ class CachedDecoder(nn.Module):
         self.vocab_size = vocab_size
         self.max_length = max_length
         self.length = 0  # cached positions; cache rows at or past it are stale
-        shape = (layers, kv_heads, max_length, head_dim)  # [L, H_kv, M, D]
-        self.register_buffer("cache_k", torch.zeros(shape, dtype=like.dtype, device=like.device),
-                             persistent=False)
-        self.register_buffer("cache_v", torch.zeros(shape, dtype=like.dtype, device=like.device),
-                             persistent=False)
+        self.cache_shape = [2, layers, kv_heads, max_length, head_dim]  # [keys | values, L, H_kv, M, D]
+        # empty until the first prefill; its dtype and device are the model's (and follow .to / map_location)
+        self.register_buffer("cache", torch.empty(0, dtype=like.dtype, device=like.device), persistent=False)
 
     def forward(self, input_ids: Tensor) -> Tensor:
         if input_ids.dim() != 2 or input_ids.size(1) < 1 or input_ids.size(1) > self.max_length:
@@ -76,6 +78,8 @@ class CachedDecoder(nn.Module):
     @torch.jit.export
     def prefill(self, input_ids: Tensor) -> Tensor:
         # [1, T] -> [1, T, V]; clears the cache first
+        if self.cache.numel() == 0:
+            self.cache = torch.zeros(self.cache_shape, dtype=self.cache.dtype, device=self.cache.device)
         self.length = 0
         return self.extend(input_ids)
 
@@ -87,10 +91,12 @@ class CachedDecoder(nn.Module):
         if input_ids.dtype != torch.long:
             raise ValueError(f"extend/prefill: expected int64 input_ids, got {input_ids.dtype}")
         k = input_ids.size(1)
+        if self.cache.numel() == 0:
+            raise ValueError("extend: call prefill first (the cache is allocated there)")
         if self.length + k > self.max_length:
             raise ValueError(f"extend/prefill: {self.length} cached + {k} new positions exceed "
                              f"max_length={self.max_length}")
-        caches = [(self.cache_k[i], self.cache_v[i]) for i in range(self.cache_k.size(0))]  # [H_kv, M, D]
+        caches = [(self.cache[0, i], self.cache[1, i]) for i in range(self.cache.size(1))]  # [H_kv, M, D] each
         logits = self.core.run(input_ids, caches, self.length)  # [1, k, V]
         self.length += k
         return logits
