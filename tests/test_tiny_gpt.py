@@ -93,7 +93,8 @@ def test_cached_form_attributes(cached):
     assert cached.vocab_size == CONFIG.vocab_size
     assert cached.max_length == CONFIG.max_length
     head_dim = CONFIG.d_model // CONFIG.n_head
-    assert tuple(cached.cache_k.shape) == (CONFIG.n_layer, CONFIG.n_head, CONFIG.max_length, head_dim)
+    cached.prefill(torch.tensor([[1, 2]]))
+    assert tuple(cached.cache.shape) == (2, CONFIG.n_layer, CONFIG.n_head, CONFIG.max_length, head_dim)
     assert all(not p.requires_grad for p in cached.parameters())
     assert not cached.training
 

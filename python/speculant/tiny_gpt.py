@@ -3,7 +3,8 @@
 `TinyGPT` is the training form: forward(ids[B, T]) -> logits[B, T, V]. `script_cached` and `script_plain`
 turn trained weights into the model contract the engine loads (see the README's "Model contract"):
 
-- cached form: the model owns a preallocated KV cache and exports prefill / extend / truncate / cache_length;
+- cached form: export.cached.CachedDecoder around the model: its own KV cache, prefill / extend / truncate /
+  cache_length;
 - plain form: forward(input_ids[1, T]) -> logits[1, T, V], recomputing the whole prefix on every call.
 
 Both forms run the same `TinyGPT.run` code as training does, so their logits agree with the training form
@@ -18,6 +19,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .export.cached import CachedDecoder, write_cache
 
 __all__ = ["TinyGPTConfig", "TinyGPT", "script_cached", "script_plain"]
 
@@ -55,11 +58,7 @@ class CausalSelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head)  # [B, T, 3, H, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] each
         if cache is not None:  # write the new positions, then attend to everything cached so far
-            cache_k, cache_v = cache
-            cache_k[:, start:start + T] = k[0]
-            cache_v[:, start:start + T] = v[0]
-            k = cache_k[:, :start + T].unsqueeze(0)  # [1, H, S, D], S = start + T
-            v = cache_v[:, :start + T].unsqueeze(0)  # [1, H, S, D]
+            k, v = write_cache(k, v, cache[0], cache[1], start)  # [1, H, S, D], S = start + T
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
 
@@ -121,61 +120,6 @@ class TinyGPT(nn.Module):
         return F.linear(self.ln_f(x), self.tok_emb.weight)  # [B, T, V]
 
 
-class CachedTinyGPT(nn.Module):
-    """The cached contract form: a TinyGPT plus its own KV cache, batch 1."""
-
-    length: int
-
-    def __init__(self, model: TinyGPT):
-        super().__init__()
-        cfg = model.config
-        self.gpt = model
-        self.vocab_size = cfg.vocab_size
-        self.max_length = cfg.max_length
-        self.length = 0  # cached positions; cache rows at or past it are stale
-        shape = (cfg.n_layer, cfg.n_head, cfg.max_length, cfg.d_model // cfg.n_head)  # [L, H, M, D]
-        like = dict(dtype=model.tok_emb.weight.dtype, device=model.tok_emb.weight.device)
-        self.register_buffer("cache_k", torch.zeros(shape, **like), persistent=False)  # [L, H, M, D]
-        self.register_buffer("cache_v", torch.zeros(shape, **like), persistent=False)  # [L, H, M, D]
-
-    def forward(self, input_ids: Tensor) -> Tensor:
-        # stateless full run, leaves the cache alone: [B, T] -> [B, T, V]
-        return self.gpt(input_ids)
-
-    @torch.jit.export
-    def prefill(self, input_ids: Tensor) -> Tensor:
-        # [1, T] -> [1, T, V]; clears the cache first
-        self.length = 0
-        return self.extend(input_ids)
-
-    @torch.jit.export
-    def extend(self, input_ids: Tensor) -> Tensor:
-        # [1, k] -> [1, k, V]: writes positions [length, length + k), attends causally to [0, length + k)
-        if input_ids.dim() != 2 or input_ids.size(0) != 1 or input_ids.size(1) < 1:
-            raise ValueError(f"extend/prefill: expected input_ids [1, k] with k >= 1, got {input_ids.shape}")
-        if input_ids.dtype != torch.long:
-            raise ValueError(f"extend/prefill: expected int64 input_ids, got {input_ids.dtype}")
-        k = input_ids.size(1)
-        if self.length + k > self.max_length:
-            raise ValueError(
-                f"extend/prefill: {self.length} cached + {k} new positions exceed max_length={self.max_length}"
-            )
-        caches = [(self.cache_k[i], self.cache_v[i]) for i in range(self.cache_k.size(0))]  # [H, M, D] views
-        logits = self.gpt.run(input_ids, caches, self.length)  # [1, k, V]
-        self.length += k
-        return logits
-
-    @torch.jit.export
-    def truncate(self, length: int) -> None:
-        if length < 0 or length > self.length:
-            raise ValueError(f"truncate: length must be in [0, cache_length()={self.length}], got {length}")
-        self.length = length
-
-    @torch.jit.export
-    def cache_length(self) -> int:
-        return self.length
-
-
 def _frozen_copy(model: TinyGPT) -> TinyGPT:
     # a fresh module with the trained weights, eval mode, no grad: never aliases the trainer's tensors
     clone = TinyGPT(model.config)
@@ -186,7 +130,11 @@ def _frozen_copy(model: TinyGPT) -> TinyGPT:
 
 def script_cached(model: TinyGPT) -> torch.jit.ScriptModule:
     """The cached contract form (prefill / extend / truncate / cache_length) with `model`'s weights."""
-    return torch.jit.script(CachedTinyGPT(_frozen_copy(model)).eval())
+    cfg = model.config
+    frozen = _frozen_copy(model)
+    wrapper = CachedDecoder(frozen, vocab_size=cfg.vocab_size, max_length=cfg.max_length, layers=cfg.n_layer,
+                            kv_heads=cfg.n_head, head_dim=cfg.d_model // cfg.n_head, like=frozen.tok_emb.weight)
+    return torch.jit.script(wrapper.eval())
 
 
 def script_plain(model: TinyGPT) -> torch.jit.ScriptModule:

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import ACTIVATIONS, activate
+from .cached import ACTIVATIONS, activate, write_cache
 
 __all__ = ["check_config", "script", "T5Cached", "relative_position_bucket"]
 
@@ -193,11 +193,7 @@ class DecoderBlock(nn.Module):
         h = self.self_norm(x)
         k, v = self.self_attn.keys_values(h)  # [1, H, T, D]
         if cache is not None:  # write the new positions, then attend to everything cached so far
-            cache_k, cache_v = cache
-            cache_k[:, start:start + T] = k[0]
-            cache_v[:, start:start + T] = v[0]
-            k = cache_k[:, :start + T].unsqueeze(0)  # [1, H, K, D], K = start + T
-            v = cache_v[:, :start + T].unsqueeze(0)
+            k, v = write_cache(k, v, cache[0], cache[1], start)  # [1, H, K, D], K = start + T
         x = _clamp_half(x + self.self_attn(h, k, v, bias))
         x = _clamp_half(x + self.cross_attn(self.cross_norm(x), cross_k, cross_v, None))
         return _clamp_half(x + self.ff(self.ff_norm(x)))  # [1, T, C]
