@@ -25,12 +25,15 @@ TOLERANCE = 1e-4
 VARIANTS = [
     ("gpt2", {}),
     ("gpt2", {"activation_function": "relu", "scale_attn_by_inverse_layer_idx": True, "n_inner": 80}),
-    ("gpt2", {"tie_word_embeddings": False}),
+    ("gpt2", {"tie_word_embeddings": True}),  # every released GPT-2 ties its head (hf_models unties it)
     ("llama", {}),  # grouped-query attention (4 query heads, 2 key/value heads), untied head
     ("llama", {"num_key_value_heads": 4, "tie_word_embeddings": True, "attention_bias": True, "mlp_bias": True}),
     ("llama", {"num_key_value_heads": 1, "head_dim": 24, "rope_parameters": {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
+    ("llama", {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}}),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 32}}),
 ]
 
 
@@ -230,3 +233,11 @@ def test_command_line_reports_bad_input(tmp_path):
                           capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 2
     assert "not a save_pretrained directory" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_export_leaves_the_model_as_it_was_and_checks_lengths(tmp_path):
+    model = hf_models.make("gpt2").train()
+    speculant.export(model, tmp_path / "m.pt", max_length=32)
+    assert model.training
+    with pytest.raises(ValueError, match="max_length must be an integer >= 1 or None, got 8.5"):
+        speculant.export(model, tmp_path / "m.pt", max_length=8.5)

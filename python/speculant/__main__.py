@@ -24,7 +24,7 @@ def export_main(argv) -> int:
     try:
         meta = export(args.model_dir, args.out, max_length=args.max_length,
                       max_source_length=args.max_source_length)
-    except (ValueError, FileNotFoundError, ImportError) as error:
+    except (ValueError, OSError, ImportError) as error:  # OSError: unreadable or missing weight files
         print(f"speculant export: {error}", file=sys.stderr)
         return 2
     print(f"{meta['architecture']} -> {args.out}: vocab_size {meta['vocab_size']}, max_length "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from typing import Optional, Union
+from typing import List, Optional, Union
 
 import torch
 
@@ -59,8 +59,9 @@ class Model:
         return self._core.max_source_length
 
     @property
-    def eos_token_id(self) -> Optional[int]:
-        """The EOS id from the file's metadata (None without one)."""
+    def eos_token_id(self) -> Optional[Union[int, List[int]]]:
+        """The EOS id from the file's metadata (None without one; a list for models with several, such as
+        Llama 3: generate takes one of them)."""
         return self.metadata.get("eos_token_id")
 
     @property

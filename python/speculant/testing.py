@@ -13,9 +13,11 @@ exactly by running the target alone on every likely prefix and standardizing its
 
 The test: Pearson's chi-square goodness of fit over a partition of the k-token sequences. A prefix whose
 probability is at least 5 / samples is expanded (one target call); a complete sequence that likely gets its own
-cell, and what is left of each expanded prefix (its unlikely continuations, "prefix + *") gets one more; cells
-expected fewer than 5 times are pooled into one. So at most k * samples / 5 target calls are made, and a large
-vocabulary costs no more than a small one. A sample that takes a token the target gives probability 0 after an
+cell, and the unlikely continuations of each expanded prefix are grouped, in order of probability, into bins
+"prefix + (*, b)" each expected at least 5 times; cells still expected fewer than 5 times are grouped the same
+way into ("pooled", i) bins. Bins rather than one pool keep the test's power when a law is spread thin over a
+large vocabulary. So at most k * samples / 5 target calls are made, and a large vocabulary costs no more than a
+small one. A sample that takes a token the target gives probability 0 after an
 expanded prefix (outside top-k or top-p, a masked token) fails the check outright (p-value 0).
 
 Under a correct engine and exact reference logits the check fails with probability ``significance`` (the
@@ -43,7 +45,7 @@ from .trace import _decoder
 MIN_EXPECTED = 5.0  # Pearson's rule of thumb: cells expected fewer times than this are pooled
 Logits = Callable[[List[int]], torch.Tensor]  # token ids -> next-token logits [V]
 ModelLike = Union[Model, str, os.PathLike, torch.jit.ScriptModule]
-Cell = Tuple[Any, ...]  # token ids; a trailing "*" means "any continuation not given its own cell"
+Cell = Tuple[Any, ...]  # token ids; a trailing ("*", b): bin b of the continuations not given their own cell
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,11 @@ def _integer(value, name: str, minimum: int) -> int:
 def _partition(logits: Logits, prompt: List[int], k: int, threshold: float, settings: Dict[str, Any]):
     """The target's law of the next k tokens on the partition described in the module docstring.
 
-    Returns (cells: {cell: probability}, expanded: {prefix: standardized probs [V] as float64 numpy}).
+    Returns (cells: {cell: probability}, expanded: {prefix: (standardized probs [V] as float64 numpy, bin of
+    each token not given its own cell or expansion [V], -1 for the others)}).
     """
     cells: Dict[Cell, float] = {}
-    expanded: Dict[Tuple[int, ...], np.ndarray] = {}
+    expanded: Dict[Tuple[int, ...], Tuple[np.ndarray, np.ndarray]] = {}
     stack: List[Tuple[Tuple[int, ...], float]] = [((), 1.0)]
     while stack:
         prefix, mass = stack.pop()
@@ -130,12 +133,23 @@ def _partition(logits: Logits, prompt: List[int], k: int, threshold: float, sett
             raise ValueError(f"target_logits must return next-token logits of shape [V], got {list(row.shape)}")
         probs = sampling.standardize(row[None], **settings)[0].double().cpu().numpy()  # [V]
         probs = probs / probs.sum()
-        expanded[prefix] = probs
         children = mass * probs  # [V]
         kept = children >= threshold  # [V]
-        rest = float(mass * probs[~kept].sum())
-        if rest > 0:
-            cells[prefix + ("*",)] = rest
+        bins = np.full(len(probs), -1, dtype=np.int64)  # [V]
+        rest = np.nonzero(~kept & (children > 0))[0]
+        rest = rest[np.argsort(-children[rest], kind="stable")]  # most likely first
+        bin_of, filled = 0, 0.0
+        for token in rest.tolist():
+            bins[token] = bin_of
+            filled += children[token]
+            if filled >= threshold:
+                cells[prefix + ("*", bin_of)] = filled
+                bin_of, filled = bin_of + 1, 0.0
+        if filled > 0:  # the remainder joins the last bin, or is a bin of its own when it is the only one
+            last = max(bin_of - 1, 0)
+            bins[bins == bin_of] = last
+            cells[prefix + ("*", last)] = cells.get(prefix + ("*", last), 0.0) + filled
+        expanded[prefix] = (probs, bins)
         for token in np.nonzero(kept)[0].tolist():
             child = prefix + (token,)
             if len(child) == k:
@@ -150,28 +164,63 @@ def _cell_of(sample: Sequence[int], law: Dict[Cell, float], expanded: Dict[Tuple
     """The cell a sample of k tokens falls in, or None when it took a token of target probability 0."""
     for j in range(k):
         prefix = tuple(sample[:j])
-        probs, token = expanded[prefix], sample[j]
+        (probs, bins), token = expanded[prefix], sample[j]
         if not 0 <= token < len(probs) or probs[token] == 0:
             return None
         child = prefix + (token,)
         if child not in (expanded if j + 1 < k else law):  # not likely enough for its own cell or expansion
-            return prefix + ("*",)
+            return prefix + ("*", int(bins[token]))
     return tuple(sample)
 
 
+def pool_cells(expected: np.ndarray, observed: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Groups the cells expected fewer than MIN_EXPECTED times, in order of expected count, into consecutive
+    bins expected at least MIN_EXPECTED times (a remainder joins the last bin, or the smallest large cell when
+    there is no bin); cells expected at least MIN_EXPECTED times stay as they are. The grouping depends on the
+    expected counts only, so Pearson's statistic over the result is a valid goodness-of-fit test.
+
+    Returns (expected, observed, group): the pooled cells' counts and, for each original cell, the index of
+    the pooled cell it went to."""
+    expected, observed = np.asarray(expected, dtype=np.float64), np.asarray(observed, dtype=np.float64)
+    group = np.empty(len(expected), dtype=np.int64)
+    large = np.nonzero(expected >= MIN_EXPECTED)[0]
+    small = np.nonzero(expected < MIN_EXPECTED)[0]
+    small = small[np.argsort(expected[small], kind="stable")]
+    group[large] = np.arange(len(large))
+    count, filled, open_members = len(large), 0.0, []
+    for index in small.tolist():
+        group[index] = count
+        open_members.append(index)
+        filled += expected[index]
+        if filled >= MIN_EXPECTED:
+            count, filled, open_members = count + 1, 0.0, []
+    if open_members:  # an incomplete last bin: into the previous bin, else the smallest large cell
+        if count > len(large):
+            group[open_members] = count - 1
+        elif len(large):
+            group[open_members] = int(np.argmin(expected[large]))  # large cell i is group i
+        else:
+            count += 1  # nothing else: the incomplete bin is the only cell
+    cells = int(group.max()) + 1 if len(group) else 0
+    return (np.bincount(group, weights=expected, minlength=cells), np.bincount(group, weights=observed,
+                                                                                minlength=cells), group)
+
+
 def _pooled(rows: List[Tuple[Cell, int, float]]) -> List[Tuple[Cell, int, float]]:
-    """Pools the cells expected fewer than MIN_EXPECTED times (and, if that pool is still short, the next
-    smallest) into one ("pooled",) cell."""
-    rows = sorted(rows, key=lambda row: row[2])
-    split = 0
-    while split < len(rows) and rows[split][2] < MIN_EXPECTED:
-        split += 1
-    while 0 < split < len(rows) and sum(row[2] for row in rows[:split]) < MIN_EXPECTED:
-        split += 1
-    if split <= 1:
-        return rows[::-1]
-    pool = (("pooled",), sum(row[1] for row in rows[:split]), sum(row[2] for row in rows[:split]))
-    return rows[split:][::-1] + [pool]
+    """pool_cells over (cell, observed, expected) rows; a cell that is kept keeps its name, the others become
+    ("pooled", i)."""
+    expected, observed, group = pool_cells([row[2] for row in rows], [row[1] for row in rows])
+    members: Dict[int, List[Cell]] = {}
+    for row, g in zip(rows, group.tolist()):
+        members.setdefault(g, []).append(row[0])
+    out, pooled_index = [], 0
+    for g in sorted(members, key=lambda g: -expected[g]):
+        if len(members[g]) == 1:
+            name = members[g][0]
+        else:
+            name, pooled_index = ("pooled", pooled_index), pooled_index + 1
+        out.append((name, int(round(observed[g])), float(expected[g])))
+    return out
 
 
 def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, k: int = 2, gamma: int = 4,
@@ -249,10 +298,10 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
 
 
 def _label(cell: Cell, decode) -> str:
-    if cell == ("pooled",):
-        return "pooled"
-    label = "[" + ", ".join(map(str, cell)) + "]"
-    ids = [t for t in cell if t != "*"]
+    if cell[0] == "pooled":
+        return f"pooled {cell[1]}"
+    ids = list(cell[:-2]) if "*" in cell else list(cell)
+    label = "[" + ", ".join(map(str, ids)) + (f", * (bin {cell[-1]})" if "*" in cell else "") + "]"
     return f"{label} {decode(ids)!r}" if decode is not None and ids else label
 
 

@@ -83,6 +83,14 @@ def metadata(model, scripted, max_source_length: Optional[int]) -> Dict[str, Any
     }
 
 
+def _script(model, module, max_length: Optional[int], max_source_length: Optional[int]):
+    with torch.no_grad():
+        if model.config.is_encoder_decoder:
+            return module.script(model, max_length=512 if max_length is None else max_length,
+                                 max_source_length=512 if max_source_length is None else max_source_length)
+        return module.script(model, max_length=max_length)
+
+
 def export(model_or_dir, out_path: Union[str, os.PathLike], *, max_length: Optional[int] = None,
            max_source_length: Optional[int] = None) -> Dict[str, Any]:
     """Writes `model_or_dir` (a transformers model object or a local save_pretrained directory) to out_path
@@ -92,6 +100,9 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, max_length: Optio
     Llama: min(max_position_embeddings, 4096); T5: 512). max_source_length: T5's longest encoder input
     (default 512). Raises ValueError for an unsupported architecture or configuration, naming what is."""
     started = time.perf_counter()
+    for name, value in (("max_length", max_length), ("max_source_length", max_source_length)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
     model = load_pretrained(model_or_dir) if isinstance(model_or_dir, (str, os.PathLike)) else model_or_dir
     name = type(model).__name__
     if name not in SUPPORTED:
@@ -103,14 +114,12 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, max_length: Optio
                          f"supported (expected {model_type!r})")
     if max_source_length is not None and not model.config.is_encoder_decoder:
         raise ValueError("max_source_length is only for encoder-decoder models (T5)")
-    model = model.eval()
-    with torch.no_grad():
-        if model.config.is_encoder_decoder:
-            max_length = 512 if max_length is None else max_length
-            max_source_length = 512 if max_source_length is None else max_source_length
-            scripted = module.script(model, max_length=max_length, max_source_length=max_source_length)
-        else:
-            scripted = module.script(model, max_length=max_length)
+    was_training = model.training
+    model.eval()
+    try:
+        scripted = _script(model, module, max_length, max_source_length)
+    finally:
+        model.train(was_training)
     meta = metadata(model, scripted, max_source_length)
     out_path = os.fspath(out_path)
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
