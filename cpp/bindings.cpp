@@ -5,8 +5,10 @@
 #include <string>
 
 #include "decoder.h"
+#include "drafter.h"
 #include "errors.h"
 #include "model.h"
+#include "python_drafter.h"
 #include "sampling.h"
 #include "speculative.h"
 
@@ -177,15 +179,49 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("stats", &Generation::stats)
       .def_readonly("trace", &Generation::trace);
 
+  py::class_<Drafter, std::shared_ptr<Drafter>>(m, "Drafter")
+      .def_property_readonly("vocab_size", &Drafter::vocab_size)
+      .def_property_readonly("device", [](const Drafter& d) { return d.device().str(); })
+      .def_property_readonly("kind", &Drafter::name);
+  m.def("model_drafter", &model_drafter, py::arg("model"));
+  m.def("unigram_drafter",
+        [](const at::Tensor& unigram, const std::string& device) { return unigram_drafter(unigram, at::Device(device)); },
+        py::arg("unigram"), py::arg("device"));
+  m.def("bigram_drafter",
+        [](const at::Tensor& unigram, const at::Tensor& row_ptr, const at::Tensor& followers, const at::Tensor& counts,
+           const std::string& device) {
+          return bigram_drafter(unigram, row_ptr, followers, counts, at::Device(device));
+        },
+        py::arg("unigram"), py::arg("row_ptr"), py::arg("followers"), py::arg("counts"), py::arg("device"));
+  m.def("prompt_lookup_drafter",
+        [](int64_t vocab, int64_t min_ngram, int64_t max_ngram, const std::string& device) {
+          return prompt_lookup_drafter(vocab, min_ngram, max_ngram, at::Device(device));
+        },
+        py::arg("vocab_size"), py::arg("min_ngram"), py::arg("max_ngram"), py::arg("device"));
+  m.def("python_drafter",
+        [](py::object propose, int64_t vocab, const std::string& device) {
+          return python_drafter(std::move(propose), vocab, at::Device(device));
+        },
+        py::arg("propose"), py::arg("vocab_size"), py::arg("device"));
+
   py::class_<Decoder>(m, "Decoder")
-      .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Model> draft, int64_t gamma,
+      .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma,
                        double temperature, int64_t top_k, double top_p, double lenience) {
              return Decoder(std::move(target), std::move(draft), gamma,
                             SamplingConfig{temperature, top_k, top_p, lenience});
            }),
            py::arg("target"), py::arg("draft"), py::arg("gamma"), py::arg("temperature"), py::arg("top_k"),
            py::arg("top_p"), py::arg("lenience"))
-      .def("generate", &Decoder::generate, py::arg("prompt"), py::arg("source"), py::arg("max_new_tokens"),
-           py::arg("eos_token_id"), py::arg("seed"), py::arg("profile") = false,
-           py::call_guard<py::gil_scoped_release>());
+      .def(
+          "generate",
+          [](const Decoder& decoder, const std::vector<int64_t>& prompt,
+             const std::optional<std::vector<int64_t>>& source, int64_t max_new_tokens,
+             std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile,
+             const std::string& gamma_policy, std::optional<int64_t> max_gamma, double cost) {
+            return decoder.generate(prompt, source, max_new_tokens, eos_token_id, seed, profile,
+                                    GammaSchedule{gamma_policy, max_gamma, cost});
+          },
+          py::arg("prompt"), py::arg("source"), py::arg("max_new_tokens"), py::arg("eos_token_id"),
+          py::arg("seed"), py::arg("profile") = false, py::arg("gamma_policy") = "fixed",
+          py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0, py::call_guard<py::gil_scoped_release>());
 }

@@ -54,15 +54,15 @@ void check_source(const Model& target, const std::optional<std::vector<int64_t>>
   check_ids(*source, "encoder_input_ids", target.vocab_size());
 }
 
-void check_source_length(const Model& model, const char* role, int64_t length) {
-  if (auto limit = model.max_source_length()) {
+void check_source_length(std::optional<int64_t> limit, const char* role, int64_t length) {
+  if (limit) {
     require(length <= *limit, "{} model encodes at most max_source_length = {} tokens, encoder_input_ids has {}",
             role, *limit, length);
   }
 }
 
-void check_length(const Model& model, const char* role, int64_t needed) {
-  if (auto limit = model.max_length()) {
+void check_length(std::optional<int64_t> limit, const char* role, int64_t needed) {
+  if (limit) {
     require(needed <= *limit,
             "{} model holds at most max_length = {} positions, but the prompt plus max_new_tokens needs {} "
             "(prompt + max_new_tokens - 1)",
@@ -72,7 +72,7 @@ void check_length(const Model& model, const char* role, int64_t needed) {
 
 }  // namespace
 
-Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Model> draft, int64_t gamma,
+Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma,
                  SamplingConfig config)
     : target_(std::move(target)), draft_(std::move(draft)), gamma_(gamma), config_(config) {
   require(target_ != nullptr, "target must be a model");
@@ -83,12 +83,12 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Model> draft, in
   }
   require(gamma_ >= 1, "gamma must be an integer >= 1 (the number of draft tokens per iteration), got {}",
           gamma_);
-  require(draft_ != target_, "draft and target must be different model handles (each owns its cache); "
-                             "load the file twice to draft with the target itself");
+  require(draft_->model() != target_.get(), "draft and target must be different model handles (each owns its "
+                                            "cache); load the file twice to draft with the target itself");
   require(draft_->vocab_size() == target_->vocab_size(),
           "target and draft vocabularies differ: target vocab_size = {}, draft vocab_size = {}",
           target_->vocab_size(), draft_->vocab_size());
-  require(draft_->encoder_decoder() == target_->encoder_decoder(),
+  require(draft_->model() == nullptr || draft_->encoder_decoder() == target_->encoder_decoder(),
           "target and draft must both be encoder-decoder models or both decoder-only: the target is {}, the "
           "draft is {}", target_->encoder_decoder() ? "encoder-decoder" : "decoder-only",
           draft_->encoder_decoder() ? "encoder-decoder" : "decoder-only");
@@ -98,8 +98,8 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Model> draft, in
 
 Generation Decoder::generate(const std::vector<int64_t>& prompt,
                              const std::optional<std::vector<int64_t>>& source, int64_t max_new_tokens,
-                             std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
-                             bool profile) const {
+                             std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile,
+                             const GammaSchedule& schedule) const {
   const int64_t vocab = target_->vocab_size();
   check_ids(prompt, "prompt_ids", vocab);
   check_source(*target_, source);
@@ -108,15 +108,18 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
     require(*eos_token_id >= 0 && *eos_token_id < vocab, "eos_token_id = {} is outside the vocabulary [0, {})",
             *eos_token_id, vocab);
   }
+  std::unique_ptr<GammaPolicy> policy;
+  if (draft_) policy = make_gamma_policy(schedule.policy, gamma_, schedule.max_gamma.value_or(2 * gamma_),
+                                         schedule.cost);
   const int64_t prompt_length = static_cast<int64_t>(prompt.size());
-  check_length(*target_, "target", prompt_length + max_new_tokens - 1);
-  if (draft_) check_length(*draft_, "draft", prompt_length + max_new_tokens - 1);
+  check_length(target_->max_length(), "target", prompt_length + max_new_tokens - 1);
+  if (draft_) check_length(draft_->max_length(), "draft", prompt_length + max_new_tokens - 1);
   if (source) {
-    check_source_length(*target_, "target", static_cast<int64_t>(source->size()));
-    if (draft_) check_source_length(*draft_, "draft", static_cast<int64_t>(source->size()));
+    check_source_length(target_->max_source_length(), "target", static_cast<int64_t>(source->size()));
+    if (draft_) check_source_length(draft_->max_source_length(), "draft", static_cast<int64_t>(source->size()));
   }
 
-  // One generation at a time per model: each owns mutable cache state.
+  // One generation at a time per model and drafter: each owns mutable state.
   std::unique_lock<std::mutex> target_lock(target_->in_use(), std::defer_lock);
   std::unique_lock<std::mutex> draft_lock;
   if (draft_) {
@@ -128,9 +131,10 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
 
   Generation out;
   Stats& stats = out.stats;
+  const int64_t max_gamma = policy ? policy->max_gamma() : 0;
   stats.gamma = gamma_;
-  stats.drafted_per_position.assign(gamma_, 0);
-  stats.accepted_per_position.assign(gamma_, 0);
+  stats.drafted_per_position.assign(max_gamma, 0);
+  stats.accepted_per_position.assign(max_gamma, 0);
   stats.seed = seed ? *seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   const auto start = Clock::now();
   const at::Device device = target_->device();
@@ -140,54 +144,42 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
   // at the first verification, in the target's working dtype.
   at::Tensor zero_row;
 
-  // Invariant between iterations: each model has cached the sequence except the tokens in its `pending`
-  // tensor, which it is fed first in the next iteration. For the target that is the last token; for the draft
-  // also the last draft token when all gamma were accepted (it sampled that token but never ran on it).
+  // Invariant between iterations: the target has cached the sequence except its last token, `target_pending`,
+  // which it is fed first in the next iteration; the drafter keeps its own state (drafter.h).
   at::Tensor prompt_tensor = at::tensor(prompt, long_options);  // [P]
-  at::Tensor prefix = prompt_tensor.narrow(0, 0, prompt_length - 1);
   at::Tensor target_pending = prompt_tensor.narrow(0, prompt_length - 1, 1);  // [1]
-  at::Tensor draft_pending = target_pending;
   if (max_new_tokens > 0) {
     // Encoder-decoder: each model encodes the source once (cross-attention keys and values included).
     at::Tensor source_tensor = source ? at::tensor(*source, long_options) : at::Tensor();  // [S]
     {
       PhaseTimer timer(stats.target_seconds, device, profile);
       if (source) target_->encode(source_tensor);
-      target_->reset(prefix);
+      target_->reset(prompt_tensor.narrow(0, 0, prompt_length - 1));
     }
     if (draft_) {
       PhaseTimer timer(stats.draft_seconds, device, profile);
       if (source) draft_->encode(source_tensor);
-      draft_->reset(prefix);
+      draft_->begin(prompt_tensor, prompt);
     }
   }
   int64_t sequence_length = prompt_length;  // tokens in the sequence, pending ones included
 
   while (stats.new_tokens < max_new_tokens) {
     // A longer draft than the tokens still wanted would be wasted work (any gamma keeps the law exact).
-    const int64_t gamma = std::min<int64_t>(gamma_, max_new_tokens - stats.new_tokens - 1);
-    at::Tensor drafted = at::empty({0}, long_options);  // [gamma]
-    std::vector<at::Tensor> q_rows;                     // q_1 .. q_gamma, then the zero row q_{gamma+1}
-    std::vector<at::Tensor> maxima;                     // row maxima of every call's logits (finiteness)
-    if (gamma > 0) {
-      std::vector<at::Tensor> x_rows;
-      at::Tensor feed = draft_pending;
-      for (int64_t i = 0; i < gamma; ++i) {
-        at::Tensor logits;  // [k, V]
-        {
-          PhaseTimer timer(stats.draft_seconds, device, profile);
-          logits = draft_->extend(feed);
-        }
-        logits = logits.narrow(0, logits.size(0) - 1, 1);          // [1, V] after the last fed token
-        at::Tensor q_i = standardize(logits, config_, &maxima.emplace_back());  // [1, V]
-        at::Tensor x_i = config_.greedy() ? q_i.argmax(-1) : sample(q_i, generator);  // [1]
-        q_rows.push_back(q_i);
-        x_rows.push_back(x_i);
-        feed = x_i;
-      }
-      drafted = at::cat(x_rows, 0);
-      stats.draft_calls += gamma;
+    const int64_t wanted = policy ? policy->next() : 0;
+    const int64_t limit = std::min<int64_t>(wanted, max_new_tokens - stats.new_tokens - 1);
+    Proposal proposal;
+    if (limit > 0) {
+      const auto draft_start = Clock::now();
+      proposal = draft_->propose(limit, config_, generator, profile);
+      const double draft_total = seconds_since(draft_start);
+      stats.draft_seconds += proposal.calls > 0 ? proposal.seconds : draft_total;  // a table's work is the draft's
+      stats.draft_calls += proposal.calls;
     }
+    const int64_t gamma = proposal.tokens.defined() ? proposal.tokens.numel() : 0;
+    at::Tensor drafted = gamma > 0 ? proposal.tokens : at::empty({0}, long_options);  // [gamma]
+    std::vector<at::Tensor> maxima;  // row maxima of every call's logits (finiteness)
+    if (proposal.maxima.defined() && proposal.maxima.numel() > 0) maxima.push_back(proposal.maxima);
 
     // Algorithm 1: run M_p on prefix + [x_1 .. x_gamma] in parallel (one call).
     at::Tensor target_logits;  // [gamma + 1, V]
@@ -199,9 +191,8 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
     }
     at::Tensor p = standardize(target_logits, config_, &maxima.emplace_back());  // [gamma + 1, V]
     if (!zero_row.defined()) zero_row = at::zeros_like(p.narrow(0, 0, 1));  // [1, V]
-    q_rows.push_back(zero_row);
-    at::Tensor q_padded = at::cat(q_rows, 0);          // [gamma + 1, V]
-    at::Tensor q = q_padded.narrow(0, 0, gamma);        // [gamma, V]
+    at::Tensor q = gamma > 0 ? proposal.q.to(p.scalar_type()) : p.narrow(0, 0, 0);  // [gamma, V]
+    at::Tensor q_padded = at::cat({q, zero_row}, 0);    // [gamma + 1, V]
     at::Tensor accept_prob = accept_probabilities(p, q, drafted, target_logits, config_);  // [gamma]
 
     // n = min({i - 1 | r_i > p_i(x) / q_i(x)} U {gamma}), then t ~ residual(p_{n+1}, q_{n+1}) (q_{gamma+1} = 0).
@@ -234,8 +225,12 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
       stats.drafted_per_position[i] += 1;
       stats.accepted_per_position[i] += i < accepted;
     }
-    for (int64_t i = 0; i < std::min(accepted + 1, gamma); ++i) stats.beta_sum += betas[i];
-    stats.beta_count += std::min(accepted + 1, gamma);
+    const int64_t verified = std::min(accepted + 1, gamma);
+    double beta_sum = 0.0;
+    for (int64_t i = 0; i < verified; ++i) beta_sum += betas[i];
+    stats.beta_sum += beta_sum;
+    stats.beta_count += verified;
+    if (policy && limit > 0) policy->observe(gamma, accepted, beta_sum, verified);
 
     // Emit x_1 .. x_n, t, stopping at max_new_tokens or just after an EOS.
     bool stop = false;
@@ -246,19 +241,20 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
       stats.new_tokens += 1;
       stop = (eos_token_id && token == *eos_token_id) || stats.new_tokens == max_new_tokens;
     }
-    out.trace.push_back(std::move(it));
-    if (stop) break;
+    if (stop) {
+      out.trace.push_back(std::move(it));
+      break;
+    }
 
     // Rollback: the target ran on pending + x_1..x_gamma; keep the accepted prefix, t becomes pending.
     const int64_t kept = sequence_length + accepted;  // sequence length after this iteration, minus t
     target_->truncate(kept);
-    if (accepted < gamma) {
-      draft_pending = t;
-      if (draft_) draft_->truncate(kept);
-    } else {
-      // The draft ran on pending + x_1..x_{gamma-1} and never on x_gamma: feed both next time.
-      draft_pending = gamma > 0 ? at::cat({drafted.narrow(0, gamma - 1, 1), t}) : t;
+    if (draft_) {
+      PhaseTimer timer(stats.draft_seconds, device, false);
+      draft_->advance(accepted, t, std::vector<int64_t>(it.drafted.begin(), it.drafted.begin() + accepted),
+                      it.token);
     }
+    out.trace.push_back(std::move(it));
     target_pending = t;
     sequence_length += accepted + 1;
   }

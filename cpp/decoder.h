@@ -6,8 +6,11 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "drafter.h"
+#include "gamma_policy.h"
 #include "model.h"
 #include "sampling.h"
 #include "stats.h"
@@ -20,10 +23,17 @@ struct Generation {
   std::vector<Iteration> trace;
 };
 
+// How gamma evolves within a generation (gamma_policy.h); the decoder's gamma is the start (or the value).
+struct GammaSchedule {
+  std::string policy = "fixed";
+  std::optional<int64_t> max_gamma;  // default 2 * gamma
+  double cost = 0.0;                 // c, for the "alpha" policy
+};
+
 class Decoder {
  public:
   // draft may be null only with gamma = 0. Validates everything it is given (ValueError).
-  Decoder(std::shared_ptr<Model> target, std::shared_ptr<Model> draft, int64_t gamma, SamplingConfig config);
+  Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma, SamplingConfig config);
 
   // prompt: token ids (at least one; for an encoder-decoder pair the decoder's start, usually its
   // decoder_start_token_id); source: the encoder's input ids, required for encoder-decoder models and refused
@@ -32,14 +42,14 @@ class Decoder {
   // time split is exact; without it only the host-side time of the launches is attributed there.
   Generation generate(const std::vector<int64_t>& prompt, const std::optional<std::vector<int64_t>>& source,
                       int64_t max_new_tokens, std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
-                      bool profile) const;
+                      bool profile, const GammaSchedule& schedule = {}) const;
 
   int64_t gamma() const { return gamma_; }
   const SamplingConfig& config() const { return config_; }
 
  private:
   std::shared_ptr<Model> target_;
-  std::shared_ptr<Model> draft_;
+  std::shared_ptr<Drafter> draft_;
   int64_t gamma_;
   SamplingConfig config_;
 };

@@ -11,9 +11,10 @@ generated tokens with the exact law enumerated by tests/markov.py:
 * cells with expected count < 5 are pooled; Pearson's chi-square goodness-of-fit test must not reject at
   SIGNIFICANCE = 1e-3 per test.
 
-Every test here runs at SIGNIFICANCE = 1e-3: 2 windows (tokens 1-3 and 4-6) x 10 configurations, 2 windows
-of the exact lenient law, 4 one-sided binomial bounds and 2 accepted-count laws make 28 tests that a correct
-engine could fail by chance, so the family-wise false-rejection rate is at most 28 * 1e-3 = 2.8% (Bonferroni)
+Every test here runs at SIGNIFICANCE = 1e-3: 2 windows (tokens 1-3 and 4-6) x 16 configurations (6 of them
+drafters other than a draft model and adaptive gamma policies), 2 windows of the exact lenient law, 4 one-sided
+binomial bounds and 2 accepted-count laws make 40 tests that a correct engine could fail by chance, so the
+family-wise false-rejection rate is at most 40 * 1e-3 = 4% (Bonferroni)
 for a fresh draw of seeds; the seeds are fixed, so the suite's outcome is deterministic. Power: the lenience
 negative control (test_lenient_law_is_detected) must be rejected by the same test, and its predicted power at
 N_SAMPLES is asserted to exceed 0.999. (Offline, the same approximation gives power ~1 at N_SAMPLES against a
@@ -122,6 +123,56 @@ def test_speculative_law_equals_target_law(config):
     assert_law(samples, law, name)
 
 
+def make_drafter(kind: str, draft_table: torch.Tensor, target_table: torch.Tensor):
+    """Drafters other than a draft model (speculant.drafters), for the same law test."""
+    if kind in ("unigram", "bigram"):
+        corpus = np.random.default_rng(5).choice(VOCAB, size=400, p=[0.4, 0.3, 0.2, 0.1])  # a skewed corpus
+        cls = speculant.drafters.Unigram if kind == "unigram" else speculant.drafters.Bigram
+        return cls.fit(corpus, VOCAB)
+    if kind == "prompt_lookup":
+        return speculant.drafters.PromptLookup(VOCAB, min_ngram=1, max_ngram=2)
+    rng = np.random.default_rng(7)  # the Python drafter's own randomness, fixed for the test
+
+    def propose(context, gamma):
+        k = int(rng.integers(0, gamma + 1))  # sometimes fewer than gamma tokens, sometimes none
+        q = torch.softmax(torch.as_tensor(rng.normal(size=(k, VOCAB))), -1)
+        tokens = [int(rng.choice(VOCAB, p=row.numpy())) for row in q]
+        return tokens, q
+
+    return speculant.drafters.PythonDrafter(propose, VOCAB)
+
+
+DRAFTER_CONFIGS = [
+    # id, drafter kind, gamma policy, temperature, top_k, top_p, gamma, table seed
+    ("unigram-T1-g3", "unigram", "fixed", 1.0, 0, 1.0, 3, 31),
+    ("bigram-T0.7-topk3-g4", "bigram", "fixed", 0.7, 3, 1.0, 4, 32),
+    ("prompt-lookup-T1-topp0.8-g4", "prompt_lookup", "fixed", 1.0, 0, 0.8, 4, 33),
+    ("python-T1-g3", "python", "fixed", 1.0, 0, 1.0, 3, 34),
+    ("model-heuristic-T0.7-g2", "model", "heuristic", 0.7, 0, 1.0, 2, 35),
+    ("prompt-lookup-alpha-T1-g2", "prompt_lookup", "alpha", 1.0, 0, 1.0, 2, 36),
+]
+
+
+@pytest.mark.parametrize("config", DRAFTER_CONFIGS, ids=[c[0] for c in DRAFTER_CONFIGS])
+def test_drafter_and_gamma_policy_law_equals_target_law(config):
+    """The same test for every drafter of speculant.drafters and every adaptive gamma policy."""
+    name, kind, policy, temperature, top_k, top_p, gamma, seed = config
+    target, draft = markov.target_and_draft(VOCAB, seed, mask_prob=0.1)
+    check_no_top_p_boundary(target, temperature, top_k, top_p)
+    drafter = speculant.load(markov.cached_model(draft)) if kind == "model" else make_drafter(kind, draft, target)
+    decoder = speculant.SpeculativeDecoder(speculant.load(markov.cached_model(target)), drafter, gamma=gamma,
+                                           temperature=temperature, top_k=top_k, top_p=top_p)
+    options = {"gamma_policy": policy, "max_gamma": 5}
+    if policy == "alpha":
+        options["cost"] = 0.05
+    samples = generate_samples(
+        lambda s: decoder.generate(PROMPT, max_new_tokens=MAX_NEW_TOKENS, seed=s, **options).tokens,
+        N_SAMPLES, seed_base=1000 * seed,
+    )
+    law = markov.continuation_law(target, PROMPT, MAX_NEW_TOKENS, temperature, top_k, top_p)
+    assert_law(samples, law, name)
+
+
 PLAIN_CONFIGS = [
     ("T1-cached", 1.0, 0, 1.0, "cached", 11),
     ("T0.7-topk3-topp0.8-plain", 0.7, 3, 0.8, "plain", 12),
@@ -218,3 +269,20 @@ def test_statistic_rejects_a_wrong_law():
     assert chi_square_pvalue(shifted, samples) < SIGNIFICANCE
     with pytest.raises(AssertionError, match="zero-probability"):
         chi_square_pvalue(law, np.array([[1, 0]] * 10))
+
+
+def test_a_drafter_misreporting_q_is_detected():
+    """Power for the drafter path: a Python drafter that always proposes token 0 but reports a uniform q breaks
+    the premise of speculative sampling (x ~ q), the output law moves towards token 0, and the same test
+    rejects the target law."""
+    target, _ = markov.target_and_draft(VOCAB, 37, mask_prob=0.0)
+
+    def propose(context, gamma):
+        return [0] * gamma, torch.full((gamma, VOCAB), 1.0 / VOCAB)
+
+    decoder = speculant.SpeculativeDecoder(speculant.load(markov.cached_model(target)),
+                                           speculant.drafters.PythonDrafter(propose, VOCAB), gamma=3)
+    samples = generate_samples(lambda s: decoder.generate(PROMPT, max_new_tokens=MAX_NEW_TOKENS, seed=s).tokens,
+                               N_SAMPLES, seed_base=37000)
+    law = markov.continuation_law(target, PROMPT, MAX_NEW_TOKENS, 1.0)
+    assert chi_square_pvalue(markov.marginal(law, [0, 1, 2]), samples[:, :3]) < SIGNIFICANCE

@@ -6,7 +6,7 @@ length, alpha the acceptance rate, l the lenience and c the cost coefficient.
 
 import torch  # noqa: F401  (loads libtorch before the extension that links against it)
 
-from . import analysis, sampling
+from . import analysis, drafters, sampling
 from . import testing
 from ._core import Iteration, Stats
 from .decoder import Result, SpeculativeDecoder, generate
@@ -23,6 +23,7 @@ __all__ = [
     "Stats",
     "Trace",
     "analysis",
+    "drafters",
     "export",
     "generate",
     "load",

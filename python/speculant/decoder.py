@@ -10,6 +10,7 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from . import _core
+from .drafters import Drafter
 from .model import Model
 from .trace import Trace
 
@@ -65,8 +66,31 @@ def _model(value, name: str) -> Model:
     return value
 
 
+def _drafter(value) -> _core.Drafter:
+    if isinstance(value, Model):
+        return _core.model_drafter(value._core)
+    if isinstance(value, Drafter):
+        return value._core
+    raise ValueError("draft must be a speculant.Model (from speculant.load) or a drafter from "
+                     f"speculant.drafters, got {type(value).__name__}")
+
+
+GAMMA_POLICIES = ("fixed", "heuristic", "alpha")
+
+
+def _schedule(gamma_policy, max_gamma, cost) -> dict:
+    if gamma_policy not in GAMMA_POLICIES:
+        raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {gamma_policy!r}")
+    if max_gamma is not None:
+        max_gamma = _integer(max_gamma, "max_gamma", 1)
+    if gamma_policy == "alpha" and cost is None:
+        raise ValueError("gamma_policy='alpha' needs cost, the draft-to-target time ratio c (Theorem 3.8)")
+    return {"gamma_policy": gamma_policy, "max_gamma": max_gamma, "cost": 0.0 if cost is None else
+            _real(cost, "cost")}
+
+
 def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id,
-         seed, profile) -> Result:
+         seed, profile, schedule=None) -> Result:
     source = None if encoder_input_ids is None else _ids(encoder_input_ids, "encoder_input_ids")
     if prompt_ids is None:
         start = target.decoder_start_token_id
@@ -78,7 +102,7 @@ def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, m
     max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0)
     eos = None if eos_token_id is None else _integer(eos_token_id, "eos_token_id", 0)
     seed = None if seed is None else _integer(seed, "seed", 0)
-    generation = decoder.generate(prompt, source, max_new_tokens, eos, seed, bool(profile))
+    generation = decoder.generate(prompt, source, max_new_tokens, eos, seed, bool(profile), **(schedule or {}))
     return Result(tokens=list(generation.tokens), stats=generation.stats, trace=Trace(generation.trace))
 
 
@@ -90,12 +114,12 @@ class SpeculativeDecoder:
     p(x) / lenience (argmax: a draft token is kept when p(x) >= lenience * max p).
     """
 
-    def __init__(self, target: Model, draft: Model, *, gamma: int, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, lenience: float = 1.0):
+    def __init__(self, target: Model, draft: Union[Model, Drafter], *, gamma: int, temperature: float = 1.0,
+                 top_k: int = 0, top_p: float = 1.0, lenience: float = 1.0):
         self.target = _model(target, "target")
-        self.draft = _model(draft, "draft")
+        self.draft = draft
         self._gamma = _integer(gamma, "gamma", 1)
-        self._core = _core.Decoder(self.target._core, self.draft._core, self._gamma,
+        self._core = _core.Decoder(self.target._core, _drafter(draft), self._gamma,
                                    _real(temperature, "temperature"), _integer(top_k, "top_k", 0),
                                    _real(top_p, "top_p"), _real(lenience, "lenience"))
 
@@ -105,7 +129,8 @@ class SpeculativeDecoder:
 
     def generate(self, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
                  encoder_input_ids: Optional[PromptIds] = None, eos_token_id: Optional[int] = None,
-                 seed: Optional[int] = None, profile: bool = False) -> Result:
+                 seed: Optional[int] = None, profile: bool = False, gamma_policy: str = "fixed",
+                 max_gamma: Optional[int] = None, cost: Optional[float] = None) -> Result:
         """Generates up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after ``eos_token_id``.
 
         Encoder-decoder pairs (T5) take the source as ``encoder_input_ids``, encoded once per model and
@@ -115,9 +140,15 @@ class SpeculativeDecoder:
         The same seed and inputs give the same tokens; without a seed one is drawn and reported in
         ``result.stats.seed``. ``profile=True`` synchronizes a GPU around model calls so that the draft /
         target / other time split is exact (it adds synchronizations; on CPU it changes nothing).
+
+        Adaptive gamma (the decoder's gamma is then the start): ``gamma_policy="heuristic"`` adds 2 after an
+        iteration that kept every draft and removes 1 otherwise, within [1, max_gamma]; ``"alpha"`` tracks
+        alpha by a moving average of beta and drafts the gamma <= max_gamma that maximizes Theorem 3.8's
+        improvement for the given ``cost`` c. max_gamma defaults to 2 * gamma. A policy sees only earlier
+        iterations, so the output law stays exact.
         """
         return _run(self._core, self.target, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id, seed,
-                    profile)
+                    profile, _schedule(gamma_policy, max_gamma, cost))
 
 
 def generate(target: Model, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,

@@ -1,0 +1,75 @@
+// What proposes the draft tokens of Algorithm 1. Any proposal keeps the output law exact as long as each
+// x_i was drawn from the q_i it reports (the verification corrects for q whatever it is), so drafters may be
+// neural (a draft Model with its own cache), negligible-cost tables (unigram / bigram, the paper's Table 3),
+// copies from the context (prompt lookup, §3.6: q is the point mass on the proposed token) or Python code.
+//
+// Protocol, per generation: begin(prompt) (after encode(source) for encoder-decoders), then per iteration
+// propose(gamma) -> k <= gamma tokens, then advance(accepted, t): the sequence grew by the first `accepted`
+// proposed tokens and t. A drafter may propose fewer than gamma tokens (k = 0: the iteration runs the target
+// alone), for example when prompt lookup finds no match.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "model.h"
+#include "sampling.h"
+
+namespace speculant {
+
+struct Proposal {
+  at::Tensor tokens;  // int64 [k] on the device
+  at::Tensor q;       // [k, V] the distributions the tokens were drawn from (rows sum to 1), on the device
+  at::Tensor maxima;  // [k'] row maxima of raw logits to check for NaN / +inf (may be empty)
+  double seconds = 0.0;  // time inside model calls (the rest of propose counts as the engine's)
+  int64_t calls = 0;     // draft model calls made
+};
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual void encode(const at::Tensor& source) { (void)source; }
+  // The sequence so far: int64 [P >= 1] on the device, and its host copy.
+  virtual void begin(const at::Tensor& prompt, const std::vector<int64_t>& host_prompt) = 0;
+  virtual Proposal propose(int64_t gamma, const SamplingConfig& config, at::Generator& generator,
+                           bool profile) = 0;
+  // The target kept the first `accepted` proposed tokens and appended t (on the device and on the host).
+  virtual void advance(int64_t accepted, const at::Tensor& t, const std::vector<int64_t>& accepted_host,
+                       int64_t t_host) = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual at::Device device() const = 0;
+  virtual bool encoder_decoder() const { return false; }
+  virtual std::optional<int64_t> max_length() const { return std::nullopt; }
+  virtual std::optional<int64_t> max_source_length() const { return std::nullopt; }
+  virtual std::string name() const = 0;
+  // The model (if any) whose cache this drafter owns: the decoder locks it for a generation.
+  virtual Model* model() { return nullptr; }
+
+  std::mutex& in_use() { return in_use_; }
+
+ private:
+  std::mutex in_use_;
+};
+
+// A neural draft model M_q with its own cache, sampled with the same standardization as the target (§2.2).
+std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model);
+
+// Unigram / bigram tables over the vocabulary: log_unigram [V]; a bigram adds, per previous token a, the
+// observed followers in CSR form (row_ptr [V + 1], followers, counts), smoothed with Witten-Bell
+// interpolation: q(b | a) = (c(a, b) + T(a) u(b)) / (c(a) + T(a)), T(a) = distinct followers of a.
+std::shared_ptr<Drafter> unigram_drafter(const at::Tensor& unigram, const at::Device& device);
+std::shared_ptr<Drafter> bigram_drafter(const at::Tensor& unigram, const at::Tensor& row_ptr,
+                                        const at::Tensor& followers, const at::Tensor& counts,
+                                        const at::Device& device);
+
+// Prompt lookup: the longest n-gram (max_ngram down to min_ngram) ending the sequence that occurred before
+// in it; proposes (with q the point mass) the tokens that followed its latest earlier occurrence.
+std::shared_ptr<Drafter> prompt_lookup_drafter(int64_t vocab_size, int64_t min_ngram, int64_t max_ngram,
+                                               const at::Device& device);
+
+}  // namespace speculant

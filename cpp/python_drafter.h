@@ -1,0 +1,16 @@
+// A drafter written in Python: a callable propose(context: list[int], gamma: int) -> (tokens, q) returning
+// k <= gamma token ids and the [k, V] distributions they were drawn from. The engine checks what it returns
+// (shape, finiteness, normalization, q(x_i) > 0) and raises ValueError naming what is wrong.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+
+#include "drafter.h"
+
+namespace speculant {
+
+std::shared_ptr<Drafter> python_drafter(pybind11::object propose, int64_t vocab_size, const at::Device& device);
+
+}  // namespace speculant
