@@ -54,7 +54,7 @@ class DistributionCheck:
 
     statistic: Pearson's chi-square; dof: its degrees of freedom (cells - 1); p_value: its upper tail (0 when a
     sample was impossible); passed: p_value >= significance; impossible: samples with a token of target
-    probability 0; cells: (cell, observed, expected) rows the statistic sums over, a pooled cell as ("pooled",)
+    probability 0; cells: (cell, observed, expected) rows the statistic sums over, pooled cells as ("pooled", i)
     ; report: all of it, readable (also ``str(check)``).
     """
 
