@@ -168,7 +168,7 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
     // A longer draft than the tokens still wanted would be wasted work (any gamma keeps the law exact).
     const int64_t wanted = policy ? policy->next() : 0;
     const int64_t limit = std::min<int64_t>(wanted, max_new_tokens - stats.new_tokens - 1);
-    Proposal proposal;
+    Proposal proposal;  // limit 0 only in the last iteration (one token still wanted): nothing to draft
     if (limit > 0) {
       const auto draft_start = Clock::now();
       proposal = draft_->propose(limit, config_, generator, profile);
