@@ -123,7 +123,9 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
   std::unique_lock<std::mutex> target_lock(target_->in_use(), std::defer_lock);
   std::unique_lock<std::mutex> draft_lock;
   if (draft_) {
-    draft_lock = std::unique_lock<std::mutex>(draft_->in_use(), std::defer_lock);
+    // a draft model's cache may be shared by several drafters (one per decoder): lock the model itself
+    std::mutex& draft_mutex = draft_->model() ? draft_->model()->in_use() : draft_->in_use();
+    draft_lock = std::unique_lock<std::mutex>(draft_mutex, std::defer_lock);
     std::lock(target_lock, draft_lock);
   } else {
     target_lock.lock();

@@ -160,3 +160,28 @@ def test_alpha_policy_follows_theorem_3_8(target):
         decoder.generate(PROMPT, max_new_tokens=4, gamma_policy="grow")
     with pytest.raises(ValueError, match="max_gamma must be >= gamma = 2"):
         decoder.generate(PROMPT, max_new_tokens=4, gamma_policy="heuristic", max_gamma=1)
+
+
+def test_decoders_sharing_a_draft_model_take_turns(target):
+    """Two decoders over the same draft model (each wraps it in its own drafter) run from two threads: the
+    engine locks the model's cache, so each thread gets exactly its sequential result."""
+    import threading
+
+    torch.manual_seed(1)
+    draft = speculant.load(script_cached(TinyGPT(TinyGPTConfig(VOCAB, 1, 1, 16, 128))))
+    other = speculant.load(script_cached(TinyGPT(TinyGPTConfig(VOCAB, 2, 2, 32, 128))))
+    decoders = [speculant.SpeculativeDecoder(model, draft, gamma=3) for model in (target, other)]
+    expected = [d.generate(PROMPT, max_new_tokens=60, seed=i).tokens for i, d in enumerate(decoders)]
+    got = [None, None]
+
+    def run(i):
+        for _ in range(5):
+            got[i] = decoders[i].generate(PROMPT, max_new_tokens=60, seed=i).tokens
+            assert got[i] == expected[i]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert got == expected
