@@ -34,11 +34,10 @@ import hashlib
 import json
 import math
 import os
-import random
 import sys
 import sysconfig
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -306,7 +305,7 @@ def heldout_loss(model, recipe: Recipe, data, device) -> float:
     """Mean next-token loss (nats per token) on fixed held-out batches: evenly spread windows (GPT-2) or the
     first pairs in order (T5)."""
     model.eval()
-    B = getattr(recipe, "target_train").batch_size
+    B = recipe.target_train.batch_size
     losses = []
     for b in range(recipe.eval_batches):
         if recipe.kind == "gpt2":

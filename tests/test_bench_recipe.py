@@ -43,7 +43,7 @@ def test_smoke_recipe_and_benchmark(recipe, tmp_path):
                                                           "alpha", "c", "predicted"]].isna().any().any()
         frames.append(frame)
     # greedy: speculant (plain and speculative) against transformers' own generate on the same pair
-    assert facts is not None and int(frames[0].greedy_mismatches.sum()) == 0
+    assert facts["greedy_mismatches"]["speculant_plain"] == 0 and int(frames[0].greedy_mismatches.sum()) == 0
     expected = assisted.hf_generate(pair, prompts[0], 0.0, 4, seed=0, assisted=False)
     plain = speculant.generate(pair.target, **prompts[0], max_new_tokens=4, temperature=0, eos_token_id=pair.eos)
     spec = speculant.SpeculativeDecoder(pair.target, pair.draft, gamma=2, temperature=0).generate(
