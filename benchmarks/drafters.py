@@ -1,12 +1,13 @@
 """Negligible-cost drafters and adaptive gamma on a trained target (the paper's Table 3 analogue).
 
-For the demo pair's target (byte-level, trained on the standard library; speculant.demo_pair), on held-out
-prompts: alpha (Corollary 3.6), tokens per target call and the measured speedup over plain decoding of the
+For the demo pair's target (byte-level, trained on the standard library; speculant.demo_pair) or, with
+--pair gpt2, the assisted-generation benchmark's GPT-2 pair (4096-token BPE; benchmarks/train_pairs.py, trained
+first if not cached), on held-out prompts: alpha (Corollary 3.6), tokens per target call and the measured speedup over plain decoding of the
 same target, for the neural draft model, unigram and bigram tables fitted on the training bytes, and prompt
 lookup; then, for the draft model, every fixed gamma against the heuristic and alpha policies. Each setting
 is timed over the same prompts and seeds as plain decoding, interleaved with it, median of --repeats.
 
-    python benchmarks/drafters.py [--threads 1] [--tokens 128] [--prompts 8] [--repeats 3]
+    python benchmarks/drafters.py [--pair demo|gpt2] [--threads 1] [--tokens 128] [--prompts 8] [--repeats 3]
 """
 import argparse
 import statistics
@@ -19,7 +20,7 @@ import speculant
 from speculant import analysis, demo_pair, drafters
 
 
-def prompts(count: int, length: int = 48) -> list:
+def demo_prompts(count: int, length: int = 48) -> list:
     """Held-out windows of the demo corpus, starting at line starts."""
     _, heldout, _ = demo_pair.load_corpus()
     data = heldout.tolist()
@@ -40,6 +41,7 @@ def timed(run, prompts_ids, seed):
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pair", choices=["demo", "gpt2"], default="demo")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=8)
@@ -49,17 +51,29 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore", message=r".*TorchScript.*")
     torch.set_num_threads(args.threads)
 
-    target_path, draft_path = demo_pair.default_pair()
+    if args.pair == "demo":
+        target_path, draft_path = demo_pair.default_pair()
+        train, _, _ = demo_pair.load_corpus()
+        ids = demo_prompts(args.prompts)
+        draft_name = "draft model (1L d64)"
+    else:
+        import train_pairs  # benchmarks/train_pairs.py, beside this script
+
+        recipe = train_pairs.GPT2_CPU
+        out = train_pairs.build(recipe)
+        target_path, draft_path = out / "target.pt", out / "draft.pt"
+        train = train_pairs.stream(train_pairs.load_tokenizer(out / "tokenizer.json"),
+                                   train_pairs.load_corpus(recipe)[0])
+        ids = [p["prompt_ids"] for p in train_pairs.heldout_prompts(recipe, out, args.prompts)]
+        draft_name = "draft model (1L d128)"
     target, draft_model = speculant.load(target_path), speculant.load(draft_path)
-    train, _, _ = demo_pair.load_corpus()
     vocab = target.vocab_size
     candidates = {
-        "draft model (1L d64)": draft_model,
+        draft_name: draft_model,
         "bigram": drafters.Bigram.fit(train, vocab),
         "unigram": drafters.Unigram.fit(train, vocab),
         "prompt lookup (n <= 3)": drafters.PromptLookup(vocab, min_ngram=1, max_ngram=3),
     }
-    ids = prompts(args.prompts)
     print(f"# target: {target_path}\n# torch threads: {args.threads}; {len(ids)} held-out prompts x "
           f"{args.tokens} tokens; median of {args.repeats} interleaved repeats\n")
 
