@@ -165,7 +165,7 @@ class TableDrafter final : public Drafter {
   int64_t last_ = 0;
 };
 
-class PromptLookupDrafter final : public Drafter {
+class PromptLookupDrafter final : public HostHistoryDrafter {
  public:
   PromptLookupDrafter(int64_t vocab, int64_t min_ngram, int64_t max_ngram, const at::Device& device)
       : vocab_(vocab), min_ngram_(min_ngram), max_ngram_(max_ngram), device_(device) {
@@ -174,8 +174,6 @@ class PromptLookupDrafter final : public Drafter {
             "prompt lookup needs 1 <= min_ngram <= max_ngram, got min_ngram = {}, max_ngram = {}", min_ngram,
             max_ngram);
   }
-
-  void begin(const at::Tensor&, const std::vector<int64_t>& host_prompt) override { history_ = host_prompt; }
 
   Proposal propose(int64_t gamma, const SamplingConfig&, at::Generator&, bool) override {
     Proposal out;
@@ -187,11 +185,6 @@ class PromptLookupDrafter final : public Drafter {
     return out;
   }
 
-  void advance(int64_t, const at::Tensor&, const std::vector<int64_t>& accepted_host, int64_t t_host) override {
-    history_.insert(history_.end(), accepted_host.begin(), accepted_host.end());
-    history_.push_back(t_host);
-  }
-
   int64_t vocab_size() const override { return vocab_; }
   at::Device device() const override { return device_; }
   std::string name() const override { return "prompt_lookup"; }
@@ -199,13 +192,13 @@ class PromptLookupDrafter final : public Drafter {
  private:
   // The tokens after the latest earlier occurrence of the longest matching suffix n-gram, at most gamma.
   std::vector<int64_t> lookup(int64_t gamma) const {
-    const int64_t length = static_cast<int64_t>(history_.size());
+    const int64_t length = static_cast<int64_t>(history().size());
     for (int64_t n = std::min(max_ngram_, length - 1); n >= min_ngram_; --n) {
-      const int64_t* suffix = history_.data() + length - n;
+      const int64_t* suffix = history().data() + length - n;
       for (int64_t start = length - n - 1; start >= 0; --start) {  // latest occurrence first
-        if (std::equal(suffix, suffix + n, history_.data() + start)) {
+        if (std::equal(suffix, suffix + n, history().data() + start)) {
           const int64_t from = start + n, count = std::min(gamma, length - from);
-          return {history_.begin() + from, history_.begin() + from + count};
+          return {history().begin() + from, history().begin() + from + count};
         }
       }
     }
@@ -214,7 +207,6 @@ class PromptLookupDrafter final : public Drafter {
 
   int64_t vocab_, min_ngram_, max_ngram_;
   at::Device device_;
-  std::vector<int64_t> history_;
 };
 
 }  // namespace

@@ -56,6 +56,23 @@ class Drafter {
   std::mutex in_use_;
 };
 
+// A drafter that keeps the sequence on the host (prompt lookup, Python drafters): history() is the prompt
+// followed by every token emitted so far.
+class HostHistoryDrafter : public Drafter {
+ public:
+  void begin(const at::Tensor&, const std::vector<int64_t>& host_prompt) override { history_ = host_prompt; }
+  void advance(int64_t, const at::Tensor&, const std::vector<int64_t>& accepted_host, int64_t t_host) override {
+    history_.insert(history_.end(), accepted_host.begin(), accepted_host.end());
+    history_.push_back(t_host);
+  }
+
+ protected:
+  const std::vector<int64_t>& history() const { return history_; }
+
+ private:
+  std::vector<int64_t> history_;
+};
+
 // A neural draft model M_q with its own cache, sampled with the same standardization as the target (§2.2).
 std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model);
 

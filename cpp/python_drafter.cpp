@@ -12,7 +12,7 @@ namespace py = pybind11;
 namespace speculant {
 namespace {
 
-class PythonDrafter final : public Drafter {
+class PythonDrafter final : public HostHistoryDrafter {
  public:
   PythonDrafter(py::object propose, int64_t vocab, const at::Device& device)
       : propose_(std::move(propose)), vocab_(vocab), device_(device) {
@@ -23,8 +23,6 @@ class PythonDrafter final : public Drafter {
     propose_ = py::object();
   }
 
-  void begin(const at::Tensor&, const std::vector<int64_t>& host_prompt) override { history_ = host_prompt; }
-
   Proposal propose(int64_t gamma, const SamplingConfig&, at::Generator&, bool) override {
     std::vector<int64_t> tokens;
     at::Tensor q;
@@ -32,13 +30,13 @@ class PythonDrafter final : public Drafter {
       py::gil_scoped_acquire gil;
       py::object result;
       try {
-        result = propose_(py::cast(history_), gamma);
+        result = propose_(py::cast(history()), gamma);
       } catch (py::error_already_set& e) {
         fail("drafter: the Python propose callable raised {}", e.what());
       }
       require(py::isinstance<py::tuple>(result) && py::len(result) == 2,
               "drafter: propose(context, gamma) must return a tuple (tokens, q), got {}",
-              std::string(py::str(result.get_type().attr("__name__"))));
+              std::string(py::str(py::type::of(result).attr("__name__"))));
       py::tuple pair = result.cast<py::tuple>();
       try {
         tokens = pair[0].cast<std::vector<int64_t>>();
@@ -79,11 +77,6 @@ class PythonDrafter final : public Drafter {
     return out;
   }
 
-  void advance(int64_t, const at::Tensor&, const std::vector<int64_t>& accepted_host, int64_t t_host) override {
-    history_.insert(history_.end(), accepted_host.begin(), accepted_host.end());
-    history_.push_back(t_host);
-  }
-
   int64_t vocab_size() const override { return vocab_; }
   at::Device device() const override { return device_; }
   std::string name() const override { return "python"; }
@@ -92,7 +85,6 @@ class PythonDrafter final : public Drafter {
   py::object propose_;
   int64_t vocab_;
   at::Device device_;
-  std::vector<int64_t> history_;
 };
 
 }  // namespace
