@@ -11,6 +11,7 @@ import torch
 import markov
 import speculant
 from speculant import analysis
+from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 
 sweep_module = importlib.import_module("speculant.sweep")  # the module; speculant.sweep is the function
 PROMPTS = [[1, 2], [3], [0, 1, 2]]
@@ -114,3 +115,15 @@ def test_bad_grids_raise_before_running(pair, kwargs, match, monkeypatch):
     monkeypatch.setattr(sweep_module, "generate", None)  # nothing may run
     with pytest.raises(ValueError, match=match):
         speculant.sweep(*pair, PROMPTS, progress=False, **kwargs)
+
+
+def test_sweep_takes_a_drafter_and_measures_its_cost():
+    from speculant import drafters
+
+    torch.manual_seed(0)
+    target = speculant.load(script_cached(TinyGPT(TinyGPTConfig(16, 1, 2, 16, 64))))
+    lookup = drafters.PromptLookup(16, max_ngram=2)
+    frame = speculant.sweep(target, lookup, [[1, 2, 3, 1, 2, 3, 1, 2]], gammas=[2], temperatures=[0.0],
+                            max_new_tokens=12, progress=False)
+    assert (frame.draft_calls == 0).all()
+    assert (frame.c >= 0).all() and frame.c.notna().all() and frame.predicted_speedup.notna().all()

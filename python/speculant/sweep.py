@@ -49,7 +49,7 @@ def _totals(results) -> Dict[str, float]:
                         "draft_seconds", "total_seconds")}
 
 
-def sweep(target: Model, draft: Model, prompts, *, gammas: Grid, temperatures: Grid = (1.0,),
+def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (1.0,),
           lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,), max_new_tokens: int = 64,
           seed: int = 0, progress: bool = True, generate_kwargs: Optional[Mapping[str, Any]] = None):
     """Runs speculative decoding for every combination of the grids and returns a ``pandas.DataFrame``, one row
@@ -70,8 +70,8 @@ def sweep(target: Model, draft: Model, prompts, *, gammas: Grid, temperatures: G
     drafts that were kept; ``tokens_per_target_call`` measured and ``expected_tokens`` from Equation (1) at
     ``acceptance``; totals over the prompts (``new_tokens``, ``target_calls``, ``draft_calls``, ``seconds`` of
     speculative and ``plain_seconds`` of plain decoding, the engine's own timings); ``c`` (Definition 3.7),
-    the draft's mean seconds per call in the speculative runs over the target's mean seconds per call in plain
-    decoding; ``speedup``, plain seconds per token over speculative seconds per token; ``predicted_speedup``,
+    the draft's mean seconds per call in the speculative runs (per drafted token for a drafter that calls no
+    model: speculant.drafters) over the target's mean seconds per call in plain decoding; ``speedup``, plain seconds per token over speculative seconds per token; ``predicted_speedup``,
     Theorem 3.8 at ``acceptance``, gamma and ``c`` (it assumes a verification call costs what a one-token call
     does, which a CPU does not grant).
 
@@ -136,7 +136,11 @@ def _row(results, plain: Dict[str, float], *, gamma: int, temperature: float, to
     nan = math.nan
     alpha = sum(r.stats.alpha * n for r, n in zip(results, positions) if n) / verified if verified else nan
     acceptance = alpha if lenience == 1.0 or not verified else spec["accepted_tokens"] / verified
-    draft_call = spec["draft_seconds"] / spec["draft_calls"] if spec["draft_calls"] else nan
+    # a draft model's time per call; for a drafter without model calls (speculant.drafters tables, prompt
+    # lookup, Python code) its time per drafted token, the cost Theorem 3.8's c stands for
+    drafted = sum(r.stats.drafted_tokens for r in results)
+    per = spec["draft_calls"] or drafted
+    draft_call = spec["draft_seconds"] / per if per else nan
     target_call = plain["target_seconds"] / plain["target_calls"] if plain["target_calls"] else nan
     c = draft_call / target_call if target_call > 0 else nan
     known = not (math.isnan(acceptance) or math.isnan(c))
