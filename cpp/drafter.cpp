@@ -4,6 +4,7 @@
 #include <torch/cuda.h>
 
 #include <array>
+#include <numeric>
 #include <chrono>
 
 #include "errors.h"
@@ -151,10 +152,13 @@ class TableDrafter final : public Drafter {
   // log q(. | previous) [1, V] on the device
   at::Tensor logits_after(int64_t previous) const {
     if (!bigram()) return log_unigram_;
-    const int64_t begin = row_ptr_[previous].item<int64_t>(), end = row_ptr_[previous + 1].item<int64_t>();
+    // host tensors: read through pointers, not with per-element tensor ops
+    const int64_t* row_ptr = row_ptr_.data_ptr<int64_t>();
+    const int64_t begin = row_ptr[previous], end = row_ptr[previous + 1];
     if (begin == end) return log_unigram_;  // never seen followed by anything: the unigram
     at::Tensor counts = counts_.narrow(0, begin, end - begin);
-    const double distinct = static_cast<double>(end - begin), total = counts.sum().item<double>();
+    const double* c = counts_.data_ptr<double>();
+    const double distinct = static_cast<double>(end - begin), total = std::accumulate(c + begin, c + end, 0.0);
     at::Tensor row = unigram_ * distinct;  // [V] Witten-Bell: T(a) u(b) + c(a, b), over c(a) + T(a)
     row.index_add_(0, followers_.narrow(0, begin, end - begin), counts);
     return (row / (total + distinct)).log().to(at::kFloat).to(device_).view({1, -1});
