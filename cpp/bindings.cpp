@@ -9,6 +9,7 @@
 #include "errors.h"
 #include "model.h"
 #include "python_drafter.h"
+#include "python_model.h"
 #include "sampling.h"
 #include "speculative.h"
 
@@ -64,6 +65,8 @@ PYBIND11_MODULE(_core, m) {
           return load_script_bytes(bytes, source, parse_device(device));
         },
         py::arg("data"), py::arg("source"), py::arg("device") = py::none());
+
+  m.def("python_model", &python_model, py::arg("impl"), py::arg("source"));
 
   m.def("standardize",
         [](const at::Tensor& logits, double temperature, int64_t top_k, double top_p) {

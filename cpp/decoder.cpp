@@ -1,5 +1,6 @@
 #include "decoder.h"
 
+#include <c10/core/InferenceMode.h>
 #include <torch/cuda.h>
 
 #include <chrono>
@@ -86,7 +87,11 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
   require(draft_->model() != target_.get(), "draft and target must be different model handles (each owns its "
                                             "cache); load the file twice to draft with the target itself");
   require(draft_->vocab_size() == target_->vocab_size(),
-          "target and draft vocabularies differ: target vocab_size = {}, draft vocab_size = {}",
+          "target and draft vocabularies differ: target vocab_size = {}, draft vocab_size = {}. Both models' "
+          "logits must index one vocabulary, the same token ids. Models that share a tokenizer often pad their "
+          "LM heads differently beyond it (to a multiple of 64 or 128): load the smaller one with "
+          "speculant.load(model, vocab_size=<the larger size>), which gives its padded ids -inf logits "
+          "(probability 0), so the output law stays exactly the target's",
           target_->vocab_size(), draft_->vocab_size());
   require(draft_->model() == nullptr || draft_->encoder_decoder() == target_->encoder_decoder(),
           "target and draft must both be encoder-decoder models or both decoder-only: the target is {}, the "
@@ -118,6 +123,10 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
     check_source_length(target_->max_source_length(), "target", static_cast<int64_t>(source->size()));
     if (draft_) check_source_length(draft_->max_source_length(), "draft", static_cast<int64_t>(source->size()));
   }
+
+  // No model call records an autograd graph, whatever its parameters' requires_grad (Python callbacks of
+  // live models run on this thread and see the same mode).
+  c10::InferenceMode inference_mode;
 
   // One generation at a time per model and drafter: each owns mutable state.
   std::unique_lock<std::mutex> target_lock(target_->in_use(), std::defer_lock);

@@ -4,7 +4,25 @@ Notation follows the paper: p is the target model M_p, q the draft (approximatio
 length, alpha the acceptance rate, l the lenience and c the cost coefficient.
 """
 
-import torch  # noqa: F401  (loads libtorch before the extension that links against it)
+import torch  # loads libtorch before the extension that links against it
+
+
+def check_torch(built: str, installed: str) -> None:
+    """Raises ImportError unless the installed torch is the one the C++ extension was compiled against (its
+    C++ ABI changes between releases: another torch would fail with an undefined symbol)."""
+    if built != installed:
+        raise ImportError(
+            f"speculant's C++ extension was built against torch {built}, but torch {installed} is installed. "
+            "Rebuild it against this torch, from the source tree: pip install --no-build-isolation "
+            "--force-reinstall --no-deps <path to speculant> (or bash scripts/run.sh demo)")
+
+
+try:
+    from ._build import TORCH_VERSION as _BUILT_TORCH
+except ImportError:  # a source tree that was never built
+    raise ImportError("speculant's C++ extension is not built: pip install --no-build-isolation <path to "
+                      "speculant> (or bash scripts/run.sh demo)") from None
+check_torch(_BUILT_TORCH, torch.__version__)
 
 from . import analysis, drafters, sampling
 from . import testing

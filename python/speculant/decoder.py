@@ -4,6 +4,7 @@ C++ engine with the GIL released."""
 from __future__ import annotations
 
 import numbers
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Union
 
@@ -11,7 +12,7 @@ import torch
 
 from . import _core
 from .drafters import Drafter
-from .model import Model
+from .model import Model, load
 from .trace import Trace
 
 PromptIds = Union[Sequence[int], torch.Tensor]
@@ -61,18 +62,22 @@ def _ids(value: PromptIds, name: str) -> List[int]:
 
 
 def _model(value, name: str) -> Model:
-    if not isinstance(value, Model):
-        raise ValueError(f"{name} must be a speculant.Model (from speculant.load), got {type(value).__name__}")
-    return value
+    """A speculant.Model, or anything speculant.load takes (a transformers model, a path, a ScriptModule)."""
+    if isinstance(value, Model):
+        return value
+    try:
+        return load(value)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
 
 
 def _drafter(value) -> _core.Drafter:
-    if isinstance(value, Model):
-        return _core.model_drafter(value._core)
     if isinstance(value, Drafter):
         return value._core
-    raise ValueError("draft must be a speculant.Model (from speculant.load) or a drafter from "
-                     f"speculant.drafters, got {type(value).__name__}")
+    if isinstance(value, (Model, str, os.PathLike, torch.nn.Module)):
+        return _core.model_drafter(_model(value, "draft")._core)
+    raise ValueError("draft must be a model (a speculant.Model, a transformers model, a model path) or a drafter "
+                     f"from speculant.drafters, got {type(value).__name__}")
 
 
 GAMMA_POLICIES = ("fixed", "heuristic", "alpha")
@@ -117,9 +122,9 @@ class SpeculativeDecoder:
     def __init__(self, target: Model, draft: Union[Model, Drafter], *, gamma: int, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, lenience: float = 1.0):
         self.target = _model(target, "target")
-        self.draft = draft
+        self.draft = draft if isinstance(draft, (Drafter, Model)) else _model(draft, "draft")
         self._gamma = _integer(gamma, "gamma", 1)
-        self._core = _core.Decoder(self.target._core, _drafter(draft), self._gamma,
+        self._core = _core.Decoder(self.target._core, _drafter(self.draft), self._gamma,
                                    _real(temperature, "temperature"), _integer(top_k, "top_k", 0),
                                    _real(top_p, "top_p"), _real(lenience, "lenience"))
 

@@ -1,4 +1,5 @@
-"""Model handles: TorchScript files or in-memory ScriptModules checked against the engine's contract.
+"""Model handles: TorchScript files, in-memory ScriptModules and live transformers models (live.py), each checked
+against the engine's contract when loaded.
 
 The contract (also in cpp/model.h), in one of two forms:
 
@@ -19,19 +20,21 @@ from __future__ import annotations
 import io
 import json
 import os
+import zipfile
 from typing import List, Optional, Union
 
 import torch
 
-from . import _core
+from . import _core, live
 
 
 class Model:
     """A loaded model. Each handle owns its cache: use one handle per role (target, draft)."""
 
-    def __init__(self, core: _core.Model, source: str):
+    def __init__(self, core: _core.Model, source: str, module=None):
         self._core = core
         self.source = source
+        self.module = module  # the transformers model behind a live handle, else None
         raw = core.metadata
         try:
             self.metadata = json.loads(raw) if raw else {}
@@ -75,7 +78,7 @@ class Model:
 
     @property
     def form(self) -> str:
-        """'cached' or 'plain' (see the module docstring)."""
+        """'cached', 'plain' or 'live' (a transformers model object; see the module docstring)."""
         return self._core.form
 
     def __repr__(self) -> str:
@@ -83,27 +86,155 @@ class Model:
                 f"device={str(self.device)!r})")
 
 
-def load(path_or_module: Union[str, os.PathLike, torch.jit.ScriptModule],
-         device: Optional[Union[str, torch.device]] = None) -> Model:
-    """Loads a TorchScript model file, or takes an in-memory ``torch.jit.ScriptModule``, moves it to
-    ``device`` if given, and checks it against the contract with a one-token probe.
+EXPORT_HINT = ("export the model first (speculant.export(model_or_dir, 'model.pt')), or load the transformers "
+               "model itself: speculant.load(model) or speculant.load('save_pretrained_dir')")
 
-    Raises FileNotFoundError for a missing file and ValueError, saying what is wrong, for a file or module
-    that does not follow the contract.
-    """
-    device_str = None if device is None else str(torch.device(device))
-    if isinstance(path_or_module, torch.jit.ScriptModule):
-        buffer = io.BytesIO()
-        torch.jit.save(path_or_module, buffer)
-        source = f"<{type(path_or_module).__name__} in memory>"
-        return Model(_core.load_bytes(buffer.getvalue(), source, device_str), source)
-    if isinstance(path_or_module, torch.nn.Module):
-        raise ValueError("path_or_module must be a file path or a torch.jit.ScriptModule; script or trace "
-                         f"the {type(path_or_module).__name__} first (torch.jit.script(module))")
-    if not isinstance(path_or_module, (str, os.PathLike)):
-        raise ValueError("path_or_module must be a file path or a torch.jit.ScriptModule, got "
-                         f"{type(path_or_module).__name__}")
-    path = os.fspath(path_or_module)
+
+def _device(device) -> Optional[torch.device]:
+    if device is None:
+        return None
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}: no CUDA device is available here "
+                         "(torch.cuda.is_available() is False)")
+    return device
+
+
+def _dtype(dtype) -> Optional[torch.dtype]:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch.dtype or its name ('float32', 'bfloat16', "
+                         f"'float16'), got {dtype!r}")
+    return value
+
+
+def _live(module, device, dtype, vocab_size, source: str) -> Model:
+    if device is not None or dtype is not None:
+        module.to(device=device, dtype=dtype)  # in place, as nn.Module.to does
+    impl = live.LiveModel(module, vocab_size=vocab_size, name=source)
+    return Model(_core.python_model(impl, source), source, module=module)
+
+
+def _pretrained(directory: str, device, dtype, vocab_size) -> Model:
+    transformers = live._transformers()
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
+    try:
+        module = auto.from_pretrained(directory, local_files_only=True, dtype=dtype)
+    except ValueError as error:  # transformers: "Unrecognized configuration class ..."
+        raise ValueError(f"model: {directory} holds a {config.model_type!r} model that has no causal or "
+                         f"sequence-to-sequence LM class in transformers: {error}") from None
+    return _live(module.eval(), device, None, vocab_size, directory)
+
+
+def _file_kind(path: str) -> str:
+    """'torchscript', 'pt2', 'state_dict', 'safetensors' or 'unknown', from the file's contents."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if len(head) >= 9 and head[8:9] == b"{" and not head.startswith(b"PK"):
+        return "safetensors"  # an 8-byte little-endian header length, then the JSON header
+    if not zipfile.is_zipfile(path):
+        return "unknown"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except zipfile.BadZipFile:
+        return "unknown"
+    if any("/aotinductor/" in n or n.endswith("/archive_format") for n in names):
+        return "pt2"
+    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+        return "torchscript"
+    if any(n.endswith("/data.pkl") for n in names):
+        return "state_dict"
+    return "unknown"
+
+
+def _path(path: str, device, dtype, vocab_size) -> Model:
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return _pretrained(path, device, dtype, vocab_size)
+        files = sorted(f for f in os.listdir(path) if f.endswith((".pt", ".pt2")))
+        if files:
+            raise ValueError(f"model: {path} is a directory; pass one of its model files: {', '.join(files)}")
+        raise ValueError(f"model: {path} is a directory without a config.json (not a save_pretrained "
+                         "directory) and holds no .pt or .pt2 file")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"model file not found: {path}")
-    return Model(_core.load_file(path, device_str), path)
+        raise FileNotFoundError(f"model: no such file or directory: {path}")
+    kind = _file_kind(path)
+    if kind == "safetensors":
+        raise ValueError(f"model: {path} is a safetensors file, weights without the model's code: "
+                         f"{EXPORT_HINT}")
+    if kind == "state_dict":
+        raise ValueError(f"model: {path} was written by torch.save (a state dict or pickled object), not a "
+                         f"model speculant can run: {EXPORT_HINT}")
+    if kind == "pt2":
+        raise ValueError(f"model: {path} is a torch.export / AOTInductor package; this build reads TorchScript "
+                         "files (.pt) and transformers models")
+    if kind == "unknown":
+        raise ValueError(f"model: {path} is neither a TorchScript file nor a save_pretrained directory: "
+                         f"{EXPORT_HINT}")
+    if dtype is not None:
+        extra = {"speculant.json": ""}
+        module = torch.jit.load(path, map_location=device or "cpu", _extra_files=extra)
+        return _script(module.to(dtype), path, extra=extra)
+    return Model(_core.load_file(path, None if device is None else str(device)), path)
+
+
+def _script(module: torch.jit.ScriptModule, source: str, device=None, extra=None) -> Model:
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer, _extra_files=extra or {})
+    return Model(_core.load_bytes(buffer.getvalue(), source, None if device is None else str(device)), source)
+
+
+ModelLike = Union[str, os.PathLike, torch.jit.ScriptModule, torch.nn.Module, Model]
+
+
+def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dtype=None, *,
+         vocab_size: Optional[int] = None) -> Model:
+    """A model the engine runs, from any of:
+
+    * a transformers model object: any ``*ForCausalLM`` or encoder-decoder ``*ForConditionalGeneration``, in
+      eval mode, in its own dtype and on its own device (``device`` / ``dtype`` move it, in place, as
+      ``Module.to`` does). The engine calls its forward with a cache it owns and crops to roll back.
+    * a local ``save_pretrained`` directory (loaded with transformers, no downloads), likewise;
+    * a TorchScript file (``speculant.export`` writes them) or an in-memory ``torch.jit.ScriptModule``;
+    * a ``speculant.Model``, returned as it is.
+
+    ``vocab_size`` (live models): pads the logits with -inf up to that size, for a target and draft whose LM
+    heads are padded differently beyond one tokenizer (the padded ids get probability 0: exact).
+
+    Raises FileNotFoundError for a missing path, ValueError saying what is wrong (and what to do) for
+    anything that does not follow the contract: a safetensors file or a torch.save state dict (export the
+    model), a directory of model files, a model in training mode, a recurrent model whose state cannot be
+    rolled back, a device that is not available.
+    """
+    device = _device(device)
+    dtype = _dtype(dtype)
+    if isinstance(model, Model):
+        if device is not None or dtype is not None or vocab_size is not None:
+            raise ValueError("model is already a speculant.Model: pass device / dtype / vocab_size when loading it")
+        return model
+    if vocab_size is not None and not (live.is_transformers_model(model) or isinstance(model, (str, os.PathLike))):
+        raise ValueError("vocab_size= is for transformers models (live), whose logits speculant pads")
+    if live.is_transformers_model(model):
+        return _live(model, device, dtype, vocab_size, type(model).__name__)
+    if isinstance(model, torch.jit.ScriptModule):
+        if dtype is not None:
+            model = model.to(dtype)
+        return _script(model, f"<{type(model).__name__} in memory>", device)
+    if isinstance(model, torch.nn.Module):
+        raise ValueError(f"model: a plain {type(model).__name__} (torch.nn.Module) does not follow the engine's "
+                         "contract; pass a transformers model, or a torch.jit.ScriptModule with the cached or "
+                         f"plain form (README, 'Model contract'), or {EXPORT_HINT}")
+    if not isinstance(model, (str, os.PathLike)):
+        raise ValueError("model must be a path, a transformers model, a torch.jit.ScriptModule or a "
+                         f"speculant.Model, got {type(model).__name__}")
+    path = os.fspath(model)
+    if vocab_size is not None and not os.path.isdir(path):
+        raise ValueError("vocab_size= is for transformers models (live), whose logits speculant pads")
+    return _path(path, device, dtype, vocab_size)

@@ -1,0 +1,80 @@
+#include "python_model.h"
+
+#include <torch/extension.h>
+
+#include "errors.h"
+
+namespace py = pybind11;
+
+namespace speculant {
+namespace {
+
+std::optional<int64_t> optional_int(const py::object& value) {
+  if (value.is_none()) return std::nullopt;
+  return value.cast<int64_t>();
+}
+
+class PythonModel final : public Model {
+ public:
+  PythonModel(py::object impl, std::string source) : impl_(std::move(impl)), source_(std::move(source)) {
+    vocab_size_ = impl_.attr("vocab_size").cast<int64_t>();
+    require(vocab_size_ > 0, "model {}: vocab_size must be positive, got {}", source_, vocab_size_);
+    max_length_ = optional_int(impl_.attr("max_length"));
+    max_source_length_ = optional_int(impl_.attr("max_source_length"));
+    encoder_decoder_ = impl_.attr("encoder_decoder").cast<bool>();
+    device_ = at::Device(impl_.attr("device").cast<std::string>());
+    metadata_ = impl_.attr("metadata").cast<std::string>();
+  }
+  ~PythonModel() override {
+    py::gil_scoped_acquire gil;
+    impl_ = py::object();
+  }
+
+  void encode(const at::Tensor& source) override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("encode")(source);
+    length_ = 0;
+  }
+  void reset(const at::Tensor& tokens) override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("reset")(tokens);
+    length_ = tokens.numel();
+  }
+  at::Tensor extend(const at::Tensor& tokens) override {
+    const int64_t k = tokens.numel();
+    at::Tensor logits;
+    {
+      py::gil_scoped_acquire gil;
+      py::object out = impl_.attr("extend")(tokens);
+      require(THPVariable_Check(out.ptr()), "model {}: extend() must return a Tensor of logits", source_);
+      logits = THPVariable_Unpack(out.ptr());
+    }
+    require(logits.dim() == 2 && logits.size(0) == k && logits.size(1) == vocab_size_,
+            "model {}: extend() on {} token(s) must return logits [{}, {}], got [{}]", source_, k, k,
+            vocab_size_, fmt::join(logits.sizes(), ", "));
+    require(at::isFloatingType(logits.scalar_type()), "model {}: extend() must return floating-point logits",
+            source_);
+    length_ += k;
+    return logits;  // [k, V]
+  }
+  void truncate(int64_t length) override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("truncate")(length);
+    length_ = length;
+  }
+  int64_t length() const override { return length_; }
+  std::string form() const override { return "live"; }
+
+ private:
+  py::object impl_;
+  std::string source_;
+  int64_t length_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> python_model(py::object impl, const std::string& source) {
+  return std::make_shared<PythonModel>(std::move(impl), source);
+}
+
+}  // namespace speculant

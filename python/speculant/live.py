@@ -1,0 +1,250 @@
+"""Live transformers models behind the engine's Model interface (cpp/python_model.h).
+
+``speculant.load(model)`` wraps a transformers ``*ForCausalLM`` or encoder-decoder
+``*ForConditionalGeneration`` object as it is (its dtype, its device). The Algorithm 1 loop stays in C++; each
+model call re-enters Python here and runs the model's own forward with a cache this wrapper owns:
+
+* decoder-only: a ``DynamicCache()`` built without the config, so that every layer keeps every position.
+  Sliding-window layers then never evict: their window is applied by the attention mask, which transformers
+  computes from absolute positions, so the logits are the model's own and a rollback (``crop``) is exact.
+* encoder-decoder: an ``EncoderDecoderCache`` of two such caches; the encoder runs once per source
+  (``encode``), and rollback crops the self-attention cache only.
+
+Rollback is ``cache.crop(-removed)``. A model whose state cannot be cut back to an earlier position (recurrent
+or state-space layers: Mamba, RWKV, Jamba, ...) is refused at load with the reason, never recomputed. At load a
+probe also checks that a crop followed by new tokens gives the logits of an uncached forward over the same
+sequence, so a model whose cache does not roll back exactly fails there, not in the middle of a generation.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+# Tolerance of the load-time rollback probe, relative to the logits' scale: cached and uncached attention
+# differ by rounding only (about 1e-6 in float32; bf16 / fp16 keep 8 / 11 bits of mantissa).
+PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.bfloat16: 5e-2, torch.float16: 1e-2}
+
+
+def is_transformers_model(value) -> bool:
+    """Whether `value` is a transformers PreTrainedModel (without importing transformers when it is absent)."""
+    for cls in type(value).__mro__:
+        if cls.__name__ == "PreTrainedModel" and cls.__module__.startswith("transformers"):
+            return True
+    return False
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("live transformers models need transformers: pip install 'speculant[export]'") from None
+    return transformers
+
+
+def max_positions(config) -> Optional[int]:
+    """The positions a model has (learned absolute positions or the trained context), or None."""
+    for field in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(config, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def describe(model, *, max_length: Optional[int], max_source_length: Optional[int],
+             decoder_start_token_id: Optional[int]) -> dict:
+    """The metadata speculant keeps about a transformers model (what speculant.export writes as
+    speculant.json, and what Model.metadata returns for a live model)."""
+    config = model.config
+    generation = getattr(model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None) if generation is not None else None
+    if eos is None:
+        eos = getattr(config, "eos_token_id", None)
+
+    def ids(value):
+        return list(value) if isinstance(value, (list, tuple)) else value
+
+    return {
+        "architecture": type(model).__name__,
+        "model_type": config.model_type,
+        "vocab_size": config.vocab_size,
+        "max_length": max_length,
+        "max_source_length": max_source_length,
+        "encoder_decoder": bool(config.is_encoder_decoder),
+        "eos_token_id": ids(eos),
+        "pad_token_id": ids(getattr(config, "pad_token_id", None)),
+        "bos_token_id": ids(getattr(config, "bos_token_id", None)),
+        "decoder_start_token_id": decoder_start_token_id,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "transformers_version": _transformers().__version__,
+    }
+
+
+def decoder_start(model) -> Optional[int]:
+    """An encoder-decoder model's first decoder token (transformers 5 may keep it in generation_config only)."""
+    for holder in (getattr(model, "generation_config", None), model.config):
+        value = getattr(holder, "decoder_start_token_id", None)
+        if value is not None:
+            return int(value)
+    return None
+
+
+class LiveModel:
+    """The object cpp/python_model.cpp calls: a transformers model and the cache this wrapper owns."""
+
+    def __init__(self, model, *, vocab_size: Optional[int] = None, name: str = ""):
+        transformers = _transformers()
+        self.name = name or type(model).__name__
+        config = model.config
+        self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+        cls = type(model).__name__
+        if self.encoder_decoder:
+            if not (hasattr(model, "get_encoder") and model.get_output_embeddings() is not None):
+                raise ValueError(f"model: {cls} is an encoder-decoder without an LM head; pass its "
+                                 "*ForConditionalGeneration class")
+        elif model.get_output_embeddings() is None:
+            raise ValueError(f"model: {cls} has no LM head (no next-token logits); pass a *ForCausalLM model")
+        if model.training:
+            raise ValueError(f"model: {cls} is in training mode (dropout would make every call random); call "
+                             "model.eval() first")
+        if getattr(model, "_is_stateful", False):
+            raise ValueError(f"model: {cls} keeps recurrent or state-space state (transformers marks it "
+                             "stateful), which cannot be rolled back to an earlier position after a rejected "
+                             "draft; speculant refuses it rather than recompute the sequence")
+        self.model = model
+        self.device = str(model.device)
+        self._params = inspect.signature(model.forward).parameters
+        self._cache_class = transformers.DynamicCache
+        self._pair_class = transformers.EncoderDecoderCache
+        # T5's positions are relative buckets: no limit; learned or rotary positions: the trained context
+        relative = getattr(config, "relative_attention_num_buckets", None) is not None
+        self.max_length = None if relative else max_positions(config)
+        self.max_source_length = self.max_length if self.encoder_decoder else None
+        self._cache = None
+        self._length = 0
+        self._encoder_outputs = None
+        self._source_mask = None
+        self._positions = torch.arange(0, device=model.device)  # grown on demand: [0, 1, ...]
+        self._ones = torch.ones(1, 0, dtype=torch.long, device=model.device)
+        self.pad_to = None
+        own = self._probe()
+        if vocab_size is not None:
+            if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < own:
+                raise ValueError(f"vocab_size must be an int >= the model's own vocabulary ({own}), got "
+                                 f"{vocab_size!r}: padding adds ids with -inf logits, it never removes any")
+            self.pad_to = vocab_size
+        self.vocab_size = vocab_size or own
+        start = decoder_start(model) if self.encoder_decoder else None
+        self.metadata = json.dumps(describe(model, max_length=self.max_length, max_source_length=
+                                            self.max_source_length, decoder_start_token_id=start))
+
+    # -- the Model contract ------------------------------------------------------------------------------------
+    def encode(self, source: torch.Tensor) -> None:
+        """source: int64 [S]. Runs the encoder once and starts an empty decoder cache."""
+        ids = source.view(1, -1)  # [1, S]
+        self._source_mask = torch.ones_like(ids)
+        with torch.inference_mode():
+            self._encoder_outputs = self.model.get_encoder()(input_ids=ids, attention_mask=self._source_mask)
+        self._cache = self._new_cache()
+        self._length = 0
+
+    def reset(self, tokens: torch.Tensor) -> None:
+        """tokens: int64 [T >= 0]. A new cache holding them."""
+        self._cache = self._new_cache()
+        self._length = 0
+        if tokens.numel() > 0:
+            self._run(tokens, logits=False)
+
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: int64 [k >= 1] -> logits [k, V] for them."""
+        return self._run(tokens, logits=True)
+
+    def truncate(self, length: int) -> None:
+        if length < self._length:
+            self._cache.crop(length - self._length)  # transformers 5: a negative count removes that many
+        self._length = length
+
+    # -- internals ---------------------------------------------------------------------------------------------
+    def _new_cache(self):
+        if self.encoder_decoder:
+            return self._pair_class(self._cache_class(), self._cache_class())
+        return self._cache_class()
+
+    def _grow(self, needed: int) -> None:
+        size = max(needed, 2 * self._positions.numel(), 64)
+        self._positions = torch.arange(size, device=self._positions.device)  # [size]
+        self._ones = torch.ones(1, size, dtype=torch.long, device=self._ones.device)  # [1, size]
+
+    def _run(self, tokens: torch.Tensor, logits: bool) -> Optional[torch.Tensor]:
+        k, start = tokens.numel(), self._length
+        if start + k > self._positions.numel():
+            self._grow(start + k)
+        ids = tokens.view(1, k)  # [1, k]
+        positions = self._positions[start:start + k]  # [k]
+        kwargs = {"past_key_values": self._cache, "use_cache": True}
+        if self.encoder_decoder:
+            kwargs.update(decoder_input_ids=ids, encoder_outputs=self._encoder_outputs,
+                          attention_mask=self._source_mask)
+        else:
+            kwargs.update(input_ids=ids, attention_mask=self._ones[:, :start + k])
+            if "position_ids" in self._params:
+                kwargs["position_ids"] = positions.view(1, k)
+        if "cache_position" in self._params:
+            kwargs["cache_position"] = positions
+        if not logits and "logits_to_keep" in self._params:
+            kwargs["logits_to_keep"] = 1
+        with torch.inference_mode():
+            out = self.model(**kwargs)
+        self._length = start + k
+        if not logits:
+            return None
+        result = out.logits[0]  # [k, V]
+        if self.pad_to is not None and self.pad_to > result.size(-1):
+            result = F.pad(result, (0, self.pad_to - result.size(-1)), value=float("-inf"))
+        return result
+
+    def _uncached(self, tokens: list[int]) -> torch.Tensor:
+        """The last position's logits [V] of a forward over `tokens` with no cache (the probe's reference)."""
+        ids = torch.tensor([tokens], device=self.model.device)
+        with torch.inference_mode():
+            if self.encoder_decoder:
+                out = self.model(encoder_outputs=self._encoder_outputs, attention_mask=self._source_mask,
+                                 decoder_input_ids=ids, use_cache=False)
+            else:
+                out = self.model(input_ids=ids, use_cache=False)
+        return out.logits[0, -1]
+
+    def _probe(self) -> int:
+        """Runs 3 tokens, rolls back to 1 and runs 2 others; checks the result against an uncached forward.
+        Returns the model's vocabulary size (its logits' last dimension)."""
+        device = self.model.device
+        a, b, c, d, e = (i % self.model.config.vocab_size for i in (1, 2, 3, 4, 5))
+        if self.encoder_decoder:
+            self.encode(torch.tensor([a, b, c], device=device))
+        try:
+            self.reset(torch.tensor([], dtype=torch.long, device=device))
+            first = self._run(torch.tensor([a, b, c], device=device), logits=True)  # [3, V]
+            self.truncate(1)
+            second = self._run(torch.tensor([d, e], device=device), logits=True)  # [2, V]
+        except Exception as error:
+            raise ValueError(f"model {self.name}: a cached call failed ({type(error).__name__}: {error}); "
+                             "speculant runs transformers models with a DynamicCache it crops to roll back, "
+                             "and this model does not support that") from error
+        if first.dim() != 2 or second.shape != (2, first.size(-1)):
+            raise ValueError(f"model {self.name}: expected logits [k, V] from its forward, got "
+                             f"{list(first.shape)} and {list(second.shape)}")
+        if self._cache.get_seq_length() != 3:
+            raise ValueError(f"model {self.name}: its cache holds {self._cache.get_seq_length()} positions after "
+                             "a crop to 1 and 2 new tokens, not 3: it cannot be rolled back")
+        reference = self._uncached([a, d, e]).float()
+        scale = max(1.0, reference.abs().max().item())
+        error = (second[-1].float() - reference).abs().max().item() / scale
+        tolerance = PROBE_TOLERANCE.get(second.dtype, 1e-2)
+        if not error <= tolerance:
+            raise ValueError(f"model {self.name}: its cache does not roll back exactly: after a crop, logits "
+                             f"differ from an uncached forward by {error:.3g} (relative; allowed {tolerance:g})")
+        self.reset(torch.tensor([], dtype=torch.long, device=device))
+        return first.size(-1)
