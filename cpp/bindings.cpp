@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "aoti_model.h"
 #include "decoder.h"
 #include "drafter.h"
 #include "errors.h"
@@ -66,6 +67,11 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("data"), py::arg("source"), py::arg("device") = py::none());
 
+  m.def("load_pt2",
+        [](const std::string& path, const std::optional<std::string>& device) {
+          return load_pt2_file(path, parse_device(device));
+        },
+        py::arg("path"), py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("python_model", &python_model, py::arg("impl"), py::arg("source"));
 
   m.def("standardize",

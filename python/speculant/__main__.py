@@ -10,19 +10,24 @@ USAGE = """usage: speculant demo [options]            run the demo (speculant de
 
 def export_main(argv) -> int:
     parser = argparse.ArgumentParser(prog="speculant export",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                      description="Export a transformers model (a local save_pretrained "
-                                                 "directory: GPT-2, Llama or T5) to a TorchScript file that "
-                                                 "speculant.load reads.")
-    parser.add_argument("model_dir")
-    parser.add_argument("out")
+                                                 "directory) to a file that speculant.load reads: TorchScript "
+                                                 "(GPT-2, Llama, T5) or a torch.export / AOTInductor package "
+                                                 "(.pt2: decoder-only models with a static KV cache).")
+    parser.add_argument("model_dir", help="a save_pretrained directory (config.json and weights)")
+    parser.add_argument("out", help="the file to write (.pt2 selects the pt2 format)")
+    parser.add_argument("--format", choices=["torchscript", "pt2"], default=None,
+                        help="the file format (default: from OUT's suffix)")
     parser.add_argument("--max-length", type=int, default=None,
                         help="decoder positions the KV cache holds (default: per architecture)")
-    parser.add_argument("--max-source-length", type=int, default=None, help="T5: the longest encoder input")
+    parser.add_argument("--max-source-length", type=int, default=None,
+                        help="T5: the longest encoder input (default: 512)")
     args = parser.parse_args(argv)
     from .export import export
 
     try:
-        meta = export(args.model_dir, args.out, max_length=args.max_length,
+        meta = export(args.model_dir, args.out, format=args.format, max_length=args.max_length,
                       max_source_length=args.max_source_length)
     except (ValueError, OSError, ImportError) as error:  # OSError: unreadable or missing weight files
         print(f"speculant export: {error}", file=sys.stderr)

@@ -71,13 +71,18 @@ def _model(value, name: str) -> Model:
         raise ValueError(f"{name}: {error}") from None
 
 
-def _drafter(value) -> _core.Drafter:
-    if isinstance(value, Drafter):
-        return value._core
-    if isinstance(value, (Model, str, os.PathLike, torch.nn.Module)):
-        return _core.model_drafter(_model(value, "draft")._core)
+def _draft(value) -> Union[Model, Drafter]:
+    """A drafter, or a speculant.Model from anything speculant.load takes."""
+    if isinstance(value, (Drafter, Model)):
+        return value
+    if isinstance(value, (str, os.PathLike, torch.nn.Module)):
+        return _model(value, "draft")
     raise ValueError("draft must be a model (a speculant.Model, a transformers model, a model path) or a drafter "
                      f"from speculant.drafters, got {type(value).__name__}")
+
+
+def _drafter(value: Union[Model, Drafter]) -> _core.Drafter:
+    return value._core if isinstance(value, Drafter) else _core.model_drafter(value._core)
 
 
 GAMMA_POLICIES = ("fixed", "heuristic", "alpha")
@@ -122,7 +127,7 @@ class SpeculativeDecoder:
     def __init__(self, target: Model, draft: Union[Model, Drafter], *, gamma: int, temperature: float = 1.0,
                  top_k: int = 0, top_p: float = 1.0, lenience: float = 1.0):
         self.target = _model(target, "target")
-        self.draft = draft if isinstance(draft, (Drafter, Model)) else _model(draft, "draft")
+        self.draft = _draft(draft)
         self._gamma = _integer(gamma, "gamma", 1)
         self._core = _core.Decoder(self.target._core, _drafter(self.draft), self._gamma,
                                    _real(temperature, "temperature"), _integer(top_k, "top_k", 0),

@@ -45,6 +45,19 @@ def _transformers():
     return transformers
 
 
+def pretrained(directory: str, dtype: Optional[torch.dtype]):
+    """The causal or sequence-to-sequence LM in a local save_pretrained directory (no downloads), in eval mode."""
+    transformers = _transformers()
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
+    try:
+        model = auto.from_pretrained(directory, local_files_only=True, dtype=dtype)
+    except ValueError as error:  # transformers: "Unrecognized configuration class ..."
+        raise ValueError(f"model: {directory} holds a {config.model_type!r} model that has no causal or "
+                         f"sequence-to-sequence LM class in transformers: {error}") from None
+    return model.eval()
+
+
 def max_positions(config) -> Optional[int]:
     """The positions a model has (learned absolute positions or the trained context), or None."""
     for field in ("n_positions", "max_position_embeddings", "n_ctx"):
@@ -130,7 +143,7 @@ class LiveModel:
         self._positions = torch.arange(0, device=model.device)  # grown on demand: [0, 1, ...]
         self._ones = torch.ones(1, 0, dtype=torch.long, device=model.device)
         self.pad_to = None
-        own = self._probe()
+        own = self._own_vocab = self._probe()
         if vocab_size is not None:
             if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < own:
                 raise ValueError(f"vocab_size must be an int >= the model's own vocabulary ({own}), got "
@@ -180,6 +193,11 @@ class LiveModel:
 
     def _run(self, tokens: torch.Tensor, logits: bool) -> Optional[torch.Tensor]:
         k, start = tokens.numel(), self._length
+        if self.pad_to is not None:
+            # ids past the model's own vocabulary (its padding) reach it only as another model's tokens; any
+            # valid id may stand in: as a target, such a draft has p = 0 and is rejected, so no kept logit
+            # depends on it; as a draft, its input only shapes q, which it reports as it is
+            tokens = tokens.clamp(max=self._own_vocab - 1)
         if start + k > self._positions.numel():
             self._grow(start + k)
         ids = tokens.view(1, k)  # [1, k]
@@ -192,8 +210,6 @@ class LiveModel:
             kwargs.update(input_ids=ids, attention_mask=self._ones[:, :start + k])
             if "position_ids" in self._params:
                 kwargs["position_ids"] = positions.view(1, k)
-        if "cache_position" in self._params:
-            kwargs["cache_position"] = positions
         if not logits and "logits_to_keep" in self._params:
             kwargs["logits_to_keep"] = 1
         with torch.inference_mode():

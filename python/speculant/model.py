@@ -121,15 +121,7 @@ def _live(module, device, dtype, vocab_size, source: str) -> Model:
 
 
 def _pretrained(directory: str, device, dtype, vocab_size) -> Model:
-    transformers = live._transformers()
-    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
-    auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
-    try:
-        module = auto.from_pretrained(directory, local_files_only=True, dtype=dtype)
-    except ValueError as error:  # transformers: "Unrecognized configuration class ..."
-        raise ValueError(f"model: {directory} holds a {config.model_type!r} model that has no causal or "
-                         f"sequence-to-sequence LM class in transformers: {error}") from None
-    return _live(module.eval(), device, None, vocab_size, directory)
+    return _live(live.pretrained(directory, dtype), device, None, vocab_size, directory)
 
 
 def _file_kind(path: str) -> str:
@@ -173,8 +165,10 @@ def _path(path: str, device, dtype, vocab_size) -> Model:
         raise ValueError(f"model: {path} was written by torch.save (a state dict or pickled object), not a "
                          f"model speculant can run: {EXPORT_HINT}")
     if kind == "pt2":
-        raise ValueError(f"model: {path} is a torch.export / AOTInductor package; this build reads TorchScript "
-                         "files (.pt) and transformers models")
+        if dtype is not None:
+            raise ValueError(f"dtype: {path} is an AOTInductor package, compiled for one dtype; export it again "
+                             "from the model in the dtype you want")
+        return Model(_core.load_pt2(path, None if device is None else str(device)), path)
     if kind == "unknown":
         raise ValueError(f"model: {path} is neither a TorchScript file nor a save_pretrained directory: "
                          f"{EXPORT_HINT}")

@@ -1,13 +1,18 @@
-"""Exporting Hugging Face transformers models to TorchScript files that follow the engine's cached contract.
+"""Exporting Hugging Face transformers models to files the engine runs without Python at call time.
 
-    speculant.export(model_or_dir, out_path, *, max_length=None, max_source_length=None) -> metadata dict
-    speculant export MODEL_DIR OUT.pt [--max-length N] [--max-source-length N]
+    speculant.export(model_or_dir, out_path, *, format=None, max_length=None, max_source_length=None)
+    speculant export MODEL_DIR OUT [--format torchscript|pt2] [--max-length N] [--max-source-length N]
 
-transformers 5 has no torchscript flag, and tracing its generation code freezes shapes, so each supported
-architecture is re-expressed as a scripted module of our own that holds the model's weights (gpt2.py,
-llama.py, t5.py); the tests check its logits against transformers' at several lengths, with a cache, and
-after a truncation. The file carries `speculant.json` (architecture, vocabulary size, EOS / pad / BOS /
-decoder-start ids) that `speculant.load` reads back as `Model.metadata`.
+Two formats (`format=None` picks by suffix: `.pt2` is pt2, anything else TorchScript):
+
+* **torchscript** (`.pt`): transformers 5 has no torchscript flag, and tracing its generation code freezes
+  shapes, so each supported architecture (GPT-2, Llama, T5) is re-expressed as a scripted module of our own
+  that holds the model's weights (gpt2.py, llama.py, t5.py); the tests check its logits against transformers'
+  at several lengths, with a cache, and after a truncation. The file carries `speculant.json` (architecture,
+  vocabulary size, EOS / pad / BOS / decoder-start ids) that `speculant.load` reads back as `Model.metadata`.
+* **pt2** (`.pt2`): any decoder-only model that transformers' static cache serves, through torch.export and
+  AOTInductor, with a static KV cache (pt2.py; TorchScript is deprecated since torch 2.11). The package holds
+  machine code for one device type and one torch release.
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-from . import gpt2, llama, t5
+from .. import live
+from . import gpt2, llama, pt2, t5
 
 # transformers class name -> (our module, the config.model_type it must have)
 SUPPORTED = {
@@ -28,6 +34,7 @@ SUPPORTED = {
 }
 METADATA_FILE = "speculant.json"  # the extra file cpp/script_model.cpp reads
 FORMAT = 1
+FORMATS = ("torchscript", "pt2")
 
 __all__ = ["SUPPORTED", "export", "load_pretrained"]
 
@@ -54,33 +61,12 @@ def load_pretrained(directory: Union[str, os.PathLike]):
     return getattr(transformers, names[0]).from_pretrained(directory, local_files_only=True).eval()
 
 
-def _ids(value) -> Optional[Union[int, list]]:
-    return list(value) if isinstance(value, (list, tuple)) else value
-
-
 def metadata(model, scripted, max_source_length: Optional[int]) -> Dict[str, Any]:
-    config = model.config
     # transformers 5 may keep it in generation_config only; the T5 exporter has resolved it
-    decoder_start = int(scripted.decoder_start_token_id) if config.is_encoder_decoder else None
-    generation = getattr(model, "generation_config", None)
-    eos = getattr(generation, "eos_token_id", None) if generation is not None else None
-    if eos is None:
-        eos = getattr(config, "eos_token_id", None)
-    return {
-        "format": FORMAT,
-        "architecture": type(model).__name__,
-        "model_type": config.model_type,
-        "vocab_size": config.vocab_size,
-        "max_length": int(scripted.max_length),
-        "max_source_length": max_source_length,
-        "encoder_decoder": bool(config.is_encoder_decoder),
-        "eos_token_id": _ids(eos),
-        "pad_token_id": _ids(getattr(config, "pad_token_id", None)),
-        "bos_token_id": _ids(getattr(config, "bos_token_id", None)),
-        "decoder_start_token_id": decoder_start,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "transformers_version": _transformers().__version__,
-    }
+    decoder_start = int(scripted.decoder_start_token_id) if model.config.is_encoder_decoder else None
+    return {"format": FORMAT, **live.describe(model, max_length=int(scripted.max_length),
+                                               max_source_length=max_source_length,
+                                               decoder_start_token_id=decoder_start)}
 
 
 def _script(model, module, max_length: Optional[int], max_source_length: Optional[int]):
@@ -91,18 +77,47 @@ def _script(model, module, max_length: Optional[int], max_source_length: Optiona
         return module.script(model, max_length=max_length)
 
 
-def export(model_or_dir, out_path: Union[str, os.PathLike], *, max_length: Optional[int] = None,
-           max_source_length: Optional[int] = None) -> Dict[str, Any]:
-    """Writes `model_or_dir` (a transformers model object or a local save_pretrained directory) to out_path
-    as TorchScript in the engine's cached contract and returns the metadata written with it.
+def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int]) -> Dict[str, Any]:
+    if isinstance(model_or_dir, (str, os.PathLike)):
+        model = live.pretrained(os.fspath(model_or_dir), None)
+    else:
+        model = model_or_dir
+    if not live.is_transformers_model(model):
+        raise ValueError(f"model_or_dir must be a transformers model or a save_pretrained directory, got "
+                         f"{type(model).__name__}")
+    if max_length is None:
+        max_length = min(live.max_positions(model.config) or 4096, 4096)
+    meta = {"format": FORMAT, **live.describe(model, max_length=max_length, max_source_length=None,
+                                              decoder_start_token_id=None),
+            "torch_version": torch.__version__.split("+")[0]}
+    pt2.export_pt2(model, out_path, max_length=max_length, metadata_json=json.dumps(meta, sort_keys=True))
+    return meta
 
+
+def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[str] = None,
+           max_length: Optional[int] = None, max_source_length: Optional[int] = None) -> Dict[str, Any]:
+    """Writes `model_or_dir` (a transformers model object or a local save_pretrained directory) to out_path
+    and returns the metadata written with it.
+
+    format: "torchscript" (the engine's cached contract; GPT-2, Llama, T5) or "pt2" (torch.export +
+    AOTInductor with a static KV cache; decoder-only models), by default from out_path's suffix (.pt2: pt2).
     max_length: decoder positions the preallocated KV cache holds (GPT-2: n_positions, the most there are;
-    Llama: min(max_position_embeddings, 4096); T5: 512). max_source_length: T5's longest encoder input
+    others: min(max_position_embeddings, 4096); T5: 512). max_source_length: T5's longest encoder input
     (default 512). Raises ValueError for an unsupported architecture or configuration, naming what is."""
     started = time.perf_counter()
     for name, value in (("max_length", max_length), ("max_source_length", max_source_length)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+    if format is None:
+        format = "pt2" if os.fspath(out_path).endswith(".pt2") else "torchscript"
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS} (or None: from out_path's suffix), got {format!r}")
+    if format == "pt2":
+        if max_source_length is not None:
+            raise ValueError("max_source_length: the pt2 format exports decoder-only models")
+        meta = _export_pt2(model_or_dir, os.fspath(out_path), max_length)
+        meta["export_seconds"] = time.perf_counter() - started
+        return meta
     model = load_pretrained(model_or_dir) if isinstance(model_or_dir, (str, os.PathLike)) else model_or_dir
     name = type(model).__name__
     if name not in SUPPORTED:

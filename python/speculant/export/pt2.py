@@ -1,23 +1,37 @@
-"""Exporting a transformers decoder-only LM as an AOTInductor package (`.pt2`): no TorchScript, no Python at
-run time (C++: torch::inductor::AOTIModelPackageLoader(path).run(inputs)).
+"""Exporting transformers LMs as AOTInductor packages (`.pt2`): no TorchScript, no Python at run time
+(C++: torch::inductor::AOTIModelPackageLoader(path, model_name).run(inputs)).
 
-    export_pt2(model, "out.pt2", max_length=None, metadata_json="{...}")
+    export_pt2(model, "out.pt2", max_length=None, max_source_length=None, metadata_json="{...}")
 
-The package's one model keeps a preallocated static KV cache of `max_length` positions in its own buffers,
-mutated in place and kept inside the loaded model across calls:
+Decoder-only causal LMs: the package holds one model, "model", with a preallocated static KV cache of
+`max_length` positions in its own buffers, mutated in place and kept inside the loaded model across calls:
 
-    run([input_ids int64 [1, k], cache_position int64 [k]]) -> [logits float32 [1, k, V]]
+    "model": run([input_ids int64 [1, k], cache_position int64 [k]]) -> [logits float32 [1, k, V]]
 
-with cache_position = start, start + 1, ..., start + k - 1 (contiguous), 1 <= k and start + k <= max_length.
+with cache_position = start, start + 1, ..., start + k - 1 (contiguous), k >= 1 and start + k <= max_length.
 The call writes the k tokens' keys and values at those positions, and query j attends to cached positions
 <= start + j only, so slots past the newest position are masked: prefill of T tokens is a call at start 0,
 appending is a call at start = cached length, and a rollback is simply a later call with a smaller start.
 Row j of the logits is the next-token distribution after token j (float32 whatever the model's dtype).
-Positions outside [0, max_length) are not checked inside the package: the caller must keep to the range.
 
-Metadata (AOTIModelPackageLoader::get_metadata(), a map<string, string>; filled from the inductor config
-"aot_inductor.metadata"): "speculant.json" (the caller's JSON string), "vocab_size" and "max_length"
-(decimal strings).
+Encoder-decoder (T5ForConditionalGeneration): two models. "encoder" runs the source once and returns what
+every decoder call needs; "model" is the decoder in the form above, with the encoder's outputs appended:
+
+    "encoder": run([source int64 [1, S]]) -> [hidden [1, S, d], keys_0, values_0, ..., keys_{L-1}, values_{L-1}]
+               (keys_i / values_i [1, H, S, D]: decoder layer i's cross-attention keys and values)
+    "model":   run([decoder_ids int64 [1, k], cache_position int64 [k], hidden, keys_0, ..., values_{L-1}])
+               -> [logits float32 [1, k, V]]
+
+with 1 <= S <= max_source_length; the encoder's outputs are in the model's dtype and are passed back as they
+are (the caller keeps them for the generation).
+
+The package checks neither dtypes nor that the two inputs agree on k; on CPU, positions outside
+[0, max_length) raise RuntimeError "index out of bounds" (inductor's indexing checks): the caller checks.
+
+Metadata of every model in the package (AOTIModelPackageLoader::get_metadata() or the static
+load_metadata_from_package(path, model_name), a map<string, string>, filled from the inductor config
+"aot_inductor.metadata"): "speculant.json" (the caller's JSON string), "vocab_size", "max_length" and, for
+encoder-decoder packages, "max_source_length" (decimal strings).
 
 This module imports only torch, transformers and the standard library (not speculant's C++ extension).
 """
@@ -26,7 +40,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
-from typing import Optional, Union
+from typing import Dict, Optional, Union
 
 import torch
 
@@ -35,44 +49,101 @@ METADATA_KEY = "speculant.json"
 __all__ = ["METADATA_KEY", "export_pt2"]
 
 
-class _StaticCacheLM(torch.nn.Module):
-    """forward(input_ids [1, k], cache_position [k]) -> logits float32 [1, k, V] with a static KV cache whose
-    per-layer tensors are buffers of this module: keys_i / values_i [1, H_kv, max_length, D] and length_i
-    (int64 scalar, the position the layer's next write starts at)."""
+class _StaticKV(torch.nn.Module):
+    """A transformers Cache of StaticLayers whose tensors are buffers of this module: keys_i / values_i
+    [1, H_kv, max_length, D] and length_i (int64 scalar, where layer i's next write starts)."""
 
-    def __init__(self, model, max_length: int):
+    def __init__(self, cache, num_heads, head_dim, dtype: torch.dtype, device: torch.device):
         super().__init__()
-        from transformers.cache_utils import StaticCache, StaticLayer, StaticSlidingWindowLayer
-        from transformers.configuration_utils import get_head_shapes
-
-        config = model.config.get_text_config(decoder=True)
-        self.model = model
-        self.cache = StaticCache(max_cache_len=max_length, config=config)
-        for i, layer in enumerate(self.cache.layers):
-            if isinstance(layer, StaticSlidingWindowLayer):
-                # A rolling window cannot be rolled back; a full-length layer with the model's own
-                # sliding-window mask gives the same attention (as transformers' executorch wrapper does).
-                self.cache.layers[i] = StaticLayer(max_length)
-            elif type(layer) is not StaticLayer:
-                raise ValueError(f"{type(model).__name__}: cache layer {i} is a {type(layer).__name__}; the .pt2 "
-                                 f"export supports attention layers with a static KV cache only")
-        num_heads, head_dim = get_head_shapes(config)
-        self.cache.early_initialization(1, num_heads, head_dim, model.dtype, model.device)
-        for i, layer in enumerate(self.cache.layers):
+        self.cache = cache
+        cache.early_initialization(1, num_heads, head_dim, dtype, device)
+        for i, layer in enumerate(cache.layers):
             self.register_buffer(f"keys_{i}", layer.keys, persistent=False)
             self.register_buffer(f"values_{i}", layer.values, persistent=False)
             self.register_buffer(f"length_{i}", layer.cumulative_length, persistent=False)
 
-    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+    def _at(self, cache_position: torch.Tensor):
+        """The cache, set to write the next k tokens at cache_position [k] (contiguous)."""
         for i, layer in enumerate(self.cache.layers):
             # Non-strict torch.export traces the module's buffers, not other references to the same tensors:
             # point the cache at the buffers on every call so that its in-place writes land in them.
             layer.keys, layer.values = getattr(self, f"keys_{i}"), getattr(self, f"values_{i}")
             layer.cumulative_length = getattr(self, f"length_{i}")
-            # StaticLayer.update writes at length + arange(k) and the mask's query offset is this length.
+            # StaticLayer.update writes at length + arange(k), and the masks' query offset is this length.
             layer.cumulative_length.copy_(cache_position[0])
+        return self.cache
+
+
+class _DecoderOnly(_StaticKV):
+    """forward(input_ids [1, k], cache_position [k]) -> logits float32 [1, k, V]."""
+
+    def __init__(self, model, max_length: int):
+        from transformers.cache_utils import StaticCache, StaticLayer, StaticSlidingWindowLayer
+        from transformers.configuration_utils import get_head_shapes
+
+        config = model.config.get_text_config(decoder=True)
+        cache = StaticCache(max_cache_len=max_length, config=config)
+        for i, layer in enumerate(cache.layers):
+            if isinstance(layer, StaticSlidingWindowLayer):
+                # A rolling window cannot be rolled back; a full-length layer with the model's own
+                # sliding-window mask gives the same attention (as transformers' executorch wrapper does).
+                cache.layers[i] = StaticLayer(max_length)
+            elif type(layer) is not StaticLayer:
+                raise ValueError(f"{type(model).__name__}: cache layer {i} is a {type(layer).__name__}; the .pt2 "
+                                 f"export supports attention layers with a static KV cache only")
+        super().__init__(cache, *get_head_shapes(config), model.dtype, model.device)
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0),  # [1, k]
-                         past_key_values=self.cache, use_cache=True)
+                         past_key_values=self._at(cache_position), use_cache=True)
+        return out.logits.float()  # [1, k, V]
+
+
+class _T5Encoder(torch.nn.Module):
+    """forward(source [1, S]) -> (hidden [1, S, d], keys_0, values_0, ...): decoder layer i's cross-attention
+    keys and values [1, H, S, D], projected once per source instead of at every decoder call."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, source: torch.Tensor):
+        hidden = self.model.encoder(input_ids=source).last_hidden_state  # [1, S, d]
+        outputs = [hidden]
+        for block in self.model.decoder.block:
+            attention = block.layer[1].EncDecAttention
+            for projection in (attention.k, attention.v):  # [1, S, H * D] -> [1, H, S, D]
+                outputs.append(projection(hidden).view(1, -1, attention.n_heads, attention.key_value_proj_dim)
+                               .transpose(1, 2))
+        return tuple(outputs)
+
+
+class _T5Decoder(_StaticKV):
+    """forward(decoder_ids [1, k], cache_position [k], hidden [1, S, d], keys_0, values_0, ...) -> logits
+    float32 [1, k, V]; the self-attention cache is static, the cross-attention keys and values are inputs."""
+
+    def __init__(self, model, max_length: int):
+        from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
+
+        blocks = model.decoder.block
+        attention = blocks[0].layer[0].SelfAttention
+        # T5's decoder may have another depth than its encoder (num_decoder_layers): one layer per block
+        super().__init__(Cache(layers=[StaticLayer(max_length) for _ in blocks]), attention.n_heads,
+                         attention.key_value_proj_dim, model.dtype, model.device)
+        self.model = model
+        self.cross = Cache(layers=[DynamicLayer() for _ in blocks])
+
+    def forward(self, decoder_ids: torch.Tensor, cache_position: torch.Tensor, hidden: torch.Tensor, *cross):
+        from transformers.cache_utils import EncoderDecoderCache
+
+        for layer, keys, values in zip(self.cross.layers, cross[0::2], cross[1::2]):
+            layer.keys, layer.values, layer.is_initialized = keys, values, True
+        cache = EncoderDecoderCache(self._at(cache_position), self.cross)
+        for i in range(len(self.cross.layers)):
+            cache.is_updated[i] = True  # read the cross-attention keys and values, never recompute them
+        out = self.model(encoder_outputs=(hidden,), decoder_input_ids=decoder_ids, past_key_values=cache,
+                         use_cache=True)
         return out.logits.float()  # [1, k, V]
 
 
@@ -81,41 +152,74 @@ def _describe(error: BaseException) -> str:
     text = str(error).strip()
     described = f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
     torch_dir = os.path.dirname(torch.__file__)
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__)[1:]  # [0] is export_pt2's own call
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__)[1:]  # [0] is _export's own call
               if not frame.filename.startswith(torch_dir)]
     if frames:
         described += f" (at {frames[-1].filename}:{frames[-1].lineno}: {frames[-1].line})"
     return described
 
 
-def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional[int] = None,
-               metadata_json: str) -> None:
-    """Writes `model` (a transformers *ForCausalLM in eval mode) to out_path (ending in .pt2) as an AOTInductor
-    package following the contract in this module's docstring.
+def _export(name: str, module: torch.nn.Module, inputs: tuple, dynamic_shapes) -> torch.export.ExportedProgram:
+    try:
+        return torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as error:
+        raise ValueError(f"torch.export cannot trace {name}: {_describe(error)}") from error
 
-    max_length: positions the static KV cache holds (default min(config.max_position_embeddings, 4096); at
-    most n_positions for GPT-2, whose positions are learned). metadata_json: a JSON string stored under
-    "speculant.json". Raises ValueError naming what is wrong (arguments, or the operation torch.export
-    could not trace)."""
+
+def _check_length(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+
+
+def _tokens(name: str, max_length: int, example: int, device: torch.device):
+    """Example (ids [1, k], positions [k]) and the dynamic dimension of k in [1, max_length]. The example has
+    k >= 2: sizes 0 and 1 would be specialised (the range still includes k = 1)."""
+    k = min(example, max_length)
+    dim = torch.export.Dim(name, min=1, max=max_length) if max_length > 1 else torch.export.Dim.STATIC
+    return torch.zeros(1, k, dtype=torch.long, device=device), torch.arange(k, device=device), dim
+
+
+def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional[int] = None,
+               max_source_length: Optional[int] = None, metadata_json: str) -> None:
+    """Writes `model` (a transformers *ForCausalLM, or a T5ForConditionalGeneration, in eval mode) to out_path
+    (ending in .pt2) as an AOTInductor package following the contract in this module's docstring.
+
+    max_length: decoder positions the static KV cache holds (default min(config.max_position_embeddings,
+    4096), T5: 512; at most n_positions for GPT-2, whose positions are learned). max_source_length: T5's
+    longest source (default 512). metadata_json: a JSON string stored under "speculant.json". Raises
+    ValueError naming what is wrong (arguments, or the operation torch.export could not trace)."""
+    import transformers
+    from torch._inductor import aot_compile
+    from torch._inductor.package import package_aoti
+
     name = type(model).__name__
     config = getattr(model, "config", None)
     if not isinstance(model, torch.nn.Module) or config is None:
         raise ValueError(f"model must be a transformers model, got {name}")
-    if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(f"{name} is an encoder-decoder model; export_pt2 exports decoder-only causal LMs")
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    if encoder_decoder and not isinstance(model, transformers.T5ForConditionalGeneration):
+        raise ValueError(f"{name} is an encoder-decoder model other than T5; export_pt2 exports decoder-only "
+                         f"causal LMs and T5ForConditionalGeneration")
     if model.training:
         raise ValueError(f"{name} is in training mode (dropout would be traced): call model.eval() first")
     text = config.get_text_config(decoder=True)
     positions = getattr(text, "max_position_embeddings", None)
     if max_length is None:
-        if positions is None:
+        if encoder_decoder:
+            max_length = 512
+        elif positions is None:
             raise ValueError(f"{name}: config has no max_position_embeddings; pass max_length")
-        max_length = min(positions, 4096)
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
-        raise ValueError(f"max_length must be an integer >= 1 or None, got {max_length!r}")
+        else:
+            max_length = min(positions, 4096)
+    _check_length("max_length", max_length)
     if text.model_type == "gpt2" and max_length > positions:
         raise ValueError(f"max_length must be <= n_positions = {positions} for GPT-2 (learned positions), "
                          f"got {max_length}")
+    if encoder_decoder:
+        max_source_length = 512 if max_source_length is None else max_source_length
+        _check_length("max_source_length", max_source_length)
+    elif max_source_length is not None:
+        raise ValueError("max_source_length is only for encoder-decoder models (T5)")
     if not isinstance(metadata_json, str):
         raise ValueError(f"metadata_json must be a JSON string, got {type(metadata_json).__name__}")
     try:
@@ -126,23 +230,26 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
     if not out_path.endswith(".pt2"):
         raise ValueError(f"out_path must end in .pt2 (AOTInductor's package suffix), got {out_path!r}")
 
-    from torch._inductor import aoti_compile_and_package
-
-    # Example k = 2: sizes 0 and 1 would be specialised; the range still includes k = 1.
-    k = min(2, max_length)
-    input_ids = torch.zeros(1, k, dtype=torch.long, device=model.device)
-    cache_position = torch.arange(k, device=model.device)
-    dynamic_shapes = None
-    if max_length > 1:
-        tokens = torch.export.Dim("tokens", min=1, max=max_length)
-        dynamic_shapes = ({1: tokens}, {0: tokens})
+    metadata = {METADATA_KEY: metadata_json, "vocab_size": str(text.vocab_size), "max_length": str(max_length)}
+    ids, positions_example, tokens = _tokens("tokens", max_length, 2, model.device)
+    programs: Dict[str, torch.export.ExportedProgram] = {}
     with torch.no_grad():
-        wrapper = _StaticCacheLM(model, max_length)
-        try:
-            program = torch.export.export(wrapper, (input_ids, cache_position), dynamic_shapes=dynamic_shapes,
-                                          strict=False)
-        except Exception as error:
-            raise ValueError(f"torch.export cannot trace {name}: {_describe(error)}") from error
+        if not encoder_decoder:
+            programs["model"] = _export(name, _DecoderOnly(model, max_length), (ids, positions_example),
+                                        ({1: tokens}, {0: tokens}))
+        else:
+            metadata["max_source_length"] = str(max_source_length)
+            source, _, source_dim = _tokens("source", max_source_length, 3, model.device)
+            encoder = _T5Encoder(model)
+            programs["encoder"] = _export(name, encoder, (source,), ({1: source_dim},))
+            encoded = encoder(source)  # (hidden [1, S, d], keys_0 [1, H, S, D], ...)
+            programs["model"] = _export(name, _T5Decoder(model, max_length), (ids, positions_example, *encoded),
+                                        ({1: tokens}, {0: tokens}, {1: source_dim},  # *cross: one tuple
+                                         tuple({2: source_dim} for _ in encoded[1:])))
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-        metadata = {METADATA_KEY: metadata_json, "vocab_size": str(text.vocab_size), "max_length": str(max_length)}
-        aoti_compile_and_package(program, package_path=out_path, inductor_configs={"aot_inductor.metadata": metadata})
+        files = {}
+        for model_name, program in programs.items():
+            args, kwargs = program.example_inputs
+            files[model_name] = aot_compile(program.module(check_guards=False), args, kwargs, options={
+                "aot_inductor.package": True, "aot_inductor.metadata": dict(metadata)})
+        package_aoti(out_path, files)

@@ -1,0 +1,118 @@
+#include "aoti_model.h"
+
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/version.h>
+
+#include <unordered_map>
+
+#include "errors.h"
+
+namespace speculant {
+namespace {
+
+using Metadata = std::unordered_map<std::string, std::string>;
+
+int64_t positive_entry(const Metadata& metadata, const char* key, const std::string& path) {
+  auto it = metadata.find(key);
+  require(it != metadata.end(), "model {}: the .pt2 package has no '{}' metadata (speculant.export writes it)",
+          path, key);
+  try {
+    int64_t value = std::stoll(it->second);
+    require(value > 0, "model {}: metadata '{}' must be positive, got {}", path, key, value);
+    return value;
+  } catch (const std::logic_error&) {
+    fail("model {}: metadata '{}' must be an integer, got '{}'", path, key, it->second);
+  }
+}
+
+class AotiModel final : public Model {
+ public:
+  AotiModel(const std::string& path, std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader,
+            const Metadata& metadata, at::Device device)
+      : loader_(std::move(loader)), path_(path) {
+    vocab_size_ = positive_entry(metadata, "vocab_size", path);
+    max_length_ = positive_entry(metadata, "max_length", path);
+    device_ = device;
+    auto json = metadata.find("speculant.json");
+    if (json != metadata.end()) metadata_ = json->second;
+    positions_ = at::arange(*max_length_, at::TensorOptions(device_).dtype(at::kLong));  // [M]
+  }
+
+  void reset(const at::Tensor& tokens) override {
+    length_ = 0;  // stale slots are masked: nothing to clear
+    if (tokens.numel() > 0) run(tokens);
+  }
+  at::Tensor extend(const at::Tensor& tokens) override { return run(tokens); }
+  void truncate(int64_t length) override { length_ = length; }
+  int64_t length() const override { return length_; }
+  std::string form() const override { return "pt2"; }
+
+ private:
+  at::Tensor run(const at::Tensor& tokens) {
+    const int64_t k = tokens.numel();
+    require(length_ + k <= *max_length_, "model {}: {} cached + {} new positions exceed max_length = {}", path_,
+            length_, k, *max_length_);
+    std::vector<at::Tensor> outputs;
+    try {
+      outputs = loader_->run({tokens.view({1, k}), positions_.narrow(0, length_, k)});
+    } catch (const c10::Error& e) {
+      fail("model {}: the .pt2 model failed on {} token(s) at position {}: {}", path_, k, length_,
+           e.what_without_backtrace());
+    }
+    require(outputs.size() == 1, "model {}: the .pt2 model must return one tensor (logits), got {}", path_,
+            outputs.size());
+    const at::Tensor& logits = outputs[0];
+    require(logits.dim() == 3 && logits.size(0) == 1 && logits.size(1) == k && logits.size(2) == vocab_size_,
+            "model {}: on {} token(s) the .pt2 model must return logits [1, {}, {}], got [{}]", path_, k, k,
+            vocab_size_, fmt::join(logits.sizes(), ", "));
+    length_ += k;
+    return logits.squeeze(0);  // [k, V]
+  }
+
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  std::string path_;
+  at::Tensor positions_;  // [max_length] 0, 1, ...: cache_position is a slice, no allocation per call
+  int64_t length_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> load_pt2_file(const std::string& path, std::optional<at::Device> device) {
+  Metadata metadata;
+  try {
+    metadata = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(path, "model");
+  } catch (const std::exception& e) {
+    fail("model {}: is not a readable AOTInductor package with a model named 'model': {}", path, e.what());
+  }
+  auto built_torch = metadata.find("torch_version");
+  require(built_torch == metadata.end() || built_torch->second == TORCH_VERSION,
+          "model {}: the .pt2 package was compiled with torch {}, this is torch {}; AOTInductor packages hold "
+          "machine code for one torch: export the model again with this torch",
+          path, built_torch == metadata.end() ? "" : built_torch->second, TORCH_VERSION);
+  auto key = metadata.find("AOTI_DEVICE_KEY");
+  const at::Device built(key == metadata.end() ? "cpu" : key->second);
+  if (device) {
+    require(device->type() == built.type(), "model {}: the .pt2 package was compiled for {}, not {}; AOTInductor "
+            "packages hold machine code for one device type: export the model again on {}", path,
+            built.str(), device->str(), device->str());
+  }
+  require(!built.is_cuda() || at::hasCUDA(), "model {}: the .pt2 package was compiled for CUDA, and no CUDA "
+          "device is available here", path);
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
+  try {
+    loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+        path, "model", /*run_single_threaded=*/false, /*num_runners=*/1,
+        device && device->has_index() ? device->index() : c10::DeviceIndex(-1));
+  } catch (const std::exception& e) {
+    fail("model {}: AOTInductor could not load the package: {}", path, e.what());
+  }
+  at::Device where = device ? *device : built;
+  auto model = std::make_shared<AotiModel>(path, std::move(loader), metadata, where);
+  at::Tensor one = at::zeros({1}, at::TensorOptions(where).dtype(at::kLong));
+  model->reset(one);
+  model->extend(one);  // checks the logits' shape
+  model->truncate(0);
+  return model;
+}
+
+}  // namespace speculant

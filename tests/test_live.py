@@ -1,0 +1,225 @@
+"""Live transformers models (speculant.load(model)): every family of tests/hf_families.py decodes as transformers
+does, through the C++ engine with the model's forward called back in Python.
+
+* Greedy: plain and speculative decoding (γ ∈ {1, 4}) give transformers' own `generate(do_sample=False)` output
+  token for token, and so does transformers' assisted generation with the same draft (checked here too, so that
+  the comparison is with both of transformers' paths), with and without an EOS stop; the same for a draft of
+  another family than its target.
+* Sampling: the joint law of the first two tokens, sampled by speculative decoding, against the target's exact
+  law from transformers' logits. Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 16 tests (1,000 samples each), so a correct
+  engine fails one by chance with probability at most 1.6% for a fresh draw of seeds; the seeds are fixed.
+* Refusals, each with its message: a recurrent model, a model in training mode, a model without an LM head, a
+  vocabulary mismatch (and the exact padding that resolves it), a missing CUDA device.
+"""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hf_families
+import reference
+import speculant
+from chisquare import chi_square_pvalue
+
+SIGNIFICANCE = 1e-3
+N_SAMPLES = 1000
+PROMPT = [1, 5, 9]
+SOURCE = [4, 8, 15, 16, 23, 42]  # the encoder-decoders' input
+MAX_NEW = 20
+FAMILIES = sorted(hf_families.FAMILIES)
+
+
+def _inputs(family: str) -> dict:
+    return {"encoder_input_ids": SOURCE} if hf_families.is_encoder_decoder(family) else {"prompt_ids": PROMPT}
+
+
+def hf_greedy(model, family: str, eos=None, assistant=None) -> list[int]:
+    """transformers' own greedy generation (plain, or assisted by `assistant`), new tokens only."""
+    kwargs = dict(do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=0, num_beams=1,
+                  top_k=None, top_p=None, temperature=None, assistant_model=assistant)
+    if assistant is not None:  # a fixed draft length: transformers' default schedule changes it as it goes
+        kwargs["num_assistant_tokens"] = 4
+        kwargs["num_assistant_tokens_schedule"] = "constant"
+    ids = torch.tensor([SOURCE if hf_families.is_encoder_decoder(family) else PROMPT])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+    start = 1 if hf_families.is_encoder_decoder(family) else ids.size(1)  # after the decoder's start token
+    return out[0, start:].tolist()
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    """family -> (target, draft): transformers models, the draft a noisy copy of the target."""
+    out = {}
+    for family in FAMILIES:
+        target = hf_families.make(family, seed=10)
+        # 4x (T5: 20x) the noise that gives alpha about 0.9 at T = 1: greedy drafts are then kept often, not always
+        noise = (20 if family == "t5" else 4) * hf_families.NOISE[family]
+        out[family] = (target, hf_families.drafted(target, noise=noise, seed=11))
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_transformers_plain_and_assisted(zoo, family):
+    model, draft_model = zoo[family]
+    expected = hf_greedy(model, family)
+    assert len(expected) == MAX_NEW and len(set(expected)) > 3  # a varied continuation
+    assert hf_greedy(model, family, assistant=draft_model) == expected
+    eos = expected[MAX_NEW // 2]  # a token transformers emits mid-way: the stop must come at the same place
+    expected_eos = hf_greedy(model, family, eos=eos)
+    assert expected_eos == expected[:expected.index(eos) + 1]
+
+    target, draft = speculant.load(model), speculant.load(draft_model)
+    assert target.form == "live" and target.vocab_size == hf_families.VOCAB
+    assert speculant.generate(target, max_new_tokens=MAX_NEW, temperature=0, **_inputs(family)).tokens == expected
+    accepted = drafted = 0
+    for gamma in (1, 4):
+        decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0)
+        result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
+        assert result.tokens == expected, f"gamma={gamma}"
+        accepted += result.stats.accepted_tokens
+        drafted += result.stats.drafted_tokens
+        stopped = decoder.generate(max_new_tokens=MAX_NEW, eos_token_id=eos, **_inputs(family))
+        assert stopped.tokens == expected_eos, f"gamma={gamma} with eos"
+    assert 0 < accepted < drafted  # both paths of Algorithm 1: kept drafts and corrections
+
+
+@pytest.mark.parametrize("target_family, draft_family", hf_families.CROSS_FAMILY)
+def test_draft_of_another_family(zoo, target_family, draft_family):
+    """A target and a draft of different architectures that share the vocabulary, passed as transformers
+    objects straight to the decoder."""
+    model, _ = zoo[target_family]
+    other, _ = zoo[draft_family]
+    expected = hf_greedy(model, target_family)
+    decoder = speculant.SpeculativeDecoder(model, other, gamma=3, temperature=0)
+    assert decoder.generate(max_new_tokens=MAX_NEW, **_inputs(target_family)).tokens == expected
+
+
+def hf_next_logits(model, family: str, prefixes: torch.Tensor) -> torch.Tensor:
+    """transformers' next-token logits [N, V] after each row of prefixes [N, T] (decoder tokens for
+    encoder-decoders)."""
+    with torch.no_grad():
+        if hf_families.is_encoder_decoder(family):
+            source = torch.tensor([SOURCE]).expand(prefixes.size(0), -1)
+            return model(input_ids=source, decoder_input_ids=prefixes).logits[:, -1]
+        return model(prefixes).logits[:, -1]
+
+
+def two_token_law(model, family: str, start: list[int], temperature: float, top_k: int) -> torch.Tensor:
+    """The target's exact joint law of the first two generated tokens [V, V], from transformers' logits."""
+    def law(logits):
+        return reference.standardize(logits.double(), temperature=temperature, top_k=top_k, top_p=1.0)
+
+    prefix = torch.tensor([start])
+    first = law(hf_next_logits(model, family, prefix))[0]  # [V]
+    vocab = first.numel()
+    extended = torch.cat([prefix.expand(vocab, -1), torch.arange(vocab)[:, None]], dim=1)  # [V, T + 1]
+    return first[:, None] * law(hf_next_logits(model, family, extended))  # [V, V]
+
+
+def _start(model, family: str) -> list[int]:
+    return [model.generation_config.decoder_start_token_id] if hf_families.is_encoder_decoder(family) else PROMPT
+
+
+def _law_pvalue(model, family, target, draft, temperature=1.0, top_k=0) -> float:
+    start = _start(model, family)
+    law = two_token_law(model, family, start, temperature, top_k)
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=2, temperature=temperature, top_k=top_k)
+    extra = {"encoder_input_ids": SOURCE} if hf_families.is_encoder_decoder(family) else {}
+    samples = np.array([decoder.generate(start, max_new_tokens=2, seed=2000 + i, **extra).tokens
+                        for i in range(N_SAMPLES)])
+    return chi_square_pvalue(law, samples)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_token_law_matches_transformers(zoo, family):
+    model, draft_model = zoo[family]
+    # the draft's noise is larger here so that rejections (the residual) carry real mass
+    draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE[family], seed=12))
+    pvalue = _law_pvalue(model, family, speculant.load(model), draft, temperature=1.0)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+@pytest.mark.parametrize("target_family, draft_family", hf_families.CROSS_FAMILY[:2])
+def test_two_token_law_with_a_draft_of_another_family(zoo, target_family, draft_family):
+    model, _ = zoo[target_family]
+    pvalue = _law_pvalue(model, target_family, speculant.load(model), speculant.load(zoo[draft_family][0]),
+                         temperature=0.8, top_k=10)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+def test_two_token_law_detects_a_different_model(zoo):
+    """Power: plain sampling from a model whose weights differ (noise 0.05) is rejected by the same test."""
+    model, _ = zoo["qwen2"]
+    other = speculant.load(hf_families.drafted(model, noise=0.05, seed=13))
+    law = two_token_law(model, "qwen2", PROMPT, 1.0, 0)
+    samples = np.array([speculant.generate(other, PROMPT, max_new_tokens=2, seed=2000 + i).tokens
+                        for i in range(N_SAMPLES)])
+    assert chi_square_pvalue(law, samples) < SIGNIFICANCE
+
+
+def test_save_pretrained_directory_loads_live(zoo, tmp_path):
+    model, _ = zoo["qwen3"]
+    model.save_pretrained(tmp_path / "qwen3")
+    loaded = speculant.load(tmp_path / "qwen3")
+    assert loaded.form == "live" and loaded.metadata["architecture"] == "Qwen3ForCausalLM"
+    assert loaded.eos_token_id == hf_families.EOS
+    same = speculant.generate(loaded, PROMPT, max_new_tokens=MAX_NEW, temperature=0).tokens
+    assert same == hf_greedy(model, "qwen3")
+
+
+def test_bfloat16_model_decodes_as_transformers(zoo):
+    """A model in bf16, as it is: plain greedy equals transformers' (both feed one token per call); speculative
+    greedy runs and its sampling math is float32."""
+    model = hf_families.make("llama", seed=10).to(torch.bfloat16)
+    target = speculant.load(model)
+    assert target.metadata["dtype"] == "bfloat16"
+    expected = hf_greedy(model, "llama")
+    assert speculant.generate(target, PROMPT, max_new_tokens=MAX_NEW, temperature=0).tokens == expected
+    decoder = speculant.SpeculativeDecoder(target, speculant.load(hf_families.drafted(model, 0.003, 11)),
+                                           gamma=3, temperature=1.0)
+    assert len(decoder.generate(PROMPT, max_new_tokens=MAX_NEW, seed=0).tokens) == MAX_NEW
+
+
+def test_recurrent_model_is_refused():
+    with pytest.raises(ValueError, match="MambaForCausalLM keeps recurrent or state-space state .* cannot be "
+                                         "rolled back"):
+        speculant.load(hf_families.make("mamba"))
+
+
+def test_training_mode_is_refused():
+    model = hf_families.make("gpt2").train()
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel is in training mode .* call model.eval\(\)"):
+        speculant.load(model)
+
+
+def test_model_without_lm_head_is_refused():
+    model = transformers.GPT2Model(transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=16, n_layer=1,
+                                                           n_head=2)).eval()
+    with pytest.raises(ValueError, match="GPT2Model has no LM head"):
+        speculant.load(model)
+    with pytest.raises(ValueError, match="^target: model: GPT2Model has no LM head"):
+        speculant.SpeculativeDecoder(model, model, gamma=2)
+
+
+def test_vocabulary_mismatch_names_sizes_and_the_padding_fix(zoo):
+    target_model, _ = zoo["llama"]
+    wide = hf_families.make("qwen2", seed=3, vocab_size=80)
+    with pytest.raises(ValueError, match=r"target vocab_size = 64, draft vocab_size = 80\. .*pad their LM heads "
+                                         r".*vocab_size=<the larger size>"):
+        speculant.SpeculativeDecoder(target_model, wide, gamma=2)
+    # padded with -inf up to 80, the target's law is unchanged: its ids 64..79 get probability 0 and any draft
+    # of them is rejected. Greedy output equals the target's own.
+    target = speculant.load(target_model, vocab_size=80)
+    assert target.vocab_size == 80
+    decoder = speculant.SpeculativeDecoder(target, wide, gamma=3, temperature=0)
+    assert decoder.generate(PROMPT, max_new_tokens=MAX_NEW).tokens == hf_greedy(target_model, "llama")
+    with pytest.raises(ValueError, match="vocab_size must be an int >= the model's own vocabulary"):
+        speculant.load(target_model, vocab_size=32)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without a GPU")
+def test_cuda_without_a_gpu_says_so(zoo):
+    with pytest.raises(ValueError, match="device='cuda': no CUDA device is available"):
+        speculant.load(zoo["gpt2"][0], device="cuda")

@@ -1,0 +1,197 @@
+"""speculant.export.pt2: transformers LMs as AOTInductor packages (.pt2) with a static KV cache.
+
+Each package is loaded in Python (torch._inductor.aoti_load_package, the C++ AOTIModelPackageLoader
+underneath) and called as the C++ engine will: model(input_ids int64 [1, k], cache_position int64 [k]) ->
+logits float32 [1, k, V], T5's decoder with the encoder's outputs appended; the logits must equal
+transformers' own full-sequence forward after a prefill, extends and a rollback. AOTInductor compiles C++
+for a few tens of seconds per model on a CPU, so each package is built once per session, with a small cache.
+"""
+import json
+
+import pytest
+import torch
+import transformers
+
+from torch._inductor.package import load_package
+
+from speculant.export import pt2
+
+MAX_LENGTH = 64
+TOLERANCE = 1e-4
+IDS = dict(bos_token_id=0, eos_token_id=0)  # in the tiny vocabularies (GPT-2's default 50256 is not)
+CONFIGS = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=64, n_positions=96, n_embd=48, n_layer=2, n_head=4, **IDS)),
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, **IDS)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, **IDS)),
+}
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    """name -> (transformers model, loaded package), exported on first use and kept for the session."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            torch.manual_seed(0)
+            model = CONFIGS[name]().eval()
+            path = tmp_path_factory.mktemp("pt2") / f"{name}.pt2"
+            pt2.export_pt2(model, path, max_length=MAX_LENGTH,
+                           metadata_json=json.dumps({"architecture": type(model).__name__}))
+            built[name] = model, torch._inductor.aoti_load_package(str(path))
+        return built[name]
+
+    return get
+
+
+def tokens(length, seed=1):
+    return torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def run(package, ids, start):  # ids [1, k] at positions start .. start + k - 1 -> logits [1, k, V]
+    return package(ids, torch.arange(start, start + ids.shape[1]))
+
+
+def reference(model, ids):  # transformers' logits for the whole sequence [1, T] -> [1, T, V]
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def close(got, expected):
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    torch.testing.assert_close(got, expected.float(), rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("length", [1, 5, 17])
+def test_prefill(exported, name, length):
+    model, package = exported(name)
+    ids = tokens(length)
+    close(run(package, ids, 0), reference(model, ids))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_extend(exported, name):
+    model, package = exported(name)
+    ids = tokens(10)
+    expected = reference(model, ids)
+    run(package, ids[:, :6], 0)
+    close(run(package, ids[:, 6:9], 6), expected[:, 6:9])   # 3 tokens
+    close(run(package, ids[:, 9:10], 9), expected[:, 9:10])  # 1 token
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_rollback(exported, name):
+    model, package = exported(name)
+    old, new = tokens(6), tokens(8, seed=2)
+    new[:, :3] = old[:, :3]
+    run(package, old, 0)
+    # positions 3..5 hold stale keys of `old`: a call at start 3 overwrites or masks them
+    close(run(package, new[:, 3:], 3), reference(model, new)[:, 3:])
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_metadata(exported, name):
+    model, package = exported(name)
+    metadata = package.get_metadata()
+    assert json.loads(metadata[pt2.METADATA_KEY]) == {"architecture": type(model).__name__}
+    assert metadata["vocab_size"] == "64" and metadata["max_length"] == str(MAX_LENGTH)
+
+
+def test_half_precision_logits_are_float32(tmp_path):
+    torch.manual_seed(0)
+    model = CONFIGS["llama"]().to(torch.bfloat16).eval()
+    path = tmp_path / "llama_bf16.pt2"
+    pt2.export_pt2(model, path, max_length=16, metadata_json="{}")
+    ids = tokens(7)
+    got = run(torch._inductor.aoti_load_package(str(path)), ids, 0)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, reference(model, ids).float(), rtol=0, atol=1e-2)  # bf16 rounding
+
+
+class DataDependent(transformers.GPT2LMHeadModel):
+    def forward(self, input_ids=None, **kwargs):
+        if input_ids.sum() > 100:  # control flow on tensor values: torch.export cannot trace it
+            input_ids = input_ids.flip(-1)
+        return super().forward(input_ids=input_ids, **kwargs)
+
+
+def test_untraceable_model_names_the_failing_operation(tmp_path):
+    model = DataDependent(CONFIGS["gpt2"]().config).eval()
+    with pytest.raises(ValueError, match=r"torch.export cannot trace DataDependent: .*data-dependent.*"
+                                         r"input_ids\.sum\(\) > 100"):
+        pt2.export_pt2(model, tmp_path / "x.pt2", max_length=8, metadata_json="{}")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_length": 0}, "max_length must be an integer >= 1"),
+    ({"max_length": 8.0}, "max_length must be an integer >= 1"),
+    ({"max_length": 97}, "n_positions = 96"),
+    ({"metadata_json": "{x"}, "metadata_json is not valid JSON"),
+    ({"out_path": "model.pt"}, "must end in .pt2"),
+    ({"train": True}, "training mode"),
+    ({"max_source_length": 8}, "only for encoder-decoder"),
+])
+def test_bad_arguments(tmp_path, kwargs, message):
+    model = CONFIGS["gpt2"]().train(kwargs.pop("train", False))
+    arguments = {"max_length": 8, "metadata_json": "{}", **kwargs}
+    out_path = tmp_path / arguments.pop("out_path", "x.pt2")
+    with pytest.raises(ValueError, match=message):
+        pt2.export_pt2(model, out_path, **arguments)
+
+
+def test_other_encoder_decoder_is_refused(tmp_path):
+    model = transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=64, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)).eval()
+    with pytest.raises(ValueError, match="encoder-decoder model other than T5"):
+        pt2.export_pt2(model, tmp_path / "x.pt2", metadata_json="{}")
+
+
+# T5: "encoder" (source [1, S]) -> (hidden [1, S, d], cross-attention keys and values per decoder layer);
+# "model" (decoder_ids [1, k], cache_position [k], *encoder outputs) -> logits [1, k, V]
+
+
+@pytest.fixture(scope="session")
+def t5(tmp_path_factory):
+    torch.manual_seed(0)
+    model = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3, num_heads=4,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)).eval()
+    path = str(tmp_path_factory.mktemp("pt2") / "t5.pt2")
+    pt2.export_pt2(model, path, max_length=32, max_source_length=24, metadata_json='{"architecture": "t5"}')
+    return model, load_package(path, "encoder"), load_package(path, "model")
+
+
+@pytest.mark.parametrize("source_length", [1, 7, 24])
+def test_t5_decoder_with_cache(t5, source_length):
+    model, encoder, decoder = t5
+    source = tokens(source_length, seed=3)
+    encoded = encoder(source)
+    assert len(encoded) == 1 + 2 * 3 and encoded[1].shape == (1, 4, source_length, 8)
+    ids = tokens(12)
+    with torch.no_grad():
+        expected = model(input_ids=source, decoder_input_ids=ids).logits
+    for length in (1, 5):
+        close(decoder(ids[:, :length], torch.arange(length), *encoded), expected[:, :length])
+    decoder(ids[:, :6], torch.arange(6), *encoded)
+    close(decoder(ids[:, 6:9], torch.arange(6, 9), *encoded), expected[:, 6:9])
+    close(decoder(ids[:, 9:10], torch.arange(9, 10), *encoded), expected[:, 9:10])
+    new = tokens(12, seed=4)
+    new[:, :3] = ids[:, :3]
+    with torch.no_grad():
+        expected = model(input_ids=source, decoder_input_ids=new).logits
+    close(decoder(new[:, 3:], torch.arange(3, 12), *encoded), expected[:, 3:])  # rollback to 3
+
+
+def test_t5_metadata(t5):
+    _, encoder, decoder = t5
+    for package in (encoder, decoder):
+        metadata = package.get_metadata()
+        assert metadata[pt2.METADATA_KEY] == '{"architecture": "t5"}'
+        assert (metadata["vocab_size"], metadata["max_length"], metadata["max_source_length"]) == ("64", "32", "24")
