@@ -25,19 +25,43 @@ int64_t positive_entry(const Metadata& metadata, const char* key, const std::str
   }
 }
 
+using Loader = torch::inductor::AOTIModelPackageLoader;
+
+std::unique_ptr<Loader> open_model(const std::string& path, const char* name, std::optional<at::Device> device) {
+  try {
+    return std::make_unique<Loader>(path, name, /*run_single_threaded=*/false, /*num_runners=*/1,
+                                    device && device->has_index() ? device->index() : c10::DeviceIndex(-1));
+  } catch (const std::exception& e) {
+    fail("model {}: AOTInductor could not load the package's model '{}': {}", path, name, e.what());
+  }
+}
+
 class AotiModel final : public Model {
  public:
-  AotiModel(const std::string& path, std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader,
+  AotiModel(const std::string& path, std::unique_ptr<Loader> loader, std::unique_ptr<Loader> encoder,
             const Metadata& metadata, at::Device device)
-      : loader_(std::move(loader)), path_(path) {
+      : loader_(std::move(loader)), encoder_(std::move(encoder)), path_(path) {
     vocab_size_ = positive_entry(metadata, "vocab_size", path);
     max_length_ = positive_entry(metadata, "max_length", path);
+    encoder_decoder_ = encoder_ != nullptr;
+    if (encoder_decoder_) max_source_length_ = positive_entry(metadata, "max_source_length", path);
     device_ = device;
     auto json = metadata.find("speculant.json");
     if (json != metadata.end()) metadata_ = json->second;
     positions_ = at::arange(*max_length_, at::TensorOptions(device_).dtype(at::kLong));  // [M]
   }
 
+  void encode(const at::Tensor& source) override {
+    const int64_t s = source.numel();
+    require(s <= *max_source_length_, "model {}: the source has {} tokens, more than max_source_length = {}",
+            path_, s, *max_source_length_);
+    try {
+      encoded_ = encoder_->run({source.view({1, s})});  // [hidden, keys_0, values_0, ...]
+    } catch (const c10::Error& e) {
+      fail("model {}: the .pt2 encoder failed on {} token(s): {}", path_, s, e.what_without_backtrace());
+    }
+    length_ = 0;
+  }
   void reset(const at::Tensor& tokens) override {
     length_ = 0;  // stale slots are masked: nothing to clear
     if (tokens.numel() > 0) run(tokens);
@@ -52,9 +76,11 @@ class AotiModel final : public Model {
     const int64_t k = tokens.numel();
     require(length_ + k <= *max_length_, "model {}: {} cached + {} new positions exceed max_length = {}", path_,
             length_, k, *max_length_);
+    std::vector<at::Tensor> inputs{tokens.view({1, k}), positions_.narrow(0, length_, k)};
+    inputs.insert(inputs.end(), encoded_.begin(), encoded_.end());  // encoder-decoder: the cross inputs
     std::vector<at::Tensor> outputs;
     try {
-      outputs = loader_->run({tokens.view({1, k}), positions_.narrow(0, length_, k)});
+      outputs = loader_->run(inputs);
     } catch (const c10::Error& e) {
       fail("model {}: the .pt2 model failed on {} token(s) at position {}: {}", path_, k, length_,
            e.what_without_backtrace());
@@ -69,7 +95,9 @@ class AotiModel final : public Model {
     return logits.squeeze(0);  // [k, V]
   }
 
-  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  std::unique_ptr<Loader> loader_;
+  std::unique_ptr<Loader> encoder_;   // encoder-decoder packages only
+  std::vector<at::Tensor> encoded_;   // the encoder's outputs for the current source
   std::string path_;
   at::Tensor positions_;  // [max_length] 0, 1, ...: cache_position is a slice, no allocation per call
   int64_t length_ = 0;
@@ -98,17 +126,13 @@ std::shared_ptr<Model> load_pt2_file(const std::string& path, std::optional<at::
   }
   require(!built.is_cuda() || at::hasCUDA(), "model {}: the .pt2 package was compiled for CUDA, and no CUDA "
           "device is available here", path);
-  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader;
-  try {
-    loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
-        path, "model", /*run_single_threaded=*/false, /*num_runners=*/1,
-        device && device->has_index() ? device->index() : c10::DeviceIndex(-1));
-  } catch (const std::exception& e) {
-    fail("model {}: AOTInductor could not load the package: {}", path, e.what());
-  }
+  std::unique_ptr<Loader> loader = open_model(path, "model", device);
+  std::unique_ptr<Loader> encoder;
+  if (metadata.count("max_source_length")) encoder = open_model(path, "encoder", device);
   at::Device where = device ? *device : built;
-  auto model = std::make_shared<AotiModel>(path, std::move(loader), metadata, where);
+  auto model = std::make_shared<AotiModel>(path, std::move(loader), std::move(encoder), metadata, where);
   at::Tensor one = at::zeros({1}, at::TensorOptions(where).dtype(at::kLong));
+  if (model->encoder_decoder()) model->encode(one);
   model->reset(one);
   model->extend(one);  // checks the logits' shape
   model->truncate(0);

@@ -6,6 +6,9 @@
 // `max_length` positions in its own buffers, writes the k tokens at those positions, and each query attends
 // to cached positions <= its own, so slots past the newest one are masked: rollback only moves the position.
 // Package metadata: "vocab_size", "max_length", "torch_version" (of the export) and "speculant.json".
+// An encoder-decoder package (T5) adds "max_source_length" and a second model, "encoder":
+// run([source int64 [1, S]]) -> [hidden, keys_0, values_0, ...] (the cross-attention inputs, computed once per
+// source); the decoder model then takes them after its two inputs.
 #pragma once
 
 #include <memory>

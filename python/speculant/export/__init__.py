@@ -10,9 +10,9 @@ Two formats (`format=None` picks by suffix: `.pt2` is pt2, anything else TorchSc
   that holds the model's weights (gpt2.py, llama.py, t5.py); the tests check its logits against transformers'
   at several lengths, with a cache, and after a truncation. The file carries `speculant.json` (architecture,
   vocabulary size, EOS / pad / BOS / decoder-start ids) that `speculant.load` reads back as `Model.metadata`.
-* **pt2** (`.pt2`): any decoder-only model that transformers' static cache serves, through torch.export and
-  AOTInductor, with a static KV cache (pt2.py; TorchScript is deprecated since torch 2.11). The package holds
-  machine code for one device type and one torch release.
+* **pt2** (`.pt2`): any decoder-only model that transformers' static cache serves, and T5, through
+  torch.export and AOTInductor, with a static KV cache (pt2.py; TorchScript is deprecated since torch 2.11).
+  The package holds machine code for one device type and one torch release.
 """
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def _script(model, module, max_length: Optional[int], max_source_length: Optiona
         return module.script(model, max_length=max_length)
 
 
-def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int]) -> Dict[str, Any]:
+def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int],
+                max_source_length: Optional[int]) -> Dict[str, Any]:
     if isinstance(model_or_dir, (str, os.PathLike)):
         model = live.pretrained(os.fspath(model_or_dir), None)
     else:
@@ -85,12 +86,17 @@ def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int]) -> Dict[
     if not live.is_transformers_model(model):
         raise ValueError(f"model_or_dir must be a transformers model or a save_pretrained directory, got "
                          f"{type(model).__name__}")
+    encoder_decoder = bool(model.config.is_encoder_decoder)
     if max_length is None:
-        max_length = min(live.max_positions(model.config) or 4096, 4096)
-    meta = {"format": FORMAT, **live.describe(model, max_length=max_length, max_source_length=None,
-                                              decoder_start_token_id=None),
+        max_length = 512 if encoder_decoder else min(live.max_positions(model.config) or 4096, 4096)
+    if encoder_decoder and max_source_length is None:
+        max_source_length = 512
+    meta = {"format": FORMAT, **live.describe(model, max_length=max_length, max_source_length=max_source_length,
+                                              decoder_start_token_id=live.decoder_start(model)
+                                              if encoder_decoder else None),
             "torch_version": torch.__version__.split("+")[0]}
-    pt2.export_pt2(model, out_path, max_length=max_length, metadata_json=json.dumps(meta, sort_keys=True))
+    pt2.export_pt2(model, out_path, max_length=max_length, max_source_length=max_source_length,
+                   metadata_json=json.dumps(meta, sort_keys=True))
     return meta
 
 
@@ -100,7 +106,7 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
     and returns the metadata written with it.
 
     format: "torchscript" (the engine's cached contract; GPT-2, Llama, T5) or "pt2" (torch.export +
-    AOTInductor with a static KV cache; decoder-only models), by default from out_path's suffix (.pt2: pt2).
+    AOTInductor with a static KV cache; decoder-only models and T5), by default from out_path's suffix.
     max_length: decoder positions the preallocated KV cache holds (GPT-2: n_positions, the most there are;
     others: min(max_position_embeddings, 4096); T5: 512). max_source_length: T5's longest encoder input
     (default 512). Raises ValueError for an unsupported architecture or configuration, naming what is."""
@@ -113,9 +119,7 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} (or None: from out_path's suffix), got {format!r}")
     if format == "pt2":
-        if max_source_length is not None:
-            raise ValueError("max_source_length: the pt2 format exports decoder-only models")
-        meta = _export_pt2(model_or_dir, os.fspath(out_path), max_length)
+        meta = _export_pt2(model_or_dir, os.fspath(out_path), max_length, max_source_length)
         meta["export_seconds"] = time.perf_counter() - started
         return meta
     model = load_pretrained(model_or_dir) if isinstance(model_or_dir, (str, os.PathLike)) else model_or_dir

@@ -30,7 +30,8 @@ The package checks neither dtypes nor that the two inputs agree on k; on CPU, po
 
 Metadata of every model in the package (AOTIModelPackageLoader::get_metadata() or the static
 load_metadata_from_package(path, model_name), a map<string, string>, filled from the inductor config
-"aot_inductor.metadata"): "speculant.json" (the caller's JSON string), "vocab_size", "max_length" and, for
+"aot_inductor.metadata"): "speculant.json" (the caller's JSON string), "vocab_size", "max_length",
+"torch_version" (the release that compiled it, without its local suffix) and, for
 encoder-decoder packages, "max_source_length" (decimal strings).
 
 This module imports only torch, transformers and the standard library (not speculant's C++ extension).
@@ -230,7 +231,9 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
     if not out_path.endswith(".pt2"):
         raise ValueError(f"out_path must end in .pt2 (AOTInductor's package suffix), got {out_path!r}")
 
-    metadata = {METADATA_KEY: metadata_json, "vocab_size": str(text.vocab_size), "max_length": str(max_length)}
+    # torch_version: the package holds machine code for this torch; the C++ loader refuses another one
+    metadata = {METADATA_KEY: metadata_json, "vocab_size": str(text.vocab_size), "max_length": str(max_length),
+                "torch_version": torch.__version__.split("+")[0]}
     ids, positions_example, tokens = _tokens("tokens", max_length, 2, model.device)
     programs: Dict[str, torch.export.ExportedProgram] = {}
     with torch.no_grad():

@@ -1,0 +1,94 @@
+"""`.pt2` packages (torch.export + AOTInductor) decode through the C++ engine as transformers does, with no
+Python at call time: GPT-2, Llama, Qwen2 and T5 from tests/hf_families.py, compiled once per session
+(conftest.pt2_zoo).
+
+* Greedy: plain and speculative decoding (γ ∈ {1, 4}; the draft is a live transformers model, so backends mix)
+  give transformers' own `generate(do_sample=False)` output token for token, with and without an EOS stop.
+* Sampling: the joint law of the first two tokens against the target's exact law from transformers' logits,
+  Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 4 tests, so a correct engine fails one by chance with
+  probability at most 0.4% for a fresh draw of seeds; the seeds are fixed.
+* A package for another torch is refused with both versions named.
+"""
+
+import shutil
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+import hf_families
+import speculant
+from chisquare import chi_square_pvalue
+from conftest import PT2_FAMILIES
+from test_live import hf_greedy, two_token_law, _inputs, _start, MAX_NEW
+
+SIGNIFICANCE = 1e-3
+N_SAMPLES = 1000
+
+
+@pytest.mark.parametrize("family", PT2_FAMILIES)
+def test_greedy_equals_transformers_generate(pt2_zoo, family):
+    model, path = pt2_zoo(family)
+    target = speculant.load(path)
+    assert target.form == "pt2" and target.vocab_size == hf_families.VOCAB
+    assert target.encoder_decoder == hf_families.is_encoder_decoder(family)
+    expected = hf_greedy(model, family)
+    eos = expected[MAX_NEW // 2]
+    expected_eos = hf_greedy(model, family, eos=eos)
+    assert speculant.generate(target, max_new_tokens=MAX_NEW, temperature=0, **_inputs(family)).tokens == expected
+    draft = speculant.load(hf_families.drafted(model, noise=4 * hf_families.NOISE[family], seed=11))
+    kept = 0
+    for gamma in (1, 4):
+        decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0)
+        result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
+        assert result.tokens == expected, f"gamma={gamma}"
+        kept += result.stats.accepted_tokens
+        stopped = decoder.generate(max_new_tokens=MAX_NEW, eos_token_id=eos, **_inputs(family))
+        assert stopped.tokens == expected_eos, f"gamma={gamma} with eos"
+    assert kept > 0
+
+
+@pytest.mark.parametrize("family", PT2_FAMILIES)
+def test_two_token_law_matches_transformers(pt2_zoo, family):
+    model, path = pt2_zoo(family)
+    target = speculant.load(path)
+    draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE[family], seed=12))
+    start = _start(model, family)
+    law = two_token_law(model, family, start, 1.0, 0)
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=2, temperature=1.0)
+    extra = {"encoder_input_ids": _inputs(family)["encoder_input_ids"]} if target.encoder_decoder else {}
+    samples = np.array([decoder.generate(start, max_new_tokens=2, seed=3000 + i, **extra).tokens
+                        for i in range(N_SAMPLES)])
+    pvalue = chi_square_pvalue(law, samples)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+def test_package_of_another_torch_is_refused(pt2_zoo, tmp_path):
+    """The package's metadata names the torch that compiled it; another torch is told to export again."""
+    _, path = pt2_zoo("gpt2")
+    other = tmp_path / "other_torch.pt2"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(other, "w") as out:
+        for item in source.infolist():
+            data = source.read(item.filename)
+            if item.filename.endswith("_metadata.json"):
+                current = torch.__version__.split("+")[0].encode()
+                assert current in data
+                data = data.replace(current, b"2.11.0")
+            out.writestr(item, data)
+    with pytest.raises(ValueError, match=rf"compiled with torch 2\.11\.0, this is torch "
+                                         rf"{torch.__version__.split('+')[0]}.*export the model again"):
+        speculant.load(other)
+
+
+def test_pt2_dtype_and_other_errors(pt2_zoo, tmp_path):
+    _, path = pt2_zoo("gpt2")
+    with pytest.raises(ValueError, match="compiled for one dtype"):
+        speculant.load(path, dtype="bfloat16")
+    broken = tmp_path / "truncated.pt2"
+    broken.write_bytes(path.read_bytes()[:4096])
+    with pytest.raises(ValueError, match="truncated.pt2"):
+        speculant.load(broken)
+    copy = tmp_path / "copy.pt2"
+    shutil.copy(path, copy)
+    assert speculant.load(copy).metadata["architecture"] == "GPT2LMHeadModel"
