@@ -8,6 +8,7 @@
 #include "decoder.h"
 #include "drafter.h"
 #include "errors.h"
+#include "interrupt.h"
 #include "model.h"
 #include "python_drafter.h"
 #include "python_model.h"
@@ -32,6 +33,18 @@ std::optional<at::Device> parse_device(const std::optional<std::string>& device)
   } catch (const c10::Error&) {
     fail("device must be a torch device string such as 'cpu' or 'cuda:0', got '{}'", *device);
   }
+}
+
+// Python's pending signal handlers (SIGINT: KeyboardInterrupt), run between model calls (interrupt.h).
+void python_signals() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
+// Signals are delivered to Python's main thread only: elsewhere there is nothing to check.
+InterruptCheck signal_check() {
+  py::module_ threading = py::module_::import("threading");
+  return threading.attr("current_thread")().is(threading.attr("main_thread")()) ? python_signals : nullptr;
 }
 
 void check_probabilities(const at::Tensor& t, const char* what) {
@@ -227,10 +240,12 @@ PYBIND11_MODULE(_core, m) {
              const std::optional<std::vector<int64_t>>& source, int64_t max_new_tokens,
              std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile,
              const std::string& gamma_policy, std::optional<int64_t> max_gamma, double cost) {
+            InterruptScope interruptible(signal_check());
+            py::gil_scoped_release release;
             return decoder.generate(prompt, source, max_new_tokens, eos_token_id, seed, profile,
                                     GammaSchedule{gamma_policy, max_gamma, cost});
           },
           py::arg("prompt"), py::arg("source"), py::arg("max_new_tokens"), py::arg("eos_token_id"),
           py::arg("seed"), py::arg("profile") = false, py::arg("gamma_policy") = "fixed",
-          py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0, py::call_guard<py::gil_scoped_release>());
+          py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0);
 }

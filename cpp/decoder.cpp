@@ -8,6 +8,7 @@
 #include <random>
 
 #include "errors.h"
+#include "interrupt.h"
 #include "speculative.h"
 
 namespace speculant {
@@ -181,6 +182,7 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
     const int64_t limit = std::min<int64_t>(wanted, max_new_tokens - stats.new_tokens - 1);
     Proposal proposal;  // limit 0 only in the last iteration (one token still wanted): nothing to draft
     if (limit > 0) {
+      check_interrupt();  // the drafter checks again before each of its own model calls
       const auto draft_start = Clock::now();
       proposal = draft_->propose(limit, config_, generator, profile);
       const double draft_total = seconds_since(draft_start);
@@ -194,6 +196,7 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
 
     // Algorithm 1: run M_p on prefix + [x_1 .. x_gamma] in parallel (one call).
     at::Tensor target_logits;  // [gamma + 1, V]
+    check_interrupt();
     {
       PhaseTimer timer(stats.target_seconds, device, profile);
       at::Tensor logits = target_->extend(at::cat({target_pending, drafted}));  // [pending + gamma, V]

@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "errors.h"
+#include "interrupt.h"
 
 namespace speculant {
 namespace {
@@ -45,6 +46,7 @@ class ModelDrafter final : public Drafter {
     std::vector<at::Tensor> x_rows, q_rows, maxima;
     at::Tensor feed = pending_;
     for (int64_t i = 0; i < gamma; ++i) {
+      if (i > 0) check_interrupt();  // the decoder checked before the first
       const auto start = Clock::now();
       at::Tensor logits = model_->extend(feed);  // [k, V]
       if (sync) torch::cuda::synchronize();

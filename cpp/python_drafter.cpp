@@ -32,7 +32,12 @@ class PythonDrafter final : public HostHistoryDrafter {
       try {
         result = propose_(py::cast(history()), gamma);
       } catch (py::error_already_set& e) {
-        fail("drafter: the Python propose callable raised {}", e.what());
+        // the exception keeps its type (KeyboardInterrupt included), with where it came from as a note
+        if (py::hasattr(e.value(), "add_note")) {
+          e.value().attr("add_note")(fmt::format("raised by the Python drafter's propose(context, gamma={}) at "
+                                                 "context length {}", gamma, history().size()));
+        }
+        throw;
       }
       require(py::isinstance<py::tuple>(result) && py::len(result) == 2,
               "drafter: propose(context, gamma) must return a tuple (tokens, q), got {}",
