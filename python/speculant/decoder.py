@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from . import _core
@@ -15,7 +17,8 @@ from .drafters import Drafter
 from .model import Model, load
 from .trace import Trace
 
-PromptIds = Union[Sequence[int], torch.Tensor]
+PromptIds = Union[Sequence[int], torch.Tensor, np.ndarray, Mapping, str]
+DEFAULT_GAMMA = 4  # draft tokens per iteration: Theorem 3.8's optimum (§3.5) at alpha = 0.7, c = 0.1
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class Result:
     tokens: List[int]
     stats: _core.Stats
     trace: Trace
+    text: Optional[str] = None  # the tokens decoded, when generate was given a tokenizer
 
 
 def _integer(value, name: str, minimum: int) -> int:
@@ -44,7 +48,27 @@ def _real(value, name: str) -> float:
     return float(value)
 
 
-def _ids(value: PromptIds, name: str) -> List[int]:
+def _ids(value: PromptIds, name: str, tokenizer=None) -> List[int]:
+    """Token ids from a sequence, a 1-D or [1, T] tensor or numpy array, a tokenizer's output (a mapping with
+    input_ids, such as a BatchEncoding), or a string encoded by `tokenizer`."""
+    if isinstance(value, str):
+        if tokenizer is None:
+            raise ValueError(f"{name} is a string: pass tokenizer= (a transformers tokenizer or a "
+                             "tokenizers.Tokenizer) to encode it, or pass token ids")
+        encoded = tokenizer.encode(value)
+        value = encoded.ids if hasattr(encoded, "ids") else encoded
+    if isinstance(value, Mapping):
+        if "input_ids" not in value:
+            raise ValueError(f"{name} is a mapping without 'input_ids' (keys: {sorted(value)})")
+        mask = value.get("attention_mask")
+        if mask is not None and not bool(np.all(np.asarray(mask) == 1)):
+            raise ValueError(f"{name}: the attention_mask has padding; speculant decodes one unpadded prompt "
+                             "(batch 1)")
+        value = value["input_ids"]
+    if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], (list, tuple)):
+        value = value[0]  # a batch of one, as tokenizers return it
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
     if isinstance(value, torch.Tensor):
         if value.dim() == 2 and value.size(0) == 1:
             value = value[0]
@@ -61,22 +85,22 @@ def _ids(value: PromptIds, name: str) -> List[int]:
     return [int(t) for t in ids]
 
 
-def _model(value, name: str) -> Model:
+def _model(value, name: str, device=None, dtype=None) -> Model:
     """A speculant.Model, or anything speculant.load takes (a transformers model, a path, a ScriptModule)."""
     if isinstance(value, Model):
         return value
     try:
-        return load(value)
+        return load(value, device=device, dtype=dtype)
     except ValueError as error:
         raise ValueError(f"{name}: {error}") from None
 
 
-def _draft(value) -> Union[Model, Drafter]:
+def _draft(value, device=None, dtype=None) -> Union[Model, Drafter]:
     """A drafter, or a speculant.Model from anything speculant.load takes."""
     if isinstance(value, (Drafter, Model)):
         return value
     if isinstance(value, (str, os.PathLike, torch.nn.Module)):
-        return _model(value, "draft")
+        return _model(value, "draft", device, dtype)
     raise ValueError("draft must be a model (a speculant.Model, a transformers model, a model path) or a drafter "
                      f"from speculant.drafters, got {type(value).__name__}")
 
@@ -99,49 +123,100 @@ def _schedule(gamma_policy, max_gamma, cost) -> dict:
             _real(cost, "cost")}
 
 
+def _prompt(prompt_ids, input_ids):
+    if input_ids is not None:
+        if prompt_ids is not None:
+            raise ValueError("pass the prompt once: prompt_ids or input_ids (its transformers name), not both")
+        return input_ids
+    return prompt_ids
+
+
+def _sampling(base: dict, do_sample, temperature, top_k, top_p) -> dict:
+    """The decoder's sampling settings with a call's overrides, transformers' way: do_sample=False is argmax;
+    do_sample=True samples (at temperature 1 if the decoder's is argmax and none is given)."""
+    config = dict(base)
+    if temperature is not None:
+        config["temperature"] = _real(temperature, "temperature")
+    if top_k is not None:
+        config["top_k"] = _integer(top_k, "top_k", 0)
+    if top_p is not None:
+        config["top_p"] = _real(top_p, "top_p")
+    if do_sample is not None:
+        if not isinstance(do_sample, bool):
+            raise ValueError(f"do_sample must be True or False, got {do_sample!r}")
+        if not do_sample:
+            config["temperature"] = 0.0
+        elif config["temperature"] == 0.0:
+            if temperature is not None:
+                raise ValueError("do_sample=True with temperature=0: sampling needs a temperature > 0")
+            config["temperature"] = 1.0
+    return config
+
+
 def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id,
-         seed, profile, schedule=None) -> Result:
-    source = None if encoder_input_ids is None else _ids(encoder_input_ids, "encoder_input_ids")
+         seed, profile, schedule=None, tokenizer=None) -> Result:
+    source = None if encoder_input_ids is None else _ids(encoder_input_ids, "encoder_input_ids", tokenizer)
     if prompt_ids is None:
         start = target.decoder_start_token_id
         if start is None:
             raise ValueError("prompt_ids is required (only an encoder-decoder model with a "
                              "decoder_start_token_id in its metadata starts by itself)")
         prompt_ids = [start]
-    prompt = _ids(prompt_ids, "prompt_ids")
+    prompt = _ids(prompt_ids, "prompt_ids", tokenizer)
     max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0)
     eos = None if eos_token_id is None else _integer(eos_token_id, "eos_token_id", 0)
     seed = None if seed is None else _integer(seed, "seed", 0)
     generation = decoder.generate(prompt, source, max_new_tokens, eos, seed, bool(profile), **(schedule or {}))
-    return Result(tokens=list(generation.tokens), stats=generation.stats, trace=Trace(generation.trace))
+    tokens = list(generation.tokens)
+    text = None if tokenizer is None else tokenizer.decode(tokens)
+    return Result(tokens=tokens, stats=generation.stats, trace=Trace(generation.trace), text=text)
 
 
 class SpeculativeDecoder:
     """Speculative decoding of ``target`` with ``draft`` proposing ``gamma`` tokens per iteration.
 
+    target and draft: anything ``speculant.load`` takes (a transformers model object, a save_pretrained
+    directory, a .pt / .pt2 file, a speculant.Model); draft may also be a drafter from speculant.drafters.
+    ``device`` / ``dtype`` are passed to ``speculant.load`` for those not loaded yet.
+
     One sampling configuration standardizes both models (§2.2): temperature (0 = argmax), top_k (0 = off),
-    top_p (1 = off). lenience in (0, 1] (A.5): 1 is exact; below 1 no token is sampled with probability above
-    p(x) / lenience (argmax: a draft token is kept when p(x) >= lenience * max p).
+    top_p (1 = off); ``generate`` may override it per call. lenience in (0, 1] (A.5): 1 is exact; below 1 no
+    token is sampled with probability above p(x) / lenience (argmax: a draft token is kept when
+    p(x) >= lenience * max p). gamma defaults to DEFAULT_GAMMA = 4.
     """
 
-    def __init__(self, target: Model, draft: Union[Model, Drafter], *, gamma: int, temperature: float = 1.0,
-                 top_k: int = 0, top_p: float = 1.0, lenience: float = 1.0):
-        self.target = _model(target, "target")
-        self.draft = _draft(draft)
+    def __init__(self, target, draft, *, gamma: int = DEFAULT_GAMMA, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None):
+        self.target = _model(target, "target", device, dtype)
+        self.draft = _draft(draft, device, dtype)
         self._gamma = _integer(gamma, "gamma", 1)
-        self._core = _core.Decoder(self.target._core, _drafter(self.draft), self._gamma,
-                                   _real(temperature, "temperature"), _integer(top_k, "top_k", 0),
-                                   _real(top_p, "top_p"), _real(lenience, "lenience"))
+        self._sampling = {"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
+                          "top_p": _real(top_p, "top_p"), "lenience": _real(lenience, "lenience")}
+        self._drafter = _drafter(self.draft)
+        self._core = self._decoder(self._sampling)
+
+    def _decoder(self, sampling: dict) -> _core.Decoder:
+        return _core.Decoder(self.target._core, self._drafter, self._gamma, sampling["temperature"],
+                             sampling["top_k"], sampling["top_p"], sampling["lenience"])
 
     @property
     def gamma(self) -> int:
         return self._gamma
 
     def generate(self, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
-                 encoder_input_ids: Optional[PromptIds] = None, eos_token_id: Optional[int] = None,
-                 seed: Optional[int] = None, profile: bool = False, gamma_policy: str = "fixed",
-                 max_gamma: Optional[int] = None, cost: Optional[float] = None) -> Result:
+                 input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
+                 eos_token_id: Optional[int] = None, seed: Optional[int] = None, profile: bool = False,
+                 gamma_policy: str = "fixed", max_gamma: Optional[int] = None, cost: Optional[float] = None,
+                 do_sample: Optional[bool] = None, temperature: Optional[float] = None,
+                 top_k: Optional[int] = None, top_p: Optional[float] = None, tokenizer: Any = None) -> Result:
         """Generates up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after ``eos_token_id``.
+
+        The prompt (``prompt_ids``, or ``input_ids`` as transformers names it): token ids as a list, a 1-D or
+        [1, T] tensor or numpy array, a tokenizer's output (a BatchEncoding), or a string with ``tokenizer=``
+        (a transformers tokenizer or a tokenizers.Tokenizer), which also decodes ``result.text``.
+
+        ``do_sample``, ``temperature``, ``top_k``, ``top_p`` override the decoder's settings for this call
+        (do_sample=False is argmax); both models are standardized with the same settings, as always.
 
         Encoder-decoder pairs (T5) take the source as ``encoder_input_ids``, encoded once per model and
         generation; ``prompt_ids`` is then the decoder's start and defaults to the target's
@@ -157,17 +232,24 @@ class SpeculativeDecoder:
         improvement for the given ``cost`` c. max_gamma defaults to 2 * gamma. A policy sees only earlier
         iterations, so the output law stays exact.
         """
-        return _run(self._core, self.target, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id, seed,
-                    profile, _schedule(gamma_policy, max_gamma, cost))
+        overrides = (do_sample, temperature, top_k, top_p)
+        core = self._core if all(v is None for v in overrides) else self._decoder(
+            _sampling(self._sampling, *overrides))
+        return _run(core, self.target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
+                    eos_token_id, seed, profile, _schedule(gamma_policy, max_gamma, cost), tokenizer)
 
 
-def generate(target: Model, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
-             encoder_input_ids: Optional[PromptIds] = None, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, eos_token_id: Optional[int] = None, seed: Optional[int] = None,
-             profile: bool = False) -> Result:
+def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
+             input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, do_sample: Optional[bool] = None,
+             eos_token_id: Optional[int] = None, seed: Optional[int] = None, profile: bool = False,
+             tokenizer: Any = None) -> Result:
     """Plain autoregressive decoding of ``target`` through the same engine (gamma = 0): the baseline.
     Arguments as in SpeculativeDecoder.generate."""
     target = _model(target, "target")
-    decoder = _core.Decoder(target._core, None, 0, _real(temperature, "temperature"), _integer(top_k, "top_k", 0),
-                            _real(top_p, "top_p"), 1.0)
-    return _run(decoder, target, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id, seed, profile)
+    sampling = _sampling({"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
+                          "top_p": _real(top_p, "top_p"), "lenience": 1.0}, do_sample, None, None, None)
+    decoder = _core.Decoder(target._core, None, 0, sampling["temperature"], sampling["top_k"], sampling["top_p"],
+                            1.0)
+    return _run(decoder, target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens, eos_token_id,
+                seed, profile, tokenizer=tokenizer)

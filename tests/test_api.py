@@ -1,0 +1,113 @@
+"""The API a transformers user reaches for: prompts in every form a tokenizer gives, per-call sampling
+settings, a default gamma, device / dtype at load, and errors that name the fix."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import hf_families
+import speculant
+
+PROMPT = [1, 5, 9]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    model = hf_families.make("llama", seed=10)
+    return model, hf_families.drafted(model, noise=4 * hf_families.NOISE["llama"], seed=11)
+
+
+class Words:
+    """A tokenizer: encode(str) -> ids, decode(ids) -> str, over "t0 t1 ..." words."""
+
+    def encode(self, text):
+        return [int(word[1:]) for word in text.split()]
+
+    def decode(self, ids):
+        return " ".join(f"t{i}" for i in ids)
+
+
+def test_prompt_forms_give_the_same_tokens(pair):
+    model, draft = pair
+    decoder = speculant.SpeculativeDecoder(model, draft, temperature=0)
+    assert decoder.gamma == speculant.decoder.DEFAULT_GAMMA == 4
+    expected = decoder.generate(PROMPT, max_new_tokens=8).tokens
+    forms = [torch.tensor(PROMPT), torch.tensor([PROMPT]), np.array(PROMPT), np.array([PROMPT]),
+             transformers.BatchEncoding({"input_ids": [PROMPT], "attention_mask": [[1, 1, 1]]})]
+    for form in forms:
+        assert decoder.generate(form, max_new_tokens=8).tokens == expected
+    assert decoder.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=8).tokens == expected
+    result = decoder.generate("t1 t5 t9", tokenizer=Words(), max_new_tokens=8)
+    assert result.tokens == expected and result.text == Words().decode(expected)
+    assert speculant.generate(model, input_ids=np.array(PROMPT), max_new_tokens=3, temperature=0).tokens == \
+        speculant.generate(model, PROMPT, max_new_tokens=3, temperature=0).tokens
+
+
+def test_prompt_errors_name_the_fix(pair):
+    model, draft = pair
+    decoder = speculant.SpeculativeDecoder(model, draft)
+    with pytest.raises(ValueError, match="prompt_ids is a string: pass tokenizer="):
+        decoder.generate("t1 t5", max_new_tokens=2)
+    with pytest.raises(ValueError, match="attention_mask has padding"):
+        decoder.generate({"input_ids": [[0, 1, 5]], "attention_mask": [[0, 1, 1]]}, max_new_tokens=2)
+    with pytest.raises(ValueError, match="prompt_ids or input_ids .*not both"):
+        decoder.generate(PROMPT, input_ids=PROMPT, max_new_tokens=2)
+
+
+def test_sampling_settings_per_call(pair):
+    model, draft = pair
+    sampled = speculant.SpeculativeDecoder(model, draft, gamma=3, temperature=1.0)
+    greedy = speculant.SpeculativeDecoder(model, draft, gamma=3, temperature=0)
+    top50 = speculant.SpeculativeDecoder(model, draft, gamma=3, temperature=0.7, top_k=50)
+    assert sampled.generate(PROMPT, max_new_tokens=12, do_sample=False).tokens == \
+        greedy.generate(PROMPT, max_new_tokens=12).tokens
+    for seed in range(3):
+        assert greedy.generate(PROMPT, max_new_tokens=12, do_sample=True, temperature=0.7, top_k=50,
+                               seed=seed).tokens == top50.generate(PROMPT, max_new_tokens=12, seed=seed).tokens
+    # do_sample=True on an argmax decoder samples at temperature 1, as transformers does
+    assert greedy.generate(PROMPT, max_new_tokens=12, do_sample=True, seed=4).tokens == \
+        sampled.generate(PROMPT, max_new_tokens=12, seed=4).tokens
+    with pytest.raises(ValueError, match="do_sample=True with temperature=0"):
+        greedy.generate(PROMPT, max_new_tokens=2, do_sample=True, temperature=0)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        greedy.generate(PROMPT, max_new_tokens=2, top_p=1.5)
+    assert speculant.generate(model, PROMPT, max_new_tokens=6, do_sample=False).tokens == \
+        greedy.generate(PROMPT, max_new_tokens=6).tokens
+
+
+def test_dtype_and_device_at_load(pair, tmp_path):
+    model, _ = pair
+    model.save_pretrained(tmp_path / "llama")
+    loaded = speculant.load(tmp_path / "llama", dtype="bfloat16", device="cpu")
+    assert loaded.module.dtype == torch.bfloat16 and loaded.metadata["dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match="dtype must be a floating-point torch.dtype"):
+        speculant.load(tmp_path / "llama", dtype="int8")
+    with pytest.raises(ValueError, match="device must be a torch device"):
+        speculant.load(tmp_path / "llama", device="gpu0")
+    decoder = speculant.SpeculativeDecoder(tmp_path / "llama", tmp_path / "llama", dtype=torch.bfloat16)
+    assert decoder.target.module.dtype == torch.bfloat16
+
+
+def test_files_that_are_not_models_name_the_fix(pair, tmp_path):
+    model, _ = pair
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    with pytest.raises(ValueError, match="weights.pt was written by torch.save .* export the model first"):
+        speculant.load(tmp_path / "weights.pt")
+    model.save_pretrained(tmp_path / "hf")  # writes model.safetensors
+    with pytest.raises(ValueError, match="model.safetensors is a safetensors file.*export the model first"):
+        speculant.load(tmp_path / "hf" / "model.safetensors")
+    (tmp_path / "exports").mkdir()
+    speculant.export(hf_families.make("gpt2"), tmp_path / "exports" / "gpt2.pt")
+    with pytest.raises(ValueError, match="is a directory; pass one of its model files: gpt2.pt"):
+        speculant.load(tmp_path / "exports")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ValueError, match="notes.txt is neither a TorchScript file nor a save_pretrained"):
+        speculant.load(tmp_path / "notes.txt")
+    with pytest.raises(ValueError, match=r"plain Linear \(torch.nn.Module\) .*speculant.export"):
+        speculant.load(torch.nn.Linear(2, 2))
+    with pytest.raises(FileNotFoundError, match="no such file or directory"):
+        speculant.load(tmp_path / "missing.pt")
+    assert json.loads(json.dumps(speculant.load(tmp_path / "exports" / "gpt2.pt").metadata))["vocab_size"] == 64
