@@ -111,3 +111,16 @@ def test_files_that_are_not_models_name_the_fix(pair, tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file or directory"):
         speculant.load(tmp_path / "missing.pt")
     assert json.loads(json.dumps(speculant.load(tmp_path / "exports" / "gpt2.pt").metadata))["vocab_size"] == 64
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".pt2"])
+def test_export_in_half_precision(tmp_path, suffix):
+    model = hf_families.make("llama", seed=10)
+    meta = speculant.export(model, tmp_path / f"llama{suffix}", dtype="bfloat16", max_length=32)
+    assert meta["dtype"] == "bfloat16" and model.dtype == torch.float32  # the caller's model is not converted
+    loaded = speculant.load(tmp_path / f"llama{suffix}")
+    half = model.to(torch.bfloat16)
+    expected = half.generate(input_ids=torch.tensor([PROMPT]), do_sample=False, max_new_tokens=1,
+                             eos_token_id=None, pad_token_id=0)[0, -1].item()
+    assert speculant.generate(loaded, PROMPT, max_new_tokens=1, temperature=0).tokens == [expected]
+    assert len(speculant.generate(loaded, PROMPT, max_new_tokens=8, seed=0).tokens) == 8

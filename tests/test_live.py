@@ -6,8 +6,9 @@ does, through the C++ engine with the model's forward called back in Python.
   the comparison is with both of transformers' paths), with and without an EOS stop; the same for a draft of
   another family than its target.
 * Sampling: the joint law of the first two tokens, sampled by speculative decoding, against the target's exact
-  law from transformers' logits. Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 16 tests (1,000 samples each), so a correct
-  engine fails one by chance with probability at most 1.6% for a fresh draw of seeds; the seeds are fixed.
+  law from transformers' logits. Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 17 tests (1,000 samples
+  each, a bf16 pair among them), so a correct engine fails one by chance with probability at most 1.7% for a
+  fresh draw of seeds; the seeds are fixed.
 * Refusals, each with its message: a recurrent model, a model in training mode, a model without an LM head, a
   vocabulary mismatch (and the exact padding that resolves it), a missing CUDA device.
 """
@@ -180,6 +181,15 @@ def test_bfloat16_model_decodes_as_transformers(zoo):
     decoder = speculant.SpeculativeDecoder(target, speculant.load(hf_families.drafted(model, 0.003, 11)),
                                            gamma=3, temperature=1.0)
     assert len(decoder.generate(PROMPT, max_new_tokens=MAX_NEW, seed=0).tokens) == MAX_NEW
+
+
+def test_two_token_law_of_a_bfloat16_pair(zoo):
+    """Half precision keeps the law exact: a bf16 target and draft, the sampling math in float32, against the
+    law computed from the bf16 target's own logits."""
+    model = hf_families.make("qwen2", seed=10).to(torch.bfloat16)
+    draft = hf_families.drafted(model, noise=5 * hf_families.NOISE["qwen2"], seed=12)
+    pvalue = _law_pvalue(model, "qwen2", speculant.load(model), speculant.load(draft), temperature=1.0)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
 
 
 def test_recurrent_model_is_refused():

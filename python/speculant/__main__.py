@@ -23,12 +23,14 @@ def export_main(argv) -> int:
                         help="decoder positions the KV cache holds (default: per architecture)")
     parser.add_argument("--max-source-length", type=int, default=None,
                         help="T5: the longest encoder input (default: 512)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="export in this dtype (default: the model's own)")
     args = parser.parse_args(argv)
     from .export import export
 
     try:
         meta = export(args.model_dir, args.out, format=args.format, max_length=args.max_length,
-                      max_source_length=args.max_source_length)
+                      max_source_length=args.max_source_length, dtype=args.dtype)
     except (ValueError, OSError, ImportError) as error:  # OSError: unreadable or missing weight files
         print(f"speculant export: {error}", file=sys.stderr)
         return 2

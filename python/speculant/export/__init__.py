@@ -16,6 +16,7 @@ Two formats (`format=None` picks by suffix: `.pt2` is pt2, anything else TorchSc
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import time
@@ -77,10 +78,10 @@ def _script(model, module, max_length: Optional[int], max_source_length: Optiona
         return module.script(model, max_length=max_length)
 
 
-def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int],
-                max_source_length: Optional[int]) -> Dict[str, Any]:
+def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int], max_source_length: Optional[int],
+                dtype) -> Dict[str, Any]:
     if isinstance(model_or_dir, (str, os.PathLike)):
-        model = live.pretrained(os.fspath(model_or_dir), None)
+        model = _in_dtype(live.pretrained(os.fspath(model_or_dir), None), dtype)
     else:
         model = model_or_dir
     if not live.is_transformers_model(model):
@@ -100,8 +101,21 @@ def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int],
     return meta
 
 
+def _in_dtype(model, dtype):
+    """The model in `dtype` (a converted copy: the caller's model is left as it is)."""
+    if dtype is None:
+        return model
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError("dtype must be a floating-point torch.dtype or its name ('float32', 'bfloat16', "
+                         "'float16')")
+    return model if model.dtype == dtype else copy.deepcopy(model).to(dtype)
+
+
 def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[str] = None,
-           max_length: Optional[int] = None, max_source_length: Optional[int] = None) -> Dict[str, Any]:
+           max_length: Optional[int] = None, max_source_length: Optional[int] = None,
+           dtype=None) -> Dict[str, Any]:
     """Writes `model_or_dir` (a transformers model object or a local save_pretrained directory) to out_path
     and returns the metadata written with it.
 
@@ -109,7 +123,9 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
     AOTInductor with a static KV cache; decoder-only models and T5), by default from out_path's suffix.
     max_length: decoder positions the preallocated KV cache holds (GPT-2: n_positions, the most there are;
     others: min(max_position_embeddings, 4096); T5: 512). max_source_length: T5's longest encoder input
-    (default 512). Raises ValueError for an unsupported architecture or configuration, naming what is."""
+    (default 512). dtype: export in this dtype (e.g. "bfloat16"; default: the model's own); the engine's
+    sampling math is float32 whatever the model's dtype. Raises ValueError for an unsupported architecture or
+    configuration, naming what is."""
     started = time.perf_counter()
     for name, value in (("max_length", max_length), ("max_source_length", max_source_length)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -119,10 +135,13 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
     if format not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} (or None: from out_path's suffix), got {format!r}")
     if format == "pt2":
-        meta = _export_pt2(model_or_dir, os.fspath(out_path), max_length, max_source_length)
+        if not isinstance(model_or_dir, (str, os.PathLike)):
+            model_or_dir = _in_dtype(model_or_dir, dtype)
+        meta = _export_pt2(model_or_dir, os.fspath(out_path), max_length, max_source_length, dtype)
         meta["export_seconds"] = time.perf_counter() - started
         return meta
     model = load_pretrained(model_or_dir) if isinstance(model_or_dir, (str, os.PathLike)) else model_or_dir
+    model = _in_dtype(model, dtype)
     name = type(model).__name__
     if name not in SUPPORTED:
         raise ValueError(f"model_or_dir: {name} is not supported; supported architectures: "
