@@ -106,6 +106,14 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
                              const std::optional<std::vector<int64_t>>& source, int64_t max_new_tokens,
                              std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile,
                              const GammaSchedule& schedule) const {
+  if (busy_->exchange(true)) {
+    throw std::runtime_error("this decoder is already generating in another thread; a decoder runs one "
+                             "generation at a time: create one decoder per thread (decoders may share models)");
+  }
+  struct Release {
+    std::atomic<bool>& flag;
+    ~Release() { flag = false; }
+  } release{*busy_};
   const int64_t vocab = target_->vocab_size();
   check_ids(prompt, "prompt_ids", vocab);
   check_source(*target_, source);

@@ -3,6 +3,7 @@
 // through the same code.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -37,9 +38,10 @@ class Decoder {
 
   // prompt: token ids (at least one; for an encoder-decoder pair the decoder's start, usually its
   // decoder_start_token_id); source: the encoder's input ids, required for encoder-decoder models and refused
-  // for decoder-only ones; each model encodes it once per generation. seed: replays a run exactly (std::random_device when absent, and the
-  // seed used is reported in stats). `profile` synchronizes an accelerator around the model calls so the
-  // time split is exact; without it only the host-side time of the launches is attributed there.
+  // for decoder-only ones; each model encodes it once per generation. seed: replays a run exactly
+  // (std::random_device when absent, and the seed used is reported in stats). `profile` synchronizes an
+  // accelerator around the model calls so the time split is exact; without it only the host-side time of the
+  // launches is attributed there. One call at a time per decoder: a concurrent one raises std::runtime_error.
   Generation generate(const std::vector<int64_t>& prompt, const std::optional<std::vector<int64_t>>& source,
                       int64_t max_new_tokens, std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
                       bool profile, const GammaSchedule& schedule = {}) const;
@@ -52,6 +54,9 @@ class Decoder {
   std::shared_ptr<Drafter> draft_;
   int64_t gamma_;
   SamplingConfig config_;
+  // Set while a generate call runs: a second call from another thread at the same time is refused (decoders
+  // that merely share a model wait for it instead: the model's lock).
+  std::shared_ptr<std::atomic<bool>> busy_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace speculant

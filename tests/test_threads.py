@@ -1,0 +1,76 @@
+"""Decoders in threads: the engine releases the GIL, so independent decoders run in parallel and give exactly
+their serial results; one decoder entered from two threads at once refuses the second call (it never shares a
+cache); Python drafters and live transformers models called back from threads neither deadlock nor crash."""
+
+import threading
+
+import pytest
+import torch
+
+import hf_families
+import speculant
+from speculant import drafters, tiny_gpt
+
+
+def tiny(seed: int) -> speculant.Model:
+    torch.manual_seed(seed)
+    return speculant.load(tiny_gpt.script_cached(tiny_gpt.TinyGPT(tiny_gpt.TinyGPTConfig(32, 2, 2, 16, 256))))
+
+
+def uniform_drafter(vocab: int) -> drafters.PythonDrafter:
+    return drafters.PythonDrafter(lambda context, gamma: ([context[-1] % vocab] * gamma,
+                                                          torch.full((gamma, vocab), 1 / vocab)), vocab)
+
+
+def run_in_threads(jobs):
+    results, errors = [None] * len(jobs), []
+
+    def work(i):
+        try:
+            results[i] = jobs[i]()
+        except BaseException as error:  # noqa: B036 (reported to the test)
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads), "a thread hung"
+    assert not errors, errors
+    return results
+
+
+def test_four_decoders_in_four_threads_equal_serial():
+    model = hf_families.make("qwen2", seed=10)
+    decoders = [
+        speculant.SpeculativeDecoder(tiny(0), tiny(1), gamma=3),
+        speculant.SpeculativeDecoder(tiny(2), uniform_drafter(32), gamma=2),           # Python drafter
+        speculant.SpeculativeDecoder(model, hf_families.drafted(model, 0.02, 1), gamma=4),  # live models
+        speculant.SpeculativeDecoder(tiny(3), drafters.PromptLookup(32), gamma=2),
+    ]
+    jobs = [lambda d=d, i=i: [d.generate([1, 2, 3], max_new_tokens=40, seed=100 * i + r).tokens for r in range(5)]
+            for i, d in enumerate(decoders)]
+    serial = [job() for job in jobs]
+    assert run_in_threads(jobs) == serial
+
+
+def test_one_decoder_from_two_threads_refuses_the_second_call():
+    entered, release = threading.Event(), threading.Event()
+
+    def propose(context, gamma):
+        entered.set()
+        release.wait(timeout=60)  # hold the first generation inside the drafter (the GIL is free here)
+        return [1], torch.full((1, 32), 1 / 32)
+
+    decoder = speculant.SpeculativeDecoder(tiny(0), drafters.PythonDrafter(propose, 32), gamma=1)
+    first = threading.Thread(target=lambda: decoder.generate([1, 2], max_new_tokens=3, seed=0))
+    first.start()
+    try:
+        assert entered.wait(timeout=60)
+        with pytest.raises(RuntimeError, match="already generating in another thread"):
+            decoder.generate([1, 2], max_new_tokens=3, seed=0)
+    finally:
+        release.set()
+        first.join(timeout=60)
+    assert len(decoder.generate([1, 2], max_new_tokens=3, seed=0).tokens) == 3  # usable again
