@@ -31,6 +31,7 @@ def frame():
                 rows.append({**dict.fromkeys(COLUMNS, 0.0), "gamma": g, "temperature": t, "top_k": 0, "top_p": 1.0,
                              "lenience": l, "acceptance": 0.5 + 0.3 * t + (1 - l) * 0.2 + 0.01 * g,
                              "speedup": 1 + g * (1 + t) / 10 + l, "predicted_speedup": 1.5 + g / 10 + t + l})
+                rows[-1].update(speedup_min=rows[-1]["speedup"] - 0.1, speedup_max=rows[-1]["speedup"] + 0.2)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -51,6 +52,9 @@ def test_speedup_vs_gamma():
     assert "T = 0.0, l = 1.0" in legend and "_plain decoding" not in legend
     one = plots.speedup_vs_gamma(data[(data.temperature == 0.0) & (data.lenience == 1.0)], predicted=False)
     assert line(one, "measured") == ([1, 2, 3], [2.1, 2.2, 2.3])
+    # the rounds' range as error bars: one vertical segment per point, from speedup_min to speedup_max
+    (bars,) = one.collections
+    assert np.allclose([segment[:, 1] for segment in bars.get_segments()], [(2.0, 2.3), (2.1, 2.4), (2.2, 2.5)])
 
 
 def test_alpha_vs_lenience_averages_over_gamma():

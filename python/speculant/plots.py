@@ -44,13 +44,23 @@ def _legend(ax: Axes) -> None:
         ax.legend()
 
 
+def _spread(ax: Axes, x, rows, color) -> None:
+    """Error bars from the lowest to the highest speedup of the timed rounds (speculant.sweep's columns)."""
+    if {"speedup_min", "speedup_max"} <= set(rows.columns):
+        below = (rows.speedup - rows.speedup_min).to_numpy(float)
+        above = (rows.speedup_max - rows.speedup).to_numpy(float)
+        ax.errorbar(x, rows.speedup, yerr=[below, above], fmt="none", ecolor=color, capsize=3)
+
+
 def speedup_vs_gamma(frame, *, by: Optional[Sequence[str]] = None, predicted: bool = True,
                      ax: Optional[Axes] = None) -> Axes:
-    """Measured speedup over plain decoding against gamma (solid, one line per setting, e.g. per temperature)
-    and, with ``predicted``, Theorem 3.8's prediction from the measured alpha and c (dashed, same colour)."""
+    """Measured speedup over plain decoding against gamma (solid, one line per setting, e.g. per temperature,
+    with error bars over the sweep's timed rounds) and, with ``predicted``, Theorem 3.8's prediction from the
+    measured alpha and c (dashed, same colour)."""
     ax = _axes(ax)
     for label, rows in _groups(frame, "gamma", by):
         (line,) = ax.plot(rows.gamma, rows.speedup, "o-", label=label or "measured")
+        _spread(ax, rows.gamma, rows, line.get_color())
         if predicted:
             ax.plot(rows.gamma, rows.predicted_speedup, "--", color=line.get_color(),
                     label=f"{label}: Theorem 3.8" if label else "Theorem 3.8")
@@ -79,7 +89,8 @@ def predicted_vs_measured(frame, *, ax: Optional[Axes] = None) -> Axes:
     """Measured speedup (``speedup``) against Theorem 3.8's prediction (``predicted_speedup``), one point per
     row labelled with its gamma, and the diagonal where they agree: the paper's Table 4 as a picture."""
     ax = _axes(ax)
-    ax.plot(frame.predicted_speedup, frame.speedup, "o", label="settings")
+    (points,) = ax.plot(frame.predicted_speedup, frame.speedup, "o", label="settings")
+    _spread(ax, frame.predicted_speedup, frame, points.get_color())
     if "gamma" in frame.columns:
         for x, y, gamma in zip(frame.predicted_speedup, frame.speedup, frame.gamma):
             ax.annotate(f"\u03b3={gamma}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
