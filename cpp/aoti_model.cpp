@@ -1,5 +1,6 @@
 #include "aoti_model.h"
 
+#include <c10/core/InferenceMode.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/version.h>
 
@@ -131,6 +132,7 @@ std::shared_ptr<Model> load_pt2_file(const std::string& path, std::optional<at::
   if (metadata.count("max_source_length")) encoder = open_model(path, "encoder", device);
   at::Device where = device ? *device : built;
   auto model = std::make_shared<AotiModel>(path, std::move(loader), std::move(encoder), metadata, where);
+  c10::InferenceMode inference_mode;
   at::Tensor one = at::zeros({1}, at::TensorOptions(where).dtype(at::kLong));
   if (model->encoder_decoder()) model->encode(one);
   model->reset(one);

@@ -1,5 +1,7 @@
 // TorchScript backends of Model: the cached form calls the module's own cache methods, the plain form keeps
 // the token history and recomputes it.
+#include <c10/core/InferenceMode.h>
+
 #include <functional>
 #include <sstream>
 
@@ -154,6 +156,7 @@ void probe(Model& model, const std::string& source) {
 }
 
 std::shared_ptr<Model> from_module(torch::jit::Module module, const std::string& source, std::string metadata) {
+  c10::InferenceMode inference_mode;  // the probes are model calls too: no autograd graph
   module.eval();
   const char* cached_methods[] = {"prefill", "extend", "truncate", "cache_length"};
   std::vector<std::string> present, missing;

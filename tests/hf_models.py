@@ -7,10 +7,10 @@ transformers' 0.02), norm gains drawn around 1 and T5 position-bias tables of sc
 continuations varied and their argmaxes decided by clear margins rather than by rounding.
 """
 
-import copy
-
 import torch
 import transformers
+
+from hf_families import drafted  # noqa: F401  (the same noisy copy, for the export tests)
 
 VOCAB = 64
 EOS = 2  # within the vocabulary (GPT-2's default 50256 is not)
@@ -51,13 +51,3 @@ def make(arch: str, seed: int = 0, **overrides):
             elif param.dim() == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight"):
                 param.normal_(1.0, 0.5)
     return model.eval().requires_grad_(False)
-
-
-def drafted(model, noise: float, seed: int):
-    """A copy of `model` with N(0, noise^2) added to every weight."""
-    draft = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * noise)
-    return draft

@@ -74,3 +74,53 @@ def test_one_decoder_from_two_threads_refuses_the_second_call():
         release.set()
         first.join(timeout=60)
     assert len(decoder.generate([1, 2], max_new_tokens=3, seed=0).tokens) == 3  # usable again
+
+
+class GradFree(torch.nn.Module):
+    """The plain contract (forward -> logits) with parameters that require grad, refusing to run with autograd
+    on: the engine must call every model in inference mode, or a user's model would record a graph per call."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(32, 32))  # requires_grad=True
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            raise RuntimeError("called with autograd enabled")
+        return self.table[input_ids]  # [1, T, 32]
+
+
+def test_every_model_call_runs_without_autograd():
+    torch.manual_seed(0)
+    scripted = torch.jit.script(GradFree())
+    assert scripted.table.requires_grad
+    decoder = speculant.SpeculativeDecoder(speculant.load(scripted), speculant.load(scripted), gamma=2)
+    assert len(decoder.generate([1, 2], max_new_tokens=10, seed=0).tokens) == 10
+    model = hf_families.make("gpt2", seed=1).requires_grad_(True)
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append((torch.is_grad_enabled(),
+                                                                       out.logits.requires_grad)))
+    speculant.generate(model, [1, 2], max_new_tokens=5, seed=0)
+    assert seen and not any(grad or requires for grad, requires in seen)
+
+
+SAME_SEED = r"""
+import sys, torch
+torch.set_num_threads(int(sys.argv[1]))
+import speculant
+from speculant import tiny_gpt
+torch.manual_seed(0)
+model = tiny_gpt.TinyGPT(tiny_gpt.TinyGPTConfig(64, 2, 2, 64, 128)).eval()
+target, draft = speculant.load(tiny_gpt.script_cached(model)), speculant.load(tiny_gpt.script_cached(model))
+print(speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0.9).generate(
+    [1, 2, 3], max_new_tokens=60, seed=7).tokens)
+"""
+
+
+def test_same_seed_same_tokens_across_processes_and_thread_counts():
+    import subprocess
+    import sys
+
+    outputs = {subprocess.run([sys.executable, "-c", SAME_SEED, str(threads)], capture_output=True, text=True,
+                              check=True, timeout=120).stdout for threads in (1, 2, 1)}
+    assert len(outputs) == 1 and len(outputs.pop()) > 60
