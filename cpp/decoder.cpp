@@ -271,8 +271,7 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
     // Rollback: the target ran on pending + x_1..x_gamma; keep the accepted prefix, t becomes pending.
     const int64_t kept = sequence_length + accepted;  // sequence length after this iteration, minus t
     target_->truncate(kept);
-    if (draft_) {
-      PhaseTimer timer(stats.draft_seconds, device, false);
+    if (draft_) {  // the draft's rollback is bookkeeping: counted in other_seconds, not in c's draft time
       draft_->advance(accepted, t, std::vector<int64_t>(it.drafted.begin(), it.drafted.begin() + accepted),
                       it.token);
     }

@@ -20,7 +20,7 @@ class GammaPolicy {
 
 // "fixed": gamma every time.
 // "heuristic": start at gamma; +2 after an iteration that kept every draft, -1 otherwise, within
-//   [1, max_gamma] (the schedule transformers' assisted generation defaults to).
+//   [1, max_gamma] (transformers' "heuristic" schedule; its default since transformers 5 is "constant").
 // "alpha": estimate alpha by an exponential moving average of beta (weight 0.1 per verified position, starting
 //   from alpha0 = 0.5), then pick the gamma in [1, max_gamma] that maximizes Theorem 3.8's improvement
 //   (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) for the given cost coefficient c (§3.5).
