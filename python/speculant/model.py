@@ -1,7 +1,8 @@
 """Model handles: TorchScript files, in-memory ScriptModules and live transformers models (live.py), each checked
 against the engine's contract when loaded.
 
-The contract (also in cpp/model.h), in one of two forms:
+The file contract (also in cpp/model.h), in one of two forms (a .pt2 package and a live transformers model are
+the other two forms: README, 'Model contract'):
 
 * cached: int attribute ``vocab_size`` (optionally ``max_length``, 0 = unlimited) and exported methods
   ``prefill(input_ids[1, T]) -> logits[1, T, V]`` (clears the cache), ``extend(input_ids[1, k]) ->
