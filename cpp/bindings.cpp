@@ -5,6 +5,7 @@
 #include <string>
 
 #include "aoti_model.h"
+#include "cpu_kernels.h"
 #include "decoder.h"
 #include "drafter.h"
 #include "errors.h"
@@ -14,6 +15,7 @@
 #include "python_model.h"
 #include "sampling.h"
 #include "speculative.h"
+#include "step.h"
 
 namespace py = pybind11;
 using namespace speculant;
@@ -138,6 +140,44 @@ PYBIND11_MODULE(_core, m) {
           return sample_generic(probs, generator);
         },
         py::arg("probs"), py::arg("seed"));
+
+  // The step kernels (step.h, cpu_kernels.h) for tests: the tensor path on CPU, and the host kernel with given
+  // uniforms (so that a test can place them and know exactly which n and t must come out).
+  m.def("_standardize_generic",
+        [](const at::Tensor& logits, double temperature, int64_t top_k, double top_p) {
+          return standardize_generic(logits, make_config(temperature, top_k, top_p, 1.0));
+        },
+        py::arg("logits"), py::arg("temperature") = 1.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0);
+  m.def("_verify_step",
+        [](const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& draft_tokens, double temperature,
+           int64_t top_k, double top_p, double lenience, const std::vector<double>& uniforms) {
+          const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
+          require(target_logits.is_cpu() && q.is_cpu() && draft_tokens.is_cpu(), "the host kernel takes CPU tensors");
+          require(q.dim() == 2 && target_logits.dim() == 2 && q.size(0) + 1 == target_logits.size(0) &&
+                      q.size(1) == target_logits.size(1) && draft_tokens.numel() == q.size(0),
+                  "shapes must be target_logits [gamma + 1, V], q [gamma, V], draft_tokens [gamma]");
+          const at::Tensor drafted = draft_tokens.to(at::kLong).contiguous();
+          size_t used = 0;
+          cpu::Verdict v = cpu::verify(target_logits, q, drafted.const_data_ptr<int64_t>(), config, [&] {
+            require(used < uniforms.size(), "uniforms: the kernel needed more than the {} given", uniforms.size());
+            return uniforms[used++];
+          });
+          return py::make_tuple(v.accepted, v.token, v.betas, used);
+        },
+        py::arg("target_logits"), py::arg("q"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"),
+        py::arg("top_p"), py::arg("lenience"), py::arg("uniforms"));
+  m.def("_verify_step_seeded",
+        [](const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& draft_tokens, double temperature,
+           int64_t top_k, double top_p, double lenience, uint64_t seed, bool generic) {
+          const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
+          at::Generator generator = make_generator(target_logits.device(), seed);
+          const at::Tensor drafted = draft_tokens.to(at::kLong);
+          Verdict v = generic ? verify_step_generic(target_logits, q, drafted, at::Tensor(), true, config, generator)
+                              : verify_step(target_logits, q, drafted, at::Tensor(), true, config, generator);
+          return py::make_tuple(v.accepted, v.host_token, v.betas, v.finite);
+        },
+        py::arg("target_logits"), py::arg("q"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"),
+        py::arg("top_p"), py::arg("lenience"), py::arg("seed"), py::arg("generic"));
 
   py::class_<Iteration>(m, "Iteration")
       .def_readonly("drafted", &Iteration::drafted)

@@ -9,7 +9,7 @@
 
 #include "errors.h"
 #include "interrupt.h"
-#include "speculative.h"
+#include "step.h"
 
 namespace speculant {
 namespace {
@@ -160,9 +160,6 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
   const at::Device device = target_->device();
   const auto long_options = at::TensorOptions(device).dtype(at::kLong);
   at::Generator generator = make_generator(device, stats.seed);
-  // q_{gamma+1} = 0 (speculative.h), appended to the draft's rows by the one cat that gathers them; allocated
-  // at the first verification, in the target's working dtype.
-  at::Tensor zero_row;
 
   // Invariant between iterations: the target has cached the sequence except its last token, `target_pending`,
   // which it is fed first in the next iteration; the drafter keeps its own state (drafter.h).
@@ -199,9 +196,6 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
     }
     const int64_t gamma = proposal.tokens.defined() ? proposal.tokens.numel() : 0;
     at::Tensor drafted = gamma > 0 ? proposal.tokens : at::empty({0}, long_options);  // [gamma]
-    std::vector<at::Tensor> maxima;  // row maxima of every call's logits (finiteness)
-    if (proposal.maxima.defined() && proposal.maxima.numel() > 0) maxima.push_back(proposal.maxima);
-
     // Algorithm 1: run M_p on prefix + [x_1 .. x_gamma] in parallel (one call).
     at::Tensor target_logits;  // [gamma + 1, V]
     check_interrupt();
@@ -211,34 +205,18 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
       target_logits = logits.narrow(0, logits.size(0) - gamma - 1, gamma + 1);
       stats.target_calls += 1;
     }
-    at::Tensor p = standardize(target_logits, config_, &maxima.emplace_back());  // [gamma + 1, V]
-    if (!zero_row.defined()) zero_row = at::zeros_like(p.narrow(0, 0, 1));  // [1, V]
-    at::Tensor q = gamma > 0 ? proposal.q.to(p.scalar_type()) : p.narrow(0, 0, 0);  // [gamma, V]
-    at::Tensor q_padded = at::cat({q, zero_row}, 0);    // [gamma + 1, V]
-    at::Tensor accept_prob = accept_probabilities(p, q, drafted, target_logits, config_);  // [gamma]
-
-    // n = min({i - 1 | r_i > p_i(x) / q_i(x)} U {gamma}), then t ~ residual(p_{n+1}, q_{n+1}) (q_{gamma+1} = 0).
-    at::Tensor r = at::rand({gamma}, generator, accept_prob.options());                // [gamma]
-    at::Tensor n = (r < accept_prob).to(at::kLong).cumprod(0).sum().view({1});        // [1] leading acceptances
-    at::Tensor dist = residual(p.index_select(0, n), q_padded.index_select(0, n));    // [1, V]
-    at::Tensor t = config_.greedy() ? dist.argmax(-1) : sample(dist, generator);      // [1]
-    at::Tensor beta = at::minimum(p.narrow(0, 0, gamma), q).sum(-1);                  // [gamma]
-    at::Tensor bad = at::isfinite(at::cat(maxima)).all().logical_not().view({1});  // [1]
-
-    // The iteration's one device -> host transfer, in float64 (token ids are exact there up to 2^53):
-    // [n, bad, x_1 .. x_gamma, t, beta_1 .. beta_gamma].
-    at::Tensor host = at::cat({n.to(at::kDouble), bad.to(at::kDouble), drafted.to(at::kDouble),
-                               t.to(at::kDouble), beta.to(at::kDouble)}).cpu();
-    const double* h = host.data_ptr<double>();
-    require(h[1] == 0, "model returned NaN or +inf logits, or an all -inf row, at sequence position {} "
-                       "(checked in every draft and target call)", sequence_length);
-    const auto accepted = static_cast<int64_t>(h[0]);
-    const double* betas = h + 3 + gamma;
+    // n leading acceptances, then t ~ residual(p_{n+1}, q_{n+1}) (step.h)
+    Verdict verdict = verify_step(target_logits, proposal.q, drafted, proposal.maxima, proposal.finite, config_,
+                                  generator);
+    require(verdict.finite, "model returned NaN or +inf logits, or an all -inf row, at sequence position {} "
+                            "(checked in every draft and target call)", sequence_length);
+    const int64_t accepted = verdict.accepted;
+    const at::Tensor t = verdict.token;
 
     Iteration it;
-    for (int64_t i = 0; i < gamma; ++i) it.drafted.push_back(static_cast<int64_t>(h[2 + i]));
+    it.drafted = std::move(verdict.drafted);
     it.accepted = accepted;
-    it.token = static_cast<int64_t>(h[2 + gamma]);
+    it.token = verdict.host_token;
     it.bonus = accepted == gamma;
     stats.iterations += 1;
     stats.drafted_tokens += gamma;
@@ -247,9 +225,9 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
       stats.drafted_per_position[i] += 1;
       stats.accepted_per_position[i] += i < accepted;
     }
-    const int64_t verified = std::min(accepted + 1, gamma);
+    const auto verified = static_cast<int64_t>(verdict.betas.size());  // min(accepted + 1, gamma)
     double beta_sum = 0.0;
-    for (int64_t i = 0; i < verified; ++i) beta_sum += betas[i];
+    for (const double beta : verdict.betas) beta_sum += beta;
     stats.beta_sum += beta_sum;
     stats.beta_count += verified;
     if (policy && limit > 0) policy->observe(gamma, accepted, beta_sum, verified);

@@ -9,6 +9,7 @@
 
 #include "errors.h"
 #include "interrupt.h"
+#include "step.h"
 
 namespace speculant {
 namespace {
@@ -17,10 +18,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-at::Tensor draw(const at::Tensor& q, const SamplingConfig& config, at::Generator& generator) {
-  return config.greedy() ? q.argmax(-1) : sample(q, generator);  // [1]
 }
 
 // A draft Model. Invariant between iterations: the model has cached the sequence except `pending_`, which
@@ -51,17 +48,17 @@ class ModelDrafter final : public Drafter {
       at::Tensor logits = model_->extend(feed);  // [k, V]
       if (sync) torch::cuda::synchronize();
       out.seconds += seconds_since(start);
-      logits = logits.narrow(0, logits.size(0) - 1, 1);                        // [1, V] after the last fed token
-      at::Tensor q_i = standardize(logits, config, &maxima.emplace_back());     // [1, V]
-      at::Tensor x_i = draw(q_i, config, generator);                            // [1]
-      q_rows.push_back(q_i);
-      x_rows.push_back(x_i);
-      feed = x_i;
+      DraftDraw draw = draft_step(logits.narrow(0, logits.size(0) - 1, 1), config, generator);  // after the last fed token
+      q_rows.push_back(draw.q);
+      x_rows.push_back(draw.token);
+      if (draw.maximum.defined()) maxima.push_back(draw.maximum);
+      out.finite = out.finite && draw.finite;
+      feed = draw.token;
     }
     out.calls = gamma;
     out.tokens = at::cat(x_rows, 0);
     out.q = at::cat(q_rows, 0);
-    out.maxima = at::cat(maxima, 0);
+    if (!maxima.empty()) out.maxima = at::cat(maxima, 0);
     last_ = out.tokens;
     return out;
   }
@@ -131,11 +128,10 @@ class TableDrafter final : public Drafter {
     std::vector<at::Tensor> x_rows, q_rows;
     int64_t previous = last_;
     for (int64_t i = 0; i < gamma; ++i) {
-      at::Tensor q_i = standardize(logits_after(previous), config);  // [1, V]
-      at::Tensor x_i = draw(q_i, config, generator);                  // [1]
-      q_rows.push_back(q_i);
-      x_rows.push_back(x_i);
-      if (bigram()) previous = x_i.item<int64_t>();  // the next row depends on it (a scalar read per token)
+      DraftDraw draw = draft_step(logits_after(previous), config, generator);  // finite: log probabilities
+      q_rows.push_back(draw.q);
+      x_rows.push_back(draw.token);
+      if (bigram()) previous = draw.token.item<int64_t>();  // the next row depends on it (a scalar read per token)
     }
     out.tokens = at::cat(x_rows, 0);
     out.q = at::cat(q_rows, 0);

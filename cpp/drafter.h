@@ -25,7 +25,8 @@ namespace speculant {
 struct Proposal {
   at::Tensor tokens;  // int64 [k] on the device
   at::Tensor q;       // [k, V] the distributions the tokens were drawn from (rows sum to 1), on the device
-  at::Tensor maxima;  // [k'] row maxima of raw logits to check for NaN / +inf (may be empty)
+  at::Tensor maxima;  // [k'] row maxima of raw logits still to check for NaN / +inf (may be undefined)
+  bool finite = true;  // the raw logits checked on the host were finite
   double seconds = 0.0;  // time inside model calls (the rest of propose counts as the engine's)
   int64_t calls = 0;     // draft model calls made
 };

@@ -2,13 +2,11 @@
 
 #include <ATen/Context.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Dispatch.h>
-#include <ATen/core/DistributionsHelper.h>
 
 #include <cmath>
 #include <limits>
-#include <mutex>
 
+#include "cpu_kernels.h"
 #include "errors.h"
 
 namespace speculant {
@@ -39,6 +37,13 @@ at::ScalarType working_type(const at::Tensor& t) {
 }  // namespace
 
 at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima) {
+  check_matrix(logits, "logits");
+  if (!logits.is_cpu()) return standardize_generic(logits, config, maxima);
+  if (maxima) *maxima = row_maxima(logits);
+  return cpu::standardize(logits, config, nullptr);
+}
+
+at::Tensor standardize_generic(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima) {
   check_matrix(logits, "logits");
   const auto vocab = logits.size(1);
   at::Tensor x = logits.to(working_type(logits));  // [n, V]
@@ -77,45 +82,6 @@ void check_finite(const at::Tensor& logits, const char* what) {
           "{} contain NaN or +inf, or a row that is entirely -inf", what);
 }
 
-namespace {
-
-// Largest double strictly below 1: u * total * kBelowOne < total for every u in [0, 1), even after rounding.
-constexpr double kBelowOne = 1.0 - 4 * std::numeric_limits<double>::epsilon();
-
-// CPU: one pass for the row's mass and one for the search, in float64, with no tensor ops to dispatch.
-at::Tensor sample_cpu(const at::Tensor& probs, at::Generator& generator) {
-  const at::Tensor rows = probs.contiguous();
-  const int64_t n = rows.size(0), vocab = rows.size(1);
-  at::Tensor out = at::empty({n}, rows.options().dtype(at::kLong));
-  int64_t* token = out.data_ptr<int64_t>();
-  auto* cpu_generator = at::check_generator<at::CPUGeneratorImpl>(generator);
-  std::lock_guard<std::mutex> lock(cpu_generator->mutex_);
-  at::uniform_real_distribution<double> uniform(0.0, 1.0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rows.scalar_type(), "speculant_sample", [&] {
-    const scalar_t* data = rows.const_data_ptr<scalar_t>();
-    for (int64_t i = 0; i < n; ++i) {
-      const scalar_t* row = data + i * vocab;
-      double total = 0.0;
-      for (int64_t v = 0; v < vocab; ++v) total += static_cast<double>(row[v]);
-      const double target = uniform(cpu_generator) * total * kBelowOne;
-      // First token whose cumulative mass exceeds the target: a zero-probability token never is.
-      double cumulative = 0.0;
-      int64_t chosen = vocab - 1;
-      for (int64_t v = 0; v < vocab; ++v) {
-        cumulative += static_cast<double>(row[v]);
-        if (cumulative > target) {
-          chosen = v;
-          break;
-        }
-      }
-      token[i] = chosen;
-    }
-  });
-  return out;
-}
-
-}  // namespace
-
 at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator) {
   check_matrix(probs, "probs");
   at::Tensor cdf = probs.to(at::kDouble).cumsum(-1);                          // [n, V], unnormalized
@@ -128,7 +94,7 @@ at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator) {
 
 at::Tensor sample(const at::Tensor& probs, at::Generator& generator) {
   check_matrix(probs, "probs");
-  return probs.is_cpu() ? sample_cpu(probs, generator) : sample_generic(probs, generator);
+  return probs.is_cpu() ? cpu::sample(probs, generator) : sample_generic(probs, generator);
 }
 
 at::Generator make_generator(const at::Device& device, uint64_t seed) {

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <limits>
 
 namespace speculant {
 
@@ -33,7 +34,10 @@ struct SamplingConfig {
 // float64, else float32. Order: temperature, top-k, top-p, renormalize. Greedy: one-hot at the argmax
 // (first index on ties). Does not check finiteness; when `maxima` is given it receives row_maxima(logits),
 // which standardize computes anyway, so that callers can check finiteness without a second reduction.
+// CPU logits run the host kernel of cpu_kernels.h; standardize_generic is the tensor-op implementation that
+// accelerators run, exposed so that tests check it too.
 at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima = nullptr);
+at::Tensor standardize_generic(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima = nullptr);
 
 // logits [n, V] -> row maxima [n] (float), which are finite exactly when a row has no NaN and no +inf and is
 // not entirely -inf (-inf alone is a masked token and is allowed). One reduction per call, no host sync: the
@@ -47,9 +51,13 @@ void check_finite(const at::Tensor& logits, const char* what);
 // int64 [n], by inverse CDF in float64 with one uniform per row from `generator`. A zero-probability
 // token is never returned.
 at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
-// The device-generic implementation (tensor ops; what accelerators run). sample() takes a direct loop on CPU
-// with the same law; this one is exposed so that tests check it too.
+// The device-generic implementation (tensor ops; what accelerators run). sample() takes the host kernel of
+// cpu_kernels.h on CPU, with the same law; this one is exposed so that tests check it too.
 at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator);
+
+// Inverse-CDF sampling draws the first token whose cumulative mass exceeds u * total * kBelowOne, u in [0, 1):
+// the largest double strictly below 1, so the target stays below the total even after rounding.
+inline constexpr double kBelowOne = 1.0 - 4 * std::numeric_limits<double>::epsilon();
 
 // A generator on `device` seeded with `seed` (CPU or an accelerator, through ATen's hooks).
 at::Generator make_generator(const at::Device& device, uint64_t seed);

@@ -1,0 +1,48 @@
+// The math of one Algorithm 1 iteration once the models have run, as the two calls the loops make: one draft
+// step (standardize the draft's logits and draw x_i ~ q_i) and one verification (acceptance, n, the residual
+// draw of t, and the beta values). CPU tensors run the host kernels of cpu_kernels.h; accelerators run tensor
+// operations (sampling.h, speculative.h) with one small device-to-host read per verification. Both paths have
+// the same laws and are tested against tests/reference.py.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "sampling.h"
+
+namespace speculant {
+
+struct DraftDraw {
+  at::Tensor q;        // [1, V] the standardized row the token was drawn from
+  at::Tensor token;    // int64 [1] on the device
+  at::Tensor maximum;  // float [1] the raw row maximum, for the finiteness check (accelerators only)
+  bool finite = true;  // the raw row maximum was finite (checked on the host: CPU only)
+};
+
+// logits [1, V] on any device.
+DraftDraw draft_step(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator);
+
+struct Verdict {
+  int64_t accepted = 0;          // n
+  at::Tensor token;              // int64 [1] on the device: t, the model input of the next iteration
+  int64_t host_token = 0;        // t
+  std::vector<int64_t> drafted;  // x_1 .. x_gamma
+  std::vector<double> betas;     // beta_i for the verified positions, i < min(n + 1, gamma)
+  bool finite = true;            // every target row and every draft row of the iteration had finite logits
+};
+
+// target_logits [gamma + 1, V]; q [gamma, V] and drafted int64 [gamma] from the drafter (undefined or empty for
+// gamma = 0); draft_maxima: the draft rows' maxima still to check (accelerators), draft_finite: those checked.
+Verdict verify_step(const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& drafted,
+                    const at::Tensor& draft_maxima, bool draft_finite, const SamplingConfig& config,
+                    at::Generator& generator);
+
+// The tensor path on any device, CPU included (what accelerators run; exposed so that tests check it on CPU).
+DraftDraw draft_step_generic(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator);
+Verdict verify_step_generic(const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& drafted,
+                            const at::Tensor& draft_maxima, bool draft_finite, const SamplingConfig& config,
+                            at::Generator& generator);
+
+}  // namespace speculant
