@@ -1,43 +1,55 @@
-"""The demo: speculative decoding with the default pair (trained on first use), its trace drawn like the
-paper's Figure 1, and its statistics next to plain decoding of the same target."""
+"""The demo (`speculant demo`): speculative decoding with the default pair (trained on first use), its trace
+drawn like the paper's Figure 1, and its statistics and speedup next to plain decoding of the same target, timed
+by speculant.timing (warmed up, repeated, medians with their range) beside Theorem 3.8's prediction."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from typing import Optional
+from typing import Optional, TextIO
 
-from . import demo_pair
-from .analysis import walltime_improvement
-from .decoder import SpeculativeDecoder, generate
+from . import demo_pair, timing
+from .decoder import DEFAULT_GAMMA, SpeculativeDecoder, generate
 from .model import load
 
 DEFAULT_PROMPT = "def __init__(self"
 
 
 def _row(name: str, spec, plain) -> str:
-    return f"  {name:<26}{spec:>14}{plain:>14}"
+    return f"  {name:<26}{spec:>22}{plain:>22}"
 
 
-def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = 4, temperature: float = 0.8, top_k: int = 0,
-        top_p: float = 1.0, lenience: float = 1.0, max_new_tokens: int = 200, seed: int = 0,
-        color: Optional[bool] = None, out=sys.stdout) -> dict:
-    """Runs the demo and prints it; returns the figures it printed."""
+def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature: float = 0.8, top_k: int = 0,
+        top_p: float = 1.0, lenience: float = 1.0, max_new_tokens: int = 200, seed: int = 0, repeats: int = 3,
+        color: Optional[bool] = None, out: Optional[TextIO] = None) -> dict:
+    """Runs the demo and prints it (to ``out``, default sys.stdout); returns the figures it printed.
+
+    Timed as speculant.sweep times (speculant.timing): one untimed run of speculative and plain decoding warms
+    every shape, then ``repeats`` rounds interleaved ABBA; every time shown is the median over the rounds with
+    its range, and the speedup stands next to Theorem 3.8's prediction from the measured alpha and c."""
+    repeats = timing.check_repeats(repeats)
+    out = sys.stdout if out is None else out
     color = out.isatty() if color is None else color
     target_path, draft_path = demo_pair.default_pair(progress=True)
     info = json.loads((target_path.parent / "pair.json").read_text())
     target, draft = load(target_path), load(draft_path)
-    prompt_ids = demo_pair.encode(prompt)
     decoder = SpeculativeDecoder(target, draft, gamma=gamma, temperature=temperature, top_k=top_k,
                                  top_p=top_p, lenience=lenience)
-    # Warm-up: TorchScript optimizes a method on its first calls; time neither run with that in it.
-    decoder.generate(prompt_ids, max_new_tokens=16, seed=seed)
-    generate(target, prompt_ids, max_new_tokens=16, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-
-    spec = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
-    plain = generate(target, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                     top_p=top_p, seed=seed)
+    plain_generate = functools.partial(generate, target, temperature=temperature, top_k=top_k, top_p=top_p)
+    rounds = timing.timed_rounds(decoder.generate, plain_generate, [{"prompt_ids": demo_pair.encode(prompt)}],
+                                 max_new_tokens=max_new_tokens, seed=seed, repeats=repeats)
+    summary = timing.summarize(rounds, gamma=gamma, lenience=lenience)
+    spec, plain = rounds[0][0][0], rounds[0][1][0]  # every round generates the same tokens
     s, b = spec.stats, plain.stats
+
+    def timed(side: int, of, digits: int = 3) -> str:  # the rounds' median (min-max) of a time
+        median, low, high = timing.median_range([of(r[side][0].stats) for r in rounds])
+        return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+    def per_second(stats) -> float:
+        return stats.new_tokens / stats.total_seconds
+
     print(f"speculant demo: target {info['params']['target']:,} params, draft {info['params']['draft']:,} params "
           f"(byte-level GPTs trained on Python's standard library; held-out loss {info['target_loss']:.3f} / "
           f"{info['draft_loss']:.3f} nats per byte)", file=out)
@@ -48,9 +60,8 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = 4, temperature: float = 0.
           "Trace (one line per target call: [accepted:...] draft tokens, the [rejected:...] draft token, and the "
           "target's [correction:...] or [bonus:...] token):", file=out)
     print(spec.trace.with_decoder(demo_pair.decode).render(color=color, prefix=prompt), file=out)
-    print(file=out)
-    speed = s.new_tokens / s.total_seconds
-    plain_speed = b.new_tokens / b.total_seconds
+    print(f"\nTimes: after an untimed warm-up run of each, the median (min-max) of {repeats} rounds, speculative "
+          "and plain interleaved", file=out)
     print(_row("", "speculative", "plain"), file=out)
     for name, x, y in [
         ("new tokens", s.new_tokens, b.new_tokens),
@@ -59,38 +70,28 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = 4, temperature: float = 0.
         ("tokens per target call", f"{s.tokens_per_target_call:.2f}", f"{b.tokens_per_target_call:.2f}"),
         ("acceptance rate", f"{s.acceptance_rate:.3f}", "-"),
         ("alpha (Corollary 3.6)", f"{s.alpha:.3f}", "-"),
-        ("draft seconds", f"{s.draft_seconds:.3f}", "-"),
-        ("target seconds", f"{s.target_seconds:.3f}", f"{b.target_seconds:.3f}"),
-        ("other seconds", f"{s.other_seconds:.3f}", f"{b.other_seconds:.3f}"),
-        ("tokens per second", f"{speed:.1f}", f"{plain_speed:.1f}"),
+        ("draft seconds", timed(0, lambda t: t.draft_seconds), "-"),
+        ("target seconds", timed(0, lambda t: t.target_seconds), timed(1, lambda t: t.target_seconds)),
+        ("other seconds", timed(0, lambda t: t.other_seconds), timed(1, lambda t: t.other_seconds)),
+        ("tokens per second", timed(0, per_second, 0), timed(1, per_second, 0)),
     ]:
         print(_row(name, x, y), file=out)
-    c = (s.draft_seconds / max(s.draft_calls, 1)) / (b.target_seconds / max(b.target_calls, 1))
-    a, g = s.alpha, gamma
-    predicted = walltime_improvement(a, g, c)
-    print(f"\n  speedup over plain decoding: {speed / plain_speed:.2f}x measured; Theorem 3.8 predicts "
-          f"{predicted:.2f}x from alpha = {a:.3f} and c = {c:.3f} (draft call / target call time)", file=out)
+    acceptance = summary["acceptance"]
+    measured = (f"alpha = {acceptance:.3f}" if lenience == 1.0 else
+                f"the acceptance {acceptance:.3f} at lenience {lenience} (A.5)")
+    print(f"\n  speedup over plain decoding: {summary['speedup']:.2f}x measured (median of {repeats} rounds, range "
+          f"{summary['speedup_min']:.2f}-{summary['speedup_max']:.2f}x)\n  Theorem 3.8 predicts "
+          f"{summary['predicted_speedup']:.2f}x from {measured} and c = {summary['c']:.3f} (draft call / target "
+          "call time)", file=out)
+    if "noisy" in summary["flag"]:
+        print(f"  noisy: the rounds' speedups spread over more than {timing.SPREAD_THRESHOLD:.0%} of their median "
+              "(a busy machine, or runs too short: raise --max-new-tokens or --repeats)", file=out)
+    if "off theory" in summary["flag"]:
+        print(f"  off theory: the measured speedup lies outside a factor {timing.THEORY_FACTOR:g} of Theorem 3.8's "
+              "prediction", file=out)
     print(f"  accepted per draft position: {list(s.accepted_per_position)} of {list(s.drafted_per_position)}",
           file=out)
-    return {"speedup": speed / plain_speed, "predicted": predicted, "alpha": a, "c": c,
+    return {"speedup": summary["speedup"], "speedup_min": summary["speedup_min"],
+            "speedup_max": summary["speedup_max"], "predicted": summary["predicted_speedup"],
+            "alpha": s.alpha, "c": summary["c"], "flag": summary["flag"],
             "tokens_per_target_call": s.tokens_per_target_call, "text": demo_pair.decode(spec.tokens)}
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="speculant demo", description=__doc__)
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT)
-    parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--lenience", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
-    args = parser.parse_args(argv)
-    color = {"auto": None, "always": True, "never": False}[args.color]
-    run(prompt=args.prompt, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        lenience=args.lenience, max_new_tokens=args.max_new_tokens, seed=args.seed, color=color)
-    return 0

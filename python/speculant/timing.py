@@ -1,0 +1,140 @@
+"""Timing speculative against plain decoding so that a reported speedup is not noise, and Theorem 3.8 next to it.
+
+Both decodings run the same prompts with the same seeds. First one untimed run of each over every prompt: it
+warms every input shape the timed runs use (TorchScript's executor profiles and re-optimizes each new shape
+during its first calls, seconds in a fresh process). Then ``repeats`` timed rounds, speculative and plain
+interleaved ABBA (the order flips every round), so that a drift of the machine's speed hits both. Times are
+medians over the rounds, each with its range; the speedup is the median of the rounds' speedups, and Theorem
+3.8 predicts it from the measured alpha and c. ``speculant.sweep`` and the demo time this way.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
+
+import numpy as np
+
+from . import analysis
+
+THEORY_FACTOR = 2.0  # a measured speedup outside [predicted / 2, predicted * 2] is flagged "off theory"
+SPREAD_THRESHOLD = 0.25  # a (max - min) / median of the rounds' speedups above this is flagged "noisy"
+COLUMNS = [
+    "alpha", "acceptance", "tokens_per_target_call", "expected_tokens",
+    "new_tokens", "target_calls", "draft_calls", "seconds", "plain_seconds", "c", "speedup", "speedup_min",
+    "speedup_max", "spread", "predicted_speedup", "flag",
+]
+Round = Tuple[List[Any], List[Any]]  # (speculative results, plain results), one per prompt
+
+
+def check_repeats(repeats) -> int:
+    if isinstance(repeats, bool) or not isinstance(repeats, numbers.Integral) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1 (timed rounds per setting), got {repeats!r}")
+    return int(repeats)
+
+
+def check_spread_threshold(spread_threshold) -> float:
+    if isinstance(spread_threshold, bool) or not isinstance(spread_threshold, numbers.Real) or \
+            not spread_threshold > 0:
+        raise ValueError(f"spread_threshold must be a number > 0, got {spread_threshold!r}")
+    return float(spread_threshold)
+
+
+def timed_rounds(speculative: Callable, plain: Callable, calls: Sequence[Mapping[str, Any]], *,
+                 max_new_tokens: int, seed: int, repeats: int) -> List[Round]:
+    """An untimed warm-up of both, then ``repeats`` rounds interleaved ABBA (module docstring).
+
+    speculative, plain: ``generate``-like callables (a decoder's ``generate``; ``speculant.generate`` bound to
+    the target and the same sampling settings); calls: the keyword arguments per prompt
+    (``analysis.generation_kwargs``), prompt i generated with seed ``seed + i``."""
+    repeats = check_repeats(repeats)
+
+    def run(generate_one) -> list:
+        return [generate_one(**kwargs, max_new_tokens=max_new_tokens, seed=seed + i) for i, kwargs in enumerate(calls)]
+
+    pair = (speculative, plain)
+    for generate_one in pair:  # untimed: every shape the timed rounds will use
+        run(generate_one)
+    rounds = []
+    for r in range(repeats):
+        done = {i: run(pair[i]) for i in ((0, 1) if r % 2 == 0 else (1, 0))}  # ABBA
+        rounds.append((done[0], done[1]))
+    return rounds
+
+
+def totals(results) -> Dict[str, float]:
+    """The counts and seconds of several generations' stats, summed."""
+    stats = [r.stats for r in results]
+    return {key: sum(getattr(s, key) for s in stats)
+            for key in ("new_tokens", "target_calls", "draft_calls", "drafted_tokens", "accepted_tokens",
+                        "target_seconds", "draft_seconds", "other_seconds", "total_seconds")}
+
+
+def median_range(values: Sequence[float]) -> Tuple[float, float, float]:
+    """(median, min, max) of the rounds' values."""
+    return float(np.median(values)), float(min(values)), float(max(values))
+
+
+def _per_token(summed: Dict[str, float]) -> float:
+    return summed["total_seconds"] / summed["new_tokens"] if summed["new_tokens"] else math.nan
+
+
+def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
+              spread_threshold: float = SPREAD_THRESHOLD) -> Dict[str, Any]:
+    """The ``COLUMNS`` of one setting from its timed rounds: counts and alpha from the first round (every round
+    generates the same tokens), times as medians over the rounds.
+
+    alpha, Corollary 3.6: the engine's sum_x min(p, q) averaged over every verified position of every prompt;
+    acceptance: the alpha that governs the speed at this lenience (A.5), alpha at lenience 1, below 1 the
+    fraction of verified drafts that were kept; tokens_per_target_call measured and expected_tokens by Equation
+    (1) at acceptance; totals over the prompts (new_tokens, target_calls, draft_calls, seconds of speculative and
+    plain_seconds of plain decoding, the engine's own timings); c (Definition 3.7): the draft's mean seconds per
+    call in the speculative runs (per drafted token for a drafter that calls no model) over the target's in
+    plain decoding; speedup: plain seconds per token over speculative seconds per token, with speedup_min,
+    speedup_max and spread = (max - min) / median; predicted_speedup: Theorem 3.8 at acceptance, gamma and c
+    (it assumes a verification call costs what a one-token call does, which a CPU does not grant); flag:
+    "noisy" when spread > spread_threshold, "off theory" when the speedup lies outside a factor THEORY_FACTOR
+    of the prediction.
+    """
+    spread_threshold = check_spread_threshold(spread_threshold)
+    if not rounds:
+        raise ValueError("rounds must hold at least one timed round")
+    results = rounds[0][0]
+    spec = totals(results)
+    positions = [analysis.verified_positions(r.trace) for r in results]
+    verified = sum(positions)
+    nan = math.nan
+    alpha = sum(r.stats.alpha * n for r, n in zip(results, positions) if n) / verified if verified else nan
+    acceptance = alpha if lenience == 1.0 or not verified else spec["accepted_tokens"] / verified
+    # a draft model's time per call; for a drafter without model calls (speculant.drafters tables, prompt
+    # lookup, Python code) its time per drafted token, the cost Theorem 3.8's c stands for
+    per = spec["draft_calls"] or spec["drafted_tokens"]
+    speedups, costs, seconds, plain_seconds = [], [], [], []
+    for speculative_results, plain_results in rounds:
+        timed, plain = totals(speculative_results), totals(plain_results)
+        speedups.append(_per_token(plain) / _per_token(timed))
+        draft_call = timed["draft_seconds"] / per if per else nan
+        target_call = plain["target_seconds"] / plain["target_calls"] if plain["target_calls"] else nan
+        costs.append(draft_call / target_call if target_call > 0 else nan)
+        seconds.append(timed["total_seconds"])
+        plain_seconds.append(plain["total_seconds"])
+    speedup, speedup_min, speedup_max = median_range(speedups)
+    c = float(np.median(costs))
+    spread = (speedup_max - speedup_min) / speedup
+    known = not (math.isnan(acceptance) or math.isnan(c))
+    predicted = analysis.walltime_improvement(acceptance, gamma, c) if known else nan
+    flags = []
+    if spread > spread_threshold:
+        flags.append("noisy")
+    if known and not predicted / THEORY_FACTOR <= speedup <= predicted * THEORY_FACTOR:
+        flags.append("off theory")
+    return {
+        "alpha": alpha, "acceptance": acceptance,
+        "tokens_per_target_call": spec["new_tokens"] / spec["target_calls"] if spec["target_calls"] else nan,
+        "expected_tokens": analysis.expected_tokens(acceptance, gamma) if verified else nan,
+        "new_tokens": spec["new_tokens"], "target_calls": spec["target_calls"], "draft_calls": spec["draft_calls"],
+        "seconds": float(np.median(seconds)), "plain_seconds": float(np.median(plain_seconds)), "c": c,
+        "speedup": speedup, "speedup_min": speedup_min, "speedup_max": speedup_max, "spread": spread,
+        "predicted_speedup": predicted, "flag": ", ".join(flags),
+    }
