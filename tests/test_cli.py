@@ -1,0 +1,59 @@
+"""The `speculant` command: its help lists every command and every option with its default, the demo runs on
+the demo pair (smoke-sized here) and reports warmed-up, repeated timings next to Theorem 3.8, and bad values
+are refused with a message naming them."""
+
+import argparse
+
+import pytest
+
+from speculant import __main__ as cli
+from speculant import demo_pair
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def test_top_level_help_describes_every_command(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    commands = subcommands(cli.parser())
+    assert sorted(commands) == ["demo", "export"]
+    assert "speculative decoding with the demo pair" in text and "Theorem 3.8" in text
+    assert "transformers model" in text and ".pt2" in text
+    assert cli.main([]) == 2 and "COMMAND" in capsys.readouterr().err  # no command: the help, as an error
+
+
+@pytest.mark.parametrize("command", ["demo", "export"])
+def test_every_option_has_a_help_with_its_default(command):
+    parser = subcommands(cli.parser())[command]
+    text = " ".join(parser.format_help().split("\noptions:\n")[1].split())  # the options' section, one line
+    options = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+    assert len(options) >= 4
+    starts = [text.index(f"{action.option_strings[0]} ") for action in options] + [len(text)]
+    for action, start, end in zip(options, starts, starts[1:]):
+        entry = text[start:end]  # the option, its metavar and its help
+        assert action.help and "(default: " in entry, entry
+
+
+def test_demo_reports_timed_rounds_next_to_theorem_3_8(smoke_pair, monkeypatch, capsys):
+    monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
+    assert cli.main(["demo", "--max-new-tokens", "24", "--repeats", "4", "--color", "never", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "median (min-max) of 4 rounds" in out and "untimed warm-up" in out
+    assert "measured (median of 4 rounds, range " in out and "Theorem 3.8 predicts " in out
+    assert "gamma=4 temperature=0.8" in out and "seed=3" in out
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--gamma", "0"], "gamma must be an integer >= 1"),
+    (["--repeats", "0"], "repeats must be an integer >= 1"),
+    (["--lenience", "1.5"], "lenience"),
+])
+def test_demo_refuses_bad_values_by_name(argv, match, smoke_pair, monkeypatch, capsys):
+    monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
+    assert cli.main(["demo", *argv]) == 2
+    assert match in capsys.readouterr().err
