@@ -142,3 +142,8 @@ def test_a_thin_law_over_a_large_vocabulary_keeps_its_power():
     wrong = testing.check_distribution(target, draft, [1], k=1, gamma=2, samples=200, seed=3,
                                        target_logits=lambda ids: torch.zeros(64))
     assert not wrong.passed and wrong.dof >= 10, wrong.report
+    # cells are single tokens or bins of the first token, labelled with no empty prefix: "[* (bin 3)]", not
+    # "[, * (bin 3)]"
+    labels = re.findall(r"\n    (\[[^\]]*\])", wrong.report)
+    assert any(label.startswith("[* (bin ") for label in labels), wrong.report
+    assert all(re.fullmatch(r"\[(\d+|\* \(bin \d+\))\]", label) for label in labels), wrong.report

@@ -301,7 +301,8 @@ def _label(cell: Cell, decode) -> str:
     if cell[0] == "pooled":
         return f"pooled {cell[1]}"
     ids = list(cell[:-2]) if "*" in cell else list(cell)
-    label = "[" + ", ".join(map(str, ids)) + (f", * (bin {cell[-1]})" if "*" in cell else "") + "]"
+    # a bin of unlikely tokens after the prefix ids: "[* (bin 0)]" first, "[12, * (bin 3)]" after token 12
+    label = "[" + ", ".join([*map(str, ids), *([f"* (bin {cell[-1]})"] if "*" in cell else [])]) + "]"
     return f"{label} {decode(ids)!r}" if decode is not None and ids else label
 
 
