@@ -62,3 +62,13 @@ def pt2_zoo(tmp_path_factory):
         return built[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smoke_pair(tmp_path_factory):
+    """(target_path, draft_path): the demo pair's models after two training steps (the same code path and
+    sizes as demo_pair.default_pair(), in seconds rather than minutes), trained once per session."""
+    from speculant import demo_pair
+
+    return demo_pair.default_pair(progress=False, recipe=demo_pair.DEFAULT_RECIPE.smoke(),
+                                  cache_dir=tmp_path_factory.mktemp("smoke_pair"))

@@ -1,0 +1,54 @@
+"""Every ```python block of README.md runs as written, in order and in one namespace (as a reader pasting them
+into one session would), against the demo pair: its smoke-sized models stand in for the trained ones, and the
+blocks' files go to a temporary directory."""
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+pytest.importorskip("transformers")
+
+from speculant import demo_pair  # noqa: E402
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def python_blocks(text: str):
+    """(first line number, source) of each ```python block."""
+    return [(text.count("\n", 0, match.start(1)) + 1, match.group(1))
+            for match in re.finditer(r"^```python\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)]
+
+
+def test_python_blocks_are_found():
+    blocks = python_blocks("text\n```python\nx = 1\n```\n```bash\nls\n```\n```python\ny = 2\nz = 3\n```\n")
+    assert blocks == [(3, "x = 1\n"), (9, "y = 2\nz = 3\n")]
+
+
+# The sweep's timings of a few tokens on a shared machine are expected to be flagged; that warning is tested in
+# test_sweep.py.
+@pytest.mark.filterwarnings("ignore:.*settings are flagged:RuntimeWarning")
+def test_readme_python_blocks_run(smoke_pair, tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
+    monkeypatch.chdir(tmp_path)
+    blocks = python_blocks(README.read_text())
+    assert len(blocks) >= 5
+    namespace = {"__name__": "readme"}
+    try:
+        for line, source in blocks:
+            # compiled under README.md, each block's lines numbered as in the file, so a traceback points there
+            start = time.perf_counter()
+            exec(compile("\n" * (line - 1) + source, str(README), "exec"), namespace)
+            print(f"README.md block at line {line}: {time.perf_counter() - start:.1f} s")
+    finally:
+        plt.close("all")
+    assert namespace["frame"].attrs["repeats"] == 3 and namespace["check"].passed
+    assert (tmp_path / "target.pt").is_file()
