@@ -147,6 +147,9 @@ def generation_kwargs(prompts, generate_kwargs: Optional[Mapping[str, Any]] = No
     """
     common = dict(generate_kwargs or {})
     if isinstance(prompts, torch.Tensor):
+        if prompts.dim() not in (1, 2):
+            raise ValueError(f"prompts as a tensor must be 1-D (one prompt) or 2-D (one per row), got shape "
+                             f"{list(prompts.shape)}")
         prompts = [prompts] if prompts.dim() == 1 else list(prompts)
     elif isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
         raise ValueError(f"prompts must be token ids or a sequence of prompts, got {type(prompts).__name__}")

@@ -36,16 +36,38 @@ class Result:
     text: Optional[str] = None  # the tokens decoded, when generate was given a tokenizer
 
 
-def _integer(value, name: str, minimum: int) -> int:
+INT64_MAX = 2**63 - 1  # the engine's integers are int64 (a seed is uint64)
+
+
+def _integer(value, name: str, minimum: int, maximum: int = INT64_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if value > maximum:
+        raise ValueError(f"{name} must be an integer <= {maximum}, got {value!r}")
     return int(value)
 
 
 def _real(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(f"{name} must be a real number within the float range, got {value!r}") from None
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _tokenizer(value):
+    """None, or an object with encode and decode (a transformers tokenizer, a tokenizers.Tokenizer)."""
+    if value is not None and not all(callable(getattr(value, m, None)) for m in ("encode", "decode")):
+        raise ValueError("tokenizer must be a transformers tokenizer or a tokenizers.Tokenizer (an object with "
+                         f"encode and decode), got {type(value).__name__}")
+    return value
 
 
 def _ids(value: PromptIds, name: str, tokenizer=None) -> List[int]:
@@ -80,7 +102,7 @@ def _ids(value: PromptIds, name: str, tokenizer=None) -> List[int]:
         raise ValueError(f"{name} must be a sequence of token ids, got {type(value).__name__}")
     ids = list(value)
     for i, token in enumerate(ids):
-        if isinstance(token, bool) or not isinstance(token, numbers.Integral):
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or not -INT64_MAX <= token <= INT64_MAX:
             raise ValueError(f"{name}[{i}] must be an integer token id, got {token!r}")
     return [int(t) for t in ids]
 
@@ -113,7 +135,7 @@ GAMMA_POLICIES = ("fixed", "heuristic", "alpha")
 
 
 def _schedule(gamma_policy, max_gamma, cost) -> dict:
-    if gamma_policy not in GAMMA_POLICIES:
+    if not isinstance(gamma_policy, str) or gamma_policy not in GAMMA_POLICIES:
         raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {gamma_policy!r}")
     if max_gamma is not None:
         max_gamma = _integer(max_gamma, "max_gamma", 1)
@@ -142,9 +164,7 @@ def _sampling(base: dict, do_sample, temperature, top_k, top_p) -> dict:
     if top_p is not None:
         config["top_p"] = _real(top_p, "top_p")
     if do_sample is not None:
-        if not isinstance(do_sample, bool):
-            raise ValueError(f"do_sample must be True or False, got {do_sample!r}")
-        if not do_sample:
+        if not _flag(do_sample, "do_sample"):
             config["temperature"] = 0.0
         elif config["temperature"] == 0.0:
             if temperature is not None:
@@ -155,6 +175,7 @@ def _sampling(base: dict, do_sample, temperature, top_k, top_p) -> dict:
 
 def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id,
          seed, profile, schedule=None, tokenizer=None) -> Result:
+    tokenizer = _tokenizer(tokenizer)
     source = None if encoder_input_ids is None else _ids(encoder_input_ids, "encoder_input_ids", tokenizer)
     if prompt_ids is None:
         start = target.decoder_start_token_id
@@ -163,10 +184,12 @@ def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, m
                              "decoder_start_token_id in its metadata starts by itself)")
         prompt_ids = [start]
     prompt = _ids(prompt_ids, "prompt_ids", tokenizer)
-    max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0)
+    # The engine adds the prompt's length to max_new_tokens in int64.
+    max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0, INT64_MAX - len(prompt))
     eos = None if eos_token_id is None else _integer(eos_token_id, "eos_token_id", 0)
-    seed = None if seed is None else _integer(seed, "seed", 0)
-    generation = decoder.generate(prompt, source, max_new_tokens, eos, seed, bool(profile), **(schedule or {}))
+    seed = None if seed is None else _integer(seed, "seed", 0, 2**64 - 1)
+    generation = decoder.generate(prompt, source, max_new_tokens, eos, seed, _flag(profile, "profile"),
+                                  **(schedule or {}))
     tokens = list(generation.tokens)
     text = None if tokenizer is None else tokenizer.decode(tokens)
     return Result(tokens=tokens, stats=generation.stats, trace=Trace(generation.trace), text=text)

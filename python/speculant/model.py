@@ -96,7 +96,7 @@ def _device(device) -> Optional[torch.device]:
         return None
     try:
         device = torch.device(device)
-    except (RuntimeError, TypeError):
+    except (RuntimeError, TypeError, ValueError):  # ValueError: a byte string that is not UTF-8
         raise ValueError(f"device must be a torch device such as 'cpu' or 'cuda:0', got {device!r}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={str(device)!r}: no CUDA device is available here "
