@@ -143,6 +143,9 @@ class LiveModel:
         self._positions = torch.arange(0, device=model.device)  # grown on demand: [0, 1, ...]
         self._ones = torch.ones(1, 0, dtype=torch.long, device=model.device)
         self.pad_to = None
+        # Batch 1 has no padding: without a mask transformers skips checking an all-ones one at every call. A
+        # model with a pad id gets the mask anyway, or it would inspect its inputs for that id and warn.
+        self._mask_needed = getattr(config, "pad_token_id", None) is not None
         own = self._own_vocab = self._probe()
         if vocab_size is not None:
             if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < own:
@@ -207,7 +210,9 @@ class LiveModel:
             kwargs.update(decoder_input_ids=ids, encoder_outputs=self._encoder_outputs,
                           attention_mask=self._source_mask)
         else:
-            kwargs.update(input_ids=ids, attention_mask=self._ones[:, :start + k])
+            kwargs["input_ids"] = ids
+            if self._mask_needed:
+                kwargs["attention_mask"] = self._ones[:, :start + k]
             if "position_ids" in self._params:
                 kwargs["position_ids"] = positions.view(1, k)
         if not logits and "logits_to_keep" in self._params:
