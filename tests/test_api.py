@@ -104,7 +104,7 @@ def test_files_that_are_not_models_name_the_fix(pair, tmp_path):
     with pytest.raises(ValueError, match="is a directory; pass one of its model files: gpt2.pt"):
         speculant.load(tmp_path / "exports")
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(ValueError, match="notes.txt is neither a TorchScript file nor a save_pretrained"):
+    with pytest.raises(ValueError, match=r"notes.txt is neither a TorchScript file \(.pt\), an AOTInductor package \(.pt2\) nor a save_pretrained"):
         speculant.load(tmp_path / "notes.txt")
     with pytest.raises(ValueError, match=r"plain Linear \(torch.nn.Module\) .*speculant.export"):
         speculant.load(torch.nn.Linear(2, 2))

@@ -21,12 +21,14 @@ from the q reported with it, which is why a Python drafter must return both.
 from __future__ import annotations
 
 import os
+import zipfile
 from typing import Callable, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from . import _core
+from .model import archive_problem
 
 __all__ = ["Unigram", "Bigram", "PromptLookup", "PythonDrafter", "Drafter"]
 
@@ -109,8 +111,7 @@ class Unigram(Drafter):
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike], device="cpu") -> "Unigram":
-        data = _load(path, cls.kind)
-        return cls(data["unigram"], device)
+        return _load(path, cls.kind, lambda data: cls(data["unigram"], device))
 
 
 class Bigram(Drafter):
@@ -146,14 +147,22 @@ class Bigram(Drafter):
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike], device="cpu") -> "Bigram":
-        data = _load(path, cls.kind)
-        return cls(data["unigram"], data["row_ptr"], data["followers"], data["counts"], device)
+        return _load(path, cls.kind, lambda data: cls(data["unigram"], data["row_ptr"], data["followers"],
+                                                      data["counts"], device))
 
 
-def _load(path, kind: str) -> dict:
+def _load(path, kind: str, build: Callable[[dict], Drafter]) -> Drafter:
+    """The drafter `build` makes from the file's tensors (read with weights_only=True: no code runs); every
+    failure is a ValueError naming the file and what is wrong with it."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"drafter file not found: {path}")
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path} is not a speculant drafter file: not a torch.save archive (truncated, corrupted "
+                         "or another format)")
+    problem = archive_problem(path)
+    if problem:
+        raise ValueError(f"{path} is a damaged drafter file, truncated or corrupted ({problem})")
     try:
         data = torch.load(path, weights_only=True)
     except Exception as error:  # noqa: BLE001 - any unreadable file gets the same explanation
@@ -161,7 +170,10 @@ def _load(path, kind: str) -> dict:
     if not isinstance(data, dict) or data.get("kind") != kind:
         found = data.get("kind") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"{path} holds a {found!r} drafter, not a {kind!r} one")
-    return data
+    try:
+        return build(data)
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(f"{path} is not a valid {kind} drafter file: {type(error).__name__}: {error}") from None
 
 
 class PromptLookup(Drafter):

@@ -125,26 +125,43 @@ def _pretrained(directory: str, device, dtype, vocab_size) -> Model:
     return _live(live.pretrained(directory, dtype), device, None, vocab_size, directory)
 
 
+def archive_problem(path: str) -> Optional[str]:
+    """What is wrong with the zip archive at `path` (.pt, .pt2 and torch.save files are zip archives), or None.
+    Reads the whole file once: every member's CRC-32 is checked, which a truncated or corrupted file fails."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except Exception as error:  # noqa: BLE001 - BadZipFile, zlib.error, EOFError, ...: all say "damaged"
+        return f"{type(error).__name__}: {error}"
+    return None if bad is None else f"its member {bad} fails its CRC-32 check"
+
+
 def _file_kind(path: str) -> str:
-    """'torchscript', 'pt2', 'state_dict', 'safetensors' or 'unknown', from the file's contents."""
+    """'torchscript', 'pt2', 'state_dict' or 'safetensors', from the file's contents; raises ValueError naming
+    the file when it is a damaged zip archive or none of these."""
     with open(path, "rb") as f:
         head = f.read(16)
     if len(head) >= 9 and head[8:9] == b"{" and not head.startswith(b"PK"):
         return "safetensors"  # an 8-byte little-endian header length, then the JSON header
-    if not zipfile.is_zipfile(path):
-        return "unknown"
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-    except zipfile.BadZipFile:
-        return "unknown"
+    if not head.startswith(b"PK") and not zipfile.is_zipfile(path):
+        raise ValueError(f"model: {path} is neither a TorchScript file (.pt), an AOTInductor package (.pt2) nor "
+                         f"a save_pretrained directory: it is not a zip archive (it starts with {head[:8]!r}); "
+                         f"{EXPORT_HINT}")
+    problem = archive_problem(path)
+    if problem:
+        raise ValueError(f"model: {path} is a damaged zip archive, truncated or corrupted ({problem}); copy or "
+                         "export it again")
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
     if any("/aotinductor/" in n or n.endswith("/archive_format") for n in names):
         return "pt2"
     if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
         return "torchscript"
     if any(n.endswith("/data.pkl") for n in names):
         return "state_dict"
-    return "unknown"
+    raise ValueError(f"model: {path} is a zip archive but neither a TorchScript file (.pt) nor an AOTInductor "
+                     f"package (.pt2): it holds {', '.join(names[:3]) or 'nothing'}"
+                     f"{', ...' if len(names) > 3 else ''}; {EXPORT_HINT}")
 
 
 def _path(path: str, device, dtype, vocab_size) -> Model:
@@ -170,9 +187,6 @@ def _path(path: str, device, dtype, vocab_size) -> Model:
             raise ValueError(f"dtype: {path} is an AOTInductor package, compiled for one dtype; export it again "
                              "from the model in the dtype you want")
         return Model(_core.load_pt2(path, None if device is None else str(device)), path)
-    if kind == "unknown":
-        raise ValueError(f"model: {path} is neither a TorchScript file nor a save_pretrained directory: "
-                         f"{EXPORT_HINT}")
     if dtype is not None:
         extra = {"speculant.json": ""}
         module = torch.jit.load(path, map_location=device or "cpu", _extra_files=extra)
