@@ -157,6 +157,9 @@ PYBIND11_MODULE(_core, m) {
                       q.size(1) == target_logits.size(1) && draft_tokens.numel() == q.size(0),
                   "shapes must be target_logits [gamma + 1, V], q [gamma, V], draft_tokens [gamma]");
           const at::Tensor drafted = draft_tokens.to(at::kLong).contiguous();
+          require(drafted.numel() == 0 || (drafted.min().item<int64_t>() >= 0 &&
+                                           drafted.max().item<int64_t>() < target_logits.size(1)),
+                  "draft_tokens must be token ids in [0, {})", target_logits.size(1));
           size_t used = 0;
           cpu::Verdict v = cpu::verify(target_logits, q, drafted.const_data_ptr<int64_t>(), config, [&] {
             require(used < uniforms.size(), "uniforms: the kernel needed more than the {} given", uniforms.size());

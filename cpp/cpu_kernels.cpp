@@ -19,14 +19,14 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // in float64.
 
 // Whether a row of raw logits is usable: no NaN, no +inf, and not entirely -inf (-inf alone masks a token).
-template <typename in_t>
+template <typename acc_t, typename in_t>
 bool row_finite(const in_t* x, int64_t vocab) {
   int bad = 0, real = 0;
 #pragma omp simd reduction(| : bad, real)
   for (int64_t v = 0; v < vocab; ++v) {
-    const auto value = static_cast<float>(x[v]);
-    bad |= !(value < std::numeric_limits<float>::infinity());  // NaN or +inf
-    real |= value > -std::numeric_limits<float>::infinity();
+    const auto value = static_cast<acc_t>(x[v]);
+    bad |= !(value < std::numeric_limits<acc_t>::infinity());  // NaN or +inf
+    real |= value > -std::numeric_limits<acc_t>::infinity();
   }
   return bad == 0 && real != 0;
 }
@@ -78,12 +78,11 @@ void keep_top_p(acc_t* row, int64_t vocab, double top_p, std::vector<int64_t>& o
   order.resize(vocab);
   std::iota(order.begin(), order.end(), int64_t{0});
   std::stable_sort(order.begin(), order.end(), [row](int64_t a, int64_t b) { return row[a] > row[b]; });
-  const auto limit = static_cast<acc_t>(top_p);
   double cumulative = 0.0, kept = 0.0;
   for (const int64_t v : order) {
     const acc_t before = static_cast<acc_t>(cumulative + row[v]) - row[v];  // as cumsum(sorted) - sorted
     cumulative += row[v];
-    if (before < limit) {
+    if (static_cast<double>(before) < top_p) {  // in float64: a tiny top_p must not round to 0
       kept += row[v];
     } else {
       row[v] = 0;
@@ -98,7 +97,7 @@ at::Tensor standardize_rows(const at::Tensor& logits, const SamplingConfig& conf
   const in_t* x = logits.const_data_ptr<in_t>();
   const auto options = logits.options().dtype(c10::CppTypeToScalarType<acc_t>::value);
   std::vector<uint8_t> ok(n);
-  for (int64_t i = 0; i < n; ++i) ok[i] = row_finite(x + i * vocab, vocab);
+  for (int64_t i = 0; i < n; ++i) ok[i] = row_finite<acc_t>(x + i * vocab, vocab);
   if (finite) *finite = ok;
   if (config.greedy()) {  // one-hot at the argmax, first index on ties
     at::Tensor out = at::zeros({n, vocab}, options);
@@ -159,7 +158,6 @@ Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* dra
   const int64_t gamma = q.size(0), vocab = p.size(1);
   const acc_t* p_data = p.const_data_ptr<acc_t>();
   const acc_t* q_data = q.const_data_ptr<acc_t>();
-  const double tiny = std::numeric_limits<acc_t>::min();
   const bool lenient_argmax = config.greedy() && config.lenience < 1.0;
   const double log_lenience = std::log(config.lenience);
   Verdict out;
@@ -173,7 +171,8 @@ Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* dra
     out.betas.push_back(beta);
     const int64_t x = drafted[n];
     // min(1, p(x) / (l q(x))): 0 where p(x) = 0, 1 where q(x) = 0 < p(x) (speculative.h)
-    double accept = std::min(1.0, static_cast<double>(p_i[x]) / std::max(static_cast<double>(q_i[x]) * config.lenience, tiny));
+    const double p_x = p_i[x], denominator = static_cast<double>(q_i[x]) * config.lenience;
+    double accept = denominator > 0 ? std::min(1.0, p_x / denominator) : (p_x > 0 ? 1.0 : 0.0);
     if (lenient_argmax) {  // A.5, argmax variant: logit(x) - max logit >= log l
       const at::Tensor raw = logits[n].to(at::kDouble);  // a rare mode: tensor reads suffice
       const double margin = raw[x].item<double>() - raw.max().item<double>();

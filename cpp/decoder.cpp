@@ -4,6 +4,7 @@
 #include <torch/cuda.h>
 
 #include <chrono>
+#include <limits>
 #include <mutex>
 #include <random>
 
@@ -123,8 +124,13 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
             *eos_token_id, vocab);
   }
   std::unique_ptr<GammaPolicy> policy;
-  if (draft_) policy = make_gamma_policy(schedule.policy, gamma_, schedule.max_gamma.value_or(2 * gamma_),
-                                         schedule.cost);
+  if (draft_) {
+    // default max_gamma 2 gamma, saturating; no iteration drafts more than max_new_tokens - 1 tokens
+    const int64_t twice = gamma_ > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
+                                                                          : 2 * gamma_;
+    policy = make_gamma_policy(schedule.policy, gamma_, schedule.max_gamma.value_or(twice), schedule.cost,
+                               max_new_tokens - 1);
+  }
   const int64_t prompt_length = static_cast<int64_t>(prompt.size());
   check_length(target_->max_length(), "target", prompt_length + max_new_tokens - 1);
   if (draft_) check_length(draft_->max_length(), "draft", prompt_length + max_new_tokens - 1);

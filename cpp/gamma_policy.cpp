@@ -65,16 +65,20 @@ double walltime_improvement(double alpha, int64_t gamma, double cost) {
 int64_t best_gamma(double alpha, double cost, int64_t max_gamma) {
   int64_t best = 1;
   for (int64_t g = 2; g <= max_gamma; ++g) {
-    if (walltime_improvement(alpha, g, cost) > walltime_improvement(alpha, best, cost)) best = g;
+    if (!(walltime_improvement(alpha, g, cost) > walltime_improvement(alpha, best, cost))) break;
+    best = g;
   }
   return best;
 }
 
 std::unique_ptr<GammaPolicy> make_gamma_policy(const std::string& name, int64_t gamma, int64_t max_gamma,
-                                               double cost) {
+                                               double cost, int64_t cap) {
   require(gamma >= 1, "gamma must be an integer >= 1, got {}", gamma);
-  if (name == "fixed") return std::make_unique<FixedGamma>(gamma);
+  cap = std::max<int64_t>(cap, 1);
+  if (name == "fixed") return std::make_unique<FixedGamma>(std::min(gamma, cap));
   require(max_gamma >= gamma, "max_gamma must be >= gamma = {}, got {}", gamma, max_gamma);
+  gamma = std::min(gamma, cap);
+  max_gamma = std::min(max_gamma, cap);
   if (name == "heuristic") return std::make_unique<HeuristicGamma>(gamma, max_gamma);
   if (name == "alpha") {
     require(std::isfinite(cost) && cost >= 0, "cost (the coefficient c) must be a finite number >= 0 for the "

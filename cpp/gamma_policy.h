@@ -24,10 +24,13 @@ class GammaPolicy {
 // "alpha": estimate alpha by an exponential moving average of beta (weight 0.1 per verified position, starting
 //   from alpha0 = 0.5), then pick the gamma in [1, max_gamma] that maximizes Theorem 3.8's improvement
 //   (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) for the given cost coefficient c (§3.5).
+// Validates the arguments as given; then `cap` (the most tokens one iteration can still draft in this
+// generation) bounds gamma and max_gamma, so that a huge gamma never costs memory or time.
 std::unique_ptr<GammaPolicy> make_gamma_policy(const std::string& name, int64_t gamma, int64_t max_gamma,
-                                               double cost);
+                                               double cost, int64_t cap);
 
-// Theorem 3.8's walltime improvement factor and its maximizer over [1, max_gamma] (§3.5).
+// Theorem 3.8's walltime improvement factor and its maximizer over [1, max_gamma] (§3.5). The factor is a
+// concave function of gamma over an affine one, hence unimodal: the scan stops at its first decrease.
 double walltime_improvement(double alpha, int64_t gamma, double cost);
 int64_t best_gamma(double alpha, double cost, int64_t max_gamma);
 

@@ -52,7 +52,7 @@ at::Tensor standardize_generic(const at::Tensor& logits, const SamplingConfig& c
     return at::one_hot(x.argmax(-1), vocab).to(x.scalar_type());
   }
   at::Tensor top = at::amax(x, -1, /*keepdim=*/true);  // [n, 1] (amax propagates NaN)
-  if (maxima) *maxima = top.squeeze(-1).to(at::kFloat);
+  if (maxima) *maxima = top.squeeze(-1);
   // Shifting by the row maximum leaves the law unchanged and keeps (x - max) / T finite for any T > 0
   // (a tiny T would otherwise overflow to inf and give NaN).
   x = x - top;
@@ -66,7 +66,7 @@ at::Tensor standardize_generic(const at::Tensor& logits, const SamplingConfig& c
     auto [sorted, order] = probs.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true);  // [n, V] each
     at::Tensor mass_before = sorted.cumsum(-1) - sorted;  // mass of the more probable tokens
     at::Tensor keep = at::zeros_like(probs, probs.options().dtype(at::kBool))
-                          .scatter(-1, order, mass_before < config.top_p);  // [n, V]
+                          .scatter(-1, order, mass_before.to(at::kDouble) < config.top_p);  // [n, V]
     probs = probs.masked_fill(keep.logical_not(), 0.0);
     probs = probs / probs.sum(-1, /*keepdim=*/true);
   }
@@ -74,7 +74,7 @@ at::Tensor standardize_generic(const at::Tensor& logits, const SamplingConfig& c
 }
 
 at::Tensor row_maxima(const at::Tensor& logits) {
-  return at::amax(logits, -1).to(at::kFloat);  // amax propagates NaN
+  return at::amax(logits, -1).to(working_type(logits));  // amax propagates NaN; float64 stays float64
 }
 
 void check_finite(const at::Tensor& logits, const char* what) {

@@ -39,7 +39,7 @@ struct SamplingConfig {
 at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima = nullptr);
 at::Tensor standardize_generic(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima = nullptr);
 
-// logits [n, V] -> row maxima [n] (float), which are finite exactly when a row has no NaN and no +inf and is
+// logits [n, V] -> row maxima [n] (float64 for float64 logits, else float32), which are finite exactly when a row has no NaN and no +inf and is
 // not entirely -inf (-inf alone is a masked token and is allowed). One reduction per call, no host sync: the
 // decoding loop checks the maxima of all its calls at once, with the iteration's one transfer.
 at::Tensor row_maxima(const at::Tensor& logits);

@@ -8,9 +8,11 @@
 namespace speculant {
 
 at::Tensor acceptance_probability(const at::Tensor& p_x, const at::Tensor& q_x, double lenience) {
-  const double tiny = p_x.scalar_type() == at::kDouble ? std::numeric_limits<double>::min()
-                                                       : std::numeric_limits<float>::min();
-  return (p_x / (q_x * lenience).clamp_min(tiny)).clamp_max(1.0);
+  // In float64 whatever the inputs (l q can underflow in float16 or float32); where l q is 0 the ratio is
+  // 1 for p(x) > 0 and 0 for p(x) = 0.
+  const at::Tensor p = p_x.to(at::kDouble), denominator = q_x.to(at::kDouble) * lenience;
+  const at::Tensor ratio = at::where(denominator > 0, p / denominator, (p > 0).to(at::kDouble)).clamp_max(1.0);
+  return ratio.to(p_x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
 }
 
 at::Tensor residual(const at::Tensor& p, const at::Tensor& q) {
@@ -47,6 +49,9 @@ Verification verify(const at::Tensor& target_logits, const at::Tensor& q, const 
           fmt::join(q.sizes(), ", "));
   require(draft_tokens.scalar_type() == at::kLong && draft_tokens.dim() == 1,
           "draft_tokens must be a 1-D int64 tensor");
+  const int64_t vocab = target_logits.size(1);
+  require(gamma == 0 || (draft_tokens.min().item<int64_t>() >= 0 && draft_tokens.max().item<int64_t>() < vocab),
+          "draft_tokens must be token ids in [0, {}) (the vocabulary of the logits)", vocab);
   Verification out;
   out.p = standardize(target_logits, config);
   out.accept_prob = accept_probabilities(out.p, q, draft_tokens, target_logits, config);

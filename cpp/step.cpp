@@ -9,11 +9,11 @@
 namespace speculant {
 namespace {
 
-bool all_finite(const at::Tensor& maxima) {  // a CPU float tensor, read on the host
+bool all_finite(const at::Tensor& maxima) {  // a CPU tensor, read on the host
   if (!maxima.defined()) return true;
-  const at::Tensor values = maxima.to(at::kFloat).contiguous();
-  const float* data = values.const_data_ptr<float>();
-  return std::all_of(data, data + values.numel(), [](float m) { return std::isfinite(m); });
+  const at::Tensor values = maxima.to(at::kDouble).contiguous();
+  const double* data = values.const_data_ptr<double>();
+  return std::all_of(data, data + values.numel(), [](double m) { return std::isfinite(m); });
 }
 
 at::Tensor scalar_token(int64_t token) {

@@ -69,7 +69,8 @@ def test_alpha_and_acceptance_on_iid_models():
     rate = analysis.beta(p, q, 0.5).item()
     decisions = lenient.target_calls  # a lower bound on the verified drafts (>= 1 per call): a wider band
     assert abs(lenient.acceptance - rate) < 5 * math.sqrt(rate * (1 - rate) / decisions)
-    assert lenient.acceptance > exact.alpha + 0.2
+    # lenience raises acceptance from alpha = 0.5 to 0.7: well beyond the band's width at these counts
+    assert lenient.acceptance > exact.alpha + 0.1
 
 
 def test_same_seed_same_numbers(pair):
