@@ -26,7 +26,7 @@ struct Stats {
   int64_t new_tokens = 0;
   int64_t drafted_tokens = 0;
   int64_t accepted_tokens = 0;
-  std::vector<int64_t> drafted_per_position;   // [max_gamma, at most max_new_tokens - 1] how often draft position i was verified
+  std::vector<int64_t> drafted_per_position;   // [min(max_gamma, max(max_new_tokens - 1, 1))] how often draft position i was verified
   std::vector<int64_t> accepted_per_position;  // [the same] how often it was accepted
   // Corollary 3.6: alpha = E[sum_x min(p, q)], averaged over the verified positions whose prefix is the
   // generated sequence (every position up to and including the first rejection).

@@ -113,10 +113,12 @@ def check_stats(result, gamma: int, max_new_tokens: int, *, vocab: int = VOCAB, 
             rebuilt += block[: len(tokens) - len(rebuilt)]
     assert rebuilt == tokens
     assert sum(len(it.drafted[: it.accepted]) + 1 for it in trace) - stats.new_tokens in range(0, gamma + 1)
-    # Per position: position i was accepted in the iterations that kept more than i drafts.
-    assert len(stats.accepted_per_position) == len(stats.drafted_per_position) == gamma
-    assert list(stats.accepted_per_position) == [sum(it.accepted > i for it in trace) for i in range(gamma)]
-    assert list(stats.drafted_per_position) == [sum(len(it.drafted) > i for it in trace) for i in range(gamma)]
+    # Per position: position i was accepted in the iterations that kept more than i drafts. One entry per
+    # position this generation could draft: no iteration drafts more than max_new_tokens - 1 tokens.
+    positions = min(gamma, max(max_new_tokens - 1, 1))
+    assert len(stats.accepted_per_position) == len(stats.drafted_per_position) == positions
+    assert list(stats.accepted_per_position) == [sum(it.accepted > i for it in trace) for i in range(positions)]
+    assert list(stats.drafted_per_position) == [sum(len(it.drafted) > i for it in trace) for i in range(positions)]
     accepted, drafted = sum(stats.accepted_per_position), sum(stats.drafted_per_position)
     if drafted:
         assert stats.acceptance_rate == pytest.approx(accepted / drafted, rel=1e-12)
