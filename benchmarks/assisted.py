@@ -6,6 +6,7 @@
     python benchmarks/assisted.py run --pair gpt2 --temperature 1
     python benchmarks/assisted.py run --pair t5 --temperature 0       # and 1
     python benchmarks/assisted.py report                              # tables, goals, plots (benchmarks/plots/)
+    python benchmarks/assisted.py --tables-from benchmarks/results/gpt2-cpu-cpu-T1.json   # tables of stored runs
     python benchmarks/assisted.py run --preset cuda --device cuda --pair gpt2 --temperature 0   # 97M / 6M pair
 
 For one pair and temperature, on a fixed prompt set from held-out modules (train_pairs.heldout_prompts), with
@@ -22,7 +23,10 @@ max_new_tokens new tokens per prompt (GPT-2: no EOS stop, every generation has t
 
 Every method is timed end to end (time.perf_counter around each generate call, batch 1, on the models'
 device) over all prompts; the methods run in turn, in reversed order on odd repetitions (ABBA), and tokens
-per second is the median over the repetitions. Each method first gets one untimed warm-up generation.
+per second is the median over the repetitions. Each method first gets one untimed warm-up generation. A
+speedup is the median over the repetitions of the ratio of two methods' tokens per second in that repetition
+(they ran adjacent in time), reported with its min-max; `--tables-from` reprints the tables from stored
+result files (the .json and the .csv beside it) without measuring.
 
 From speculant's own statistics: α (Corollary 3.6: the engine's Σ min(p, q), averaged over every verified
 position), c (Definition 3.7: the draft's seconds per call in the speculative runs over the target's seconds
@@ -55,6 +59,7 @@ import torch
 
 import speculant
 from speculant import analysis
+from speculant.timing import median_range
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_pairs  # noqa: E402  (benchmarks/ is not a package)
@@ -69,7 +74,8 @@ COLUMNS = [
     "pair", "temperature", "gamma", "alpha", "c", "c_direct", "predicted", "speedup", "target_calls_per_token",
     "tokens_per_target_call", "verify_cost", "predicted_with_verify", "other_share",
     "speculant_tps", "speculant_plain_tps", "hf_plain_tps", "hf_assisted_tps", "hf_assisted_default_tps",
-    "hf_assisted_speedup", "greedy_mismatches",
+    "hf_assisted_speedup", "greedy_mismatches", "speedup_min", "speedup_max", "hf_assisted_speedup_min",
+    "hf_assisted_speedup_max",
 ]
 
 
@@ -253,6 +259,21 @@ def _sum(results, key: str) -> float:
     return sum(getattr(r.stats, key) for r in results)
 
 
+def ratio_range(tps: Dict[str, Sequence[float]], a: str, b: str):
+    """(median, min, max) over the repetitions of tps[a][r] / tps[b][r] (the two ran adjacent in time)."""
+    return median_range([x / y for x, y in zip(tps[a], tps[b])])
+
+
+def add_spread(frame, tps: Dict[str, Sequence[float]]):
+    """speedup and hf_assisted_speedup of a result frame (one pair and temperature) as the median of the
+    per-repetition ratios, with _min and _max, from the run's `tps_repeats`."""
+    for col, method, plain in (("speedup", "speculant", "speculant_plain"),
+                               ("hf_assisted_speedup", "hf_assisted", "hf_plain")):
+        ranges = [ratio_range(tps, f"{method}{g}", plain) for g in frame.gamma]
+        frame[col], frame[col + "_min"], frame[col + "_max"] = (list(v) for v in zip(*ranges))
+    return frame
+
+
 def measure(pair: Pair, temperature: float, *, gammas: Sequence[int] = GAMMAS, prompts: Sequence[Dict],
             max_new_tokens: int, repeats: int, progress: bool = True):
     """Rows (one per gamma, COLUMNS) and a dict of the run's other facts."""
@@ -284,9 +305,12 @@ def measure(pair: Pair, temperature: float, *, gammas: Sequence[int] = GAMMAS, p
     c_direct = draft_call / target_calls[1]
     plain_call = _sum(plain.results, "target_seconds") / _sum(plain.results, "target_calls")
 
+    tps = {f"{m.name}{'' if m.gamma is None else m.gamma}": m.tps for m in methods}
     rows = []
     for gamma in gammas:
         spec, hf = by_key[("speculant", gamma)], by_key[("hf_assisted", gamma)]
+        speedup = ratio_range(tps, f"speculant{gamma}", "speculant_plain")
+        hf_speedup = ratio_range(tps, f"hf_assisted{gamma}", "hf_plain")
         alpha = _alpha(spec.results)
         draft_calls = _sum(spec.results, "draft_calls")
         c = (_sum(spec.results, "draft_seconds") / draft_calls) / plain_call if draft_calls else math.nan
@@ -297,14 +321,16 @@ def measure(pair: Pair, temperature: float, *, gammas: Sequence[int] = GAMMAS, p
         rows.append({
             "pair": pair.kind, "temperature": temperature, "gamma": gamma, "alpha": alpha, "c": c,
             "c_direct": c_direct, "predicted": analysis.walltime_improvement(alpha, gamma, c),
-            "speedup": spec.median_tps / plain.median_tps, "target_calls_per_token": calls / new_tokens,
+            "speedup": speedup[0], "speedup_min": speedup[1], "speedup_max": speedup[2],
+            "target_calls_per_token": calls / new_tokens,
             "tokens_per_target_call": new_tokens / calls, "verify_cost": verify,
             "predicted_with_verify": analysis.expected_tokens(alpha, gamma) / (gamma * c + verify),
             "other_share": other / total,
             "speculant_tps": spec.median_tps, "speculant_plain_tps": plain.median_tps,
             "hf_plain_tps": hf_plain.median_tps, "hf_assisted_tps": hf.median_tps,
             "hf_assisted_default_tps": hf_default.median_tps,
-            "hf_assisted_speedup": hf.median_tps / hf_plain.median_tps,
+            "hf_assisted_speedup": hf_speedup[0], "hf_assisted_speedup_min": hf_speedup[1],
+            "hf_assisted_speedup_max": hf_speedup[2],
             "greedy_mismatches": mismatches(spec),
         })
     facts = {
@@ -312,7 +338,7 @@ def measure(pair: Pair, temperature: float, *, gammas: Sequence[int] = GAMMAS, p
                               **{f"hf_assisted_{g}": mismatches(by_key[("hf_assisted", g)]) for g in gammas}},
         "target_call_ms": {w: s * 1e3 for w, s in target_calls.items()}, "draft_call_ms": draft_call * 1e3,
         "engine_target_call_ms_plain": plain_call * 1e3,
-        "tps_repeats": {f"{m.name}{'' if m.gamma is None else m.gamma}": m.tps for m in methods},
+        "tps_repeats": tps,
         "new_tokens_per_run": {"speculant_plain": sum(len(t) for t in plain.tokens),
                                "hf_plain": sum(len(t) for t in hf_plain.tokens)},
     }
@@ -383,8 +409,9 @@ def _pair_info(directory: Path) -> Dict:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _md(frame, columns: Sequence[str], formats: Dict[str, str]) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+def _md(frame, columns: Sequence[str], formats: Dict[str, str], labels: Optional[Dict[str, str]] = None) -> str:
+    labels = labels or {}
+    lines = ["| " + " | ".join(labels.get(c, c) for c in columns) + " |", "|" + "---|" * len(columns)]
     for _, row in frame.iterrows():
         cells = []
         for col in columns:
@@ -395,23 +422,48 @@ def _md(frame, columns: Sequence[str], formats: Dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def _span(lo, hi, fmt: str = "{:.2f}–{:.2f}") -> List[str]:
+    return [fmt.format(a, b) for a, b in zip(lo, hi)]
+
+
 FULL_FORMATS = {"temperature": "{:g}", "gamma": "{:d}", "alpha": "{:.3f}", "c": "{:.3f}", "c_direct": "{:.3f}",
                 "predicted": "{:.2f}×", "speedup": "{:.2f}×", "target_calls_per_token": "{:.3f}",
                 "tokens_per_target_call": "{:.2f}", "verify_cost": "{:.2f}", "predicted_with_verify": "{:.2f}×",
                 "other_share": "{:.1%}", "speculant_tps": "{:.1f}", "speculant_plain_tps": "{:.1f}",
                 "hf_plain_tps": "{:.1f}", "hf_assisted_tps": "{:.1f}", "hf_assisted_default_tps": "{:.1f}",
-                "hf_assisted_speedup": "{:.2f}×", "greedy_mismatches": "{:d}"}
+                "hf_assisted_speedup": "{:.2f}×", "greedy_mismatches": "{:d}", "ratio": "{:.0%}"}
+# the headers of BENCHMARKS.md's tables (report, --tables-from)
+LABELS = {"pair": "pair", "temperature": "T", "gamma": "γ", "alpha": "α", "c_direct": "c direct",
+          "predicted": "Theorem 3.8", "speedup": "measured", "speedup_range": "measured min–max",
+          "ratio": "measured / predicted", "predicted_with_verify": "Thm 3.8 with verify cost",
+          "verify_cost": "verify cost", "target_calls_per_token": "target calls / token", "other_share": "other",
+          "speculant_tps": "speculant tok/s", "hf_assisted_tps": "transformers assisted tok/s",
+          "hf_assisted_speedup": "transformers assisted speedup",
+          "hf_assisted_speedup_range": "transformers assisted min–max", "best_gamma": "best γ",
+          "theorem_gamma": "γ by Thm 3.8", "speculant_plain_tps": "speculant plain",
+          "hf_plain_tps": "transformers plain", "speculant_cell": "speculant speculative (γ)",
+          "hf_best_cell": "transformers assisted, best fixed γ (γ)",
+          "hf_default_tps": "transformers assisted, default",
+          "vs_hf": "speculant / transformers assisted", "vs_hf_range": "min–max",
+          "plain_vs_hf": "speculant plain / transformers plain", "plain_vs_hf_range": "min–max"}
+PAIR_NAMES = {"gpt2": "GPT-2", "t5": "T5"}
 
 
-def full_table(frame) -> str:
-    columns = ["pair", "temperature", "gamma", "alpha", "c", "predicted", "speedup", "predicted_with_verify",
-               "verify_cost", "target_calls_per_token", "other_share", "speculant_tps", "hf_assisted_tps",
-               "hf_assisted_speedup"]
-    return _md(frame, columns, FULL_FORMATS)
+def full_table(frame, labels: Optional[Dict[str, str]] = None) -> str:
+    """Per γ: the measured speedups (median of the per-repetition ratios) with their min-max."""
+    frame = frame.assign(ratio=frame.speedup / frame.predicted,
+                         speedup_range=_span(frame.speedup_min, frame.speedup_max),
+                         hf_assisted_speedup_range=_span(frame.hf_assisted_speedup_min, frame.hf_assisted_speedup_max))
+    columns = ["pair", "temperature", "gamma", "alpha", "c", "predicted", "speedup", "speedup_range", "ratio",
+               "predicted_with_verify", "verify_cost", "target_calls_per_token", "other_share", "speculant_tps",
+               "hf_assisted_tps", "hf_assisted_speedup", "hf_assisted_speedup_range"]
+    return _md(frame, columns, FULL_FORMATS, labels)
 
 
-def summary(frame):
-    """One row per (pair, temperature) at speculant's best gamma (highest measured tokens/s)."""
+def summary(frame, tps: Optional[Dict] = None):
+    """One row per (pair, temperature) at speculant's best gamma (highest median tokens/s: the best of several
+    noisy medians, biased upward). tps: {(pair, temperature): the run's tps_repeats}, for the min-max of the
+    ratios to transformers (per repetition); without it those are ratios of medians and the ranges NaN."""
     import pandas as pd
 
     rows = []
@@ -419,17 +471,26 @@ def summary(frame):
         best = group.loc[group.speculant_tps.idxmax()]
         hf_best = group.loc[group.hf_assisted_tps.idxmax()]
         hf_top = max(hf_best.hf_assisted_tps, best.hf_assisted_default_tps)
+        nan3 = (math.nan,) * 3
+        vs_hf, plain_vs_hf = (best.speculant_tps / hf_top,) + nan3[1:], \
+            (best.speculant_plain_tps / best.hf_plain_tps,) + nan3[1:]
+        run_tps = (tps or {}).get((kind, float(temperature)))
+        if run_tps:
+            top = f"hf_assisted{int(hf_best.gamma)}" if hf_top == hf_best.hf_assisted_tps else "hf_assisted_default"
+            vs_hf = ratio_range(run_tps, f"speculant{int(best.gamma)}", top)
+            plain_vs_hf = ratio_range(run_tps, "speculant_plain", "hf_plain")
         rows.append({
             "pair": kind, "temperature": temperature, "best_gamma": int(best.gamma), "alpha": best.alpha,
             "c": best.c, "c_direct": best.c_direct,
             "theorem_gamma": int(analysis.optimal_gamma(best.alpha, best.c, max_gamma=8)),
-            "predicted": best.predicted, "speedup": best.speedup, "ratio": best.speedup / best.predicted,
+            "predicted": best.predicted, "speedup": best.speedup, "speedup_min": best.speedup_min,
+            "speedup_max": best.speedup_max, "ratio": best.speedup / best.predicted,
             "predicted_with_verify": best.predicted_with_verify, "verify_cost": best.verify_cost,
             "speculant_plain_tps": best.speculant_plain_tps, "speculant_tps": best.speculant_tps,
             "hf_plain_tps": best.hf_plain_tps, "hf_default_tps": best.hf_assisted_default_tps,
             "hf_best_gamma": int(hf_best.gamma), "hf_best_tps": hf_best.hf_assisted_tps, "hf_top_tps": hf_top,
-            "vs_hf": best.speculant_tps / hf_top, "plain_vs_hf": best.speculant_plain_tps / best.hf_plain_tps,
-            "other_share": best.other_share,
+            "vs_hf": vs_hf[0], "vs_hf_min": vs_hf[1], "vs_hf_max": vs_hf[2], "plain_vs_hf": plain_vs_hf[0],
+            "plain_vs_hf_min": plain_vs_hf[1], "plain_vs_hf_max": plain_vs_hf[2], "other_share": best.other_share,
         })
     return pd.DataFrame(rows)
 
@@ -440,19 +501,21 @@ def goals(table) -> List[str]:
         where = f"{r.pair}, T={r.temperature:g}"
         ok = r.vs_hf >= 1.5
         lines.append(f"[{'met' if ok else 'NOT met'}] goal 1 ({where}): speculant speculative {r.speculant_tps:.1f} "
-                     f"tok/s (γ={r.best_gamma}) = {r.vs_hf:.2f}× transformers' best assisted {r.hf_top_tps:.1f} "
-                     f"tok/s (fixed γ={r.hf_best_gamma}: {r.hf_best_tps:.1f}, default schedule: "
-                     f"{r.hf_default_tps:.1f}); goal ≥ 1.5×")
+                     f"tok/s (γ={r.best_gamma}) = {r.vs_hf:.2f}× ({r.vs_hf_min:.2f}–{r.vs_hf_max:.2f}) "
+                     f"transformers' best assisted {r.hf_top_tps:.1f} tok/s (fixed γ={r.hf_best_gamma}: "
+                     f"{r.hf_best_tps:.1f}, default schedule: {r.hf_default_tps:.1f}); goal ≥ 1.5×")
         ok = r.ratio >= 0.9
         why = "" if ok else (f" — Theorem 3.8 assumes verifying γ+1 = {r.best_gamma + 1} tokens costs one call; "
                              f"measured {r.verify_cost:.2f} calls, which predicts {r.predicted_with_verify:.2f}×; "
                              f"the engine's own work is {r.other_share:.0%} of the time")
-        lines.append(f"[{'met' if ok else 'NOT met'}] goal 2 ({where}): measured {r.speedup:.2f}× at γ={r.best_gamma} "
-                     f"= {r.ratio:.0%} of Theorem 3.8's {r.predicted:.2f}× (α={r.alpha:.3f}, c={r.c:.3f}); goal ≥ 90%"
-                     + why)
+        lines.append(f"[{'met' if ok else 'NOT met'}] goal 2 ({where}): measured {r.speedup:.2f}× "
+                     f"({r.speedup_min:.2f}–{r.speedup_max:.2f}) at the best γ={r.best_gamma} (biased upward; see "
+                     f"the per-γ rows) = {r.ratio:.0%} of Theorem 3.8's {r.predicted:.2f}× (α={r.alpha:.3f}, "
+                     f"c={r.c:.3f}); goal ≥ 90%" + why)
         ok = r.plain_vs_hf >= 1.0
         lines.append(f"[{'met' if ok else 'NOT met'}] goal 3 ({where}): speculant plain {r.speculant_plain_tps:.1f} "
-                     f"tok/s = {r.plain_vs_hf:.2f}× transformers' plain generate {r.hf_plain_tps:.1f} tok/s; goal ≥ 1×")
+                     f"tok/s = {r.plain_vs_hf:.2f}× ({r.plain_vs_hf_min:.2f}–{r.plain_vs_hf_max:.2f}) transformers' "
+                     f"plain generate {r.hf_plain_tps:.1f} tok/s; goal ≥ 1×")
     return lines
 
 
@@ -498,42 +561,67 @@ def plot(frame, directory: Path) -> List[Path]:
     return paths
 
 
-def report(args) -> None:
+def load_results(files: Sequence[Path]):
+    """The per-γ frame of result files (each a .json or the .csv beside it), the spreads recomputed from the
+    stored tps_repeats (add_spread), {(pair, temperature): tps_repeats} and one line per file on its run."""
     import pandas as pd
 
-    files = sorted(Path(args.out).glob(f"*-{args.preset}-{args.device}-T*.csv"))
-    if not files:
-        raise SystemExit(f"no results in {args.out}: run `python benchmarks/assisted.py run ...` first")
-    frame = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
-    table = summary(frame)
+    frames, tps, lines = [], {}, []
     for f in files:
+        f = Path(f)
         meta = json.loads(f.with_suffix(".json").read_text())
+        frames.append(add_spread(pd.read_csv(f.with_suffix(".csv")), meta["tps_repeats"]))
+        tps[(meta["pair"], float(meta["temperature"]))] = meta["tps_repeats"]
         m = meta["machine"]
-        print(f"{f.stem}: {m.get('cpu_model', m['processor'])}, {m['cpus']} CPUs, {m['threads']} torch threads, "
-              f"torch {m['torch']}, transformers {m.get('transformers')}, {m['date']}; {meta['prompts']} prompts x "
-              f"{meta['max_new_tokens']} new tokens, {meta['repeats']} repeats; greedy mismatches "
-              f"{meta['greedy_mismatches']['speculant_plain']} (speculant plain)")
-    print("\nTable 4 (speculant's best γ per pair and temperature):\n")
-    print(_md(table, ["pair", "temperature", "best_gamma", "theorem_gamma", "alpha", "c", "c_direct", "predicted",
-                      "speedup", "ratio", "predicted_with_verify", "verify_cost"],
-              {**FULL_FORMATS, "best_gamma": "{:d}", "theorem_gamma": "{:d}", "ratio": "{:.0%}"}))
+        lines.append(f"{f.stem}: {m.get('cpu_model', m['processor'])}, {m['cpus']} CPUs, {m['threads']} torch "
+                     f"threads, torch {m['torch']}, transformers {m.get('transformers')}, {m['date']}; "
+                     f"{meta['prompts']} prompts x {meta['max_new_tokens']} new tokens, {meta['repeats']} repeats; "
+                     f"greedy mismatches {meta['greedy_mismatches']['speculant_plain']} (speculant plain)")
+    return pd.concat(frames, ignore_index=True), tps, lines
+
+
+def tables(files: Sequence[Path]):
+    """Print the run lines, the three tables (BENCHMARKS.md's headers) and the goals; return the frame."""
+    frame, tps, lines = load_results(files)
+    table = summary(frame, tps)
+    print("\n".join(lines))
+    shown = table.assign(pair=table.pair.map(PAIR_NAMES).fillna(table.pair),
+                         speedup_range=_span(table.speedup_min, table.speedup_max),
+                         speculant_cell=[f"{t:.1f} ({g})" for t, g in zip(table.speculant_tps, table.best_gamma)],
+                         hf_best_cell=[f"{t:.1f} ({g})" for t, g in zip(table.hf_best_tps, table.hf_best_gamma)],
+                         vs_hf_range=_span(table.vs_hf_min, table.vs_hf_max),
+                         plain_vs_hf_range=_span(table.plain_vs_hf_min, table.plain_vs_hf_max))
+    formats = {**FULL_FORMATS, "best_gamma": "{:d}", "theorem_gamma": "{:d}", "hf_default_tps": "{:.1f}",
+               "vs_hf": "{:.2f}×", "plain_vs_hf": "{:.2f}×"}
+    print("\nTable 4 at speculant's best γ (highest median tokens/s; the best of several noisy medians is biased "
+          "upward, see the per-γ rows); speedups are medians of per-repetition ratios with their min-max:\n")
+    print(_md(shown, ["pair", "temperature", "best_gamma", "theorem_gamma", "alpha", "c", "c_direct", "predicted",
+                      "speedup", "speedup_range", "ratio", "predicted_with_verify", "verify_cost"], formats, LABELS))
     print("\nTokens per second side by side (batch 1):\n")
-    print(_md(table, ["pair", "temperature", "speculant_plain_tps", "hf_plain_tps", "speculant_tps",
-                      "best_gamma", "hf_best_tps", "hf_best_gamma", "hf_default_tps", "vs_hf", "plain_vs_hf"],
-              {**FULL_FORMATS, "best_gamma": "{:d}", "hf_best_gamma": "{:d}", "hf_best_tps": "{:.1f}",
-               "hf_default_tps": "{:.1f}", "vs_hf": "{:.2f}×", "plain_vs_hf": "{:.2f}×"}))
+    print(_md(shown, ["pair", "temperature", "speculant_plain_tps", "hf_plain_tps", "speculant_cell", "hf_best_cell",
+                      "hf_default_tps", "vs_hf", "vs_hf_range", "plain_vs_hf", "plain_vs_hf_range"], formats, LABELS))
     print("\nPer γ:\n")
-    print(full_table(frame.sort_values(["pair", "temperature", "gamma"])))
+    per_gamma = frame.sort_values(["pair", "temperature", "gamma"])
+    print(full_table(per_gamma.assign(pair=per_gamma.pair.map(PAIR_NAMES).fillna(per_gamma.pair)), LABELS))
     print("\nGoals:")
     for line in goals(table):
         print("  " + line)
-    for path in plot(frame, Path(args.plots)):
+    return frame
+
+
+def report(args) -> None:
+    files = sorted(Path(args.out).glob(f"*-{args.preset}-{args.device}-T*.csv"))
+    if not files:
+        raise SystemExit(f"no results in {args.out}: run `python benchmarks/assisted.py run ...` first")
+    for path in plot(tables(files), Path(args.plots)):
         print(f"plot: {path}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("command", choices=["run", "report"])
+    parser.add_argument("command", nargs="?", choices=["run", "report"])
+    parser.add_argument("--tables-from", nargs="+", metavar="JSON",
+                        help="print the tables from these stored result files (no measuring, no plots)")
     parser.add_argument("--pair", choices=["gpt2", "t5"], default="gpt2")
     parser.add_argument("--preset", choices=sorted(train_pairs.PRESETS), default="cpu")
     parser.add_argument("--device", default="cpu")
@@ -548,7 +636,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--plots", default=str(PLOTS))
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    run(args) if args.command == "run" else report(args)
+    if args.tables_from:
+        tables(args.tables_from)
+    elif args.command is None:
+        parser.error("give a command (run, report) or --tables-from")
+    else:
+        run(args) if args.command == "run" else report(args)
 
 
 if __name__ == "__main__":

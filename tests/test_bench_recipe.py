@@ -7,6 +7,7 @@ greedy tokens for the same pair (GPT-2 and T5)."""
 import json
 import os
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -41,6 +42,7 @@ def test_smoke_recipe_and_benchmark(recipe, tmp_path):
         frame = pd.DataFrame(rows, columns=assisted.COLUMNS)
         assert list(frame.gamma) == [1, 2] and not frame[["speculant_tps", "hf_plain_tps", "hf_assisted_tps",
                                                           "alpha", "c", "predicted"]].isna().any().any()
+        assert (frame.speedup_min <= frame.speedup).all() and (frame.speedup <= frame.speedup_max).all()
         frames.append(frame)
     # greedy: speculant (plain and speculative) against transformers' own generate on the same pair
     assert facts["greedy_mismatches"]["speculant_plain"] == 0 and int(frames[0].greedy_mismatches.sum()) == 0
@@ -59,3 +61,22 @@ def test_smoke_recipe_and_benchmark(recipe, tmp_path):
     assert "| pair | temperature | gamma |" in assisted.full_table(frame)
     (path,) = assisted.plot(frame, tmp_path / "plots")
     assert path.stat().st_size > 0
+
+
+def test_tables_from_stored_results(capsys):
+    """--tables-from reprints the tables from the stored result files: every speedup the median of the
+    per-repetition ratios, with its min-max."""
+    results = assisted.RESULTS
+    files = sorted(str(f) for f in results.glob("*-cpu-cpu-T*.json"))
+    if not files:
+        pytest.skip("no stored results")
+    assisted.main(["--tables-from", *files])
+    out = capsys.readouterr().out
+    assert "measured min–max" in out and "biased upward" in out and "transformers assisted min–max" in out
+    meta = json.loads(Path(files[0]).read_text())
+    tps = meta["tps_repeats"]
+    frame = assisted.add_spread(pd.read_csv(Path(files[0]).with_suffix(".csv")), tps)
+    ratios = sorted(a / b for a, b in zip(tps["speculant1"], tps["speculant_plain"]))
+    row = frame[frame.gamma == 1].iloc[0]
+    expected = (ratios[0], float(pd.Series(ratios).median()), ratios[-1])
+    assert (row.speedup_min, row.speedup, row.speedup_max) == pytest.approx(expected)
