@@ -17,7 +17,10 @@ import speculant
 from speculant import drafters, tiny_gpt
 
 CHILD = r"""
-import sys, time, torch
+import signal, sys, time, torch
+# Python leaves SIGINT ignored when it starts ignored, as under a non-interactive shell's background job ('&'),
+# which may be how the suite itself was started: install the handler that raises KeyboardInterrupt
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import speculant
 from speculant import drafters, tiny_gpt
 torch.manual_seed(0)
