@@ -157,7 +157,7 @@ Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* dra
                     const SamplingConfig& config, const Uniform& uniform) {
   const int64_t gamma = q.size(0), vocab = p.size(1);
   const acc_t* p_data = p.const_data_ptr<acc_t>();
-  const acc_t* q_data = q.const_data_ptr<acc_t>();
+  const acc_t* q_data = gamma > 0 ? q.const_data_ptr<acc_t>() : nullptr;  // read only where drafts exist
   const bool lenient_argmax = config.greedy() && config.lenience < 1.0;
   const double log_lenience = std::log(config.lenience);
   Verdict out;
@@ -248,7 +248,7 @@ Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64
                const SamplingConfig& config, const Uniform& uniform) {
   std::vector<uint8_t> finite;
   const at::Tensor p = standardize(target_logits, config, &finite);  // [gamma + 1, V]
-  const at::Tensor q_rows = q.to(p.scalar_type()).contiguous();           // no copy when already so
+  const at::Tensor q_rows = q.size(0) > 0 ? q.to(p.scalar_type()).contiguous() : q;  // no copy when already so
   Verdict out;
   if (p.scalar_type() == at::kDouble) {
     out = verify_rows<double>(p, q_rows, drafted, target_logits, config, uniform);

@@ -89,7 +89,7 @@ Verdict verify_step(const at::Tensor& target_logits, const at::Tensor& q, const 
   const at::Tensor drafted_host = gamma > 0 ? drafted.contiguous() : at::Tensor();
   const int64_t* x = gamma > 0 ? drafted_host.const_data_ptr<int64_t>() : nullptr;
   out.drafted.assign(x, x + gamma);
-  const at::Tensor q_rows = gamma > 0 ? q : at::empty({0, target_logits.size(1)}, target_logits.options());
+  const at::Tensor q_rows = gamma > 0 ? q : at::Tensor(at::empty({0, target_logits.size(1)}));  // plain decoding
   cpu::GeneratorUniform uniform(generator);
   cpu::Verdict v = cpu::verify(target_logits, q_rows, x, config, [&uniform] { return uniform(); });
   out.accepted = v.accepted;
