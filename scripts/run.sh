@@ -25,7 +25,7 @@ fi
 "$python" -m pip install --disable-pip-version-check --progress-bar off -q \
   "$torch_req" "scikit-build-core>=0.10" "cmake>=3.26" ninja numpy tqdm pytest "hypothesis==6.170.15" scipy \
   "transformers==5.23.0" "tokenizers==0.23.3" "pandas==3.1.1" "matplotlib==3.11.2" \
-  "nbclient==0.11.0" "nbformat==5.11.1" "ipykernel==7.4.0"
+  "nbclient==0.11.0" "nbformat==5.11.1" "ipykernel==7.4.0" "dask[distributed]==2026.8.0" "distributed==2026.8.0"
 CMAKE_BUILD_PARALLEL_LEVEL=2 "$python" -m pip install --disable-pip-version-check --progress-bar off -q --no-build-isolation \
   "$root"
 

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
 pytest.importorskip("transformers")
+pytest.importorskip("distributed")  # "Sweeps on a cluster" starts a dask LocalCluster
 
 from speculant import demo_pair  # noqa: E402
 

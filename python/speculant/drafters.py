@@ -185,6 +185,7 @@ class PromptLookup(Drafter):
         for name, value in (("min_ngram", min_ngram), ("max_ngram", max_ngram)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram  # what rebuilds it elsewhere (a sweep's workers)
         super().__init__(_core.prompt_lookup_drafter(_vocab(vocab_size), min_ngram, max_ngram, _device(device)))
 
 
@@ -201,4 +202,5 @@ class PythonDrafter(Drafter):
                  vocab_size: int, device="cpu"):
         if not callable(propose):
             raise ValueError(f"propose must be callable, got {type(propose).__name__}")
+        self.propose = propose
         super().__init__(_core.python_drafter(propose, _vocab(vocab_size), _device(device)))

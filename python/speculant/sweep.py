@@ -1,23 +1,29 @@
 """Sweeps: a target / draft pair over grids of gamma, temperature, lenience, top-k and top-p on a prompt set,
-each setting measured against plain decoding of the same target, one row per setting (a pandas DataFrame)."""
+each setting measured against plain decoding of the same target, one row per setting (a pandas DataFrame).
+
+Each setting runs as one call of ``run_setting``: in this process (serial), or as one task of an executor
+(``executor=``), where ``task`` rebuilds the models from the files that ``speculant.workers`` describes."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import itertools
 import numbers
+import uuid
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from . import analysis, timing
+from . import analysis, timing, workers
 from .decoder import SpeculativeDecoder, generate
 from .model import Model
 
 Grid = Union[float, Sequence[float]]
 
-COLUMNS = ["gamma", "temperature", "top_k", "top_p", "lenience", *timing.COLUMNS]
+SETTING = ["gamma", "temperature", "top_k", "top_p", "lenience"]  # SpeculativeDecoder's keyword arguments
+COLUMNS = [*SETTING, *timing.COLUMNS]
 _RESERVED = {"prompt_ids", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "gamma", "lenience"}
 
 
@@ -33,25 +39,93 @@ def _grid(values: Grid, name: str) -> List:
     return values
 
 
+def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mapping[str, Any]], *,
+                max_new_tokens: int, seed: int, repeats: int, spread_threshold: float) -> Dict[str, Any]:
+    """One row of a sweep: speculative decoding at ``setting`` (the ``SETTING`` columns) timed against plain
+    decoding of the target at the same sampling settings (``timing.timed_rounds``), then ``timing.summarize``.
+    calls: one dict of ``generate`` keyword arguments per prompt (``analysis.generation_kwargs``)."""
+    decoder = SpeculativeDecoder(target, draft, **setting)
+    baseline = functools.partial(generate, target, temperature=setting["temperature"], top_k=setting["top_k"],
+                                 top_p=setting["top_p"])
+    rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=max_new_tokens, seed=seed,
+                                 repeats=repeats)
+    return {**setting, **timing.summarize(rounds, gamma=setting["gamma"], lenience=setting["lenience"],
+                                          spread_threshold=spread_threshold)}
+
+
+def task(target: workers.Spec, draft: workers.Spec, setting: Dict[str, Any], calls: List[Dict[str, Any]],
+         options: Dict[str, Any], task_id: str) -> Dict[str, Any]:
+    """One setting in an executor's worker: ``run_setting`` on the models and drafter rebuilt from their specs
+    (``speculant.workers``: loaded once per worker and reused). Every argument is plain data; ``options`` holds
+    run_setting's keywords. ``task_id`` is unique to each task, so that an executor that caches pure function
+    calls by their arguments (dask's, by default) runs every setting of every sweep anew."""
+    del task_id
+    return run_setting(workers.rebuild(target, "target"), workers.rebuild(draft, "draft"), setting, calls,
+                       **options)
+
+
+def _error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _describe(setting: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key}={setting[key]!r}" for key in SETTING)
+
+
+def _run_on(executor, specs, settings: List[Dict[str, Any]], calls, options: Dict[str, Any], bar,
+            results: Dict[int, Dict[str, Any]], failures: Dict[int, str]) -> None:
+    """Submits one task per setting (specs: what rebuilds target and draft), then fills `results` and `failures`
+    (by grid index) as they finish: an exception from submit or from a future's result() (the task raised, or
+    its worker died) is a failure of that setting. On KeyboardInterrupt cancels the futures that have not
+    started, and re-raises."""
+    sweep_id = uuid.uuid4().hex
+    futures = {}
+    try:
+        for i, setting in enumerate(settings):
+            try:
+                futures[i] = executor.submit(task, *specs, setting, calls, options, f"{sweep_id}-{i}")
+            except Exception as error:  # noqa: BLE001 - a broken or shut-down executor, unpicklable arguments
+                failures[i] = _error(error)
+                bar.update()
+        # concurrent.futures' own futures (ProcessPoolExecutor's, dask's ClientExecutor's) as they finish, so
+        # that the bar counts finished settings; any other future with result(), in grid order
+        if all(isinstance(f, concurrent.futures.Future) for f in futures.values()):
+            index = {f: i for i, f in futures.items()}
+            done = (index[f] for f in concurrent.futures.as_completed(index))
+        else:
+            done = iter(futures)
+        for i in done:
+            try:
+                results[i] = futures[i].result()
+            except Exception as error:  # noqa: BLE001 - the task's exception, BrokenProcessPool, KilledWorker
+                failures[i] = _error(error)
+            bar.update()
+    except KeyboardInterrupt:
+        for future in futures.values():
+            future.cancel()
+        raise
+
+
 def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (1.0,),
           lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,), max_new_tokens: int = 64,
           seed: int = 0, repeats: int = 3, spread_threshold: float = timing.SPREAD_THRESHOLD, progress: bool = True,
-          generate_kwargs: Optional[Mapping[str, Any]] = None):
+          generate_kwargs: Optional[Mapping[str, Any]] = None, executor=None):
     """Runs speculative decoding for every combination of the grids and returns a ``pandas.DataFrame``, one row
     per setting (columns in ``COLUMNS``).
 
-    prompts: one prompt or a sequence of them; each is token ids, or a mapping of ``generate`` keyword
-    arguments (see ``speculant.analysis.generation_kwargs``). ``generate_kwargs`` go to every generation,
-    speculative and plain (``eos_token_id``, ...).
+    target, draft: ``speculant.Model`` handles or anything ``speculant.load`` takes (loaded once); draft may be
+    a drafter from ``speculant.drafters``. prompts: one prompt or a sequence of them; each is token ids, or a
+    mapping of ``generate`` keyword arguments (see ``speculant.analysis.generation_kwargs``). ``generate_kwargs``
+    go to every generation, speculative and plain (``eos_token_id``, ...).
 
     Every setting generates ``max_new_tokens`` from every prompt, prompt i with seed ``seed + i``, so the same
-    seed gives the same tokens, alpha and counts (not the same times). Each setting is timed by
-    ``speculant.timing``, so that no speedup is noise: an untimed run of speculative and plain decoding (the
-    target alone at the same sampling settings) over every prompt warms every input shape, then ``repeats``
-    timed rounds interleaved ABBA; times are medians, ``speedup`` comes with ``speedup_min`` / ``speedup_max``
-    and ``spread`` = (max - min) / median. A row whose spread exceeds ``spread_threshold``, or whose speedup
-    lies outside a factor timing.THEORY_FACTOR = 2 of Theorem 3.8's prediction, is flagged in ``flag`` ("noisy",
-    "off theory"), with one RuntimeWarning for the sweep.
+    seed gives the same tokens, alpha and counts (not the same times), serial or on an executor. Each setting
+    is timed by ``speculant.timing``, so that no speedup is noise: an untimed run of speculative and plain
+    decoding (the target alone at the same sampling settings) over every prompt warms every input shape, then
+    ``repeats`` timed rounds interleaved ABBA; times are medians, ``speedup`` comes with ``speedup_min`` /
+    ``speedup_max`` and ``spread`` = (max - min) / median. A row whose spread exceeds ``spread_threshold``, or
+    whose speedup lies outside a factor timing.THEORY_FACTOR = 2 of Theorem 3.8's prediction, is flagged in
+    ``flag`` ("noisy", "off theory"), with one RuntimeWarning for the sweep.
 
     Columns: the setting (gamma, temperature, top_k, top_p, lenience), then ``timing.COLUMNS``, defined in
     ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend on lenience), ``acceptance``
@@ -59,8 +133,29 @@ def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (
     ``expected_tokens``, totals over the prompts, ``c`` (Definition 3.7), the measured ``speedup`` and Theorem
     3.8's ``predicted_speedup``.
 
-    A progress bar (tqdm) counts the settings. Interrupting the sweep (KeyboardInterrupt, the Jupyter stop
-    button) returns the rows finished so far with a RuntimeWarning and ``frame.attrs["interrupted"] = True``.
+    executor: None runs the settings one after the other in this process, with these models; an exception
+    raised by a setting propagates (a bug in the call). Otherwise any ``concurrent.futures``-style executor (an
+    object whose ``submit(fn, *args)`` returns a future with ``result()``): ``ProcessPoolExecutor``, dask's
+    ``Client.get_executor()``, or a thin adaptor for Ray (README, "Sweeps on a cluster"). Each setting becomes
+    one task (``task`` in the module speculant.sweep), sent plain data only (``speculant.workers``): a model as
+    its file or save_pretrained directory plus its device (and a directory's dtype and vocab_size), loaded once
+    per worker; a drafter as its constructor arguments (a PythonDrafter's propose must pickle: a module-level
+    function). These paths must be readable on the workers (shared storage on a real cluster). A model without
+    a file (a transformers object, a ScriptModule in memory) or a drafter that cannot be rebuilt raises
+    ValueError naming target or draft before anything runs. A TorchScript file is loaded as it was written: one
+    that ``speculant.load(path, dtype=...)`` converted in memory must be exported in that dtype first.
+
+    On an executor, rows come in grid order whatever order the tasks finish in. A task that raises or whose
+    worker dies (BrokenProcessPool, dask's KilledWorker, any exception from ``result()``) does not stop the
+    sweep: the frame holds the settings that succeeded, ``frame.attrs["failed"]`` lists the others as dicts of
+    the setting's columns and ``"error"`` ("ExceptionType: message"), and one RuntimeWarning names every failed
+    setting (``attrs["failed"]`` is ``[]`` otherwise, and always serially). Workers that share a machine's cores
+    time slower than one process alone: give each worker one core (``torch.set_num_threads(1)`` in the workers,
+    threads_per_worker=1) and compare speedups rather than seconds.
+
+    A progress bar (tqdm) counts the finished settings. Interrupting the sweep (KeyboardInterrupt, the Jupyter
+    stop button) returns the rows finished so far with a RuntimeWarning and ``frame.attrs["interrupted"] =
+    True`` (on an executor it cancels the tasks that have not started; running ones finish unread).
     """
     import pandas as pd
     from tqdm.auto import tqdm
@@ -73,37 +168,52 @@ def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (
     reserved = sorted(_RESERVED.intersection(generate_kwargs or {}))
     if reserved:
         raise ValueError(f"generate_kwargs must not set {reserved}: the sweep sets them")
+    if executor is not None and not callable(getattr(executor, "submit", None)):
+        raise ValueError("executor must be None or a concurrent.futures-style executor (with submit(fn, *args) "
+                         f"returning a future), got {type(executor).__name__}")
     repeats = timing.check_repeats(repeats)
     spread_threshold = timing.check_spread_threshold(spread_threshold)
     grids = [_grid(temperatures, "temperatures"), _grid(top_k, "top_k"), _grid(top_p, "top_p"),
              _grid(gammas, "gammas"), _grid(lenience, "lenience")]
-    settings = list(itertools.product(*grids))
-    # Built first, so that a bad value anywhere in the grids raises before anything runs.
-    decoders = [SpeculativeDecoder(target, draft, gamma=g, temperature=t, top_k=k, top_p=p, lenience=leniency)
-                for t, k, p, g, leniency in settings]
+    settings = [{"gamma": g, "temperature": t, "top_k": k, "top_p": p, "lenience": leniency}
+                for t, k, p, g, leniency in itertools.product(*grids)]
+    # Every decoder built first, so that a bad value anywhere in the grids raises before anything runs; the
+    # first one loads target and draft (once) when they are paths or transformers objects.
+    first = SpeculativeDecoder(target, draft, **settings[0])
+    target, draft = first.target, first.draft
+    for setting in settings[1:]:
+        SpeculativeDecoder(target, draft, **setting)
     calls = analysis.generation_kwargs(prompts, generate_kwargs)
+    options = {"max_new_tokens": max_new_tokens, "seed": seed, "repeats": repeats,
+               "spread_threshold": spread_threshold}
+    # what travels to the workers; ValueError for a model or drafter that cannot, before anything runs
+    specs = None if executor is None else (workers.spec(target, "target"), workers.spec(draft, "draft"))
 
-    rows: List[Dict[str, Any]] = []
+    results: Dict[int, Dict[str, Any]] = {}
+    failures: Dict[int, str] = {}
     interrupted = False
     bar = tqdm(total=len(settings), desc="speculant sweep", disable=not progress)
     try:
-        for (temperature, k, p, gamma, leniency), decoder in zip(settings, decoders):
-            baseline = functools.partial(generate, target, temperature=temperature, top_k=k, top_p=p)
-            rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=max_new_tokens,
-                                         seed=seed, repeats=repeats)
-            rows.append({"gamma": gamma, "temperature": temperature, "top_k": k, "top_p": p, "lenience": leniency,
-                         **timing.summarize(rounds, gamma=gamma, lenience=leniency,
-                                            spread_threshold=spread_threshold)})
-            bar.update()
+        if executor is None:
+            for i, setting in enumerate(settings):
+                results[i] = run_setting(target, draft, setting, calls, **options)
+                bar.update()
+        else:
+            _run_on(executor, specs, settings, calls, options, bar, results, failures)
     except KeyboardInterrupt:
         interrupted = True
-        warnings.warn(f"sweep interrupted: returning the {len(rows)} of {len(settings)} settings it finished",
+        warnings.warn(f"sweep interrupted: returning the {len(results)} of {len(settings)} settings it finished",
                       RuntimeWarning, stacklevel=2)
     finally:
         bar.close()
-    frame = pd.DataFrame(rows, columns=COLUMNS)
-    frame.attrs.update(interrupted=interrupted, prompts=len(calls), max_new_tokens=max_new_tokens, seed=seed,
-                       repeats=repeats)
+    frame = pd.DataFrame([results[i] for i in sorted(results)], columns=COLUMNS)
+    failed = [{**settings[i], "error": failures[i]} for i in sorted(failures)]
+    frame.attrs.update(interrupted=interrupted, failed=failed, prompts=len(calls), max_new_tokens=max_new_tokens,
+                       seed=seed, repeats=repeats)
+    if failed:
+        warnings.warn(f"{len(failed)} of {len(settings)} settings failed and are missing from the frame "
+                      "(frame.attrs['failed'] holds their errors): " +
+                      "; ".join(f"{_describe(f)} ({f['error']})" for f in failed), RuntimeWarning, stacklevel=2)
     flagged = frame[frame.flag != ""]
     if len(flagged):
         warnings.warn(f"{len(flagged)} of {len(frame)} settings are flagged (column 'flag'): a spread of the "
