@@ -41,7 +41,7 @@ class AotiModel final : public Model {
  public:
   AotiModel(const std::string& path, std::unique_ptr<Loader> loader, std::unique_ptr<Loader> encoder,
             const Metadata& metadata, at::Device device)
-      : loader_(std::move(loader)), encoder_(std::move(encoder)), path_(path) {
+      : loader_(std::move(loader)), encoder_(std::move(encoder)), path_(path), package_metadata_(metadata) {
     vocab_size_ = positive_entry(metadata, "vocab_size", path);
     max_length_ = positive_entry(metadata, "max_length", path);
     encoder_decoder_ = encoder_ != nullptr;
@@ -71,6 +71,13 @@ class AotiModel final : public Model {
   void truncate(int64_t length) override { length_ = length; }
   int64_t length() const override { return length_; }
   std::string form() const override { return "pt2"; }
+  // The cache lives in the loaded package's buffers: a replica loads the package again.
+  std::shared_ptr<Model> replica() override {
+    const std::optional<at::Device> where(device_);
+    return std::make_shared<AotiModel>(path_, open_model(path_, "model", where),
+                                       encoder_ ? open_model(path_, "encoder", where) : nullptr, package_metadata_,
+                                       device_);
+  }
 
  private:
   at::Tensor run(const at::Tensor& tokens) {
@@ -100,6 +107,7 @@ class AotiModel final : public Model {
   std::unique_ptr<Loader> encoder_;   // encoder-decoder packages only
   std::vector<at::Tensor> encoded_;   // the encoder's outputs for the current source
   std::string path_;
+  Metadata package_metadata_;
   at::Tensor positions_;  // [max_length] 0, 1, ...: cache_position is a slice, no allocation per call
   int64_t length_ = 0;
 };

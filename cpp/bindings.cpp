@@ -65,6 +65,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("max_length", &Model::max_length)
       .def_property_readonly("device", [](const Model& model) { return model.device().str(); })
       .def_property_readonly("form", &Model::form)
+      .def_property_readonly("batched", &Model::batched)
       .def_property_readonly("encoder_decoder", &Model::encoder_decoder)
       .def_property_readonly("max_source_length", &Model::max_source_length)
       .def_property_readonly("metadata", [](const Model& model) { return py::bytes(model.metadata()); });
@@ -289,6 +290,20 @@ PYBIND11_MODULE(_core, m) {
                                     GammaSchedule{gamma_policy, max_gamma, cost});
           },
           py::arg("prompt"), py::arg("source"), py::arg("max_new_tokens"), py::arg("eos_token_id"),
+          py::arg("seed"), py::arg("profile") = false, py::arg("gamma_policy") = "fixed",
+          py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0)
+      .def(
+          "generate_batch",
+          [](const Decoder& decoder, const std::vector<std::vector<int64_t>>& prompts,
+             const std::vector<std::vector<int64_t>>& sources, int64_t max_new_tokens,
+             std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile,
+             const std::string& gamma_policy, std::optional<int64_t> max_gamma, double cost) {
+            InterruptScope interruptible(signal_check());
+            py::gil_scoped_release release;
+            return decoder.generate_batch(prompts, sources, max_new_tokens, eos_token_id, seed, profile,
+                                          GammaSchedule{gamma_policy, max_gamma, cost});
+          },
+          py::arg("prompts"), py::arg("sources"), py::arg("max_new_tokens"), py::arg("eos_token_id"),
           py::arg("seed"), py::arg("profile") = false, py::arg("gamma_policy") = "fixed",
           py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0);
 }

@@ -45,31 +45,20 @@ void check_ids(const std::vector<int64_t>& ids, const char* name, int64_t vocab)
   }
 }
 
-// The encoder input: required by encoder-decoder models, refused by decoder-only ones.
-void check_source(const Model& target, const std::optional<std::vector<int64_t>>& source) {
-  if (!target.encoder_decoder()) {
-    require(!source.has_value(), "encoder_input_ids is only for encoder-decoder models; the target is a "
-                                 "decoder-only model (prompt_ids holds its whole context)");
-    return;
-  }
-  require(source.has_value(), "the target is an encoder-decoder model: pass encoder_input_ids (the source "
-                              "sequence) as well as prompt_ids (the decoder's start)");
-  check_ids(*source, "encoder_input_ids", target.vocab_size());
-}
-
-void check_source_length(std::optional<int64_t> limit, const char* role, int64_t length) {
+void check_source_length(std::optional<int64_t> limit, const char* role, const std::string& name,
+                         int64_t length) {
   if (limit) {
-    require(length <= *limit, "{} model encodes at most max_source_length = {} tokens, encoder_input_ids has {}",
-            role, *limit, length);
+    require(length <= *limit, "{} model encodes at most max_source_length = {} tokens, {} has {}", role, *limit,
+            name, length);
   }
 }
 
-void check_length(std::optional<int64_t> limit, const char* role, int64_t needed) {
+void check_length(std::optional<int64_t> limit, const char* role, const std::string& name, int64_t needed) {
   if (limit) {
     require(needed <= *limit,
-            "{} model holds at most max_length = {} positions, but the prompt plus max_new_tokens needs {} "
+            "{} model holds at most max_length = {} positions, but {} plus max_new_tokens needs {} "
             "(prompt + max_new_tokens - 1)",
-            role, *limit, needed);
+            role, *limit, name, needed);
   }
 }
 
@@ -107,6 +96,36 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
                              const std::optional<std::vector<int64_t>>& source, int64_t max_new_tokens,
                              std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile,
                              const GammaSchedule& schedule) const {
+  std::vector<std::vector<int64_t>> sources;
+  if (source) sources.push_back(*source);
+  return std::move(generate_batch({prompt}, sources, max_new_tokens, eos_token_id, seed, profile, schedule)[0]);
+}
+
+namespace {
+
+// A row's name in messages: "prompt_ids" alone, "prompt_ids[2]" in a batch.
+std::string row_name(const char* name, size_t row, size_t rows) {
+  return rows == 1 ? std::string(name) : fmt::format("{}[{}]", name, row);
+}
+
+// One row of a batch between iterations: the target has cached the sequence except its last token,
+// `pending`, which it is fed first in the next iteration; the drafter keeps its own state (drafter.h).
+struct Row {
+  Generation out;
+  std::unique_ptr<GammaPolicy> policy;
+  at::Generator generator;
+  at::Tensor pending;           // [1] int64 on the device
+  int64_t sequence_length = 0;  // tokens in the sequence, pending ones included
+  bool running = true;
+};
+
+}  // namespace
+
+std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<int64_t>>& prompts,
+                                                const std::vector<std::vector<int64_t>>& sources,
+                                                int64_t max_new_tokens, std::optional<int64_t> eos_token_id,
+                                                std::optional<uint64_t> seed, bool profile,
+                                                const GammaSchedule& schedule) const {
   if (busy_->exchange(true)) {
     throw std::runtime_error("this decoder is already generating in another thread; a decoder runs one "
                              "generation at a time: create one decoder per thread (decoders may share models)");
@@ -115,35 +134,61 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
     std::atomic<bool>& flag;
     ~Release() { flag = false; }
   } release{*busy_};
+  const size_t count = prompts.size();
+  require(count >= 1, "prompt_ids must hold at least one prompt, got an empty batch");
   const int64_t vocab = target_->vocab_size();
-  check_ids(prompt, "prompt_ids", vocab);
-  check_source(*target_, source);
+  for (size_t r = 0; r < count; ++r) check_ids(prompts[r], row_name("prompt_ids", r, count).c_str(), vocab);
+  if (!target_->encoder_decoder()) {
+    require(sources.empty(), "encoder_input_ids is only for encoder-decoder models; the target is a "
+                             "decoder-only model (prompt_ids holds its whole context)");
+  } else {
+    require(!sources.empty(), "the target is an encoder-decoder model: pass encoder_input_ids (the source "
+                              "sequence) as well as prompt_ids (the decoder's start)");
+    require(sources.size() == count, "encoder_input_ids holds {} sources for {} prompts: pass one source per "
+            "prompt", sources.size(), count);
+    for (size_t r = 0; r < count; ++r) {
+      const std::string name = row_name("encoder_input_ids", r, count);
+      check_ids(sources[r], name.c_str(), vocab);
+      const auto length = static_cast<int64_t>(sources[r].size());
+      check_source_length(target_->max_source_length(), "target", name, length);
+      if (draft_) check_source_length(draft_->max_source_length(), "draft", name, length);
+    }
+  }
   require(max_new_tokens >= 0, "max_new_tokens must be >= 0, got {}", max_new_tokens);
   if (eos_token_id) {
     require(*eos_token_id >= 0 && *eos_token_id < vocab, "eos_token_id = {} is outside the vocabulary [0, {})",
             *eos_token_id, vocab);
   }
-  std::unique_ptr<GammaPolicy> policy;
-  if (draft_) {
-    // default max_gamma 2 gamma, saturating; no iteration drafts more than max_new_tokens - 1 tokens
-    const int64_t twice = gamma_ > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
-                                                                          : 2 * gamma_;
-    policy = make_gamma_policy(schedule.policy, gamma_, schedule.max_gamma.value_or(twice), schedule.cost,
-                               max_new_tokens - 1);
+  for (size_t r = 0; r < count; ++r) {
+    const int64_t needed = static_cast<int64_t>(prompts[r].size()) + max_new_tokens - 1;
+    const std::string name = row_name("prompt_ids", r, count);
+    check_length(target_->max_length(), "target", name, needed);
+    if (draft_) check_length(draft_->max_length(), "draft", name, needed);
   }
-  const int64_t prompt_length = static_cast<int64_t>(prompt.size());
-  check_length(target_->max_length(), "target", prompt_length + max_new_tokens - 1);
-  if (draft_) check_length(draft_->max_length(), "draft", prompt_length + max_new_tokens - 1);
-  if (source) {
-    check_source_length(target_->max_source_length(), "target", static_cast<int64_t>(source->size()));
-    if (draft_) check_source_length(draft_->max_source_length(), "draft", static_cast<int64_t>(source->size()));
+
+  std::vector<Row> rows(count);
+  for (size_t r = 0; r < count; ++r) {
+    Row& row = rows[r];
+    if (draft_) {
+      // default max_gamma 2 gamma, saturating; no iteration drafts more than max_new_tokens - 1 tokens
+      const int64_t twice = gamma_ > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
+                                                                            : 2 * gamma_;
+      row.policy = make_gamma_policy(schedule.policy, gamma_, schedule.max_gamma.value_or(twice), schedule.cost,
+                                     max_new_tokens - 1);
+    }
+    Stats& stats = row.out.stats;
+    const int64_t max_gamma = row.policy ? row.policy->max_gamma() : 0;
+    stats.gamma = gamma_;
+    stats.drafted_per_position.assign(max_gamma, 0);
+    stats.accepted_per_position.assign(max_gamma, 0);
+    stats.seed = seed ? *seed + r : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   }
 
   // No model call records an autograd graph, whatever its parameters' requires_grad (Python callbacks of
   // live models run on this thread and see the same mode).
   c10::InferenceMode inference_mode;
 
-  // One generation at a time per model and drafter: each owns mutable state.
+  // One generation at a time per model and drafter: each owns mutable state (its replicas included).
   std::unique_lock<std::mutex> target_lock(target_->in_use(), std::defer_lock);
   std::unique_lock<std::mutex> draft_lock;
   if (draft_) {
@@ -155,115 +200,162 @@ Generation Decoder::generate(const std::vector<int64_t>& prompt,
     target_lock.lock();
   }
 
-  Generation out;
-  Stats& stats = out.stats;
-  const int64_t max_gamma = policy ? policy->max_gamma() : 0;
-  stats.gamma = gamma_;
-  stats.drafted_per_position.assign(max_gamma, 0);
-  stats.accepted_per_position.assign(max_gamma, 0);
-  stats.seed = seed ? *seed : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   const auto start = Clock::now();
   const at::Device device = target_->device();
   const auto long_options = at::TensorOptions(device).dtype(at::kLong);
-  at::Generator generator = make_generator(device, stats.seed);
-
-  // Invariant between iterations: the target has cached the sequence except its last token, `target_pending`,
-  // which it is fed first in the next iteration; the drafter keeps its own state (drafter.h).
-  at::Tensor prompt_tensor = at::tensor(prompt, long_options);  // [P]
-  at::Tensor target_pending = prompt_tensor.narrow(0, prompt_length - 1, 1);  // [1]
-  if (max_new_tokens > 0) {
-    // Encoder-decoder: each model encodes the source once (cross-attention keys and values included).
-    at::Tensor source_tensor = source ? at::tensor(*source, long_options) : at::Tensor();  // [S]
-    {
-      PhaseTimer timer(stats.target_seconds, device, profile);
-      if (source) target_->encode(source_tensor);
-      target_->reset(prompt_tensor.narrow(0, 0, prompt_length - 1));
+  std::unique_ptr<ModelRows> target_rows = target_->rows(static_cast<int64_t>(count));
+  std::unique_ptr<DraftRows> draft_rows = draft_ ? draft_->rows(static_cast<int64_t>(count)) : nullptr;
+  std::vector<at::Generator> generators(count);
+  std::vector<at::Tensor> prompt_tensors(count), cached(count);
+  for (size_t r = 0; r < count; ++r) {
+    Row& row = rows[r];
+    generators[r] = make_generator(device, row.out.stats.seed);
+    const auto length = static_cast<int64_t>(prompts[r].size());
+    prompt_tensors[r] = at::tensor(prompts[r], long_options);  // [P]
+    cached[r] = prompt_tensors[r].narrow(0, 0, length - 1);
+    row.pending = prompt_tensors[r].narrow(0, length - 1, 1);  // [1]
+    row.sequence_length = length;
+    row.running = max_new_tokens > 0;
+  }
+  // A phase's time goes to every row that took part in it.
+  const auto charge = [&rows](double seconds, double Stats::*field) {
+    for (Row& row : rows) {
+      if (row.running) row.out.stats.*field += seconds;
     }
-    if (draft_) {
-      PhaseTimer timer(stats.draft_seconds, device, profile);
-      if (source) draft_->encode(source_tensor);
-      draft_->begin(prompt_tensor, prompt);
+  };
+  if (max_new_tokens > 0) {
+    // Encoder-decoder: each model encodes each source once (cross-attention keys and values included).
+    std::vector<at::Tensor> source_tensors;
+    for (const auto& source : sources) source_tensors.push_back(at::tensor(source, long_options));  // [S]
+    double seconds = 0.0;
+    {
+      PhaseTimer timer(seconds, device, profile);
+      if (!source_tensors.empty()) target_rows->encode(source_tensors);
+      target_rows->reset(cached);
+    }
+    charge(seconds, &Stats::target_seconds);
+    if (draft_rows) {
+      seconds = 0.0;
+      {
+        PhaseTimer timer(seconds, device, profile);
+        if (!source_tensors.empty()) draft_rows->encode(source_tensors);
+        draft_rows->begin(prompt_tensors, prompts);
+      }
+      charge(seconds, &Stats::draft_seconds);
     }
   }
-  int64_t sequence_length = prompt_length;  // tokens in the sequence, pending ones included
 
-  while (stats.new_tokens < max_new_tokens) {
-    // A longer draft than the tokens still wanted would be wasted work (any gamma keeps the law exact).
-    const int64_t wanted = policy ? policy->next() : 0;
-    const int64_t limit = std::min<int64_t>(wanted, max_new_tokens - stats.new_tokens - 1);
-    Proposal proposal;  // limit 0 only in the last iteration (one token still wanted): nothing to draft
-    if (limit > 0) {
+  std::vector<int64_t> limits(count);
+  std::vector<Proposal> proposals(count);
+  std::vector<at::Tensor> drafted(count), inputs(count);
+  for (bool running = max_new_tokens > 0; running;) {
+    // A longer draft than the tokens still wanted would be wasted work (any gamma keeps the law exact); limit 0
+    // only in a row's last iteration (one token still wanted): nothing to draft.
+    bool drafting = false;
+    for (size_t r = 0; r < count; ++r) {
+      const Row& row = rows[r];
+      const int64_t wanted = row.running && row.policy ? row.policy->next() : 0;
+      limits[r] = row.running ? std::min<int64_t>(wanted, max_new_tokens - row.out.stats.new_tokens - 1) : 0;
+      drafting = drafting || limits[r] > 0;
+    }
+    std::fill(proposals.begin(), proposals.end(), Proposal{});
+    if (drafting) {
       check_interrupt();  // the drafter checks again before each of its own model calls
       const auto draft_start = Clock::now();
-      proposal = draft_->propose(limit, config_, generator, profile);
+      proposals = draft_rows->propose(limits, config_, generators, profile);
       const double draft_total = seconds_since(draft_start);
-      stats.draft_seconds += proposal.calls > 0 ? proposal.seconds : draft_total;  // a table's work is the draft's
-      stats.draft_calls += proposal.calls;
+      for (size_t r = 0; r < count; ++r) {
+        if (limits[r] == 0) continue;
+        Stats& stats = rows[r].out.stats;
+        stats.draft_seconds += proposals[r].calls > 0 ? proposals[r].seconds : draft_total;  // a table's work
+        stats.draft_calls += proposals[r].calls;
+      }
     }
-    const int64_t gamma = proposal.tokens.defined() ? proposal.tokens.numel() : 0;
-    at::Tensor drafted = gamma > 0 ? proposal.tokens : at::empty({0}, long_options);  // [gamma]
-    // Algorithm 1: run M_p on prefix + [x_1 .. x_gamma] in parallel (one call).
-    at::Tensor target_logits;  // [gamma + 1, V]
+    // Algorithm 1: run M_p on prefix + [x_1 .. x_gamma] in parallel (one call for every running row).
+    for (size_t r = 0; r < count; ++r) {
+      const bool proposed = proposals[r].tokens.defined() && proposals[r].tokens.numel() > 0;
+      drafted[r] = proposed ? proposals[r].tokens : at::empty({0}, long_options);  // [gamma]
+      inputs[r] = rows[r].running ? at::cat({rows[r].pending, drafted[r]}) : at::Tensor();
+    }
     check_interrupt();
+    std::vector<at::Tensor> logits;
+    double target_time = 0.0;
     {
-      PhaseTimer timer(stats.target_seconds, device, profile);
-      at::Tensor logits = target_->extend(at::cat({target_pending, drafted}));  // [pending + gamma, V]
-      target_logits = logits.narrow(0, logits.size(0) - gamma - 1, gamma + 1);
+      PhaseTimer timer(target_time, device, profile);
+      logits = target_rows->extend(inputs);  // [pending + gamma, V] per running row
+    }
+    charge(target_time, &Stats::target_seconds);
+
+    running = false;
+    for (size_t r = 0; r < count; ++r) {
+      Row& row = rows[r];
+      if (!row.running) continue;
+      Stats& stats = row.out.stats;
       stats.target_calls += 1;
-    }
-    // n leading acceptances, then t ~ residual(p_{n+1}, q_{n+1}) (step.h)
-    Verdict verdict = verify_step(target_logits, proposal.q, drafted, proposal.maxima, proposal.finite, config_,
-                                  generator);
-    require(verdict.finite, "model returned NaN or +inf logits, or an all -inf row, at sequence position {} "
-                            "(checked in every draft and target call)", sequence_length);
-    const int64_t accepted = verdict.accepted;
-    const at::Tensor t = verdict.token;
+      const Proposal& proposal = proposals[r];
+      const int64_t gamma = drafted[r].numel();
+      const at::Tensor target_logits = logits[r].narrow(0, logits[r].size(0) - gamma - 1, gamma + 1);
+      // n leading acceptances, then t ~ residual(p_{n+1}, q_{n+1}) (step.h)
+      Verdict verdict = verify_step(target_logits, proposal.q, drafted[r], proposal.maxima, proposal.finite,
+                                    config_, generators[r]);
+      require(verdict.finite, "model returned NaN or +inf logits, or an all -inf row, at sequence position {}{} "
+              "(checked in every draft and target call)", row.sequence_length,
+              count == 1 ? std::string() : fmt::format(" of row {}", r));
+      const int64_t accepted = verdict.accepted;
 
-    Iteration it;
-    it.drafted = std::move(verdict.drafted);
-    it.accepted = accepted;
-    it.token = verdict.host_token;
-    it.bonus = accepted == gamma;
-    stats.iterations += 1;
-    stats.drafted_tokens += gamma;
-    stats.accepted_tokens += accepted;
-    for (int64_t i = 0; i < gamma; ++i) {
-      stats.drafted_per_position[i] += 1;
-      stats.accepted_per_position[i] += i < accepted;
-    }
-    const auto verified = static_cast<int64_t>(verdict.betas.size());  // min(accepted + 1, gamma)
-    double beta_sum = 0.0;
-    for (const double beta : verdict.betas) beta_sum += beta;
-    stats.beta_sum += beta_sum;
-    stats.beta_count += verified;
-    if (policy && limit > 0) policy->observe(gamma, accepted, beta_sum, verified);
+      Iteration it;
+      it.drafted = std::move(verdict.drafted);
+      it.accepted = accepted;
+      it.token = verdict.host_token;
+      it.bonus = accepted == gamma;
+      stats.iterations += 1;
+      stats.drafted_tokens += gamma;
+      stats.accepted_tokens += accepted;
+      for (int64_t i = 0; i < gamma; ++i) {
+        stats.drafted_per_position[i] += 1;
+        stats.accepted_per_position[i] += i < accepted;
+      }
+      const auto verified = static_cast<int64_t>(verdict.betas.size());  // min(accepted + 1, gamma)
+      double beta_sum = 0.0;
+      for (const double beta : verdict.betas) beta_sum += beta;
+      stats.beta_sum += beta_sum;
+      stats.beta_count += verified;
+      if (row.policy && limits[r] > 0) row.policy->observe(gamma, accepted, beta_sum, verified);
 
-    // Emit x_1 .. x_n, t, stopping at max_new_tokens or just after an EOS.
-    bool stop = false;
-    for (int64_t i = 0; i <= accepted && !stop; ++i) {
-      const int64_t token = i < accepted ? it.drafted[i] : it.token;
-      out.tokens.push_back(token);
-      it.emitted += 1;
-      stats.new_tokens += 1;
-      stop = (eos_token_id && token == *eos_token_id) || stats.new_tokens == max_new_tokens;
-    }
-    if (stop) {
-      out.trace.push_back(std::move(it));
-      break;
-    }
+      // Emit x_1 .. x_n, t, stopping at max_new_tokens or just after an EOS.
+      bool stop = false;
+      for (int64_t i = 0; i <= accepted && !stop; ++i) {
+        const int64_t token = i < accepted ? it.drafted[i] : it.token;
+        row.out.tokens.push_back(token);
+        it.emitted += 1;
+        stats.new_tokens += 1;
+        stop = (eos_token_id && token == *eos_token_id) || stats.new_tokens == max_new_tokens;
+      }
+      if (stop) {
+        row.out.trace.push_back(std::move(it));
+        row.running = false;
+        stats.total_seconds = seconds_since(start);
+        continue;
+      }
 
-    // Rollback: the target ran on pending + x_1..x_gamma; keep the accepted prefix, t becomes pending.
-    const int64_t kept = sequence_length + accepted;  // sequence length after this iteration, minus t
-    target_->truncate(kept);
-    if (draft_) {  // the draft's rollback is bookkeeping: counted in other_seconds, not in c's draft time
-      draft_->advance(accepted, t, std::vector<int64_t>(it.drafted.begin(), it.drafted.begin() + accepted),
-                      it.token);
+      // Rollback: the target ran on pending + x_1..x_gamma; keep the accepted prefix, t becomes pending.
+      target_rows->truncate(static_cast<int64_t>(r), row.sequence_length + accepted);
+      if (draft_rows) {  // the draft's rollback is bookkeeping: counted in other_seconds, not in c's draft time
+        draft_rows->advance(static_cast<int64_t>(r), accepted, verdict.token,
+                            std::vector<int64_t>(it.drafted.begin(), it.drafted.begin() + accepted), it.token);
+      }
+      row.out.trace.push_back(std::move(it));
+      row.pending = verdict.token;
+      row.sequence_length += accepted + 1;
+      running = true;
     }
-    out.trace.push_back(std::move(it));
-    target_pending = t;
-    sequence_length += accepted + 1;
   }
-  stats.total_seconds = seconds_since(start);
+  std::vector<Generation> out;
+  out.reserve(count);
+  for (Row& row : rows) {
+    if (row.out.stats.total_seconds == 0.0) row.out.stats.total_seconds = seconds_since(start);
+    out.push_back(std::move(row.out));
+  }
   return out;
 }
 

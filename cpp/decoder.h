@@ -46,6 +46,16 @@ class Decoder {
                       int64_t max_new_tokens, std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
                       bool profile, const GammaSchedule& schedule = {}) const;
 
+  // A batch: row r generates from prompts[r] (and sources[r]; `sources` is empty for decoder-only models)
+  // exactly what generate() gives it alone with seed + r (mod 2^64): it drafts, verifies, accepts and stops on
+  // its own, with its own gamma policy, statistics and trace. Each step is one batched call of each model for
+  // the rows still running where the backend supports it (Model::batched()), one call per row otherwise. A
+  // row's model times are those of the calls it took part in; its total_seconds is the time until it finished.
+  std::vector<Generation> generate_batch(const std::vector<std::vector<int64_t>>& prompts,
+                                         const std::vector<std::vector<int64_t>>& sources, int64_t max_new_tokens,
+                                         std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
+                                         bool profile, const GammaSchedule& schedule = {}) const;
+
   int64_t gamma() const { return gamma_; }
   const SamplingConfig& config() const { return config_; }
 

@@ -3,6 +3,7 @@
 
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <array>
 #include <numeric>
 #include <chrono>
@@ -20,61 +21,98 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// A draft Model. Invariant between iterations: the model has cached the sequence except `pending_`, which
-// it is fed first in the next proposal (the last token; also the last proposed token when all were kept,
-// since the model sampled that token but never ran on it).
+// A draft Model's rows. Invariant between iterations, per row: the model has cached the sequence except
+// `pending`, which it is fed first in the next proposal (the last token; also the last proposed token when all
+// were kept, since the model sampled that token but never ran on it). Step i of a proposal is one call for
+// every row still drafting.
+class ModelDraftRows final : public DraftRows {
+ public:
+  ModelDraftRows(std::unique_ptr<ModelRows> rows, at::Device device)
+      : rows_(std::move(rows)), device_(device), pending_(rows_->count()), last_(rows_->count()),
+        proposed_(rows_->count(), 0) {}
+
+  void encode(const std::vector<at::Tensor>& sources) override { rows_->encode(sources); }
+  void begin(const std::vector<at::Tensor>& prompts, const std::vector<std::vector<int64_t>>&) override {
+    std::vector<at::Tensor> cached(prompts.size());
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      const int64_t length = prompts[r].numel();
+      cached[r] = prompts[r].narrow(0, 0, length - 1);
+      pending_[r] = prompts[r].narrow(0, length - 1, 1);
+    }
+    rows_->reset(cached);
+  }
+
+  std::vector<Proposal> propose(const std::vector<int64_t>& gammas, const SamplingConfig& config,
+                                std::vector<at::Generator>& generators, bool profile) override {
+    const size_t count = gammas.size();
+    std::vector<Proposal> out(count);
+    std::vector<std::vector<at::Tensor>> x_rows(count), q_rows(count), maxima(count);
+    std::vector<at::Tensor> feed(count);
+    int64_t steps = 0;
+    for (size_t r = 0; r < count; ++r) {
+      proposed_[r] = gammas[r];
+      steps = std::max(steps, gammas[r]);
+    }
+    const bool sync = profile && device_.is_cuda();
+    for (int64_t i = 0; i < steps; ++i) {
+      if (i > 0) check_interrupt();  // the decoder checked before the first
+      for (size_t r = 0; r < count; ++r) {
+        feed[r] = i < gammas[r] ? (i == 0 ? pending_[r] : x_rows[r].back()) : at::Tensor();
+      }
+      const auto start = Clock::now();
+      std::vector<at::Tensor> logits = rows_->extend(feed);  // [k_r, V] for the rows still drafting
+      if (sync) torch::cuda::synchronize();
+      const double seconds = seconds_since(start);
+      for (size_t r = 0; r < count; ++r) {
+        if (i >= gammas[r]) continue;
+        out[r].seconds += seconds;  // a batched call takes this long for each row in it
+        // the distribution after the last fed token
+        DraftDraw draw = draft_step(logits[r].narrow(0, logits[r].size(0) - 1, 1), config, generators[r]);
+        q_rows[r].push_back(draw.q);
+        x_rows[r].push_back(draw.token);
+        if (draw.maximum.defined()) maxima[r].push_back(draw.maximum);
+        out[r].finite = out[r].finite && draw.finite;
+      }
+    }
+    for (size_t r = 0; r < count; ++r) {
+      if (gammas[r] == 0) continue;
+      out[r].calls = gammas[r];
+      out[r].tokens = at::cat(x_rows[r], 0);
+      out[r].q = at::cat(q_rows[r], 0);
+      if (!maxima[r].empty()) out[r].maxima = at::cat(maxima[r], 0);
+      last_[r] = out[r].tokens;
+    }
+    return out;
+  }
+
+  void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>&, int64_t) override {
+    const int64_t proposed = proposed_[row];
+    if (proposed == 0) {  // the model ran on nothing: it is fed the old pending tokens and t next time
+      pending_[row] = at::cat({pending_[row], t});
+    } else if (accepted < proposed) {
+      // it ran on pending + x_1 .. x_{k-1}: keep what precedes the rejected token, t becomes pending
+      rows_->truncate(row, rows_->length(row) - (proposed - 1 - accepted));
+      pending_[row] = t;
+    } else {  // all kept: it never ran on x_k
+      pending_[row] = at::cat({last_[row].narrow(0, proposed - 1, 1), t});
+    }
+  }
+
+ private:
+  std::unique_ptr<ModelRows> rows_;
+  at::Device device_;
+  std::vector<at::Tensor> pending_;  // [m] int64 on the device, per row
+  std::vector<at::Tensor> last_;     // [k] the row's last proposal
+  std::vector<int64_t> proposed_;
+};
+
 class ModelDrafter final : public Drafter {
  public:
   explicit ModelDrafter(std::shared_ptr<Model> model) : model_(std::move(model)) {}
 
-  void encode(const at::Tensor& source) override { model_->encode(source); }
-  void begin(const at::Tensor& prompt, const std::vector<int64_t>&) override {
-    const int64_t length = prompt.numel();
-    model_->reset(prompt.narrow(0, 0, length - 1));
-    pending_ = prompt.narrow(0, length - 1, 1);
+  std::unique_ptr<DraftRows> rows(int64_t count) override {
+    return std::make_unique<ModelDraftRows>(model_->rows(count), model_->device());
   }
-
-  Proposal propose(int64_t gamma, const SamplingConfig& config, at::Generator& generator,
-                   bool profile) override {
-    Proposal out;
-    proposed_ = gamma;
-    if (gamma == 0) return out;
-    const bool sync = profile && model_->device().is_cuda();
-    std::vector<at::Tensor> x_rows, q_rows, maxima;
-    at::Tensor feed = pending_;
-    for (int64_t i = 0; i < gamma; ++i) {
-      if (i > 0) check_interrupt();  // the decoder checked before the first
-      const auto start = Clock::now();
-      at::Tensor logits = model_->extend(feed);  // [k, V]
-      if (sync) torch::cuda::synchronize();
-      out.seconds += seconds_since(start);
-      DraftDraw draw = draft_step(logits.narrow(0, logits.size(0) - 1, 1), config, generator);  // after the last fed token
-      q_rows.push_back(draw.q);
-      x_rows.push_back(draw.token);
-      if (draw.maximum.defined()) maxima.push_back(draw.maximum);
-      out.finite = out.finite && draw.finite;
-      feed = draw.token;
-    }
-    out.calls = gamma;
-    out.tokens = at::cat(x_rows, 0);
-    out.q = at::cat(q_rows, 0);
-    if (!maxima.empty()) out.maxima = at::cat(maxima, 0);
-    last_ = out.tokens;
-    return out;
-  }
-
-  void advance(int64_t accepted, const at::Tensor& t, const std::vector<int64_t>&, int64_t) override {
-    if (proposed_ == 0) {  // the model ran on nothing: it is fed the old pending tokens and t next time
-      pending_ = at::cat({pending_, t});
-    } else if (accepted < proposed_) {
-      // it ran on pending + x_1 .. x_{k-1}: keep what precedes the rejected token, t becomes pending
-      model_->truncate(model_->length() - (proposed_ - 1 - accepted));
-      pending_ = t;
-    } else {  // all kept: it never ran on x_k
-      pending_ = at::cat({last_.narrow(0, proposed_ - 1, 1), t});
-    }
-  }
-
   int64_t vocab_size() const override { return model_->vocab_size(); }
   at::Device device() const override { return model_->device(); }
   bool encoder_decoder() const override { return model_->encoder_decoder(); }
@@ -85,13 +123,38 @@ class ModelDrafter final : public Drafter {
 
  private:
   std::shared_ptr<Model> model_;
-  at::Tensor pending_;  // [m] int64 on the device
-  at::Tensor last_;     // [k] the last proposal
-  int64_t proposed_ = 0;
+};
+
+// The rows of a batch as sequence drafters, one per row.
+class SequenceRows final : public DraftRows {
+ public:
+  explicit SequenceRows(std::vector<SequenceDrafter*> drafters) : drafters_(std::move(drafters)) {}
+
+  void encode(const std::vector<at::Tensor>& sources) override {
+    for (size_t r = 0; r < drafters_.size(); ++r) drafters_[r]->encode(sources[r]);
+  }
+  void begin(const std::vector<at::Tensor>& prompts, const std::vector<std::vector<int64_t>>& host_prompts) override {
+    for (size_t r = 0; r < drafters_.size(); ++r) drafters_[r]->begin(prompts[r], host_prompts[r]);
+  }
+  std::vector<Proposal> propose(const std::vector<int64_t>& gammas, const SamplingConfig& config,
+                                std::vector<at::Generator>& generators, bool profile) override {
+    std::vector<Proposal> out(drafters_.size());
+    for (size_t r = 0; r < drafters_.size(); ++r) {
+      if (gammas[r] > 0) out[r] = drafters_[r]->propose(gammas[r], config, generators[r], profile);
+    }
+    return out;
+  }
+  void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>& accepted_host,
+               int64_t t_host) override {
+    drafters_[row]->advance(accepted, t, accepted_host, t_host);
+  }
+
+ private:
+  std::vector<SequenceDrafter*> drafters_;
 };
 
 // Unigram / bigram tables. The rows are built on the host, standardized and sampled on the device.
-class TableDrafter final : public Drafter {
+class TableDrafter final : public SequenceDrafter {
  public:
   TableDrafter(const at::Tensor& unigram, std::optional<std::array<at::Tensor, 3>> bigram, const at::Device& device)
       : device_(device) {
@@ -139,6 +202,7 @@ class TableDrafter final : public Drafter {
   }
 
   void advance(int64_t, const at::Tensor&, const std::vector<int64_t>&, int64_t t_host) override { last_ = t_host; }
+  std::shared_ptr<SequenceDrafter> replica() const override { return std::make_shared<TableDrafter>(*this); }
 
   int64_t vocab_size() const override { return unigram_.numel(); }
   at::Device device() const override { return device_; }
@@ -190,6 +254,9 @@ class PromptLookupDrafter final : public HostHistoryDrafter {
   int64_t vocab_size() const override { return vocab_; }
   at::Device device() const override { return device_; }
   std::string name() const override { return "prompt_lookup"; }
+  std::shared_ptr<SequenceDrafter> replica() const override {
+    return std::make_shared<PromptLookupDrafter>(vocab_, min_ngram_, max_ngram_, device_);
+  }
 
  private:
   // The tokens after the latest earlier occurrence of the longest matching suffix n-gram, at most gamma.
@@ -212,6 +279,13 @@ class PromptLookupDrafter final : public HostHistoryDrafter {
 };
 
 }  // namespace
+
+std::unique_ptr<DraftRows> SequenceDrafter::rows(int64_t count) {
+  while (static_cast<int64_t>(replicas_.size()) < count - 1) replicas_.push_back(replica());
+  std::vector<SequenceDrafter*> drafters{this};
+  for (int64_t r = 1; r < count; ++r) drafters.push_back(replicas_[r - 1].get());
+  return std::make_unique<SequenceRows>(std::move(drafters));
+}
 
 std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model) {
   require(model != nullptr, "draft must be a model");

@@ -3,7 +3,7 @@
 // neural (a draft Model with its own cache), negligible-cost tables (unigram / bigram, the paper's Table 3),
 // copies from the context (prompt lookup, §3.6: q is the point mass on the proposed token) or Python code.
 //
-// Protocol, per generation: begin(prompt) (after encode(source) for encoder-decoders), then per iteration
+// Protocol, per sequence and generation: begin(prompt) (after encode(source) for encoder-decoders), then per iteration
 // propose(gamma) -> k <= gamma tokens, then advance(accepted, t): the sequence grew by the first `accepted`
 // proposed tokens and t. A drafter may propose fewer than gamma tokens (k = 0: the iteration runs the target
 // alone), for example when prompt lookup finds no match.
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model.h"
+#include "rows.h"
 #include "sampling.h"
 
 namespace speculant {
@@ -31,17 +32,29 @@ struct Proposal {
   int64_t calls = 0;     // draft model calls made
 };
 
+// The drafter state of a batch's rows (rows.h), the protocol above for each row r.
+class DraftRows {
+ public:
+  virtual ~DraftRows() = default;
+  virtual void encode(const std::vector<at::Tensor>& sources) = 0;
+  // Each row's sequence so far: int64 [P_r >= 1] on the device, and its host copy.
+  virtual void begin(const std::vector<at::Tensor>& prompts, const std::vector<std::vector<int64_t>>& host_prompts) = 0;
+  // Up to gammas[r] tokens for each row (0: that row drafts nothing), row r drawing with generators[r].
+  virtual std::vector<Proposal> propose(const std::vector<int64_t>& gammas, const SamplingConfig& config,
+                                        std::vector<at::Generator>& generators, bool profile) = 0;
+  // Row r's target kept the first `accepted` proposed tokens and appended t (on the device and on the host).
+  virtual void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>& accepted_host,
+                       int64_t t_host) = 0;
+};
+
+// What the decoder holds: a drafter of some kind, which makes the state of `count` rows per generation.
 class Drafter {
  public:
+  Drafter() = default;
+  Drafter(const Drafter&) {}  // a copy (a replica) has a lock of its own
+  Drafter& operator=(const Drafter&) = delete;
   virtual ~Drafter() = default;
-  virtual void encode(const at::Tensor& source) { (void)source; }
-  // The sequence so far: int64 [P >= 1] on the device, and its host copy.
-  virtual void begin(const at::Tensor& prompt, const std::vector<int64_t>& host_prompt) = 0;
-  virtual Proposal propose(int64_t gamma, const SamplingConfig& config, at::Generator& generator,
-                           bool profile) = 0;
-  // The target kept the first `accepted` proposed tokens and appended t (on the device and on the host).
-  virtual void advance(int64_t accepted, const at::Tensor& t, const std::vector<int64_t>& accepted_host,
-                       int64_t t_host) = 0;
+  virtual std::unique_ptr<DraftRows> rows(int64_t count) = 0;
   virtual int64_t vocab_size() const = 0;
   virtual at::Device device() const = 0;
   virtual bool encoder_decoder() const { return false; }
@@ -57,9 +70,29 @@ class Drafter {
   std::mutex in_use_;
 };
 
+// A drafter that follows one sequence (tables, prompt lookup, Python code): a batch runs one replica per row
+// (this one is row 0's; the others are made once and kept).
+class SequenceDrafter : public Drafter {
+ public:
+  SequenceDrafter() = default;
+  SequenceDrafter(const SequenceDrafter& other) : Drafter(other) {}  // replicas keep no replicas
+  virtual void encode(const at::Tensor& source) { (void)source; }
+  virtual void begin(const at::Tensor& prompt, const std::vector<int64_t>& host_prompt) = 0;
+  virtual Proposal propose(int64_t gamma, const SamplingConfig& config, at::Generator& generator, bool profile) = 0;
+  virtual void advance(int64_t accepted, const at::Tensor& t, const std::vector<int64_t>& accepted_host,
+                       int64_t t_host) = 0;
+  // An independent drafter of the same kind and parameters.
+  virtual std::shared_ptr<SequenceDrafter> replica() const = 0;
+
+  std::unique_ptr<DraftRows> rows(int64_t count) override;
+
+ private:
+  std::vector<std::shared_ptr<SequenceDrafter>> replicas_;
+};
+
 // A drafter that keeps the sequence on the host (prompt lookup, Python drafters): history() is the prompt
 // followed by every token emitted so far.
-class HostHistoryDrafter : public Drafter {
+class HostHistoryDrafter : public SequenceDrafter {
  public:
   void begin(const at::Tensor&, const std::vector<int64_t>& host_prompt) override { history_ = host_prompt; }
   void advance(int64_t, const at::Tensor&, const std::vector<int64_t>& accepted_host, int64_t t_host) override {

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "rows.h"
+
 namespace speculant {
 
 class Model {
@@ -56,6 +58,13 @@ class Model {
   const at::Device& device() const { return device_; }
   virtual std::string form() const = 0;
 
+  // A batch of `count` rows (rows.h), this model's cache being row 0's: one call for every row where the
+  // backend runs batches natively, else row replicas (replica(), made once and kept for later batches). Valid
+  // while the caller holds in_use().
+  virtual std::unique_ptr<ModelRows> rows(int64_t count);
+  // Whether rows() runs every row in one call (false: one call per row).
+  virtual bool batched() const { return false; }
+
   // A model owns mutable cache state: one generation at a time (the decoder holds this while it runs).
   std::mutex& in_use() { return in_use_; }
 
@@ -67,8 +76,12 @@ class Model {
   std::optional<int64_t> max_source_length_;
   std::string metadata_;
 
+  // Another model with the same weights (shared where the backend can) and a cache of its own.
+  virtual std::shared_ptr<Model> replica() = 0;
+
  private:
   std::mutex in_use_;
+  std::vector<std::shared_ptr<Model>> replicas_;  // rows 1, 2, ... of batches
 };
 
 // Loads a TorchScript file (or serialized bytes, `source` naming them in messages), moves it to `device`

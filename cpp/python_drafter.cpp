@@ -85,6 +85,11 @@ class PythonDrafter final : public HostHistoryDrafter {
   int64_t vocab_size() const override { return vocab_; }
   at::Device device() const override { return device_; }
   std::string name() const override { return "python"; }
+  // The same callable: it is given each row's own context.
+  std::shared_ptr<SequenceDrafter> replica() const override {
+    py::gil_scoped_acquire gil;
+    return std::make_shared<PythonDrafter>(propose_, vocab_, device_);
+  }
 
  private:
   py::object propose_;

@@ -64,6 +64,11 @@ class PythonModel final : public Model {
   }
   int64_t length() const override { return length_; }
   std::string form() const override { return "live"; }
+  // live.py's replica(): the same module object with a cache of its own.
+  std::shared_ptr<Model> replica() override {
+    py::gil_scoped_acquire gil;
+    return std::make_shared<PythonModel>(impl_.attr("replica")(), source_);
+  }
 
  private:
   py::object impl_;

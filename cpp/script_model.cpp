@@ -2,6 +2,7 @@
 // the token history and recomputes it.
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <functional>
 #include <sstream>
 
@@ -14,17 +15,24 @@ namespace {
 at::Tensor as_batch(const at::Tensor& tokens) { return tokens.view({1, tokens.numel()}); }  // [1, k]
 
 // logits returned by the module for k input tokens -> [k, V], checked against the contract.
-at::Tensor checked_logits(const c10::IValue& output, int64_t k, int64_t vocab, const std::string& source,
-                          const char* method) {
+// logits returned by the module for `rows` rows of k input tokens -> [rows, k, V], checked against the contract.
+at::Tensor checked_logits(const c10::IValue& output, int64_t rows, int64_t k, int64_t vocab,
+                          const std::string& source, const char* method) {
   require(output.isTensor(), "model {}: {}() must return a Tensor of logits, got {}", source, method,
           output.tagKind());
   const at::Tensor& logits = output.toTensor();
-  require(logits.dim() == 3 && logits.size(0) == 1 && logits.size(1) == k && logits.size(2) == vocab,
-          "model {}: {}() on {} token(s) must return logits [1, {}, {}], got [{}]", source, method, k, k,
-          vocab, fmt::join(logits.sizes(), ", "));
+  require(logits.dim() == 3 && logits.size(0) == rows && logits.size(1) == k && logits.size(2) == vocab,
+          "model {}: {}() on {} row(s) of {} token(s) must return logits [{}, {}, {}], got [{}]", source, method,
+          rows, k, rows, k, vocab, fmt::join(logits.sizes(), ", "));
   require(at::isFloatingType(logits.scalar_type()), "model {}: {}() must return floating-point logits, got {}",
           source, method, std::string(c10::toString(logits.scalar_type())));
-  return logits.squeeze(0);
+  return logits;
+}
+
+// logits for k tokens of batch 1 -> [k, V].
+at::Tensor checked_logits(const c10::IValue& output, int64_t k, int64_t vocab, const std::string& source,
+                          const char* method) {
+  return checked_logits(output, 1, k, vocab, source, method).squeeze(0);
 }
 
 std::optional<int64_t> int_attribute(const torch::jit::Module& module, const char* name,
@@ -45,6 +53,77 @@ at::Device module_device(const torch::jit::Module& module) {
   return at::kCPU;
 }
 
+// A batch run natively by a cached module with start_rows / extend_rows (export/cached.py): one call per step
+// for every row taking part, tokens right-padded to the longest row's count. Each row's length is kept here;
+// a padding token is written to the scratch slot max_length, so no row's cache is touched beyond its tokens.
+class ScriptRows final : public ModelRows {
+ public:
+  ScriptRows(torch::jit::Module module, int64_t count, int64_t vocab, int64_t max_length, at::Device device,
+             std::string source)
+      : module_(std::move(module)), lengths_(count, 0), vocab_(vocab), max_length_(max_length), device_(device),
+        source_(std::move(source)) {
+    module_.get_method("start_rows")({count});
+  }
+
+  int64_t count() const override { return static_cast<int64_t>(lengths_.size()); }
+  void encode(const std::vector<at::Tensor>&) override {
+    fail("model {}: batched calls of an encoder-decoder module are not supported", source_);
+  }
+  void reset(const std::vector<at::Tensor>& tokens) override {
+    std::fill(lengths_.begin(), lengths_.end(), 0);
+    std::vector<at::Tensor> some(tokens.size());
+    for (size_t r = 0; r < tokens.size(); ++r) some[r] = tokens[r].numel() > 0 ? tokens[r] : at::Tensor();
+    extend(some);
+  }
+  std::vector<at::Tensor> extend(const std::vector<at::Tensor>& tokens) override {
+    std::vector<int64_t> rows;
+    int64_t width = 0, keys = 0;
+    for (size_t r = 0; r < tokens.size(); ++r) {
+      if (!tokens[r].defined()) continue;
+      rows.push_back(static_cast<int64_t>(r));
+      const int64_t k = tokens[r].numel(), end = lengths_[r] + k;
+      require(end <= max_length_, "model {}: row {} holds {} cached + {} new positions, more than max_length = {}",
+              source_, r, lengths_[r], k, max_length_);
+      width = std::max(width, k);
+      keys = std::max(keys, end);
+    }
+    std::vector<at::Tensor> out(tokens.size());
+    if (rows.empty()) return out;
+    const auto count = static_cast<int64_t>(rows.size());
+    at::Tensor positions = at::empty({count, width}, at::kLong), slots = at::empty({count, width}, at::kLong);
+    int64_t* position = positions.data_ptr<int64_t>();
+    int64_t* slot = slots.data_ptr<int64_t>();
+    std::vector<at::Tensor> ids(count);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = rows[i], k = tokens[r].numel();
+      for (int64_t j = 0; j < width; ++j) {
+        position[i * width + j] = std::min(lengths_[r] + j, max_length_ - 1);  // padding: any existing position
+        slot[i * width + j] = j < k ? lengths_[r] + j : max_length_;         // padding: the scratch slot
+      }
+      ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
+    }
+    const auto on_device = [this](const at::Tensor& host) { return host.to(device_); };
+    c10::IValue result = module_.get_method("extend_rows")(
+        {at::stack(ids), on_device(at::tensor(rows, at::kLong)), on_device(positions), on_device(slots), keys});
+    const at::Tensor logits = checked_logits(result, count, width, vocab_, source_, "extend_rows");  // [R, W, V]
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = rows[i], k = tokens[r].numel();
+      out[r] = logits[i].narrow(0, 0, k);  // [k, V]
+      lengths_[r] += k;
+    }
+    return out;
+  }
+  void truncate(int64_t row, int64_t length) override { lengths_[row] = length; }
+  int64_t length(int64_t row) const override { return lengths_[row]; }
+
+ private:
+  torch::jit::Module module_;
+  std::vector<int64_t> lengths_;
+  int64_t vocab_, max_length_;
+  at::Device device_;
+  std::string source_;
+};
+
 class CachedScriptModel final : public Model {
  public:
   CachedScriptModel(torch::jit::Module module, std::string source, std::string metadata)
@@ -60,6 +139,14 @@ class CachedScriptModel final : public Model {
     auto max_source = int_attribute(module_, "max_source_length", source_);
     if (max_source && *max_source > 0) max_source_length_ = *max_source;
     device_ = module_device(module_);
+    batched_ = !encoder_decoder_ && has_method(module_, "start_rows") && has_method(module_, "extend_rows") &&
+               max_length_.has_value();
+  }
+
+  bool batched() const override { return batched_; }
+  std::unique_ptr<ModelRows> rows(int64_t count) override {
+    if (!batched_ || count == 1) return Model::rows(count);
+    return std::make_unique<ScriptRows>(module_, count, vocab_size_, *max_length_, device_, source_);
   }
 
   void encode(const at::Tensor& source) override {
@@ -88,6 +175,10 @@ class CachedScriptModel final : public Model {
   }
   int64_t length() const override { return length_; }
   std::string form() const override { return "cached"; }
+  // The module's state (its cache) is its own: a deep copy, weights included.
+  std::shared_ptr<Model> replica() override {
+    return std::make_shared<CachedScriptModel>(module_.deepcopy(), source_, metadata_);
+  }
 
   // The module's own count, to check the contract in the probe.
   int64_t module_length() { return module_.get_method("cache_length")({}).toInt(); }
@@ -96,6 +187,7 @@ class CachedScriptModel final : public Model {
   torch::jit::Module module_;
   std::string source_;
   int64_t length_ = 0;
+  bool batched_ = false;
 };
 
 class PlainScriptModel final : public Model {
@@ -129,6 +221,10 @@ class PlainScriptModel final : public Model {
   void truncate(int64_t length) override { history_ = history_.narrow(0, 0, length); }
   int64_t length() const override { return history_.numel(); }
   std::string form() const override { return "plain"; }
+  // forward is stateless (the history is kept here): replicas share the module.
+  std::shared_ptr<Model> replica() override {
+    return std::make_shared<PlainScriptModel>(module_, source_, metadata_);
+  }
 
  private:
   torch::jit::Module module_;

@@ -385,7 +385,7 @@ def test_generate_rejects_bad_parameters(pair, kwargs, name):
         (dict(prompt_ids=torch.tensor([], dtype=torch.long)), "prompt_ids"),
         (dict(prompt_ids=[1, VOCAB]), "prompt_ids"),
         (dict(prompt_ids=[-1]), "prompt_ids"),
-        (dict(prompt_ids=torch.tensor([[1, 2], [3, 4]])), "prompt_ids"),
+        (dict(prompt_ids=torch.tensor([[[1, 2], [3, 4]]])), "prompt_ids"),
         (dict(eos_token_id=VOCAB), "eos_token_id"),
         (dict(eos_token_id=-3), "eos_token_id"),
     ],

@@ -7,7 +7,7 @@ import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -173,26 +173,101 @@ def _sampling(base: dict, do_sample, temperature, top_k, top_p) -> dict:
     return config
 
 
+def _unpadded(ids: List[int], mask, name: str, row: int) -> List[int]:
+    """Row `row` of a padded batch without its padding: the ids where the attention mask is 1, which must be
+    one contiguous run (left or right padding; both suit every model, since each row runs unpadded)."""
+    mask = [int(m) for m in mask]
+    if len(mask) != len(ids):
+        raise ValueError(f"attention_mask row {row} has {len(mask)} entries and {name} has {len(ids)}: the mask "
+                         "must match its ids")
+    if any(m not in (0, 1) for m in mask):
+        raise ValueError(f"attention_mask row {row} must hold only 0 and 1, got {sorted(set(mask))}")
+    kept = [i for i, m in enumerate(mask) if m]
+    if not kept:
+        raise ValueError(f"{name} is empty: its attention_mask row is all 0 (every prompt needs a token)")
+    if kept[-1] - kept[0] + 1 != len(kept):
+        raise ValueError(f"attention_mask row {row} has 0s between its 1s: only left or right padding is "
+                         "allowed, one contiguous run of tokens per row")
+    return ids[kept[0]:kept[-1] + 1]
+
+
+def _rows(value, name: str, tokenizer=None, attention_mask=None) -> Tuple[List[List[int]], bool]:
+    """The prompts in `value` and whether it is a batch. A batch is a list of prompts (token-id lists, 1-D
+    tensors, strings with a tokenizer), a 2-D tensor or array, or a tokenizer's output (a mapping with
+    input_ids); a padded one comes with its attention mask (in the mapping, or `attention_mask`). One row is
+    one prompt (tokenizers return a batch of one), not a batch."""
+    if isinstance(value, Mapping) and "input_ids" in value:
+        if attention_mask is not None:
+            raise ValueError(f"{name} is a mapping with its own attention_mask: do not pass attention_mask too")
+        attention_mask, value = value.get("attention_mask"), value["input_ids"]
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if isinstance(value, torch.Tensor) and value.dim() == 2:
+        if value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise ValueError(f"{name} must hold integer token ids, got a {value.dtype} tensor")
+        value = value.tolist()
+    rows = value if isinstance(value, (list, tuple)) and value and not all(
+        isinstance(v, numbers.Integral) for v in value) else None
+    if rows is None:
+        if attention_mask is not None:
+            raise ValueError("attention_mask goes with a 2-D prompt (a padded batch), not with one 1-D prompt")
+        return [_ids(value, name, tokenizer)], False
+    if attention_mask is not None:
+        if isinstance(attention_mask, np.ndarray):
+            attention_mask = torch.from_numpy(attention_mask)
+        masks = attention_mask.tolist() if isinstance(attention_mask, torch.Tensor) else list(attention_mask)
+        if len(masks) != len(rows) or not all(isinstance(m, (list, tuple)) for m in masks):
+            raise ValueError(f"attention_mask must be 2-D with one row per {name} row ({len(rows)} rows)")
+    out = []
+    for r, row in enumerate(rows):
+        label = name if len(rows) == 1 else f"{name}[{r}]"
+        if row is None:
+            raise ValueError(f"{label} is None: every row of a batch needs its own ids")
+        ids = _ids(row, label, tokenizer)
+        if attention_mask is not None:
+            ids = _unpadded(ids, masks[r], label, r)
+        if not ids:
+            raise ValueError(f"{label} is empty: every prompt needs at least one token")
+        out.append(ids)
+    return out, len(rows) > 1
+
+
 def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id,
-         seed, profile, schedule=None, tokenizer=None) -> Result:
+         seed, profile, schedule=None, tokenizer=None, attention_mask=None) -> Union[Result, List[Result]]:
     tokenizer = _tokenizer(tokenizer)
-    source = None if encoder_input_ids is None else _ids(encoder_input_ids, "encoder_input_ids", tokenizer)
+    encoder_decoder = encoder_input_ids is not None
+    sources, source_batch = ([], False) if not encoder_decoder else _rows(
+        encoder_input_ids, "encoder_input_ids", tokenizer, attention_mask)  # an encoder-decoder's mask is its source's
     if prompt_ids is None:
-        start = target.decoder_start_token_id
-        if start is None:
-            raise ValueError("prompt_ids is required (only an encoder-decoder model with a "
-                             "decoder_start_token_id in its metadata starts by itself)")
-        prompt_ids = [start]
-    prompt = _ids(prompt_ids, "prompt_ids", tokenizer)
+        prompts, batch = [[_start(target)]] * max(len(sources), 1), source_batch
+    else:
+        prompts, batch = _rows(prompt_ids, "prompt_ids", tokenizer, None if encoder_decoder else attention_mask)
+        if encoder_decoder and not batch and source_batch:  # one decoder start for every source
+            prompts, batch = prompts * len(sources), True
+    if encoder_decoder and len(sources) != len(prompts):
+        raise ValueError(f"prompt_ids holds {len(prompts)} prompts and encoder_input_ids {len(sources)} sources: "
+                         "pass one source per prompt (or one decoder start for every source)")
     # The engine adds the prompt's length to max_new_tokens in int64.
-    max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0, INT64_MAX - len(prompt))
+    longest = max(len(p) for p in prompts)
+    max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0, INT64_MAX - longest)
     eos = None if eos_token_id is None else _integer(eos_token_id, "eos_token_id", 0)
     seed = None if seed is None else _integer(seed, "seed", 0, 2**64 - 1)
-    generation = decoder.generate(prompt, source, max_new_tokens, eos, seed, _flag(profile, "profile"),
-                                  **(schedule or {}))
-    tokens = list(generation.tokens)
-    text = None if tokenizer is None else tokenizer.decode(tokens)
-    return Result(tokens=tokens, stats=generation.stats, trace=Trace(generation.trace), text=text)
+    generations = decoder.generate_batch(prompts, sources, max_new_tokens, eos, seed, _flag(profile, "profile"),
+                                         **(schedule or {}))
+    results = []
+    for generation in generations:
+        tokens = list(generation.tokens)
+        text = None if tokenizer is None else tokenizer.decode(tokens)
+        results.append(Result(tokens=tokens, stats=generation.stats, trace=Trace(generation.trace), text=text))
+    return results if batch else results[0]
+
+
+def _start(target: Model) -> int:
+    start = target.decoder_start_token_id
+    if start is None:
+        raise ValueError("prompt_ids is required (only an encoder-decoder model with a "
+                         "decoder_start_token_id in its metadata starts by itself)")
+    return start
 
 
 class SpeculativeDecoder:
@@ -231,12 +306,21 @@ class SpeculativeDecoder:
                  eos_token_id: Optional[int] = None, seed: Optional[int] = None, profile: bool = False,
                  gamma_policy: str = "fixed", max_gamma: Optional[int] = None, cost: Optional[float] = None,
                  do_sample: Optional[bool] = None, temperature: Optional[float] = None,
-                 top_k: Optional[int] = None, top_p: Optional[float] = None, tokenizer: Any = None) -> Result:
+                 top_k: Optional[int] = None, top_p: Optional[float] = None, tokenizer: Any = None,
+                 attention_mask: Optional[PromptIds] = None) -> Union[Result, List[Result]]:
         """Generates up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after ``eos_token_id``.
 
         The prompt (``prompt_ids``, or ``input_ids`` as transformers names it): token ids as a list, a 1-D or
         [1, T] tensor or numpy array, a tokenizer's output (a BatchEncoding), or a string with ``tokenizer=``
         (a transformers tokenizer or a tokenizers.Tokenizer), which also decodes ``result.text``.
+
+        A batch returns a list of Results, one per row: a list of prompts (of any lengths), a [B, T] tensor or
+        array with B > 1, or a tokenizer's output with several rows; a padded batch comes with its
+        ``attention_mask`` (inside a BatchEncoding, or as this argument), left or right padding alike. Each row
+        drafts, verifies, accepts and stops on its own, with its own gamma policy, statistics and trace, and
+        gets exactly what it would get alone with seed ``seed + row``: its law is the target's own. Models
+        exported by speculant.export (GPT-2, Llama, TinyGPT) run each step as one call for the rows still
+        running (``Model.batched``); other backends run a batch as one model replica per row, called in turn.
 
         ``do_sample``, ``temperature``, ``top_k``, ``top_p`` override the decoder's settings for this call
         (do_sample=False is argmax); both models are standardized with the same settings, as always.
@@ -259,14 +343,14 @@ class SpeculativeDecoder:
         core = self._core if all(v is None for v in overrides) else self._decoder(
             _sampling(self._sampling, *overrides))
         return _run(core, self.target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
-                    eos_token_id, seed, profile, _schedule(gamma_policy, max_gamma, cost), tokenizer)
+                    eos_token_id, seed, profile, _schedule(gamma_policy, max_gamma, cost), tokenizer, attention_mask)
 
 
 def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
              input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, do_sample: Optional[bool] = None,
              eos_token_id: Optional[int] = None, seed: Optional[int] = None, profile: bool = False,
-             tokenizer: Any = None) -> Result:
+             tokenizer: Any = None, attention_mask: Optional[PromptIds] = None) -> Union[Result, List[Result]]:
     """Plain autoregressive decoding of ``target`` through the same engine (gamma = 0): the baseline.
     Arguments as in SpeculativeDecoder.generate."""
     target = _model(target, "target")
@@ -275,4 +359,4 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
     decoder = _core.Decoder(target._core, None, 0, sampling["temperature"], sampling["top_k"], sampling["top_p"],
                             1.0)
     return _run(decoder, target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens, eos_token_id,
-                seed, profile, tokenizer=tokenizer)
+                seed, profile, tokenizer=tokenizer, attention_mask=attention_mask)

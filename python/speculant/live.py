@@ -17,6 +17,7 @@ sequence, so a model whose cache does not roll back exactly fails there, not in 
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 from typing import Optional
@@ -177,6 +178,12 @@ class LiveModel:
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: int64 [k >= 1] -> logits [k, V] for them."""
         return self._run(tokens, logits=True)
+
+    def replica(self) -> "LiveModel":
+        """The same module object with a cache of its own: another row of a batch (cpp/rows.h)."""
+        other = copy.copy(self)
+        other._cache, other._length, other._encoder_outputs, other._source_mask = None, 0, None, None
+        return other
 
     def truncate(self, length: int) -> None:
         if length < self._length:

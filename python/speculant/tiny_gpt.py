@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .export.cached import CachedDecoder, write_cache
+from .export.cached import CachedDecoder, Step, cached_kv, single_step
 
 __all__ = ["TinyGPTConfig", "TinyGPT", "script_cached", "script_plain"]
 
@@ -52,14 +52,13 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
-        # x [B, T, C] holds positions [start, start + T); mask [T, S]; cache (keys, values) [H, M, D], batch 1
+    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+        # x [B, T, C] at step.positions; cache: keys and values (export/cached.py), or None (stateless)
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head)  # [B, T, 3, H, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] each
-        if cache is not None:  # write the new positions, then attend to everything cached so far
-            k, v = write_cache(k, v, cache[0], cache[1], start)  # [1, H, S, D], S = start + T
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, T, D]
+        k, v = cached_kv(k, v, cache, step)  # write the new positions, then attend to all cached: [B, H, S, D]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask)  # [B, H, T, D]
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
 
 
@@ -72,8 +71,8 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.ff_width), nn.GELU(),
                                  nn.Linear(cfg.ff_width, cfg.d_model))
 
-    def forward(self, x: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
-        x = x + self.attn(self.ln_1(x), mask, cache, start)  # [B, T, C], pre-LayerNorm residual
+    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+        x = x + self.attn(self.ln_1(x), cache, step)  # [B, T, C], pre-LayerNorm residual
         return x + self.mlp(self.ln_2(x))  # [B, T, C]
 
 
@@ -106,17 +105,14 @@ class TinyGPT(nn.Module):
             raise ValueError(
                 f"forward: expected input_ids [B, T] with 1 <= T <= {self.max_length}, got {ids.shape}"
             )
-        return self.run(ids, torch.jit.annotate(List[Tuple[Tensor, Tensor]], []), 0)
+        return self.run(ids, torch.jit.annotate(List[Tuple[Tensor, Tensor]], []),
+                        single_step(ids.size(1), 0, ids.device))
 
-    def run(self, ids: Tensor, caches: List[Tuple[Tensor, Tensor]], start: int) -> Tensor:
-        # ids [B, T] at positions [start, start + T); caches: [] or a (keys, values) [H, M, D] pair per layer
-        T = ids.size(1)
-        pos = torch.arange(start, start + T, device=ids.device)  # [T]
-        # query i sits at position start + i and sees keys 0 .. start + i, inclusive
-        mask = torch.ones(T, start + T, dtype=torch.bool, device=ids.device).tril(start)  # [T, S]
-        x = self.tok_emb(ids) + self.pos_emb(pos)  # [B, T, C]
+    def run(self, ids: Tensor, caches: List[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+        # ids [B, T] at step.positions; caches: [] or a (keys, values) pair per layer (export/cached.py)
+        x = self.tok_emb(ids) + self.pos_emb(step.positions)  # [B, T, C]
         for i, block in enumerate(self.blocks):
-            x = block(x, mask, caches[i] if len(caches) > 0 else None, start)  # [B, T, C]
+            x = block(x, caches[i] if len(caches) > 0 else None, step)  # [B, T, C]
         return F.linear(self.ln_f(x), self.tok_emb.weight)  # [B, T, V]
 
 

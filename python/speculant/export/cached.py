@@ -1,12 +1,15 @@
 """What every exported decoder-only model shares: the cached contract around an architecture's `run`, the
 activations transformers configs name, and the causal mask over cached positions.
 
-An architecture module (gpt2.py, llama.py) provides `run(input_ids[1, T], caches, start) -> logits[1, T, V]`,
-where `caches` is [] (stateless: positions [0, T)) or one (keys, values) pair of [H_kv, M, D] views per layer
-into the preallocated cache, written at positions [start, start + T). Shapes: T = new tokens, S = attended
-positions, H_kv = key/value heads, D = head_dim, L = layers, M = max_length, V = vocab.
+An architecture module (gpt2.py, llama.py, tiny_gpt.py) provides
+`run(input_ids[R, T], caches, step) -> logits[R, T, V]`, where `caches` is [] (stateless) or one (keys,
+values) pair per layer into the preallocated cache, and `step` (a Step) says where the tokens sit and what
+they attend to; the attention hands its new keys and values to `cached_kv`. Batch 1 caches are [H_kv, M, D]
+views written at slots [start, start + T); a batch's rows (cpp/rows.h) share [B, M + 1, H_kv, D] views, each
+row written at its own slots, slot M being scratch for padding. Shapes: R = rows in the call, T = new tokens,
+S = attended positions, H_kv = key/value heads, D = head_dim, L = layers, M = max_length, V = vocab.
 """
-from typing import Dict, List, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +50,44 @@ def causal_mask(new: int, start: int, device: torch.device) -> Tensor:
     return torch.ones(new, start + new, dtype=torch.bool, device=device).tril(start)
 
 
+class Step(NamedTuple):
+    """Where one call's tokens go. positions [R, T]: each token's position; mask [T, S] (batch 1) or
+    [R, 1, T, S] bool: the keys each query sees. Batch 1: the tokens fill cache slots [start, start + T) and
+    rows, slots are None. A batch: row r's tokens go to cache row rows[r] at slots[r] and the call reads cache
+    slots [0, keys)."""
+    positions: Tensor
+    mask: Tensor
+    start: int
+    rows: Optional[Tensor]
+    slots: Optional[Tensor]
+    keys: int
+
+
+def single_step(new: int, start: int, device: torch.device) -> Step:
+    """Batch 1, tokens at positions [start, start + new)."""
+    positions = torch.arange(start, start + new, device=device).unsqueeze(0)  # [1, T]
+    return Step(positions, causal_mask(new, start, device), start, None, None, start + new)
+
+
+def cached_kv(k: Tensor, v: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tuple[Tensor, Tensor]:
+    """Stores a call's keys and values k, v [R, H_kv, T, D] in the cache and returns every key and value the call
+    attends to, [R, H_kv, S, D] (k, v themselves when stateless)."""
+    if cache is None:
+        return k, v
+    rows, slots = step.rows, step.slots
+    if rows is None or slots is None:
+        return write_cache(k, v, cache[0], cache[1], step.start)
+    cache_k, cache_v = cache  # [B, M + 1, H_kv, D]
+    index = torch.jit.annotate(List[Optional[Tensor]], [rows.unsqueeze(1).expand_as(slots), slots])  # [R, T] each
+    cache_k.index_put_(index, k.transpose(1, 2))  # [R, T, H_kv, D] at (rows[r], slots[r, j])
+    cache_v.index_put_(index, v.transpose(1, 2))
+    if rows.size(0) == cache_k.size(0):  # every row, in order: no gather
+        keys, values = cache_k[:, :step.keys], cache_v[:, :step.keys]
+    else:
+        keys, values = cache_k[:, :step.keys].index_select(0, rows), cache_v[:, :step.keys].index_select(0, rows)
+    return keys.transpose(1, 2), values.transpose(1, 2)  # [R, H_kv, S, D]
+
+
 class CachedDecoder(nn.Module):
     """The engine's cached contract (cpp/model.h) around a decoder-only `core`, batch 1: a KV cache of
     `max_length` positions with prefill / extend / truncate / cache_length, and a stateless
@@ -57,6 +98,7 @@ class CachedDecoder(nn.Module):
 
     length: int
     cache_shape: List[int]
+    row_cache_shape: List[int]
 
     def __init__(self, core: nn.Module, *, vocab_size: int, max_length: int, layers: int, kv_heads: int,
                  head_dim: int, like: Tensor):
@@ -66,14 +108,18 @@ class CachedDecoder(nn.Module):
         self.max_length = max_length
         self.length = 0  # cached positions; cache rows at or past it are stale
         self.cache_shape = [2, layers, kv_heads, max_length, head_dim]  # [keys | values, L, H_kv, M, D]
+        # a batch's rows: [keys | values, L, B, M + 1, H_kv, D], B set by start_rows
+        self.row_cache_shape = [2, layers, 0, max_length + 1, kv_heads, head_dim]
         # empty until the first prefill; its dtype and device are the model's (and follow .to / map_location)
         self.register_buffer("cache", torch.empty(0, dtype=like.dtype, device=like.device), persistent=False)
+        self.register_buffer("row_cache", torch.empty(0, dtype=like.dtype, device=like.device), persistent=False)
 
     def forward(self, input_ids: Tensor) -> Tensor:
         if input_ids.dim() != 2 or input_ids.size(1) < 1 or input_ids.size(1) > self.max_length:
             raise ValueError(f"forward: expected input_ids [B, T] with 1 <= T <= {self.max_length}, "
                              f"got {input_ids.shape}")
-        return self.core.run(input_ids, torch.jit.annotate(List[Tuple[Tensor, Tensor]], []), 0)
+        return self.core.run(input_ids, torch.jit.annotate(List[Tuple[Tensor, Tensor]], []),
+                             single_step(input_ids.size(1), 0, input_ids.device))
 
     @torch.jit.export
     def prefill(self, input_ids: Tensor) -> Tensor:
@@ -97,9 +143,36 @@ class CachedDecoder(nn.Module):
             raise ValueError(f"extend/prefill: {self.length} cached + {k} new positions exceed "
                              f"max_length={self.max_length}")
         caches = [(self.cache[0, i], self.cache[1, i]) for i in range(self.cache.size(1))]  # [H_kv, M, D] each
-        logits = self.core.run(input_ids, caches, self.length)  # [1, k, V]
+        logits = self.core.run(input_ids, caches, single_step(k, self.length, input_ids.device))  # [1, k, V]
         self.length += k
         return logits
+
+    @torch.jit.export
+    def start_rows(self, batch: int) -> None:
+        """A batch of `batch` rows (cpp/script_model.cpp keeps each row's length); their old contents are stale."""
+        if batch < 1:
+            raise ValueError(f"start_rows: batch must be >= 1, got {batch}")
+        shape = self.row_cache_shape[:2] + [batch] + self.row_cache_shape[3:]
+        if list(self.row_cache.shape) != shape:
+            self.row_cache = torch.zeros(shape, dtype=self.row_cache.dtype, device=self.row_cache.device)
+
+    @torch.jit.export
+    def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
+        """input_ids [R, T] -> logits [R, T, V] for rows `rows` [R] (ascending) of the batch. positions [R, T]:
+        each token's position (< max_length); slots [R, T]: the cache slot it is written to (its position, or
+        max_length for padding); every query sees the keys at positions up to its own among [0, keys)."""
+        if self.row_cache.numel() == 0:
+            raise ValueError("extend_rows: call start_rows first (the batch's cache is allocated there)")
+        if input_ids.dim() != 2 or positions.shape != input_ids.shape or slots.shape != input_ids.shape or \
+                rows.dim() != 1 or rows.size(0) != input_ids.size(0):
+            raise ValueError(f"extend_rows: expected input_ids, positions, slots [R, T] and rows [R], got "
+                             f"{input_ids.shape}, {positions.shape}, {slots.shape}, {rows.shape}")
+        if keys < 1 or keys > self.max_length:
+            raise ValueError(f"extend_rows: keys must be in [1, max_length={self.max_length}], got {keys}")
+        mask = torch.arange(keys, device=input_ids.device) <= positions.unsqueeze(2)  # [R, T, S]
+        caches = [(self.row_cache[0, i], self.row_cache[1, i]) for i in range(self.row_cache.size(1))]
+        step = Step(positions, mask.unsqueeze(1), -1, rows, slots, keys)
+        return self.core.run(input_ids, caches, step)  # [R, T, V]
 
     @torch.jit.export
     def truncate(self, length: int) -> None:

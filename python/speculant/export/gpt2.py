@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import CachedDecoder, activate, activation_kind, causal_mask, copy_weights, is_tied, write_cache
+from .cached import CachedDecoder, Step, activate, activation_kind, cached_kv, copy_weights, is_tied
 
 
 class Attention(nn.Module):
@@ -21,13 +21,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
 
-    def forward(self, x: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
-        B, T, C = x.shape  # [1, T, C]
+    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+        B, T, C = x.shape  # [R, T, C]
         qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads)  # [B, T, 3, H, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] each
-        if cache is not None:
-            k, v = write_cache(k, v, cache[0], cache[1], start)  # [1, H, S, D]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)  # [B, H, T, D]
+        k, v = cached_kv(k, v, cache, step)  # [B, H, S, D]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=self.scale)  # [B, H, T, D]
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
 
 
@@ -41,8 +40,8 @@ class Block(nn.Module):
         self.fc = nn.Linear(width, inner)
         self.fc_proj = nn.Linear(inner, width)
 
-    def forward(self, x: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int) -> Tensor:
-        x = x + self.attn(self.ln_1(x), mask, cache, start)  # [B, T, C]
+    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+        x = x + self.attn(self.ln_1(x), cache, step)  # [B, T, C]
         return x + self.fc_proj(activate(self.fc(self.ln_2(x)), self.act))  # [B, T, C]
 
 
@@ -65,14 +64,11 @@ class GPT2(nn.Module):
         self.blocks = nn.ModuleList([Block(width, heads, inner, config.layer_norm_epsilon, act, s) for s in scales])
         self.ln_f = nn.LayerNorm(width, eps=config.layer_norm_epsilon)
 
-    def run(self, input_ids: Tensor, caches: List[Tuple[Tensor, Tensor]], start: int) -> Tensor:
-        T = input_ids.size(1)
-        pos = torch.arange(start, start + T, device=input_ids.device)  # [T]
-        mask = causal_mask(T, start, input_ids.device)  # [T, S]
-        x = self.wte(input_ids) + self.wpe(pos)  # [1, T, C]
+    def run(self, input_ids: Tensor, caches: List[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+        x = self.wte(input_ids) + self.wpe(step.positions)  # [R, T, C]
         for i, block in enumerate(self.blocks):
-            x = block(x, mask, caches[i] if len(caches) > 0 else None, start)
-        return F.linear(self.ln_f(x), self.head)  # [1, T, V]
+            x = block(x, caches[i] if len(caches) > 0 else None, step)
+        return F.linear(self.ln_f(x), self.head)  # [R, T, V]
 
 
 def check_config(config) -> None:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import CachedDecoder, activate, activation_kind, causal_mask, copy_weights, is_tied, write_cache
+from .cached import CachedDecoder, Step, activate, activation_kind, cached_kv, copy_weights, is_tied
 
 # RoPE types whose frequencies depend on the current sequence length: one precomputed table cannot hold them.
 DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -47,19 +47,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, width, bias=bias)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]],
-                start: int) -> Tensor:
-        B, T, _ = x.shape  # [1, T, C]
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+        B, T, _ = x.shape  # [R, T, C]
         q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
         k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, T, D]
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, T, D]
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        if cache is not None:
-            k, v = write_cache(k, v, cache[0], cache[1], start)  # [1, H_kv, S, D]
+        k, v = cached_kv(k, v, cache, step)  # [B, H_kv, S, D]
         if self.kv_heads != self.heads:  # each key/value head serves H / H_kv consecutive query heads
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)  # [B, H, S, D]
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)  # [B, H, T, D]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=self.head_dim ** -0.5)  # [B, H, T, D]
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))  # [B, T, C]
 
 
@@ -76,9 +74,8 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(width, inner, bias=config.mlp_bias)
         self.down_proj = nn.Linear(inner, width, bias=config.mlp_bias)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, cache: Optional[Tuple[Tensor, Tensor]],
-                start: int) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, start)  # [B, T, C]
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, step)  # [B, T, C]
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(activate(self.gate_proj(h), self.act) * self.up_proj(h))  # [B, T, C]
 
@@ -96,16 +93,19 @@ class Llama(nn.Module):
         self.register_buffer("cos", cos)  # [M, D] in the working dtype
         self.register_buffer("sin", sin)  # [M, D]
 
-    def run(self, input_ids: Tensor, caches: List[Tuple[Tensor, Tensor]], start: int) -> Tensor:
+    def run(self, input_ids: Tensor, caches: List[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
         T = input_ids.size(1)
-        if start + T > self.cos.size(0):
-            raise ValueError(f"run: positions up to {start + T} exceed the {self.cos.size(0)} rotary positions")
-        cos, sin = self.cos[start:start + T], self.sin[start:start + T]  # [T, D]
-        mask = causal_mask(T, start, input_ids.device)  # [T, S]
-        x = self.embed_tokens(input_ids)  # [1, T, C]
+        if step.rows is None:  # batch 1: positions [start, start + T), a slice of the tables
+            if step.start + T > self.cos.size(0):
+                raise ValueError(f"run: positions up to {step.start + T} exceed the {self.cos.size(0)} rotary "
+                                 "positions")
+            cos, sin = self.cos[step.start:step.start + T], self.sin[step.start:step.start + T]  # [T, D]
+        else:
+            cos, sin = self.cos[step.positions].unsqueeze(1), self.sin[step.positions].unsqueeze(1)  # [R, 1, T, D]
+        x = self.embed_tokens(input_ids)  # [R, T, C]
         for i, block in enumerate(self.layers):
-            x = block(x, cos, sin, mask, caches[i] if len(caches) > 0 else None, start)
-        return F.linear(self.norm(x), self.head)  # [1, T, V]
+            x = block(x, cos, sin, caches[i] if len(caches) > 0 else None, step)
+        return F.linear(self.norm(x), self.head)  # [R, T, V]
 
 
 def _head_dim(config) -> int:
