@@ -12,7 +12,7 @@ one function here that runs models.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -164,6 +164,35 @@ def generation_kwargs(prompts, generate_kwargs: Optional[Mapping[str, Any]] = No
         else:
             calls.append({**common, "prompt_ids": prompt})
     return calls
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError, RuntimeError):  # tensors and arrays of several values have no single truth
+        return False
+
+
+def batch_kwargs(calls: Sequence[Mapping[str, Any]]) -> Tuple[Dict[str, Any], bool]:
+    """One ``generate`` call for consecutive prompts' calls (``generation_kwargs``) and whether it is a batch:
+    their prompt_ids (and encoder_input_ids) as lists, every other argument the same in all of them."""
+    if len(calls) == 1:
+        return dict(calls[0]), False
+    rowwise = ("prompt_ids", "encoder_input_ids")
+    merged = {key: [call[key] for call in calls] for key in rowwise if key in calls[0]}
+    for i, call in enumerate(calls):
+        if set(call).intersection(rowwise) != set(merged):
+            raise ValueError(f"prompts in one batch must all give {sorted(merged)}; prompt {i} of the batch gives "
+                             f"{sorted(set(call).intersection(rowwise))}")
+        shared = {k: v for k, v in call.items() if k not in rowwise}
+        common = {k: v for k, v in calls[0].items() if k not in rowwise}
+        if shared.keys() != common.keys() or not all(_same(shared[k], common[k]) for k in common):
+            raise ValueError("prompts in one batch must share every generate argument besides prompt_ids and "
+                             f"encoder_input_ids; prompt {i} of the batch differs: use batch_size=1")
+    merged.update({k: v for k, v in calls[0].items() if k not in rowwise})
+    return merged, True
 
 
 def verified_positions(trace) -> int:

@@ -40,7 +40,8 @@ def _grid(values: Grid, name: str) -> List:
 
 
 def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mapping[str, Any]], *,
-                max_new_tokens: int, seed: int, repeats: int, spread_threshold: float) -> Dict[str, Any]:
+                max_new_tokens: int, seed: int, repeats: int, spread_threshold: float,
+                batch_size: int = 1) -> Dict[str, Any]:
     """One row of a sweep: speculative decoding at ``setting`` (the ``SETTING`` columns) timed against plain
     decoding of the target at the same sampling settings (``timing.timed_rounds``), then ``timing.summarize``.
     calls: one dict of ``generate`` keyword arguments per prompt (``analysis.generation_kwargs``)."""
@@ -48,7 +49,7 @@ def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mappi
     baseline = functools.partial(generate, target, temperature=setting["temperature"], top_k=setting["top_k"],
                                  top_p=setting["top_p"])
     rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=max_new_tokens, seed=seed,
-                                 repeats=repeats)
+                                 repeats=repeats, batch_size=batch_size)
     return {**setting, **timing.summarize(rounds, gamma=setting["gamma"], lenience=setting["lenience"],
                                           spread_threshold=spread_threshold)}
 
@@ -109,7 +110,7 @@ def _run_on(executor, specs, settings: List[Dict[str, Any]], calls, options: Dic
 def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (1.0,),
           lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,), max_new_tokens: int = 64,
           seed: int = 0, repeats: int = 3, spread_threshold: float = timing.SPREAD_THRESHOLD, progress: bool = True,
-          generate_kwargs: Optional[Mapping[str, Any]] = None, executor=None):
+          generate_kwargs: Optional[Mapping[str, Any]] = None, executor=None, batch_size: int = 1):
     """Runs speculative decoding for every combination of the grids and returns a ``pandas.DataFrame``, one row
     per setting (columns in ``COLUMNS``).
 
@@ -126,6 +127,11 @@ def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (
     ``speedup_max`` and ``spread`` = (max - min) / median. A row whose spread exceeds ``spread_threshold``, or
     whose speedup lies outside a factor timing.THEORY_FACTOR = 2 of Theorem 3.8's prediction, is flagged in
     ``flag`` ("noisy", "off theory"), with one RuntimeWarning for the sweep.
+
+    batch_size: prompts per generate call, speculative and plain alike (a batch, ``SpeculativeDecoder.generate``):
+    row r of a batch keeps its prompt's seed, so the tokens, alpha and counts do not depend on it, while the
+    times and the speedup are those of batched decoding against batched plain decoding. 1 (the default) is
+    the paper's setting. Times are the wall time of each round's calls.
 
     Columns: the setting (gamma, temperature, top_k, top_p, lenience), then ``timing.COLUMNS``, defined in
     ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend on lenience), ``acceptance``
@@ -173,6 +179,7 @@ def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (
                          f"returning a future), got {type(executor).__name__}")
     repeats = timing.check_repeats(repeats)
     spread_threshold = timing.check_spread_threshold(spread_threshold)
+    batch_size = timing.check_batch_size(batch_size)
     grids = [_grid(temperatures, "temperatures"), _grid(top_k, "top_k"), _grid(top_p, "top_p"),
              _grid(gammas, "gammas"), _grid(lenience, "lenience")]
     settings = [{"gamma": g, "temperature": t, "top_k": k, "top_p": p, "lenience": leniency}
@@ -185,7 +192,7 @@ def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (
         SpeculativeDecoder(target, draft, **setting)
     calls = analysis.generation_kwargs(prompts, generate_kwargs)
     options = {"max_new_tokens": max_new_tokens, "seed": seed, "repeats": repeats,
-               "spread_threshold": spread_threshold}
+               "spread_threshold": spread_threshold, "batch_size": batch_size}
     # what travels to the workers; ValueError for a model or drafter that cannot, before anything runs
     specs = None if executor is None else (workers.spec(target, "target"), workers.spec(draft, "draft"))
 
@@ -209,7 +216,7 @@ def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (
     frame = pd.DataFrame([results[i] for i in sorted(results)], columns=COLUMNS)
     failed = [{**settings[i], "error": failures[i]} for i in sorted(failures)]
     frame.attrs.update(interrupted=interrupted, failed=failed, prompts=len(calls), max_new_tokens=max_new_tokens,
-                       seed=seed, repeats=repeats)
+                       seed=seed, repeats=repeats, batch_size=batch_size)
     if failed:
         warnings.warn(f"{len(failed)} of {len(settings)} settings failed and are missing from the frame "
                       "(frame.attrs['failed'] holds their errors): " +

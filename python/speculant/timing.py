@@ -6,13 +6,18 @@ during its first calls, seconds in a fresh process). Then ``repeats`` timed roun
 interleaved ABBA (the order flips every round), so that a drift of the machine's speed hits both. Times are
 medians over the rounds, each with its range; the speedup is the median of the rounds' speedups, and Theorem
 3.8 predicts it from the measured alpha and c. ``speculant.sweep`` and the demo time this way.
+
+Prompts may run in batches (``batch_size``): each batch is one ``generate`` call whose row r has the seed the
+prompt would have alone, so the tokens do not depend on the batch size. A round's time is the wall time of its
+calls, which for batches is what a researcher waits (a row's own times count the whole batch's calls).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
+import time
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
@@ -25,7 +30,14 @@ COLUMNS = [
     "new_tokens", "target_calls", "draft_calls", "seconds", "plain_seconds", "c", "speedup", "speedup_min",
     "speedup_max", "spread", "predicted_speedup", "flag",
 ]
-Round = Tuple[List[Any], List[Any]]  # (speculative results, plain results), one per prompt
+
+
+class Round(NamedTuple):
+    """One timed round: the results, one per prompt, and the wall seconds of all their generate calls."""
+    speculative: List[Any]
+    plain: List[Any]
+    speculative_seconds: float
+    plain_seconds: float
 
 
 def check_repeats(repeats) -> int:
@@ -41,17 +53,31 @@ def check_spread_threshold(spread_threshold) -> float:
     return float(spread_threshold)
 
 
+def check_batch_size(batch_size) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1 (prompts per generate call), got {batch_size!r}")
+    return int(batch_size)
+
+
 def timed_rounds(speculative: Callable, plain: Callable, calls: Sequence[Mapping[str, Any]], *,
-                 max_new_tokens: int, seed: int, repeats: int) -> List[Round]:
+                 max_new_tokens: int, seed: int, repeats: int, batch_size: int = 1) -> List[Round]:
     """An untimed warm-up of both, then ``repeats`` rounds interleaved ABBA (module docstring).
 
     speculative, plain: ``generate``-like callables (a decoder's ``generate``; ``speculant.generate`` bound to
     the target and the same sampling settings); calls: the keyword arguments per prompt
-    (``analysis.generation_kwargs``), prompt i generated with seed ``seed + i``."""
+    (``analysis.generation_kwargs``), prompt i generated with seed ``seed + i``, ``batch_size`` prompts per
+    call (``analysis.batch_kwargs``)."""
     repeats = check_repeats(repeats)
+    batch_size = check_batch_size(batch_size)
+    batches = [(first, analysis.batch_kwargs(calls[first:first + batch_size]))
+               for first in range(0, len(calls), batch_size)]
 
-    def run(generate_one) -> list:
-        return [generate_one(**kwargs, max_new_tokens=max_new_tokens, seed=seed + i) for i, kwargs in enumerate(calls)]
+    def run(generate_one) -> Tuple[list, float]:
+        results, start = [], time.perf_counter()
+        for first, (kwargs, batched) in batches:
+            out = generate_one(**kwargs, max_new_tokens=max_new_tokens, seed=seed + first)
+            results.extend(out if batched else [out])
+        return results, time.perf_counter() - start
 
     pair = (speculative, plain)
     for generate_one in pair:  # untimed: every shape the timed rounds will use
@@ -59,7 +85,7 @@ def timed_rounds(speculative: Callable, plain: Callable, calls: Sequence[Mapping
     rounds = []
     for r in range(repeats):
         done = {i: run(pair[i]) for i in ((0, 1) if r % 2 == 0 else (1, 0))}  # ABBA
-        rounds.append((done[0], done[1]))
+        rounds.append(Round(done[0][0], done[1][0], done[0][1], done[1][1]))
     return rounds
 
 
@@ -76,8 +102,8 @@ def median_range(values: Sequence[float]) -> Tuple[float, float, float]:
     return float(np.median(values)), float(min(values)), float(max(values))
 
 
-def _per_token(summed: Dict[str, float]) -> float:
-    return summed["total_seconds"] / summed["new_tokens"] if summed["new_tokens"] else math.nan
+def _per_token(seconds: float, summed: Dict[str, float]) -> float:
+    return seconds / summed["new_tokens"] if summed["new_tokens"] else math.nan
 
 
 def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
@@ -111,14 +137,14 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     # lookup, Python code) its time per drafted token, the cost Theorem 3.8's c stands for
     per = spec["draft_calls"] or spec["drafted_tokens"]
     speedups, costs, seconds, plain_seconds = [], [], [], []
-    for speculative_results, plain_results in rounds:
+    for speculative_results, plain_results, wall, plain_wall in rounds:
         timed, plain = totals(speculative_results), totals(plain_results)
-        speedups.append(_per_token(plain) / _per_token(timed))
+        speedups.append(_per_token(plain_wall, plain) / _per_token(wall, timed))
         draft_call = timed["draft_seconds"] / per if per else nan
         target_call = plain["target_seconds"] / plain["target_calls"] if plain["target_calls"] else nan
         costs.append(draft_call / target_call if target_call > 0 else nan)
-        seconds.append(timed["total_seconds"])
-        plain_seconds.append(plain["total_seconds"])
+        seconds.append(wall)
+        plain_seconds.append(plain_wall)
     speedup, speedup_min, speedup_max = median_range(speedups)
     c = float(np.median(costs))
     spread = (speedup_max - speedup_min) / speedup
