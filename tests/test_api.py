@@ -51,8 +51,8 @@ def test_prompt_errors_name_the_fix(pair):
     decoder = speculant.SpeculativeDecoder(model, draft)
     with pytest.raises(ValueError, match="prompt_ids is a string: pass tokenizer="):
         decoder.generate("t1 t5", max_new_tokens=2)
-    with pytest.raises(ValueError, match="attention_mask has padding"):
-        decoder.generate({"input_ids": [[0, 1, 5]], "attention_mask": [[0, 1, 1]]}, max_new_tokens=2)
+    with pytest.raises(ValueError, match="only left or right padding"):
+        decoder.generate({"input_ids": [[0, 1, 5]], "attention_mask": [[1, 0, 1]]}, max_new_tokens=2)
     with pytest.raises(ValueError, match="prompt_ids or input_ids .*not both"):
         decoder.generate(PROMPT, input_ids=PROMPT, max_new_tokens=2)
 

@@ -27,7 +27,6 @@ matmul may round differently in the last bits; table models are compared bit for
   replica and native rows) + 2 (lenient) + 12 (three prompts, replica and native) = 18 tests that a correct engine
   fails by chance with probability at most 1.8% (Bonferroni) for a fresh draw of seeds; the seeds are fixed, so
   the outcome is deterministic. Power: the lenient rows must reject the target law by the same test.
-* Known failure: test_one_prompt_from_a_tokenizer_with_its_mask (a regression of 25e3bdc, see its docstring).
 """
 
 import math
@@ -497,9 +496,7 @@ def test_one_row_returns_one_result(tiny):
 
 def test_one_prompt_from_a_tokenizer_with_its_mask(tiny):
     """What a tokenizer returns for one text without return_tensors: 1-D input_ids with a 1-D all-ones
-    attention_mask (a BatchEncoding, or a plain mapping, or 1-D tensors). One prompt, as before batching came
-    (25e3bdc~1 accepted it in decoder._ids); since 25e3bdc decoder._rows takes the mapping's mask out and refuses
-    it with "attention_mask goes with a 2-D prompt". FAILS at 25e3bdc: a regression, reported."""
+    attention_mask (a BatchEncoding, or a plain mapping, or 1-D tensors): one prompt, a single Result."""
     target, draft, _ = tiny
     decoder = speculant.SpeculativeDecoder(target, draft, gamma=GAMMA)
     prompt = [4, 5, 6]
@@ -536,7 +533,7 @@ IDS = torch.tensor([[1, 2, 3], [4, 5, 0]])
     (dict(prompt_ids=IDS, attention_mask=torch.tensor([[1, 1, 2], [1, 1, 1]])), "only 0 and 1"),
     (dict(prompt_ids={"input_ids": IDS, "attention_mask": torch.ones_like(IDS)}, attention_mask=torch.ones_like(IDS)),
      "attention_mask"),
-    (dict(prompt_ids=[1, 2, 3], attention_mask=[1, 1, 1]), "attention_mask goes with a 2-D prompt"),
+    (dict(prompt_ids=[1, 2, 3], attention_mask=[1, 1]), "the mask must match its ids"),
     (dict(prompt_ids=IDS.float()), "prompt_ids must hold integer token ids"),
     (dict(prompt_ids=[[1], [2]], encoder_input_ids=[[1], [2]]), "encoder_input_ids is only for encoder-decoder"),
     (dict(prompt_ids=[[1], [2]], max_new_tokens=-1), "max_new_tokens"),

@@ -209,9 +209,13 @@ def _rows(value, name: str, tokenizer=None, attention_mask=None) -> Tuple[List[L
     rows = value if isinstance(value, (list, tuple)) and value and not all(
         isinstance(v, numbers.Integral) for v in value) else None
     if rows is None:
-        if attention_mask is not None:
-            raise ValueError("attention_mask goes with a 2-D prompt (a padded batch), not with one 1-D prompt")
-        return [_ids(value, name, tokenizer)], False
+        ids = _ids(value, name, tokenizer)
+        if attention_mask is not None:  # one prompt with its mask (a tokenizer's output without tensors)
+            mask = attention_mask.tolist() if isinstance(attention_mask, (torch.Tensor, np.ndarray)) else attention_mask
+            if not isinstance(mask, (list, tuple)) or not all(isinstance(m, numbers.Integral) for m in mask):
+                raise ValueError(f"attention_mask must have the shape of {name}: one 0/1 entry per token id")
+            ids = _unpadded(ids, mask, name, 0)
+        return [ids], False
     if attention_mask is not None:
         if isinstance(attention_mask, np.ndarray):
             attention_mask = torch.from_numpy(attention_mask)
@@ -318,7 +322,10 @@ class SpeculativeDecoder:
         array with B > 1, or a tokenizer's output with several rows; a padded batch comes with its
         ``attention_mask`` (inside a BatchEncoding, or as this argument), left or right padding alike. Each row
         drafts, verifies, accepts and stops on its own, with its own gamma policy, statistics and trace, and
-        gets exactly what it would get alone with seed ``seed + row``: its law is the target's own. Models
+        gets what it would get alone with seed ``seed + row``: its law is the target's own. In float32 that is
+        token for token; in bf16 / fp16 a batched call may round its logits differently from a batch-1 call, so a
+        row may differ from its batch-1 run while its law stays that of the target as the batch computes it.
+        Models
         exported by speculant.export (GPT-2, Llama, TinyGPT) run each step as one call for the rows still
         running (``Model.batched``); other backends run a batch as one model replica per row, called in turn.
 

@@ -35,7 +35,7 @@ from .tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 __all__ = ["TrainConfig", "Recipe", "DEFAULT_RECIPE", "encode", "decode", "load_corpus", "train", "evaluate",
            "cache_root", "default_pair"]
 
-_FORMAT = 1  # bump when the files or the training code change meaning, so old caches are not reused
+_FORMAT = 2  # bump when the files or the training code change meaning, so old caches are not reused (2: batched calls)
 
 
 def encode(text: str) -> List[int]:
