@@ -14,6 +14,12 @@
 //                                                    decoder call needs (cross-attention keys and values) and
 //                                                    clears the decoder cache
 //      and optionally the int attribute `max_source_length`; prefill / extend then run decoder tokens.
+// A cached decoder-only module may also run batches natively (rows.h; export/cached.py writes them):
+//        start_rows(batch: int) -> None          a cache of `batch` rows (their old contents stale)
+//        extend_rows(input_ids[R, T], rows[R], positions[R, T], slots[R, T], keys: int) -> Tensor[R, T, V]
+//      runs rows `rows` (ascending) in one call: token (r, j) sits at positions[r, j], its keys and values go
+//      to cache slot slots[r, j] of row rows[r] (slot max_length is scratch, for padding), and it attends to
+//      that row's slots s < keys with s <= positions[r, j]. The engine keeps each row's length.
 // A file may carry metadata as the extra file `speculant.json` (what speculant.export writes).
 // The interface is backend-neutral so that a torch.export / AOTInductor backend can sit beside TorchScript.
 #pragma once
