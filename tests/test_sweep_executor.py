@@ -217,6 +217,16 @@ def test_a_save_pretrained_directory_travels_with_its_dtype(tmp_path):
     assert again.vocab_size == 1000 and next(again.module.parameters()).dtype == torch.bfloat16
 
 
+def test_a_file_converted_at_load_travels_with_its_dtype(files):
+    model = speculant.load(files[0], dtype="bfloat16")
+    spec = workers.model_file(model, "target")
+    assert spec == workers.ModelFile(str(files[0]), "cpu", "bfloat16")
+    again = workers.rebuild(spec, "dtype test")
+    assert again.load_dtype == "bfloat16"
+    prompt = dict(max_new_tokens=8, temperature=0, seed=0)
+    assert speculant.generate(again, [1, 2], **prompt).tokens == speculant.generate(model, [1, 2], **prompt).tokens
+
+
 def test_a_worker_loads_each_model_once_and_a_new_file_again(files, tmp_path):
     spec = workers.model_file(speculant.load(files[0]), "target")
     first = workers.rebuild(spec, "target")

@@ -36,6 +36,7 @@ class Model:
         self._core = core
         self.source = source
         self.module = module  # the transformers model behind a live handle, else None
+        self.load_dtype: Optional[str] = None  # the dtype= a .pt file was converted to at load, else None
         raw = core.metadata
         try:
             self.metadata = json.loads(raw) if raw else {}
@@ -190,7 +191,9 @@ def _path(path: str, device, dtype, vocab_size) -> Model:
     if dtype is not None:
         extra = {"speculant.json": ""}
         module = torch.jit.load(path, map_location=device or "cpu", _extra_files=extra)
-        return _script(module.to(dtype), path, extra=extra)
+        model = _script(module.to(dtype), path, extra=extra)
+        model.load_dtype = str(dtype).removeprefix("torch.")  # a sweep's workers load the file so again
+        return model
     return Model(_core.load_file(path, None if device is None else str(device)), path)
 
 

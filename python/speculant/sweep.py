@@ -148,8 +148,8 @@ def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (
     per worker; a drafter as its constructor arguments (a PythonDrafter's propose must pickle: a module-level
     function). These paths must be readable on the workers (shared storage on a real cluster). A model without
     a file (a transformers object, a ScriptModule in memory) or a drafter that cannot be rebuilt raises
-    ValueError naming target or draft before anything runs. A TorchScript file is loaded as it was written: one
-    that ``speculant.load(path, dtype=...)`` converted in memory must be exported in that dtype first.
+    ValueError naming target or draft before anything runs. A TorchScript file that ``speculant.load(path, dtype=...)``
+    converted is converted so in the workers too.
 
     On an executor, rows come in grid order whatever order the tasks finish in. A task that raises or whose
     worker dies (BrokenProcessPool, dask's KilledWorker, any exception from ``result()``) does not stop the

@@ -36,7 +36,7 @@ class ModelFile:
 
     path: str
     device: str
-    dtype: Optional[str] = None  # save_pretrained directories only: a .pt file is loaded as it was written
+    dtype: Optional[str] = None  # a save_pretrained directory's, or the dtype= a .pt file was converted to
     vocab_size: Optional[int] = None  # save_pretrained directories only (live models pad their logits)
 
     def build(self) -> Model:
@@ -76,7 +76,7 @@ def model_file(model: Model, name: str) -> ModelFile:
         raise ValueError(f"{name}: the model {source} has no file behind it (a TorchScript module loaded from "
                          f"memory, or a file since removed), and an executor's workers load models from files; "
                          f"{FILE_HINT}")
-    return ModelFile(os.path.abspath(source), str(model.device))
+    return ModelFile(os.path.abspath(source), str(model.device), model.load_dtype)
 
 
 def drafter_args(drafter: Drafter, name: str) -> DrafterArgs:
