@@ -1,7 +1,8 @@
 """The batch-size effect (issue 12): speculative and plain decoding of the same prompts in batches of
 B = 1, 2, 4, 8, 16, 32, measured side by side in one run.
 
-    python benchmarks/batch.py [--device cpu|cuda] [--prompts 32] [--tokens 64] [--gamma 4] [--repeats 3]
+    python benchmarks/batch.py [--pair demo|gpt2] [--preset cpu|cuda] [--device cpu|cuda] [--prompts 32]
+                               [--tokens 64] [--gamma 4] [--repeats 3]
 
 Every B generates the same `--prompts` prompts (prompt i with seed i, so the tokens do not depend on B) in
 batches of B through speculant.timing: an untimed warm-up of every shape, then `--repeats` rounds interleaved
@@ -11,9 +12,11 @@ over a batched target call's) and Theorem 3.8's prediction at them, and Theorem 
 c-hat = the draft's parameters over the target's (the arithmetic a batch makes the target spend: the gain
 shrinks once a large batch makes the target compute-bound, section 3.4).
 
-The pair is the embedded default pair (speculant.demo_pair, TinyGPT target and draft trained on Python's
-standard library, as `speculant demo` uses), exported as TorchScript: its batches run as one model call per
-step for the rows still running. Results go to benchmarks/results/batch-<device>.json.
+The pair: `demo`, the embedded default pair (speculant.demo_pair, TinyGPT target and draft trained on
+Python's standard library, as `speculant demo` uses); or `gpt2`, benchmarks/train_pairs.py's GPT-2 pair of the
+preset (train it first), exported here from its save_pretrained directories with speculant.export. Both run
+as TorchScript, each batch step one model call for the rows still running. Results go to
+benchmarks/results/batch-<pair>-<device>.json.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -40,12 +45,35 @@ def prompts(count: int, length: int = 24):
     return [held_out[i * step:i * step + length // 2 + (i * 7) % (length // 2 + 1)].tolist() for i in range(count)]
 
 
+def load_pair(args, scratch: Path):
+    """(target path, draft path, generate calls) of the chosen pair."""
+    if args.pair == "demo":
+        target_path, draft_path = demo_pair.default_pair(progress=False)
+        return target_path, draft_path, [{"prompt_ids": p} for p in prompts(args.prompts)]
+    sys.path.insert(0, str(Path(__file__).parent))
+    import train_pairs
+    from speculant.export import load_pretrained
+
+    recipe = train_pairs.PRESETS[args.preset][args.pair]
+    out = train_pairs.pair_dir(recipe)
+    if not (out / "pair.json").exists():
+        raise SystemExit(f"{out}/pair.json missing: python benchmarks/train_pairs.py --preset {args.preset} "
+                         f"--stage {args.pair}")
+    paths = []
+    for name in ("target", "draft"):  # exported anew: the batched methods are those of this speculant
+        paths.append(scratch / f"{name}.pt")
+        speculant.export(load_pretrained(out / name), paths[-1])
+    return paths[0], paths[1], train_pairs.heldout_prompts(recipe, out, args.prompts, 24)
+
+
 def parameters(path) -> int:
     return sum(p.numel() for p in torch.jit.load(str(path), map_location="cpu").parameters())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", choices=["demo", "gpt2"], default="demo")
+    parser.add_argument("--preset", choices=["cpu", "cuda"], default="cpu", help="train_pairs preset (--pair gpt2)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
@@ -58,11 +86,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    target_path, draft_path = demo_pair.default_pair(progress=False)
+    target_path, draft_path, calls = load_pair(args, Path(tempfile.mkdtemp(prefix="speculant-batch-")))
     target = speculant.load(target_path, device=args.device)
     draft = speculant.load(draft_path, device=args.device)
     c_hat = parameters(draft_path) / parameters(target_path)
-    calls = [{"prompt_ids": p} for p in prompts(args.prompts)]
     decoder = speculant.SpeculativeDecoder(target, draft, gamma=args.gamma, temperature=args.temperature)
 
     def plain(**kwargs):
@@ -70,7 +97,8 @@ def main() -> None:
 
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or \
         platform.machine()
-    print(f"device: {device}, torch {torch.__version__}, threads {torch.get_num_threads()}; {len(calls)} prompts x "
+    print(f"pair {args.pair}; device: {device}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
+          f"{len(calls)} prompts x "
           f"{args.tokens} tokens, gamma {args.gamma}, T {args.temperature}; c-hat (parameters) {c_hat:.3f}")
     rows, base = [], None
     for size in (int(s) for s in args.sizes.split(",")):
@@ -94,7 +122,8 @@ def main() -> None:
               f"({summary['speedup_min']:.2f}-{summary['speedup_max']:.2f}), x{row['scaling']:.2f} of B 1, "
               f"alpha {summary['alpha']:.3f}, c {summary['c']:.3f}, Thm 3.8 {summary['predicted_speedup']:.2f}x, "
               f"Thm 3.11 ops {row['operations_factor']:.2f} {summary['flag']}", flush=True)
-    out = Path(args.out or Path(__file__).parent / "results" / f"batch-{args.device.split(':')[0]}.json")
+    name = f"batch-{args.pair}-{args.device.split(':')[0]}.json"
+    out = Path(args.out or Path(__file__).parent / "results" / name)
     out.write_text(json.dumps({"device": device, "torch": torch.__version__, "threads": torch.get_num_threads(),
                                "args": vars(args), "c_hat": c_hat, "rows": rows}, indent=1))
     print(f"wrote {out}")
