@@ -279,20 +279,6 @@ PYBIND11_MODULE(_core, m) {
            py::arg("target"), py::arg("draft"), py::arg("gamma"), py::arg("temperature"), py::arg("top_k"),
            py::arg("top_p"), py::arg("lenience"))
       .def(
-          "generate",
-          [](const Decoder& decoder, const std::vector<int64_t>& prompt,
-             const std::optional<std::vector<int64_t>>& source, int64_t max_new_tokens,
-             std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile,
-             const std::string& gamma_policy, std::optional<int64_t> max_gamma, double cost) {
-            InterruptScope interruptible(signal_check());
-            py::gil_scoped_release release;
-            return decoder.generate(prompt, source, max_new_tokens, eos_token_id, seed, profile,
-                                    GammaSchedule{gamma_policy, max_gamma, cost});
-          },
-          py::arg("prompt"), py::arg("source"), py::arg("max_new_tokens"), py::arg("eos_token_id"),
-          py::arg("seed"), py::arg("profile") = false, py::arg("gamma_policy") = "fixed",
-          py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0)
-      .def(
           "generate_batch",
           [](const Decoder& decoder, const std::vector<std::vector<int64_t>>& prompts,
              const std::vector<std::vector<int64_t>>& sources, int64_t max_new_tokens,

@@ -92,15 +92,6 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
           "draft on {}", target_->device().str(), draft_->device().str());
 }
 
-Generation Decoder::generate(const std::vector<int64_t>& prompt,
-                             const std::optional<std::vector<int64_t>>& source, int64_t max_new_tokens,
-                             std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile,
-                             const GammaSchedule& schedule) const {
-  std::vector<std::vector<int64_t>> sources;
-  if (source) sources.push_back(*source);
-  return std::move(generate_batch({prompt}, sources, max_new_tokens, eos_token_id, seed, profile, schedule)[0]);
-}
-
 namespace {
 
 // A row's name in messages: "prompt_ids" alone, "prompt_ids[2]" in a batch.

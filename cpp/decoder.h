@@ -36,21 +36,18 @@ class Decoder {
   // draft may be null only with gamma = 0. Validates everything it is given (ValueError).
   Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma, SamplingConfig config);
 
-  // prompt: token ids (at least one; for an encoder-decoder pair the decoder's start, usually its
-  // decoder_start_token_id); source: the encoder's input ids, required for encoder-decoder models and refused
-  // for decoder-only ones; each model encodes it once per generation. seed: replays a run exactly
-  // (std::random_device when absent, and the seed used is reported in stats). `profile` synchronizes an
-  // accelerator around the model calls so the time split is exact; without it only the host-side time of the
-  // launches is attributed there. One call at a time per decoder: a concurrent one raises std::runtime_error.
-  Generation generate(const std::vector<int64_t>& prompt, const std::optional<std::vector<int64_t>>& source,
-                      int64_t max_new_tokens, std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
-                      bool profile, const GammaSchedule& schedule = {}) const;
-
-  // A batch: row r generates from prompts[r] (and sources[r]; `sources` is empty for decoder-only models)
-  // exactly what generate() gives it alone with seed + r (mod 2^64): it drafts, verifies, accepts and stops on
-  // its own, with its own gamma policy, statistics and trace. Each step is one batched call of each model for
-  // the rows still running where the backend supports it (Model::batched()), one call per row otherwise. A
-  // row's model times are those of the calls it took part in; its total_seconds is the time until it finished.
+  // A batch: row r generates up to max_new_tokens after prompts[r] (token ids, at least one; for an
+  // encoder-decoder pair the decoder's start, usually its decoder_start_token_id). sources[r] is row r's
+  // encoder input, which each model encodes once per generation: required for encoder-decoder models, and
+  // `sources` empty for decoder-only ones. Each row drafts, verifies, accepts and stops on its own, with its
+  // own gamma policy, statistics and trace, and its own generator seeded with seed + r (mod 2^64): it gets
+  // what a batch of one gives it with that seed, token for token in float32 (half-precision batched calls may
+  // round differently) (std::random_device seeds when absent, reported in
+  // stats). Each step is one batched call of each model for the rows still running where the backend
+  // supports it (Model::batched()), one call per row otherwise. A row's model times are those of the calls
+  // it took part in; its total_seconds is the time until it finished. `profile` synchronizes an accelerator
+  // around the model calls so the time split is exact; without it only the host-side time of the launches
+  // is attributed there. One call at a time per decoder: a concurrent one raises std::runtime_error.
   std::vector<Generation> generate_batch(const std::vector<std::vector<int64_t>>& prompts,
                                          const std::vector<std::vector<int64_t>>& sources, int64_t max_new_tokens,
                                          std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
