@@ -104,7 +104,6 @@ std::string row_name(const char* name, size_t row, size_t rows) {
 struct Row {
   Generation out;
   std::unique_ptr<GammaPolicy> policy;
-  at::Generator generator;
   at::Tensor pending;           // [1] int64 on the device
   int64_t sequence_length = 0;  // tokens in the sequence, pending ones included
   bool running = true;
