@@ -84,8 +84,8 @@ def _ids(value: PromptIds, name: str, tokenizer=None) -> List[int]:
             raise ValueError(f"{name} is a mapping without 'input_ids' (keys: {sorted(value)})")
         mask = value.get("attention_mask")
         if mask is not None and not bool(np.all(np.asarray(mask) == 1)):
-            raise ValueError(f"{name}: the attention_mask has padding; speculant decodes one unpadded prompt "
-                             "(batch 1)")
+            raise ValueError(f"{name}: the attention_mask has padding; a row given as its own mapping must be "
+                             "unpadded (pass a padded batch as one 2-D input_ids with its attention_mask)")
         value = value["input_ids"]
     if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], (list, tuple)):
         value = value[0]  # a batch of one, as tokenizers return it
