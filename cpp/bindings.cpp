@@ -49,6 +49,14 @@ InterruptCheck signal_check() {
   return threading.attr("current_thread")().is(threading.attr("main_thread")()) ? python_signals : nullptr;
 }
 
+// "dynamic", "fixed" or "graphed" (rows.h); python/speculant/decoder.py chooses.
+Shapes parse_shapes(const std::string& name, const char* what) {
+  if (name == "dynamic") return Shapes::dynamic;
+  if (name == "fixed") return Shapes::fixed;
+  if (name == "graphed") return Shapes::graphed;
+  fail("{} must be 'dynamic', 'fixed' or 'graphed', got '{}'", what, name);
+}
+
 void check_probabilities(const at::Tensor& t, const char* what) {
   require(at::isFloatingType(t.scalar_type()), "{} must be floating point", what);
   require(at::isfinite(t).all().item<bool>() && (t >= 0).all().item<bool>(),
@@ -66,6 +74,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("device", [](const Model& model) { return model.device().str(); })
       .def_property_readonly("form", &Model::form)
       .def_property_readonly("batched", &Model::batched)
+      .def_property_readonly("fixed_shapes_obstacle", &Model::fixed_shapes_obstacle)
+      .def_property_readonly("graph_failure", &Model::graph_failure)
       .def_property_readonly("encoder_decoder", &Model::encoder_decoder)
       .def_property_readonly("max_source_length", &Model::max_source_length)
       .def_property_readonly("metadata", [](const Model& model) { return py::bytes(model.metadata()); });
@@ -272,12 +282,15 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Decoder>(m, "Decoder")
       .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma,
-                       double temperature, int64_t top_k, double top_p, double lenience) {
+                       double temperature, int64_t top_k, double top_p, double lenience,
+                       const std::string& target_shapes, const std::string& draft_shapes) {
              return Decoder(std::move(target), std::move(draft), gamma,
-                            SamplingConfig{temperature, top_k, top_p, lenience});
+                            SamplingConfig{temperature, top_k, top_p, lenience},
+                            parse_shapes(target_shapes, "target_shapes"), parse_shapes(draft_shapes, "draft_shapes"));
            }),
            py::arg("target"), py::arg("draft"), py::arg("gamma"), py::arg("temperature"), py::arg("top_k"),
-           py::arg("top_p"), py::arg("lenience"))
+           py::arg("top_p"), py::arg("lenience"), py::arg("target_shapes") = "dynamic",
+           py::arg("draft_shapes") = "dynamic")
       .def(
           "generate_batch",
           [](const Decoder& decoder, const std::vector<std::vector<int64_t>>& prompts,

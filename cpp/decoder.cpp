@@ -9,6 +9,7 @@
 #include <random>
 
 #include "errors.h"
+#include "graphs.h"
 #include "interrupt.h"
 #include "step.h"
 
@@ -62,13 +63,28 @@ void check_length(std::optional<int64_t> limit, const char* role, const std::str
   }
 }
 
+// Fixed shapes need a backend that has them; graphs, a CUDA model and a build with CUDA graphs.
+void check_shapes(const Model* model, Shapes shapes, const char* role) {
+  if (shapes == Shapes::dynamic) return;
+  const std::string why = model->fixed_shapes_obstacle();
+  require(why.empty(), "the {} ({} form) has no fixed-shape calls, so no CUDA graphs: {}", role, model->form(), why);
+  if (shapes != Shapes::graphed) return;
+  require(model->device().is_cuda(), "CUDA graphs need a CUDA model; the {} is on {}", role,
+          model->device().str());
+  const std::string build = graphs_obstacle();
+  require(build.empty(), "CUDA graphs of the {}: {}", role, build);
+}
+
 }  // namespace
 
 Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma,
-                 SamplingConfig config)
-    : target_(std::move(target)), draft_(std::move(draft)), gamma_(gamma), config_(config) {
+                 SamplingConfig config, Shapes target_shapes, Shapes draft_shapes)
+    : target_(std::move(target)), draft_(std::move(draft)), gamma_(gamma), config_(config),
+      target_shapes_(target_shapes), draft_shapes_(draft_shapes) {
   require(target_ != nullptr, "target must be a model");
   config_.validate();
+  check_shapes(target_.get(), target_shapes_, "target");
+  if (draft_ && draft_->model()) check_shapes(draft_->model(), draft_shapes_, "draft");
   if (!draft_) {
     require(gamma_ == 0, "gamma must be 0 without a draft model, got {}", gamma_);
     return;
@@ -193,8 +209,8 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
   const auto start = Clock::now();
   const at::Device device = target_->device();
   const auto long_options = at::TensorOptions(device).dtype(at::kLong);
-  std::unique_ptr<ModelRows> target_rows = target_->rows(static_cast<int64_t>(count));
-  std::unique_ptr<DraftRows> draft_rows = draft_ ? draft_->rows(static_cast<int64_t>(count)) : nullptr;
+  std::unique_ptr<ModelRows> target_rows = target_->rows(static_cast<int64_t>(count), target_shapes_);
+  std::unique_ptr<DraftRows> draft_rows = draft_ ? draft_->rows(static_cast<int64_t>(count), draft_shapes_) : nullptr;
   std::vector<at::Generator> generators(count);
   std::vector<at::Tensor> prompt_tensors(count), cached(count);
   for (size_t r = 0; r < count; ++r) {

@@ -33,8 +33,11 @@ struct GammaSchedule {
 
 class Decoder {
  public:
-  // draft may be null only with gamma = 0. Validates everything it is given (ValueError).
-  Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma, SamplingConfig config);
+  // draft may be null only with gamma = 0. Validates everything it is given (ValueError). The shapes of each
+  // model's calls (rows.h): anything but dynamic needs a backend with fixed-shape calls
+  // (Model::fixed_shapes_obstacle) and graphed a CUDA model.
+  Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma, SamplingConfig config,
+          Shapes target_shapes = Shapes::dynamic, Shapes draft_shapes = Shapes::dynamic);
 
   // A batch: row r generates up to max_new_tokens after prompts[r] (token ids, at least one; for an
   // encoder-decoder pair the decoder's start, usually its decoder_start_token_id). sources[r] is row r's
@@ -61,6 +64,7 @@ class Decoder {
   std::shared_ptr<Drafter> draft_;
   int64_t gamma_;
   SamplingConfig config_;
+  Shapes target_shapes_, draft_shapes_;
   // Set while a generate call runs: a second call from another thread at the same time is refused (decoders
   // that merely share a model wait for it instead: the model's lock).
   std::shared_ptr<std::atomic<bool>> busy_ = std::make_shared<std::atomic<bool>>(false);

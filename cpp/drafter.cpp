@@ -110,8 +110,8 @@ class ModelDrafter final : public Drafter {
  public:
   explicit ModelDrafter(std::shared_ptr<Model> model) : model_(std::move(model)) {}
 
-  std::unique_ptr<DraftRows> rows(int64_t count) override {
-    return std::make_unique<ModelDraftRows>(model_->rows(count), model_->device());
+  std::unique_ptr<DraftRows> rows(int64_t count, Shapes shapes) override {
+    return std::make_unique<ModelDraftRows>(model_->rows(count, shapes), model_->device());
   }
   int64_t vocab_size() const override { return model_->vocab_size(); }
   at::Device device() const override { return model_->device(); }
@@ -280,7 +280,7 @@ class PromptLookupDrafter final : public HostHistoryDrafter {
 
 }  // namespace
 
-std::unique_ptr<DraftRows> SequenceDrafter::rows(int64_t count) {
+std::unique_ptr<DraftRows> SequenceDrafter::rows(int64_t count, Shapes) {
   while (static_cast<int64_t>(replicas_.size()) < count - 1) replicas_.push_back(replica());
   std::vector<SequenceDrafter*> drafters{this};
   for (int64_t r = 1; r < count; ++r) drafters.push_back(replicas_[r - 1].get());

@@ -54,7 +54,8 @@ class Drafter {
   Drafter(const Drafter&) {}  // a copy (a replica) has a lock of its own
   Drafter& operator=(const Drafter&) = delete;
   virtual ~Drafter() = default;
-  virtual std::unique_ptr<DraftRows> rows(int64_t count) = 0;
+  // `shapes`: of a draft model's calls (rows.h); drafters without a model have no model calls to shape.
+  virtual std::unique_ptr<DraftRows> rows(int64_t count, Shapes shapes) = 0;
   virtual int64_t vocab_size() const = 0;
   virtual at::Device device() const = 0;
   virtual bool encoder_decoder() const { return false; }
@@ -84,7 +85,7 @@ class SequenceDrafter : public Drafter {
   // An independent drafter of the same kind and parameters.
   virtual std::shared_ptr<SequenceDrafter> replica() const = 0;
 
-  std::unique_ptr<DraftRows> rows(int64_t count) override;
+  std::unique_ptr<DraftRows> rows(int64_t count, Shapes shapes) override;
 
  private:
   std::vector<std::shared_ptr<SequenceDrafter>> replicas_;

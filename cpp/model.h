@@ -66,10 +66,15 @@ class Model {
 
   // A batch of `count` rows (rows.h), this model's cache being row 0's: one call for every row where the
   // backend runs batches natively, else row replicas (replica(), made once and kept for later batches). Valid
-  // while the caller holds in_use().
-  virtual std::unique_ptr<ModelRows> rows(int64_t count);
+  // while the caller holds in_use(). Shapes other than dynamic need a backend with fixed-shape calls
+  // (fixed_shapes_obstacle() empty; ValueError otherwise).
+  virtual std::unique_ptr<ModelRows> rows(int64_t count, Shapes shapes = Shapes::dynamic);
   // Whether rows() runs every row in one call (false: one call per row).
   virtual bool batched() const { return false; }
+  // Why this backend has no fixed-shape calls (so no CUDA graphs), or "" when it has them.
+  virtual std::string fixed_shapes_obstacle() const = 0;
+  // Why a CUDA graph capture of this model failed (its calls then run uncaptured), or "" when none did.
+  virtual std::string graph_failure() const { return ""; }
 
   // A model owns mutable cache state: one generation at a time (the decoder holds this while it runs).
   std::mutex& in_use() { return in_use_; }
@@ -84,6 +89,9 @@ class Model {
 
   // Another model with the same weights (shared where the backend can) and a cache of its own.
   virtual std::shared_ptr<Model> replica() = 0;
+  // The shapes of this model's extend() calls as a row of replica rows (the default rows()), set by rows():
+  // only backends with fixed-shape calls get anything but dynamic.
+  virtual void set_shapes(Shapes shapes) { (void)shapes; }
 
  private:
   std::mutex in_use_;

@@ -64,6 +64,10 @@ class PythonModel final : public Model {
   }
   int64_t length() const override { return length_; }
   std::string form() const override { return "live"; }
+  std::string fixed_shapes_obstacle() const override {
+    return "a live model runs through Python; export it with speculant.export (TorchScript or .pt2) for "
+           "fixed-shape calls";
+  }
   // live.py's replica(): the same module object with a cache of its own.
   std::shared_ptr<Model> replica() override {
     py::gil_scoped_acquire gil;

@@ -1,5 +1,6 @@
 #include "rows.h"
 
+#include "errors.h"
 #include "model.h"
 
 namespace speculant {
@@ -36,10 +37,15 @@ std::unique_ptr<ModelRows> replica_rows(std::vector<Model*> models) {
   return std::make_unique<ReplicaRows>(std::move(models));
 }
 
-std::unique_ptr<ModelRows> Model::rows(int64_t count) {
+std::unique_ptr<ModelRows> Model::rows(int64_t count, Shapes shapes) {
+  if (shapes != Shapes::dynamic) {
+    const std::string why = fixed_shapes_obstacle();
+    require(why.empty(), "model ({} form): has no fixed-shape calls: {}", form(), why);
+  }
   while (static_cast<int64_t>(replicas_.size()) < count - 1) replicas_.push_back(replica());
   std::vector<Model*> models{this};
   for (int64_t r = 1; r < count; ++r) models.push_back(replicas_[r - 1].get());
+  for (Model* model : models) model->set_shapes(shapes);
   return replica_rows(std::move(models));
 }
 

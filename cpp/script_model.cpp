@@ -8,13 +8,13 @@
 
 #include "errors.h"
 #include "model.h"
+#include "native_rows.h"
 
 namespace speculant {
 namespace {
 
 at::Tensor as_batch(const at::Tensor& tokens) { return tokens.view({1, tokens.numel()}); }  // [1, k]
 
-// logits returned by the module for k input tokens -> [k, V], checked against the contract.
 // logits returned by the module for `rows` rows of k input tokens -> [rows, k, V], checked against the contract.
 at::Tensor checked_logits(const c10::IValue& output, int64_t rows, int64_t k, int64_t vocab,
                           const std::string& source, const char* method) {
@@ -53,77 +53,6 @@ at::Device module_device(const torch::jit::Module& module) {
   return at::kCPU;
 }
 
-// A batch run natively by a cached module with start_rows / extend_rows (export/cached.py): one call per step
-// for every row taking part, tokens right-padded to the longest row's count. Each row's length is kept here;
-// a padding token is written to the scratch slot max_length, so no row's cache is touched beyond its tokens.
-class ScriptRows final : public ModelRows {
- public:
-  ScriptRows(torch::jit::Module module, int64_t count, int64_t vocab, int64_t max_length, at::Device device,
-             std::string source)
-      : module_(std::move(module)), lengths_(count, 0), vocab_(vocab), max_length_(max_length), device_(device),
-        source_(std::move(source)) {
-    module_.get_method("start_rows")({count});
-  }
-
-  int64_t count() const override { return static_cast<int64_t>(lengths_.size()); }
-  void encode(const std::vector<at::Tensor>&) override {
-    fail("model {}: batched calls of an encoder-decoder module are not supported", source_);
-  }
-  void reset(const std::vector<at::Tensor>& tokens) override {
-    std::fill(lengths_.begin(), lengths_.end(), 0);
-    std::vector<at::Tensor> some(tokens.size());
-    for (size_t r = 0; r < tokens.size(); ++r) some[r] = tokens[r].numel() > 0 ? tokens[r] : at::Tensor();
-    extend(some);
-  }
-  std::vector<at::Tensor> extend(const std::vector<at::Tensor>& tokens) override {
-    std::vector<int64_t> rows;
-    int64_t width = 0, keys = 0;
-    for (size_t r = 0; r < tokens.size(); ++r) {
-      if (!tokens[r].defined()) continue;
-      rows.push_back(static_cast<int64_t>(r));
-      const int64_t k = tokens[r].numel(), end = lengths_[r] + k;
-      require(end <= max_length_, "model {}: row {} holds {} cached + {} new positions, more than max_length = {}",
-              source_, r, lengths_[r], k, max_length_);
-      width = std::max(width, k);
-      keys = std::max(keys, end);
-    }
-    std::vector<at::Tensor> out(tokens.size());
-    if (rows.empty()) return out;
-    const auto count = static_cast<int64_t>(rows.size());
-    at::Tensor positions = at::empty({count, width}, at::kLong), slots = at::empty({count, width}, at::kLong);
-    int64_t* position = positions.data_ptr<int64_t>();
-    int64_t* slot = slots.data_ptr<int64_t>();
-    std::vector<at::Tensor> ids(count);
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t r = rows[i], k = tokens[r].numel();
-      for (int64_t j = 0; j < width; ++j) {
-        position[i * width + j] = std::min(lengths_[r] + j, max_length_ - 1);  // padding: any existing position
-        slot[i * width + j] = j < k ? lengths_[r] + j : max_length_;         // padding: the scratch slot
-      }
-      ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
-    }
-    const auto on_device = [this](const at::Tensor& host) { return host.to(device_); };
-    c10::IValue result = module_.get_method("extend_rows")(
-        {at::stack(ids), on_device(at::tensor(rows, at::kLong)), on_device(positions), on_device(slots), keys});
-    const at::Tensor logits = checked_logits(result, count, width, vocab_, source_, "extend_rows");  // [R, W, V]
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t r = rows[i], k = tokens[r].numel();
-      out[r] = logits[i].narrow(0, 0, k);  // [k, V]
-      lengths_[r] += k;
-    }
-    return out;
-  }
-  void truncate(int64_t row, int64_t length) override { lengths_[row] = length; }
-  int64_t length(int64_t row) const override { return lengths_[row]; }
-
- private:
-  torch::jit::Module module_;
-  std::vector<int64_t> lengths_;
-  int64_t vocab_, max_length_;
-  at::Device device_;
-  std::string source_;
-};
-
 class CachedScriptModel final : public Model {
  public:
   CachedScriptModel(torch::jit::Module module, std::string source, std::string metadata)
@@ -144,10 +73,32 @@ class CachedScriptModel final : public Model {
   }
 
   bool batched() const override { return batched_; }
-  std::unique_ptr<ModelRows> rows(int64_t count) override {
-    if (!batched_ || count == 1) return Model::rows(count);
-    return std::make_unique<ScriptRows>(module_, count, vocab_size_, *max_length_, device_, source_);
+  // Batches run natively (one extend_rows call per step); batch 1 runs the module's own cache unless the
+  // shapes are fixed.
+  std::unique_ptr<ModelRows> rows(int64_t count, Shapes shapes) override {
+    if (!batched_ || (count == 1 && shapes == Shapes::dynamic)) return Model::rows(count, shapes);
+    if (rows_started_ != count) {  // a new row cache: what the graphs wrote into is gone
+      module_.get_method("start_rows")({count});
+      rows_started_ = count;
+      fixed_.clear();
+      graphed_.clear();
+    }
+    RowsCall call = [this](const at::Tensor& ids, const at::Tensor& rows, const at::Tensor& positions,
+                           const at::Tensor& slots, int64_t keys) {
+      return checked_logits(module_.get_method("extend_rows")({ids, rows, positions, slots, keys}), ids.size(0),
+                            ids.size(1), vocab_size_, source_, "extend_rows");
+    };
+    return native_rows(std::move(call), count, *max_length_, device_, source_, shapes,
+                       shapes == Shapes::graphed ? &graphed_ : &fixed_);
   }
+  std::string fixed_shapes_obstacle() const override {
+    if (batched_) return "";
+    if (encoder_decoder_) return "an encoder-decoder module (T5) has no batched extend_rows call to run them on";
+    if (!max_length_) return "the module has no max_length attribute (every fixed-shape call reads all its slots)";
+    return "the module has no start_rows / extend_rows methods (model.h) to run them on; speculant.export "
+           "writes them";
+  }
+  std::string graph_failure() const override { return graphed_.failure(); }
 
   void encode(const at::Tensor& source) override {
     module_.get_method("encode")({as_batch(source)});
@@ -188,6 +139,8 @@ class CachedScriptModel final : public Model {
   std::string source_;
   int64_t length_ = 0;
   bool batched_ = false;
+  int64_t rows_started_ = 0;           // the row cache's batch size (0: none yet)
+  GraphCache fixed_{false}, graphed_{true};  // the fixed-shape calls' buffers, without and with CUDA graphs
 };
 
 class PlainScriptModel final : public Model {
@@ -221,6 +174,10 @@ class PlainScriptModel final : public Model {
   void truncate(int64_t length) override { history_ = history_.narrow(0, 0, length); }
   int64_t length() const override { return history_.numel(); }
   std::string form() const override { return "plain"; }
+  std::string fixed_shapes_obstacle() const override {
+    return "the plain form recomputes the whole sequence at every call, so its shapes grow with it; export the "
+           "model with speculant.export for the cached form";
+  }
   // forward is stateless (the history is kept here): replicas share the module.
   std::shared_ptr<Model> replica() override {
     return std::make_shared<PlainScriptModel>(module_, source_, metadata_);

@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from . import _core
+from . import _core, graphs
 from .drafters import Drafter
 from .model import Model, load
 from .trace import Trace
@@ -285,21 +285,36 @@ class SpeculativeDecoder:
     top_p (1 = off); ``generate`` may override it per call. lenience in (0, 1] (A.5): 1 is exact; below 1 no
     token is sampled with probability above p(x) / lenience (argmax: a draft token is kept when
     p(x) >= lenience * max p). gamma defaults to DEFAULT_GAMMA = 4.
+
+    ``cuda_graphs`` ("auto", "on", "off", "fixed"; speculant.graphs): on CUDA, by default, each model's
+    fixed-shape calls (the draft's step, the target's verification of each width) are captured once into CUDA
+    graphs and replayed; a model whose backend cannot be captured runs as before, with a warning saying why.
+    The tokens are the same as without graphs.
     """
 
     def __init__(self, target, draft, *, gamma: int = DEFAULT_GAMMA, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None):
+                 top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "auto"):
         self.target = _model(target, "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
         self._gamma = _integer(gamma, "gamma", 1)
         self._sampling = {"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
                           "top_p": _real(top_p, "top_p"), "lenience": _real(lenience, "lenience")}
         self._drafter = _drafter(self.draft)
+        mode = graphs.check_mode(cuda_graphs)
+        self._models = [self.target] + ([self.draft] if isinstance(self.draft, Model) else [])
+        self._shapes = [graphs.shapes(model._core, mode, role) for model, role in zip(self._models, ("target", "draft"))]
+        self._shapes += ["dynamic"] * (2 - len(self._shapes))
         self._core = self._decoder(self._sampling)
 
     def _decoder(self, sampling: dict) -> _core.Decoder:
         return _core.Decoder(self.target._core, self._drafter, self._gamma, sampling["temperature"],
-                             sampling["top_k"], sampling["top_p"], sampling["lenience"])
+                             sampling["top_k"], sampling["top_p"], sampling["lenience"], *self._shapes)
+
+    @property
+    def shapes(self) -> Tuple[str, str]:
+        """How the target's and the draft's calls run: "graphed" (CUDA graphs), "fixed" (fixed shapes, not
+        captured) or "dynamic" (speculant.graphs)."""
+        return self._shapes[0], self._shapes[1]
 
     @property
     def gamma(self) -> int:
@@ -349,21 +364,30 @@ class SpeculativeDecoder:
         overrides = (do_sample, temperature, top_k, top_p)
         core = self._core if all(v is None for v in overrides) else self._decoder(
             _sampling(self._sampling, *overrides))
-        return _run(core, self.target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
-                    eos_token_id, seed, profile, _schedule(gamma_policy, max_gamma, cost), tokenizer, attention_mask)
+        try:
+            return _run(core, self.target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
+                        eos_token_id, seed, profile, _schedule(gamma_policy, max_gamma, cost), tokenizer,
+                        attention_mask)
+        finally:
+            graphs.warn_failures(self._models)
 
 
 def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
              input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, do_sample: Optional[bool] = None,
              eos_token_id: Optional[int] = None, seed: Optional[int] = None, profile: bool = False,
-             tokenizer: Any = None, attention_mask: Optional[PromptIds] = None) -> Union[Result, List[Result]]:
+             tokenizer: Any = None, attention_mask: Optional[PromptIds] = None,
+             cuda_graphs: str = "auto") -> Union[Result, List[Result]]:
     """Plain autoregressive decoding of ``target`` through the same engine (gamma = 0): the baseline.
-    Arguments as in SpeculativeDecoder.generate."""
+    Arguments as in SpeculativeDecoder.generate, and ``cuda_graphs`` as in SpeculativeDecoder."""
     target = _model(target, "target")
     sampling = _sampling({"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
                           "top_p": _real(top_p, "top_p"), "lenience": 1.0}, do_sample, None, None, None)
+    shapes = graphs.shapes(target._core, graphs.check_mode(cuda_graphs), "target")
     decoder = _core.Decoder(target._core, None, 0, sampling["temperature"], sampling["top_k"], sampling["top_p"],
-                            1.0)
-    return _run(decoder, target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens, eos_token_id,
-                seed, profile, tokenizer=tokenizer, attention_mask=attention_mask)
+                            1.0, shapes)
+    try:
+        return _run(decoder, target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
+                    eos_token_id, seed, profile, tokenizer=tokenizer, attention_mask=attention_mask)
+    finally:
+        graphs.warn_failures([target])

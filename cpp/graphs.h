@@ -1,0 +1,54 @@
+// CUDA graphs of a model's fixed-shape calls (rows.h: Shapes::graphed).
+//
+// A fixed-shape call's shapes depend on a small key alone (the call's width). After a few eager runs of a key
+// (warm-up: the TorchScript executor profiles and optimizes its graph in its first runs) the call is captured
+// once, with its inputs in static buffers; later calls of that key copy their inputs into the buffers and
+// replay the graph, one launch instead of one per operation, and return a copy of the graph's output (the
+// next replay overwrites it). A capture that fails leaves every call of the model uncaptured, and failure()
+// says why. Shapes::fixed runs the same calls through the same buffers without capturing, on any device.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace speculant {
+
+class GraphCache {
+ public:
+  using Call = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+
+  // capture: whether to capture (CUDA tensors only) or only to run through the static buffers.
+  explicit GraphCache(bool capture) : capture_(capture) {}
+
+  // Drops every graph and buffer: the backend calls it when it reallocates what the graphs write (its cache).
+  void clear() { entries_.clear(); }
+  // call(inputs) for the key `key` (inputs of the same shapes and dtypes at every call of a key).
+  at::Tensor run(int64_t key, const std::vector<at::Tensor>& inputs, const Call& call);
+
+  const std::string& failure() const { return failure_; }
+  int64_t captured() const;  // graphs held now
+
+ private:
+  struct Entry {
+    std::vector<at::Tensor> inputs;  // the static buffers the calls read
+    at::Tensor output;               // the graph's output, rewritten by every replay
+    std::function<void()> replay;    // owns the graph; empty while the key runs eagerly
+    int64_t runs = 0;
+  };
+  void capture(int64_t key, Entry& entry, const Call& call);
+
+  bool capture_;
+  std::map<int64_t, std::unique_ptr<Entry>> entries_;
+  std::string failure_;
+};
+
+// Whether this build can capture CUDA graphs (its torch has CUDA), and why not otherwise.
+std::string graphs_obstacle();
+
+}  // namespace speculant

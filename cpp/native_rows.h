@@ -1,0 +1,33 @@
+// A batch run natively by a backend with a cache of rows (model.h: start_rows / extend_rows): one call per
+// step for the rows taking part, each row's length kept here. Tokens are right-padded to the call's width; a
+// padding token is written to the scratch slot max_length, so no row's cache is touched beyond its tokens,
+// and rollback only moves a row's length.
+//
+// Shapes (rows.h): dynamic calls run the rows taking part over the slots in use. Fixed and graphed step calls
+// run every row (a row sitting the call out is all padding) over all max_length slots, so that their shapes
+// depend on the width alone; graphed ones replay CUDA graphs (graphs.h). Prefills run fixed-shape but eager.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "graphs.h"
+#include "rows.h"
+
+namespace speculant {
+
+// The backend's call: logits [R, T, V] for ids [R, T] in rows `rows` [R] (ascending), token (r, j) at
+// positions[r, j], written to slots[r, j], attending to its row's slots s < keys with s <= positions[r, j].
+using RowsCall = std::function<at::Tensor(const at::Tensor& ids, const at::Tensor& rows, const at::Tensor& positions,
+                                          const at::Tensor& slots, int64_t keys)>;
+
+// `count` rows of a cache of max_length slots (+ the scratch one) on `device`. `graphs` (fixed and graphed
+// shapes) is the model's: it outlives the rows, and the backend clears it when the cache is reallocated.
+std::unique_ptr<ModelRows> native_rows(RowsCall call, int64_t count, int64_t max_length, at::Device device,
+                                       std::string source, Shapes shapes, GraphCache* graphs);
+
+}  // namespace speculant

@@ -1,0 +1,64 @@
+"""CUDA graphs: which shapes each model's calls take (cpp/rows.h, cpp/graphs.h), from a decoder's
+``cuda_graphs`` option, and the warnings when a model cannot be captured.
+
+``cuda_graphs``:
+
+* ``"auto"`` (the default): capture the models on CUDA whose backend has fixed-shape calls (speculant.export's
+  TorchScript exports and decoder-only .pt2 packages); any other CUDA model runs uncaptured with a warning that
+  says why. Models on CPU run as always.
+* ``"on"``: as ``"auto"``, but a model that cannot be captured (or is not on CUDA) is a ValueError.
+* ``"off"``: no capture.
+* ``"fixed"``: the fixed-shape calls that a graph replays, run without capturing, on any device: to check that
+  graph mode changes no output, or to separate the shapes' cost from the launches' on a GPU.
+
+A capture that fails at run time (an operation that CUDA graphs cannot record) leaves that model's calls
+uncaptured from then on, with a warning naming the reason.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Iterable
+
+from . import _core
+
+CUDA_GRAPHS = ("auto", "on", "off", "fixed")
+
+
+def check_mode(mode) -> str:
+    if not isinstance(mode, str) or mode not in CUDA_GRAPHS:
+        raise ValueError(f"cuda_graphs must be one of {CUDA_GRAPHS}, got {mode!r}")
+    return mode
+
+
+def shapes(model: _core.Model, mode: str, role: str) -> str:
+    """The shapes of `model`'s calls, "dynamic", "fixed" or "graphed", for cuda_graphs=`mode`; `role` names it
+    ("target", "draft") in messages."""
+    if mode == "off":
+        return "dynamic"
+    why = model.fixed_shapes_obstacle
+    if mode == "fixed":
+        if why:
+            raise ValueError(f"cuda_graphs='fixed': the {role} ({model.form} form) has no fixed-shape calls: {why}")
+        return "fixed"
+    if not model.device.startswith("cuda"):
+        if mode == "on":
+            raise ValueError(f"cuda_graphs='on' needs models on CUDA; the {role} is on {model.device}")
+        return "dynamic"
+    if why:
+        if mode == "on":
+            raise ValueError(f"cuda_graphs='on': the {role} ({model.form} form) cannot be captured: {why}")
+        warnings.warn(f"CUDA graphs are off for the {role} ({model.form} form): {why}", RuntimeWarning,
+                      stacklevel=4)
+        return "dynamic"
+    return "graphed"
+
+
+def warn_failures(models: Iterable) -> None:
+    """Warns once per model handle (speculant.Model) whose capture has failed."""
+    for model in models:
+        failure = model._core.graph_failure
+        if failure and not getattr(model, "_graph_failure_told", False):
+            model._graph_failure_told = True
+            warnings.warn(f"CUDA graphs are off for {model.source} from now on: {failure}", RuntimeWarning,
+                          stacklevel=4)
