@@ -79,6 +79,7 @@ class AotiModel final : public Model {
                             : "";
   }
   std::string graph_failure() const override { return graphed_.failure(); }
+  int64_t graphs_captured() const override { return graphed_.captured(); }
   // The cache lives in the loaded package's buffers: a replica loads the package again.
   std::shared_ptr<Model> replica() override {
     const std::optional<at::Device> where(device_);

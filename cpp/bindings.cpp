@@ -76,6 +76,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("batched", &Model::batched)
       .def_property_readonly("fixed_shapes_obstacle", &Model::fixed_shapes_obstacle)
       .def_property_readonly("graph_failure", &Model::graph_failure)
+      .def_property_readonly("graphs_captured", &Model::graphs_captured)
       .def_property_readonly("encoder_decoder", &Model::encoder_decoder)
       .def_property_readonly("max_source_length", &Model::max_source_length)
       .def_property_readonly("metadata", [](const Model& model) { return py::bytes(model.metadata()); });

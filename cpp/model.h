@@ -75,6 +75,8 @@ class Model {
   virtual std::string fixed_shapes_obstacle() const = 0;
   // Why a CUDA graph capture of this model failed (its calls then run uncaptured), or "" when none did.
   virtual std::string graph_failure() const { return ""; }
+  // CUDA graphs this model holds now (one per captured width).
+  virtual int64_t graphs_captured() const { return 0; }
 
   // A model owns mutable cache state: one generation at a time (the decoder holds this while it runs).
   std::mutex& in_use() { return in_use_; }

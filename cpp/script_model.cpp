@@ -99,6 +99,7 @@ class CachedScriptModel final : public Model {
            "writes them";
   }
   std::string graph_failure() const override { return graphed_.failure(); }
+  int64_t graphs_captured() const override { return graphed_.captured(); }
 
   void encode(const at::Tensor& source) override {
     module_.get_method("encode")({as_batch(source)});

@@ -302,9 +302,10 @@ class SpeculativeDecoder:
         self._drafter = _drafter(self.draft)
         mode = graphs.check_mode(cuda_graphs)
         self._models = [self.target] + ([self.draft] if isinstance(self.draft, Model) else [])
-        self._shapes = [graphs.shapes(model._core, mode, role) for model, role in zip(self._models, ("target", "draft"))]
-        self._shapes += ["dynamic"] * (2 - len(self._shapes))
+        chosen = [graphs.shapes(model._core, mode, role) for model, role in zip(self._models, ("target", "draft"))]
+        self._shapes = [shape for shape, _ in chosen] + ["dynamic"] * (2 - len(chosen))
         self._core = self._decoder(self._sampling)
+        graphs.warn(why for _, why in chosen)
 
     def _decoder(self, sampling: dict) -> _core.Decoder:
         return _core.Decoder(self.target._core, self._drafter, self._gamma, sampling["temperature"],
@@ -383,9 +384,10 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
     target = _model(target, "target")
     sampling = _sampling({"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
                           "top_p": _real(top_p, "top_p"), "lenience": 1.0}, do_sample, None, None, None)
-    shapes = graphs.shapes(target._core, graphs.check_mode(cuda_graphs), "target")
+    shapes, why = graphs.shapes(target._core, graphs.check_mode(cuda_graphs), "target")
     decoder = _core.Decoder(target._core, None, 0, sampling["temperature"], sampling["top_k"], sampling["top_p"],
                             1.0, shapes)
+    graphs.warn([why])
     try:
         return _run(decoder, target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
                     eos_token_id, seed, profile, tokenizer=tokenizer, attention_mask=attention_mask)

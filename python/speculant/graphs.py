@@ -18,7 +18,7 @@ uncaptured from then on, with a warning naming the reason.
 from __future__ import annotations
 
 import warnings
-from typing import Iterable
+from typing import Iterable, Optional, Tuple
 
 from . import _core
 
@@ -31,27 +31,32 @@ def check_mode(mode) -> str:
     return mode
 
 
-def shapes(model: _core.Model, mode: str, role: str) -> str:
-    """The shapes of `model`'s calls, "dynamic", "fixed" or "graphed", for cuda_graphs=`mode`; `role` names it
-    ("target", "draft") in messages."""
+def shapes(model: _core.Model, mode: str, role: str) -> Tuple[str, Optional[str]]:
+    """The shapes of `model`'s calls, "dynamic", "fixed" or "graphed", for cuda_graphs=`mode`, and the warning
+    to give when a CUDA model cannot be captured (the caller gives it once the decoder is built, so that a
+    wrong pair is an error first); `role` names the model ("target", "draft") in messages."""
     if mode == "off":
-        return "dynamic"
+        return "dynamic", None
     why = model.fixed_shapes_obstacle
     if mode == "fixed":
         if why:
             raise ValueError(f"cuda_graphs='fixed': the {role} ({model.form} form) has no fixed-shape calls: {why}")
-        return "fixed"
+        return "fixed", None
     if not model.device.startswith("cuda"):
         if mode == "on":
             raise ValueError(f"cuda_graphs='on' needs models on CUDA; the {role} is on {model.device}")
-        return "dynamic"
+        return "dynamic", None
     if why:
         if mode == "on":
             raise ValueError(f"cuda_graphs='on': the {role} ({model.form} form) cannot be captured: {why}")
-        warnings.warn(f"CUDA graphs are off for the {role} ({model.form} form): {why}", RuntimeWarning,
-                      stacklevel=4)
-        return "dynamic"
-    return "graphed"
+        return "dynamic", f"CUDA graphs are off for the {role} ({model.form} form): {why}"
+    return "graphed", None
+
+
+def warn(messages: Iterable[Optional[str]]) -> None:
+    for message in messages:
+        if message:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def warn_failures(models: Iterable) -> None:

@@ -1,0 +1,371 @@
+"""Fixed-shape calls and CUDA graphs: the decoders' ``cuda_graphs`` option (python/speculant/graphs.py,
+cpp/native_rows.h, cpp/graphs.h).
+
+The contract: graphs change no output. ``cuda_graphs="fixed"`` runs exactly the calls a CUDA graph replays (every
+row of the batch, each call padded to its width, every cache slot read, the inputs copied into per-width
+buffers) without capturing them, so on CPU everything but the capture itself is checked here:
+
+* Fixed shapes give what dynamic shapes give, row for row: the same tokens, trace and counts, alpha within 1e-6
+  relative (attending over more masked slots may round differently in the last bits). Every backend with
+  fixed-shape calls: TinyGPT, the Llama and GPT-2 exports, a .pt2 GPT-2 (batch-1 calls per replica) and native
+  Markov tables; batches and batch 1; greedy, temperature 1, top-k + top-p; adaptive gamma (calls of many
+  widths); EOS stopping rows early; plain decoding; batches of changing size on the same models (each new size
+  reallocates the row cache, so the per-width buffers must be dropped).
+* The calls really are fixed: a table model that rejects any call not covering all rows and all max_length slots
+  decodes with fixed shapes, and fails with dynamic ones.
+* Exact laws with fixed shapes on native Markov tables: Pearson chi-square against the enumerated law at
+  SIGNIFICANCE = 1e-3 per test (test_distribution.py's level and windows): the target law at temperature 1 and
+  the exact lenient law at lenience 0.5, 2 windows each, make 4 tests that a correct engine fails by chance with
+  probability at most 0.4% (Bonferroni) for a fresh draw of seeds; the seeds are fixed.
+* The option: bad values, "on" without CUDA, and "fixed" on backends without fixed-shape calls raise ValueError
+  saying why; "auto" on CPU leaves the calls as they were, without a warning.
+
+On a GPU (marked ``cuda``; skipped without one, as in CI): graphs are captured (``graphs_captured``, no
+failure), give the same tokens as graphs off on every backend, reproduce with a seed, and keep the exact laws of
+every sampling mode: greedy exactly, and temperature 1, top-k, top-p and lenience 0.5 by the chi-square test
+at 1e-3 (4 configurations x 2 windows), plus the device sampling path (_sample_generic) against its
+probabilities at 1e-3: 9 tests, at most 0.9% family-wise false failures.
+"""
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+import hf_models
+import markov
+import speculant
+from chisquare import chi_square_pvalue
+from test_batch import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, LAW_NEW, LAW_PROMPT, LAW_VOCAB, MarkovRows,
+                        assert_same_result, batched_samples, markov_model, tiny_models)
+from test_distribution import SIGNIFICANCE, assert_law, check_no_top_p_boundary
+from speculant import graphs, tiny_gpt
+
+FIXED_MAX_LENGTH = 64
+
+
+# ------------------------------------------------------------------------------------------------
+# Models
+# ------------------------------------------------------------------------------------------------
+
+
+class CapturableRows(MarkovRows):
+    """MarkovRows without its host-side checks (each reads a tensor on the host, which a CUDA graph cannot
+    capture): the same tables, for the laws with graphs on."""
+
+    @torch.jit.export
+    def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
+        return self.lookup(input_ids, rows, positions, slots)
+
+    def lookup(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
+        index = rows.unsqueeze(1).expand_as(slots)  # [R, T]
+        self.row_tokens[index, slots] = input_ids
+        before = self.row_tokens[index, torch.clamp(positions - 1, min=0)]  # [R, T]
+        prev2 = torch.where(positions >= 1, before.clamp(min=0), torch.full_like(before, self.vocab_size))
+        return self.table[(positions + 1) % 2, prev2, input_ids]  # [R, T, V]
+
+
+class FixedOnlyRows(CapturableRows):
+    """A table model that refuses any call that is not fixed-shape: every row of the batch, all max_length slots."""
+
+    @torch.jit.export
+    def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
+        if rows.size(0) != self.row_tokens.size(0) or keys != self.max_length:
+            raise RuntimeError("FixedOnlyRows: a call that does not cover every row and every slot")
+        return self.lookup(input_ids, rows, positions, slots)
+
+
+def table_model(cls, table: Tensor, device: str = "cpu"):
+    return speculant.load(torch.jit.script(cls(table.float(), FIXED_MAX_LENGTH)), device=device)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target, draft = tiny_models()
+    return speculant.load(tiny_gpt.script_cached(target)), speculant.load(tiny_gpt.script_cached(draft))
+
+
+def exported(arch: str, folder, device: str = "cpu"):
+    model = hf_models.make(arch, seed=0)
+    draft = hf_models.drafted(model, noise=0.01, seed=1)
+    speculant.export(model, folder / "target.pt", max_length=FIXED_MAX_LENGTH)
+    speculant.export(draft, folder / "draft.pt", max_length=FIXED_MAX_LENGTH)
+    return speculant.load(folder / "target.pt", device=device), speculant.load(folder / "draft.pt", device=device)
+
+
+@pytest.fixture(scope="module", params=["tiny", "export-llama", "export-gpt2", "markov"])
+def pair(request, tiny, tmp_path_factory):
+    """(target, draft), both with fixed-shape calls."""
+    if request.param == "tiny":
+        return tiny
+    if request.param == "markov":
+        target, draft = markov.target_and_draft(16, 44, mask_prob=0.1)  # PROMPTS' tokens are below 16
+        return markov_model(target, "native"), markov_model(draft, "native")
+    return exported(request.param.split("-")[1], tmp_path_factory.mktemp(request.param))
+
+
+def decoders(target, draft, modes=("off", "fixed"), **kwargs):
+    return [speculant.SpeculativeDecoder(target, draft, gamma=GAMMA, cuda_graphs=mode, **kwargs) for mode in modes]
+
+
+def assert_same_runs(generates, prompts, **kwargs) -> None:
+    """Every generate in `generates` gives the first one's results, batch and batch 1 alike."""
+    want = generates[0](prompts, **kwargs)
+    for generate in generates[1:]:
+        for r, (got, expected) in enumerate(zip(generate(prompts, **kwargs), want)):
+            assert_same_result(got, expected, f"row {r}")
+    for r, prompt in enumerate(prompts[:2]):
+        seeded = {**kwargs, "seed": kwargs["seed"] + r}
+        want_one = generates[0](prompt, **seeded)
+        for generate in generates[1:]:
+            assert_same_result(generate(prompt, **seeded), want_one, f"prompt {r} alone")
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. Fixed shapes change nothing
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_fixed_shapes_equal_dynamic(pair, setting):
+    target, draft = pair
+    dynamic, fixed = decoders(target, draft)
+    assert dynamic.shapes == ("dynamic", "dynamic") and fixed.shapes == ("fixed", "fixed")
+    assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, seed=60, max_new_tokens=MAX_NEW,
+                     **SETTINGS[setting])
+    assert_same_runs([lambda *a, **k: speculant.generate(target, *a, cuda_graphs=mode, **k) for mode in ("off", "fixed")],
+                     PROMPTS, seed=70, max_new_tokens=MAX_NEW, **SETTINGS[setting])
+
+
+def test_fixed_shapes_with_adaptive_gamma_and_eos(tiny):
+    """The heuristic policy drafts 1 to 8 tokens (target calls of widths 2 to 9, draft calls of 1 and 2); an EOS
+    stops rows at different iterations, so later calls carry rows that sit them out."""
+    dynamic, fixed = decoders(*tiny)
+    kwargs = dict(seed=80, max_new_tokens=MAX_NEW, gamma_policy="heuristic", max_gamma=8)
+    assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, **kwargs)
+    stopped = dynamic.generate(PROMPTS, seed=81, max_new_tokens=MAX_NEW)
+    eos = stopped[0].tokens[3]
+    assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, seed=81, max_new_tokens=MAX_NEW, eos_token_id=eos)
+
+
+def test_pt2_fixed_shapes_equal_dynamic(pt2_zoo):
+    """A .pt2 GPT-2 as target and as draft (fixed-shape batch-1 calls, replicas for batches): its drafts are
+    all kept, so the target verifies gamma + 1 tokens and the draft runs 1 or 2 per call."""
+    _, path = pt2_zoo("gpt2")
+    target, draft = speculant.load(path), speculant.load(path)
+    assert target._core.fixed_shapes_obstacle == ""
+    dynamic, fixed = decoders(target, draft)
+    assert fixed.shapes == ("fixed", "fixed")
+    assert_same_runs([dynamic.generate, fixed.generate], PROMPTS[:3], seed=90, max_new_tokens=12)
+
+
+def test_batches_of_changing_size_reuse_the_models(tiny):
+    """Batches of 3, 5, 2 rows, then 1, on the same decoders: a new batch size reallocates the row cache, and the
+    buffers of the old one are dropped (graphs would write into freed memory otherwise)."""
+    dynamic, fixed = decoders(*tiny)
+    for size in (3, 5, 2, 1, 5):
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(size)]
+        want = dynamic.generate(prompts, seed=size, max_new_tokens=MAX_NEW)
+        got = fixed.generate(prompts, seed=size, max_new_tokens=MAX_NEW)
+        for r, (a, b) in enumerate(zip(got if size > 1 else [got], want if size > 1 else [want])):
+            assert_same_result(a, b, f"batch {size}, row {r}")
+
+
+def test_fixed_calls_cover_every_row_and_slot():
+    target, draft = markov.target_and_draft(5, 45, mask_prob=0.1)
+    strict = table_model(FixedOnlyRows, target), table_model(FixedOnlyRows, draft)
+    loose = table_model(MarkovRows, target), table_model(MarkovRows, draft)
+    prompts = [[4], [1, 0, 3], [3, 3, 3, 3, 3, 3, 0], [1, 2]]
+    fixed = speculant.SpeculativeDecoder(*strict, gamma=GAMMA, cuda_graphs="fixed")
+    dynamic = speculant.SpeculativeDecoder(*loose, gamma=GAMMA, cuda_graphs="off")
+    for got, want in zip(fixed.generate(prompts, seed=5, max_new_tokens=MAX_NEW),
+                         dynamic.generate(prompts, seed=5, max_new_tokens=MAX_NEW)):
+        assert_same_result(got, want, "strict table", alpha_rel=0.0)
+    with pytest.raises(torch.jit.Error, match="FixedOnlyRows"):  # dynamic calls do not cover them: the check bites
+        speculant.SpeculativeDecoder(*strict, gamma=GAMMA, cuda_graphs="off").generate(prompts, seed=5,
+                                                                                       max_new_tokens=MAX_NEW)
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. Exact laws with fixed shapes
+# ------------------------------------------------------------------------------------------------
+
+
+def test_fixed_shapes_law_equals_target_law():
+    target, draft = markov.target_and_draft(LAW_VOCAB, 46, mask_prob=0.1)
+    decoder = speculant.SpeculativeDecoder(table_model(MarkovRows, target), table_model(MarkovRows, draft),
+                                           gamma=3, cuda_graphs="fixed")
+    samples = batched_samples(decoder, [LAW_PROMPT], 5000, seed=46000)
+    assert_law(samples, markov.continuation_law(target, LAW_PROMPT, LAW_NEW), "fixed shapes")
+
+
+def test_fixed_shapes_lenient_law():
+    lenience, gamma = 0.5, 2
+    target, draft = markov.target_and_draft(LAW_VOCAB, 47, independent_draft=True, concentration=0.5)
+    decoder = speculant.SpeculativeDecoder(table_model(MarkovRows, target), table_model(MarkovRows, draft),
+                                           gamma=gamma, lenience=lenience, cuda_graphs="fixed")
+    samples = batched_samples(decoder, [LAW_PROMPT], 5000, seed=47000)
+    assert_law(samples, markov.speculative_law(target, draft, LAW_PROMPT, LAW_NEW, gamma, lenience=lenience),
+               "fixed shapes, lenience 0.5")
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. The option
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["yes", "", None, True, 1])
+def test_bad_values(tiny, value):
+    with pytest.raises(ValueError, match="cuda_graphs must be one of"):
+        speculant.SpeculativeDecoder(*tiny, cuda_graphs=value)
+    with pytest.raises(ValueError, match="cuda_graphs must be one of"):
+        speculant.generate(tiny[0], [1], max_new_tokens=2, cuda_graphs=value)
+
+
+def test_on_needs_cuda(tiny):
+    with pytest.raises(ValueError, match="cuda_graphs='on' needs models on CUDA; the target is on cpu"):
+        speculant.SpeculativeDecoder(*tiny, cuda_graphs="on")
+    with pytest.raises(ValueError, match="needs models on CUDA"):
+        speculant.generate(tiny[0], [1], max_new_tokens=2, cuda_graphs="on")
+
+
+def test_fixed_needs_a_backend_with_fixed_shapes(tiny, tmp_path):
+    target, draft = tiny_models()
+    plain = speculant.load(tiny_gpt.script_plain(target))
+    with pytest.raises(ValueError, match=r"the target \(plain form\) has no fixed-shape calls: the plain form"):
+        speculant.SpeculativeDecoder(plain, tiny[1], cuda_graphs="fixed")
+    live = speculant.load(hf_models.make("gpt2", seed=0))
+    with pytest.raises(ValueError, match=r"the target \(live form\) has no fixed-shape calls: a live model runs "
+                                         "through Python"):
+        speculant.SpeculativeDecoder(live, speculant.load(hf_models.make("gpt2", seed=1)), cuda_graphs="fixed")
+    t5 = hf_models.make("t5", seed=0)
+    speculant.export(t5, tmp_path / "t5.pt", max_length=16, max_source_length=8)
+    with pytest.raises(ValueError, match=r"\(cached form\) has no fixed-shape calls: an encoder-decoder module"):
+        speculant.generate(speculant.load(tmp_path / "t5.pt"), [0], max_new_tokens=2, encoder_input_ids=[4, 5],
+                           cuda_graphs="fixed")
+
+
+def test_auto_on_cpu_changes_nothing(tiny, recwarn):
+    target, draft = tiny_models()
+    plain = speculant.load(tiny_gpt.script_plain(target))
+    for models in (tiny, (plain, tiny[1])):
+        assert speculant.SpeculativeDecoder(*models).shapes == ("dynamic", "dynamic")
+    assert speculant.SpeculativeDecoder(tiny[0], speculant.drafters.PromptLookup(tiny[0].vocab_size),
+                                        cuda_graphs="fixed").shapes == ("fixed", "dynamic")
+    told = [str(w.message) for w in recwarn.list if "graph" in str(w.message)]
+    assert not told, told
+    assert tiny[0]._core.graphs_captured == 0 and tiny[0]._core.graph_failure == ""
+
+
+def test_a_failed_capture_is_told_once():
+    class Core:
+        graph_failure = "capturing the 4-token call failed: operation not permitted when stream is capturing"
+
+    class Handle:
+        _core = Core()
+        source = "target.pt"
+
+    handle = Handle()
+    with pytest.warns(RuntimeWarning, match="CUDA graphs are off for target.pt from now on: capturing the 4-token"):
+        graphs.warn_failures([handle])
+    graphs.warn_failures([handle])  # told already: no second warning (filterwarnings=error would raise)
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. On a GPU
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cuda_pairs(tmp_path_factory):
+    """name -> (target, draft) on CUDA, every backend with fixed-shape calls."""
+    target, draft = tiny_models()
+    pairs = {"tiny": (speculant.load(tiny_gpt.script_cached(target), device="cuda"),
+                      speculant.load(tiny_gpt.script_cached(draft), device="cuda"))}
+    for arch in ("llama", "gpt2"):
+        pairs[arch] = exported(arch, tmp_path_factory.mktemp(arch), device="cuda")
+    model = hf_models.make("gpt2", seed=0).to("cuda")
+    draft_model = hf_models.drafted(model, noise=0.01, seed=1).to("cuda")
+    folder = tmp_path_factory.mktemp("pt2-cuda")
+    speculant.export(model, folder / "target.pt2", max_length=FIXED_MAX_LENGTH)
+    speculant.export(draft_model, folder / "draft.pt2", max_length=FIXED_MAX_LENGTH)
+    pairs["pt2"] = speculant.load(folder / "target.pt2"), speculant.load(folder / "draft.pt2")
+    return pairs
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["tiny", "llama", "gpt2", "pt2"])
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_cuda_graphs_equal_no_graphs(cuda_pairs, name, setting):
+    target, draft = cuda_pairs[name]
+    off, on = decoders(target, draft, ("off", "on"))
+    assert on.shapes == ("graphed", "graphed")
+    assert_same_runs([off.generate, on.generate], PROMPTS, seed=100, max_new_tokens=MAX_NEW, **SETTINGS[setting])
+    assert_same_runs([off.generate, on.generate], PROMPTS, seed=101, max_new_tokens=MAX_NEW,
+                     gamma_policy="heuristic", **SETTINGS[setting])
+    for model in (target, draft):
+        assert model._core.graph_failure == ""
+        assert model._core.graphs_captured >= 1
+    plain = [lambda *a, **k: speculant.generate(target, *a, cuda_graphs=mode, **k) for mode in ("off", "on")]
+    assert_same_runs(plain, PROMPTS, seed=102, max_new_tokens=MAX_NEW, **SETTINGS[setting])
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_reproduce_with_a_seed(cuda_pairs):
+    decoder = speculant.SpeculativeDecoder(*cuda_pairs["gpt2"], gamma=GAMMA, cuda_graphs="on")
+    first = decoder.generate(PROMPTS, seed=7, max_new_tokens=MAX_NEW)
+    again = decoder.generate(PROMPTS, seed=7, max_new_tokens=MAX_NEW)
+    assert [r.tokens for r in first] == [r.tokens for r in again]
+
+
+CUDA_LAWS = [  # id, sampling, gamma, table seed, independent draft
+    ("T1", dict(temperature=1.0), 3, 50, False),
+    ("T0.7-topk2", dict(temperature=0.7, top_k=2), 3, 51, False),
+    ("T1-topp0.8", dict(temperature=1.0, top_p=0.8), 4, 52, False),
+    ("T1-lenience0.5", dict(temperature=1.0, lenience=0.5), 2, 53, True),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", CUDA_LAWS, ids=[c[0] for c in CUDA_LAWS])
+def test_cuda_graphs_laws(config):
+    name, sampling, gamma, seed, independent = config
+    target, draft = markov.target_and_draft(LAW_VOCAB, seed, mask_prob=0.1, independent_draft=independent)
+    for table in (target, draft):
+        check_no_top_p_boundary(table, sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0))
+    decoder = speculant.SpeculativeDecoder(table_model(CapturableRows, target, "cuda"),
+                                           table_model(CapturableRows, draft, "cuda"), gamma=gamma,
+                                           cuda_graphs="on", **sampling)
+    samples = batched_samples(decoder, [LAW_PROMPT], 5000, seed=1000 * seed)
+    assert decoder.target._core.graphs_captured >= 1 and decoder.draft._core.graphs_captured >= 1
+    temperature, top_k, top_p = sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0)
+    if "lenience" in sampling:
+        law = markov.speculative_law(target, draft, LAW_PROMPT, LAW_NEW, gamma, temperature, top_k, top_p,
+                                     lenience=sampling["lenience"])
+    else:
+        law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, temperature, top_k, top_p)
+    assert_law(samples, law, f"CUDA graphs, {name}")
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_greedy_is_the_enumerated_argmax():
+    target, draft = markov.target_and_draft(LAW_VOCAB, 54, mask_prob=0.1)
+    law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, 0.0)
+    assert law.max() == 1.0
+    want = list(torch.nonzero(law == 1.0)[0].tolist())
+    decoder = speculant.SpeculativeDecoder(table_model(CapturableRows, target, "cuda"),
+                                           table_model(CapturableRows, draft, "cuda"), gamma=3, temperature=0.0,
+                                           cuda_graphs="on")
+    for result in decoder.generate([LAW_PROMPT] * 8, max_new_tokens=LAW_NEW, seed=3):
+        assert result.tokens == want
+
+
+@pytest.mark.cuda
+def test_device_sampling_path_law():
+    """_sample_generic (the tensor path the engine samples with on a GPU) draws row i from probs[i]: 20,000 rows
+    of one distribution against it."""
+    probs = torch.tensor([0.05, 0.3, 0.0, 0.15, 0.25, 0.0, 0.2, 0.05], device="cuda")
+    draws = speculant._core._sample_generic(probs.expand(20000, -1).contiguous(), 11).cpu().numpy()
+    assert not np.isin(draws, [2, 5]).any()  # zero-probability tokens never come
+    pvalue = chi_square_pvalue(probs.double().cpu(), draws.reshape(-1, 1))
+    assert pvalue > SIGNIFICANCE, f"_sample_generic on CUDA rejects its probabilities, p = {pvalue:.3g}"
