@@ -78,8 +78,14 @@ class AotiModel final : public Model {
                               "changes with every source"
                             : "";
   }
-  std::string graph_failure() const override { return graphed_.failure(); }
-  int64_t graphs_captured() const override { return graphed_.captured(); }
+  // AOTInductor's runner records an event after each run and queries or waits on it before the next: a capture
+  // would record that event inside the graph.
+  std::string capture_obstacle() const override {
+    const std::string fixed = fixed_shapes_obstacle();
+    return !fixed.empty() ? fixed
+                          : "AOTInductor's package runner waits on an event of its previous run, which a CUDA "
+                            "graph capture cannot hold; its calls run uncaptured";
+  }
   // The cache lives in the loaded package's buffers: a replica loads the package again.
   std::shared_ptr<Model> replica() override {
     const std::optional<at::Device> where(device_);
@@ -91,8 +97,7 @@ class AotiModel final : public Model {
  private:
   void set_shapes(Shapes shapes) override { shapes_ = shapes; }
 
-  // `step`: a decoding step, which fixed shapes run through their buffers (and graphed ones replay); not a
-  // prefill.
+  // `step`: a decoding step, which fixed shapes run through their buffers; not a prefill.
   at::Tensor run(const at::Tensor& tokens, bool step) {
     const int64_t k = tokens.numel();
     require(length_ + k <= *max_length_, "model {}: {} cached + {} new positions exceed max_length = {}", path_,
@@ -100,9 +105,7 @@ class AotiModel final : public Model {
     std::vector<at::Tensor> inputs{tokens.view({1, k}), positions_.narrow(0, length_, k)};
     inputs.insert(inputs.end(), encoded_.begin(), encoded_.end());  // encoder-decoder: the cross inputs
     const auto call = [this, k](const std::vector<at::Tensor>& in) { return call_model(in, k); };
-    at::Tensor logits = step && shapes_ != Shapes::dynamic
-                            ? (shapes_ == Shapes::graphed ? graphed_ : fixed_).run(k, inputs, call)
-                            : call(inputs);
+    at::Tensor logits = step && shapes_ == Shapes::fixed ? fixed_.run(k, inputs, call) : call(inputs);
     length_ += k;
     return logits.squeeze(0);  // [k, V]
   }
@@ -132,7 +135,7 @@ class AotiModel final : public Model {
   at::Tensor positions_;  // [max_length] 0, 1, ...: cache_position is a slice, no allocation per call
   int64_t length_ = 0;
   Shapes shapes_ = Shapes::dynamic;
-  GraphCache fixed_{false}, graphed_{true};  // the fixed-shape calls' buffers, without and with CUDA graphs
+  GraphCache fixed_{false};  // the fixed-shape calls' buffers (capture_obstacle: never captured)
 };
 
 }  // namespace

@@ -75,6 +75,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("form", &Model::form)
       .def_property_readonly("batched", &Model::batched)
       .def_property_readonly("fixed_shapes_obstacle", &Model::fixed_shapes_obstacle)
+      .def_property_readonly("capture_obstacle", &Model::capture_obstacle)
       .def_property_readonly("graph_failure", &Model::graph_failure)
       .def_property_readonly("graphs_captured", &Model::graphs_captured)
       .def_property_readonly("encoder_decoder", &Model::encoder_decoder)

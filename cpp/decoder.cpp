@@ -69,6 +69,8 @@ void check_shapes(const Model* model, Shapes shapes, const char* role) {
   const std::string why = model->fixed_shapes_obstacle();
   require(why.empty(), "the {} ({} form) has no fixed-shape calls, so no CUDA graphs: {}", role, model->form(), why);
   if (shapes != Shapes::graphed) return;
+  const std::string capture = model->capture_obstacle();
+  require(capture.empty(), "the {} ({} form) cannot be captured into CUDA graphs: {}", role, model->form(), capture);
   require(model->device().is_cuda(), "CUDA graphs need a CUDA model; the {} is on {}", role,
           model->device().str());
   const std::string build = graphs_obstacle();

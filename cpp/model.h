@@ -73,6 +73,8 @@ class Model {
   virtual bool batched() const { return false; }
   // Why this backend has no fixed-shape calls (so no CUDA graphs), or "" when it has them.
   virtual std::string fixed_shapes_obstacle() const = 0;
+  // Why its fixed-shape calls cannot be captured into CUDA graphs, or "" when they can.
+  virtual std::string capture_obstacle() const { return fixed_shapes_obstacle(); }
   // Why a CUDA graph capture of this model failed (its calls then run uncaptured), or "" when none did.
   virtual std::string graph_failure() const { return ""; }
   // CUDA graphs this model holds now (one per captured width).

@@ -333,7 +333,8 @@ def only_documented(call, name, value, allowed=(ValueError,)):
     assert time.perf_counter() - start < SECONDS, f"{name}={value!r} took {time.perf_counter() - start:.1f} s"
 
 
-DECODER_ARGS = ["target", "draft", "gamma", "temperature", "top_k", "top_p", "lenience", "device", "dtype"]
+DECODER_ARGS = ["target", "draft", "gamma", "temperature", "top_k", "top_p", "lenience", "device", "dtype",
+                "cuda_graphs"]
 GAMMA = st.one_of(st.integers(-3, 2**63 - 1), ANYTHING)
 
 

@@ -21,10 +21,11 @@ buffers) without capturing them, so on CPU everything but the capture itself is 
   saying why; "auto" on CPU leaves the calls as they were, without a warning.
 
 On a GPU (marked ``cuda``; skipped without one, as in CI): graphs are captured (``graphs_captured``, no
-failure), give the same tokens as graphs off on every backend, reproduce with a seed, and keep the exact laws of
-every sampling mode: greedy exactly, and temperature 1, top-k, top-p and lenience 0.5 by the chi-square test
-at 1e-3 (4 configurations x 2 windows), plus the device sampling path (_sample_generic) against its
-probabilities at 1e-3: 9 tests, at most 0.9% family-wise false failures.
+failure), give the same tokens as graphs off on every backend that can be captured, reproduce with a seed, and
+keep the exact laws of every sampling mode; a .pt2 package runs uncaptured with a warning. The laws: greedy
+exactly, and temperature 1, top-k, top-p and lenience 0.5 by the chi-square test at 1e-3 (4 configurations x 2
+windows), plus the device sampling path (_sample_generic) against its probabilities at 1e-3: 9 tests, at most
+0.9% family-wise false failures.
 """
 
 import numpy as np
@@ -154,6 +155,7 @@ def test_pt2_fixed_shapes_equal_dynamic(pt2_zoo):
     _, path = pt2_zoo("gpt2")
     target, draft = speculant.load(path), speculant.load(path)
     assert target._core.fixed_shapes_obstacle == ""
+    assert "AOTInductor's package runner waits on an event" in target._core.capture_obstacle
     dynamic, fixed = decoders(target, draft)
     assert fixed.shapes == ("fixed", "fixed")
     assert_same_runs([dynamic.generate, fixed.generate], PROMPTS[:3], seed=90, max_new_tokens=12)
@@ -284,17 +286,25 @@ def cuda_pairs(tmp_path_factory):
                       speculant.load(tiny_gpt.script_cached(draft), device="cuda"))}
     for arch in ("llama", "gpt2"):
         pairs[arch] = exported(arch, tmp_path_factory.mktemp(arch), device="cuda")
-    model = hf_models.make("gpt2", seed=0).to("cuda")
-    draft_model = hf_models.drafted(model, noise=0.01, seed=1).to("cuda")
-    folder = tmp_path_factory.mktemp("pt2-cuda")
-    speculant.export(model, folder / "target.pt2", max_length=FIXED_MAX_LENGTH)
-    speculant.export(draft_model, folder / "draft.pt2", max_length=FIXED_MAX_LENGTH)
-    pairs["pt2"] = speculant.load(folder / "target.pt2"), speculant.load(folder / "draft.pt2")
     return pairs
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["tiny", "llama", "gpt2", "pt2"])
+def test_cuda_pt2_runs_uncaptured_with_a_warning(tmp_path):
+    model = hf_models.make("gpt2", seed=0).to("cuda")
+    speculant.export(model, tmp_path / "target.pt2", max_length=FIXED_MAX_LENGTH)
+    target, draft = speculant.load(tmp_path / "target.pt2"), speculant.load(tmp_path / "target.pt2")
+    with pytest.warns(RuntimeWarning, match=r"CUDA graphs are off for the target \(pt2 form\): AOTInductor"):
+        decoder = speculant.SpeculativeDecoder(target, draft, gamma=GAMMA)
+    assert decoder.shapes == ("dynamic", "dynamic")
+    with pytest.raises(ValueError, match="cannot be captured: AOTInductor"):
+        speculant.SpeculativeDecoder(target, draft, cuda_graphs="on")
+    fixed = speculant.SpeculativeDecoder(target, draft, gamma=GAMMA, cuda_graphs="fixed")
+    assert_same_runs([decoder.generate, fixed.generate], PROMPTS[:2], seed=95, max_new_tokens=12)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["tiny", "llama", "gpt2"])
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_cuda_graphs_equal_no_graphs(cuda_pairs, name, setting):
     target, draft = cuda_pairs[name]

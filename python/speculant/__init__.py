@@ -24,7 +24,7 @@ except ImportError:  # a source tree that was never built
                       "speculant> (or bash scripts/run.sh demo)") from None
 check_torch(_BUILT_TORCH, torch.__version__)
 
-from . import analysis, drafters, sampling
+from . import analysis, drafters, graphs, sampling
 from . import testing
 from ._core import Iteration, Stats
 from .decoder import Result, SpeculativeDecoder, generate

@@ -3,13 +3,14 @@
 
 ``cuda_graphs``:
 
-* ``"auto"`` (the default): capture the models on CUDA whose backend has fixed-shape calls (speculant.export's
-  TorchScript exports and decoder-only .pt2 packages); any other CUDA model runs uncaptured with a warning that
-  says why. Models on CPU run as always.
+* ``"auto"`` (the default): capture the models on CUDA whose backend can be (speculant.export's decoder-only
+  TorchScript exports, and any cached module with the batched methods); any other CUDA model runs uncaptured
+  with a warning that says why. Models on CPU run as always.
 * ``"on"``: as ``"auto"``, but a model that cannot be captured (or is not on CUDA) is a ValueError.
 * ``"off"``: no capture.
 * ``"fixed"``: the fixed-shape calls that a graph replays, run without capturing, on any device: to check that
-  graph mode changes no output, or to separate the shapes' cost from the launches' on a GPU.
+  graph mode changes no output, or to separate the shapes' cost from the launches' on a GPU. Decoder-only .pt2
+  packages have fixed shapes too (batch 1 per replica), but AOTInductor's runner cannot be captured.
 
 A capture that fails at run time (an operation that CUDA graphs cannot record) leaves that model's calls
 uncaptured from then on, with a warning naming the reason.
@@ -37,8 +38,8 @@ def shapes(model: _core.Model, mode: str, role: str) -> Tuple[str, Optional[str]
     wrong pair is an error first); `role` names the model ("target", "draft") in messages."""
     if mode == "off":
         return "dynamic", None
-    why = model.fixed_shapes_obstacle
     if mode == "fixed":
+        why = model.fixed_shapes_obstacle
         if why:
             raise ValueError(f"cuda_graphs='fixed': the {role} ({model.form} form) has no fixed-shape calls: {why}")
         return "fixed", None
@@ -46,6 +47,7 @@ def shapes(model: _core.Model, mode: str, role: str) -> Tuple[str, Optional[str]
         if mode == "on":
             raise ValueError(f"cuda_graphs='on' needs models on CUDA; the {role} is on {model.device}")
         return "dynamic", None
+    why = model.capture_obstacle
     if why:
         if mode == "on":
             raise ValueError(f"cuda_graphs='on': the {role} ({model.form} form) cannot be captured: {why}")

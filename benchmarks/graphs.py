@@ -1,0 +1,263 @@
+"""CUDA graphs against uncaptured calls, side by side in one run (issue: model calls at the hardware's speed).
+
+    python benchmarks/graphs.py --device cuda --preset cuda --hf-compiled --big   # a GPU: graphs off / on
+    python benchmarks/graphs.py --modes off fixed                                 # CPU: what fixed shapes cost
+
+The pair: benchmarks/train_pairs.py's GPT-2 pair of the preset (train it first), exported anew with
+speculant.export (as benchmarks/batch.py does); `--pair demo` takes the embedded demo pair instead. Batch 1,
+`--prompts` held-out prompts, prompt i with seed i, `--tokens` new tokens each, temperature `--temperature`.
+
+For each mode of `cuda_graphs` (`--modes`: off and on on a GPU; off and fixed on CPU, where nothing is captured):
+
+* per-call milliseconds by width k, from the engine's own statistics with profile=True (which synchronizes the
+  device around each call): the target's k = 1 calls from plain decoding and its k = gamma + 1 verifications
+  from speculative runs, the draft's calls from the same runs. Each is differential: the time and call count
+  of a `--tokens` run minus those of a run a quarter as long, so that the prefill (never captured) drops out;
+* plain and speculative (each gamma) tokens per second, end to end with the device synchronized, over every
+  prompt; methods run in turn, in reversed order on odd rounds (ABBA), after an untimed warm-up round that
+  also captures the graphs; medians over `--repeats` rounds with min-max;
+* the speedup of each speculative run over plain decoding in the same mode and of each mode over the first
+  (medians of the per-round ratios, min-max), alpha, c (the draft call over the target's k = 1 call) and
+  Theorem 3.8's prediction at them.
+
+`--hf-compiled`: transformers' generate with a static cache and torch.compile(mode="reduce-overhead") on the
+same target, per token (differential, as above). `--big`: a Llama-architecture target of about 1.1B parameters
+in bf16 with random weights (latency only): plain per-token milliseconds in each mode against its weight
+bytes over the measured device-to-device copy bandwidth (bytes read and written).
+Results: benchmarks/results/graphs-<pair>-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+import torch
+
+import speculant
+from speculant import analysis
+
+sys.path.insert(0, str(Path(__file__).parent))
+import batch  # noqa: E402  (benchmarks/batch.py: the pairs and their prompts)
+
+warnings.filterwarnings("ignore", message=r".*TorchScript.*")
+warnings.filterwarnings("ignore", message=r".*torch\.jit.*")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_range(values: Sequence[float]) -> List[float]:
+    return [statistics.median(values), min(values), max(values)]
+
+
+def per_call(run: Callable[[int], object], tokens: int, seconds: str, calls: str) -> float:
+    """Milliseconds per call: (seconds, calls) of a `tokens` run minus those of a run a quarter as long."""
+    long, short = run(tokens), run(max(tokens // 4, 2))
+    extra = getattr(long.stats, calls) - getattr(short.stats, calls)
+    return 1e3 * (getattr(long.stats, seconds) - getattr(short.stats, seconds)) / max(extra, 1)
+
+
+class Method:
+    def __init__(self, name: str, mode: str, gamma: int, generate: Callable):
+        self.name, self.mode, self.gamma, self.generate = name, mode, gamma, generate
+        self.rates: List[float] = []
+        self.results: List = []
+
+    def run(self, prompts, tokens: int, device: torch.device, record: bool = True) -> None:
+        results, seconds = [], 0.0
+        for i, prompt in enumerate(prompts):
+            sync(device)
+            start = time.perf_counter()
+            results.append(self.generate(prompt, tokens, i))
+            sync(device)
+            seconds += time.perf_counter() - start
+        if record:
+            self.rates.append(sum(len(r.tokens) for r in results) / seconds)
+            self.results = results
+
+
+def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
+    methods: List[Method] = []
+    calls: Dict[str, Dict] = {}
+    for mode in args.modes:
+        def plain(prompt, n, seed, mode=mode, profile=False):
+            return speculant.generate(target, **prompt, max_new_tokens=n, temperature=args.temperature, seed=seed,
+                                      cuda_graphs=mode, profile=profile)
+        methods.append(Method("plain", mode, 0, plain))
+        for gamma in args.gammas:
+            decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=args.temperature,
+                                                   cuda_graphs=mode)
+            methods.append(Method(f"speculative g{gamma}", mode, gamma, lambda p, n, s, d=decoder: d.generate(
+                **p, max_new_tokens=n, seed=s)))
+        prompt = prompts[0]
+        target_calls = {1: per_call(lambda n: plain(prompt, n, 0, profile=True), args.tokens, "target_seconds",
+                                    "target_calls")}
+        draft_calls = {}
+        for gamma in args.gammas:
+            decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=args.temperature,
+                                                   cuda_graphs=mode)
+            run = lambda n, d=decoder: d.generate(**prompt, max_new_tokens=n, seed=0, profile=True)  # noqa: E731
+            for _ in range(2):
+                run(args.tokens)  # warm-up: every width captured
+            target_calls[gamma + 1] = per_call(run, args.tokens, "target_seconds", "target_calls")
+            draft_calls[gamma] = per_call(run, args.tokens, "draft_seconds", "draft_calls")
+        calls[mode] = {"target_ms_by_k": target_calls, "draft_ms_by_gamma": draft_calls,
+                       "graphs_captured": [target._core.graphs_captured, draft._core.graphs_captured],
+                       "graph_failure": [target._core.graph_failure, draft._core.graph_failure]}
+        print(f"[{mode}] target ms/call by k: " + ", ".join(f"{k}: {v:.3f}" for k, v in target_calls.items())
+              + "; draft ms/call by gamma: " + ", ".join(f"{g}: {v:.3f}" for g, v in draft_calls.items())
+              + f"; graphs {calls[mode]['graphs_captured']}", flush=True)
+    for method in methods:  # warm-up round: untimed
+        method.run(prompts, args.tokens, device, record=False)
+    for r in range(args.repeats):
+        for method in (methods if r % 2 == 0 else methods[::-1]):
+            method.run(prompts, args.tokens, device)
+    rows = []
+    first = {m.name: m for m in methods if m.mode == args.modes[0]}
+    for method in methods:
+        plain = next(m for m in methods if m.mode == method.mode and m.gamma == 0)
+        row = {"method": method.name, "mode": method.mode, "tokens_per_s": median_range(method.rates),
+               "over_first_mode": median_range([a / b for a, b in zip(method.rates, first[method.name].rates)])}
+        if method.gamma:
+            alpha = float(statistics.mean(r.stats.alpha for r in method.results))
+            c = calls[method.mode]["draft_ms_by_gamma"][method.gamma] / calls[method.mode]["target_ms_by_k"][1]
+            row.update(speedup=median_range([a / b for a, b in zip(method.rates, plain.rates)]), alpha=alpha, c=c,
+                       predicted=float(analysis.walltime_improvement(alpha, method.gamma, c)))
+        rows.append(row)
+        extra = "" if not method.gamma else (f", speedup {row['speedup'][0]:.2f}x ({row['speedup'][1]:.2f}-"
+                                             f"{row['speedup'][2]:.2f}), alpha {row['alpha']:.3f}, c {row['c']:.3f}, "
+                                             f"Thm 3.8 {row['predicted']:.2f}x")
+        print(f"[{method.mode}] {method.name}: {row['tokens_per_s'][0]:.1f} tok/s ({row['tokens_per_s'][1]:.1f}-"
+              f"{row['tokens_per_s'][2]:.1f}), x{row['over_first_mode'][0]:.2f} of {args.modes[0]}{extra}",
+              flush=True)
+    same = all(a.tokens == b.tokens for m in methods for a, b in zip(m.results, first[m.name].results))
+    print(f"tokens identical across modes: {same}")
+    return {"calls": calls, "rows": rows, "tokens_identical_across_modes": same}
+
+
+def hf_compiled(directory: Path, prompt: Dict, tokens: int, device: torch.device) -> Dict:
+    """transformers' static-cache, torch.compile'd greedy generate on the target: ms per token (differential)."""
+    from speculant.export import load_pretrained
+
+    model = load_pretrained(directory / "target").to(device).eval()
+    model.generation_config.eos_token_id = None
+    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    ids = torch.tensor([prompt["prompt_ids"]], device=device)
+
+    def run(n: int) -> float:
+        sync(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                           cache_implementation="static", pad_token_id=0)
+        sync(device)
+        return time.perf_counter() - start
+
+    for _ in range(3):  # compilation and graph capture
+        run(tokens), run(max(tokens // 4, 2))
+    ms = [1e3 * (run(tokens) - run(max(tokens // 4, 2))) / (tokens - max(tokens // 4, 2)) for _ in range(5)]
+    print(f"transformers static cache + torch.compile: {statistics.median(ms):.3f} ms/token", flush=True)
+    return {"ms_per_token": median_range(ms)}
+
+
+def big_llama(args, device: torch.device, scratch: Path) -> Dict:
+    """~1.1B-parameter Llama, bf16, random weights: plain per-token ms per mode vs weight bytes / bandwidth."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                      num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                                      max_position_embeddings=2048)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    path = scratch / "llama-1b.pt"
+    speculant.export(model, path, max_length=512)
+    del model
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    target = speculant.load(path, device=device)
+    block = torch.empty(weight_bytes // 2, dtype=torch.bfloat16, device=device)
+    copy = torch.empty_like(block)
+    for _ in range(3):
+        copy.copy_(block)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        copy.copy_(block)
+    sync(device)
+    bandwidth = 2 * block.numel() * block.element_size() * 10 / (time.perf_counter() - start)  # read + write
+    del block, copy
+    floor_ms = 1e3 * weight_bytes / (bandwidth / 2)  # each weight byte read once per token
+    out = {"parameters": weight_bytes // 2, "weight_bytes": weight_bytes, "copy_bandwidth_bytes_per_s": bandwidth,
+           "floor_ms": floor_ms, "modes": {}}
+    prompt = {"prompt_ids": list(range(1, 33))}
+    for mode in args.modes:
+        run = lambda n, m=mode: speculant.generate(target, **prompt, max_new_tokens=n, temperature=0.0,  # noqa: E731
+                                                   cuda_graphs=m, profile=True)
+        for _ in range(2):
+            run(64)
+        ms = [per_call(run, 64, "target_seconds", "target_calls") for _ in range(5)]
+        out["modes"][mode] = {"ms_per_token": median_range(ms), "over_floor": statistics.median(ms) / floor_ms}
+        print(f"[{mode}] 1.1B bf16 Llama: {statistics.median(ms):.3f} ms/token ({min(ms):.3f}-{max(ms):.3f}), "
+              f"{out['modes'][mode]['over_floor']:.2f}x the weight-streaming floor {floor_ms:.3f} ms "
+              f"({weight_bytes / 1e9:.2f} GB at {bandwidth / 2e12:.2f} TB/s each way)", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pair", choices=["demo", "gpt2"], default="gpt2")
+    parser.add_argument("--preset", choices=["cpu", "cuda"], default="cpu", help="train_pairs preset (--pair gpt2)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--modes", nargs="+", choices=list(speculant.graphs.CUDA_GRAPHS), default=None,
+                        help="cuda_graphs modes to compare (default: off on on CUDA, off fixed on CPU)")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 4, 6])
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--hf-compiled", action="store_true")
+    parser.add_argument("--big", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    args.modes = args.modes or (["off", "on"] if device.type == "cuda" else ["off", "fixed"])
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    scratch = Path(tempfile.mkdtemp(prefix="speculant-graphs-"))
+    batch_args = argparse.Namespace(pair=args.pair, preset=args.preset, prompts=args.prompts)
+    target_path, draft_path, prompts = batch.load_pair(batch_args, scratch)
+    target = speculant.load(target_path, device=device)
+    draft = speculant.load(draft_path, device=device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    print(f"pair {args.pair}; device: {name}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
+          f"{len(prompts)} prompts x {args.tokens} tokens, T {args.temperature}, modes {args.modes}", flush=True)
+    result = {"device": name, "torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args),
+              "pair": measure_pair(target, draft, prompts, args, device)}
+    if args.hf_compiled and args.pair == "gpt2":
+        import train_pairs
+        result["hf_compiled"] = hf_compiled(train_pairs.pair_dir(train_pairs.PRESETS[args.preset]["gpt2"]),
+                                            prompts[0], args.tokens, device)
+    if args.big:
+        result["big"] = big_llama(args, device, scratch)
+    out = Path(args.out or Path(__file__).parent / "results" / f"graphs-{args.pair}-{device.type}.json")
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
