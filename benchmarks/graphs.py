@@ -13,6 +13,7 @@ For each mode of `cuda_graphs` (`--modes`: off and on on a GPU; off and fixed on
   device around each call): the target's k = 1 calls from plain decoding and its k = gamma + 1 verifications
   from speculative runs, the draft's calls from the same runs. Each is differential: the time and call count
   of a `--tokens` run minus those of a run a quarter as long, so that the prefill (never captured) drops out;
+  the median of five such pairs;
 * plain and speculative (each gamma) tokens per second, end to end with the device synchronized, over every
   prompt; methods run in turn, in reversed order on odd rounds (ABBA), after an untimed warm-up round that
   also captures the graphs; medians over `--repeats` rounds with min-max;
@@ -61,11 +62,15 @@ def median_range(values: Sequence[float]) -> List[float]:
     return [statistics.median(values), min(values), max(values)]
 
 
-def per_call(run: Callable[[int], object], tokens: int, seconds: str, calls: str) -> float:
-    """Milliseconds per call: (seconds, calls) of a `tokens` run minus those of a run a quarter as long."""
-    long, short = run(tokens), run(max(tokens // 4, 2))
-    extra = getattr(long.stats, calls) - getattr(short.stats, calls)
-    return 1e3 * (getattr(long.stats, seconds) - getattr(short.stats, seconds)) / max(extra, 1)
+def per_call(run: Callable[[int], object], tokens: int, seconds: str, calls: str, repeats: int = 5) -> float:
+    """Milliseconds per call: (seconds, calls) of a `tokens` run minus those of a run a quarter as long, the
+    median of `repeats` such pairs."""
+    values = []
+    for _ in range(repeats):
+        long, short = run(tokens), run(max(tokens // 4, 2))
+        extra = getattr(long.stats, calls) - getattr(short.stats, calls)
+        values.append(1e3 * (getattr(long.stats, seconds) - getattr(short.stats, seconds)) / max(extra, 1))
+    return statistics.median(values)
 
 
 class Method:
@@ -207,7 +212,7 @@ def big_llama(args, device: torch.device, scratch: Path) -> Dict:
                                                    cuda_graphs=m, profile=True)
         for _ in range(2):
             run(64)
-        ms = [per_call(run, 64, "target_seconds", "target_calls") for _ in range(5)]
+        ms = [per_call(run, 64, "target_seconds", "target_calls", repeats=1) for _ in range(5)]
         out["modes"][mode] = {"ms_per_token": median_range(ms), "over_floor": statistics.median(ms) / floor_ms}
         print(f"[{mode}] 1.1B bf16 Llama: {statistics.median(ms):.3f} ms/token ({min(ms):.3f}-{max(ms):.3f}), "
               f"{out['modes'][mode]['over_floor']:.2f}x the weight-streaming floor {floor_ms:.3f} ms "
@@ -236,8 +241,6 @@ def main() -> None:
     args.modes = args.modes or (["off", "on"] if device.type == "cuda" else ["off", "fixed"])
     if args.threads:
         torch.set_num_threads(args.threads)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
     scratch = Path(tempfile.mkdtemp(prefix="speculant-graphs-"))
     batch_args = argparse.Namespace(pair=args.pair, preset=args.preset, prompts=args.prompts)
     target_path, draft_path, prompts = batch.load_pair(batch_args, scratch)

@@ -426,6 +426,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device.startswith("cuda"):  # training only: TF32 matmuls (the measurements run in fp32)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     stages = args.stage or ["gpt2", "t5"]
     for kind in ("gpt2", "t5"):
         roles = [r for r in ("target", "draft") if kind in stages or f"{kind}-{r}" in stages]

@@ -19,7 +19,6 @@ constexpr int64_t kMaxGraphs = 32;
 
 }  // namespace
 
-
 int64_t GraphCache::captured() const {
   int64_t count = 0;
   for (const auto& [key, entry] : entries_) count += static_cast<bool>(entry->replay);
