@@ -9,7 +9,8 @@ speculant.export (as benchmarks/batch.py does); `--pair demo` takes the embedded
 
 For each mode of `cuda_graphs` (`--modes`: off and on on a GPU; off and fixed on CPU, where nothing is captured):
 
-* per-call milliseconds by width k, from the engine's own statistics with profile=True (which synchronizes the
+* plain decoding's milliseconds per token (its whole time, the engine's share included) and per-call
+  milliseconds by width k, from the engine's own statistics with profile=True (which synchronizes the
   device around each call): the target's k = 1 calls from plain decoding and its k = gamma + 1 verifications
   from speculative runs, the draft's calls from the same runs. Each is differential: the time and call count
   of a `--tokens` run minus those of a run a quarter as long, so that the prefill (never captured) drops out;
@@ -108,6 +109,7 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
         prompt = prompts[0]
         target_calls = {1: per_call(lambda n: plain(prompt, n, 0, profile=True), args.tokens, "target_seconds",
                                     "target_calls")}
+        plain_token = per_call(lambda n: plain(prompt, n, 0), args.tokens, "total_seconds", "new_tokens")
         draft_calls = {}
         for gamma in args.gammas:
             decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=args.temperature,
@@ -118,11 +120,12 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
             target_calls[gamma + 1] = per_call(run, args.tokens, "target_seconds", "target_calls")
             draft_calls[gamma] = per_call(run, args.tokens, "draft_seconds", "draft_calls")
         calls[mode] = {"target_ms_by_k": target_calls, "draft_ms_by_gamma": draft_calls,
+                       "plain_ms_per_token": plain_token,
                        "graphs_captured": [target._core.graphs_captured, draft._core.graphs_captured],
                        "graph_failure": [target._core.graph_failure, draft._core.graph_failure]}
         print(f"[{mode}] target ms/call by k: " + ", ".join(f"{k}: {v:.3f}" for k, v in target_calls.items())
               + "; draft ms/call by gamma: " + ", ".join(f"{g}: {v:.3f}" for g, v in draft_calls.items())
-              + f"; graphs {calls[mode]['graphs_captured']}", flush=True)
+              + f"; plain decoding {plain_token:.3f} ms/token; graphs {calls[mode]['graphs_captured']}", flush=True)
     for method in methods:  # warm-up round: untimed
         method.run(prompts, args.tokens, device, record=False)
     for r in range(args.repeats):

@@ -1,8 +1,10 @@
 #include "graphs.h"
 
 #ifdef SPECULANT_CUDA_GRAPHS
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -12,17 +14,22 @@
 namespace speculant {
 namespace {
 
-// Eager runs of a key before it is captured.
+// Eager runs of a key before it is captured (the last one on the capture stream).
 constexpr int64_t kWarmup = 3;
 // Keys captured per model at most (the rest stay eager): the widths a decoder uses are few.
 constexpr int64_t kMaxGraphs = 32;
 
 }  // namespace
 
-int64_t GraphCache::captured() const {
-  int64_t count = 0;
-  for (const auto& [key, entry] : entries_) count += static_cast<bool>(entry->replay);
-  return count;
+void GraphCache::clear() {
+  entries_.clear();  // the graphs release their pool as they go
+  pool_ = {0, 0};     // a fresh pool for later captures: a released one cannot be taken again
+  captured_ = 0;
+}
+
+std::string GraphCache::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return failure_;
 }
 
 at::Tensor GraphCache::run(int64_t key, const std::vector<at::Tensor>& inputs, const Call& call) {
@@ -37,56 +44,102 @@ at::Tensor GraphCache::run(int64_t key, const std::vector<at::Tensor>& inputs, c
     entry.replay();
     return entry.output.clone();
   }
-  at::Tensor out = call(entry.inputs);
-  if (capture_ && failure_.empty() && ++entry.runs >= kWarmup && captured() < kMaxGraphs) capture(key, entry, call);
-  return out;
+  const bool last_warmup = capture_ && ++entry.runs >= kWarmup && captured() < kMaxGraphs && failure().empty();
+  return last_warmup ? warm_and_capture(key, entry, call) : call(entry.inputs);
 }
 
 #ifdef SPECULANT_CUDA_GRAPHS
 
-void GraphCache::capture(int64_t key, Entry& entry, const Call& call) {
-  const c10::DeviceIndex device = entry.inputs.front().device().index();
+namespace {
+
+// Ends a capture that failed. Before torch 2.15 (pytorch#180395) a capture_end that throws leaves the device
+// and pinned-host allocators routing this stream's allocations to the graph's pool, and the pool referenced:
+// end both here. A torch that did so itself says so by throwing, and its graph's destructor releases the pool.
+void abandon(at::cuda::CUDAGraph& graph, c10::DeviceIndex device, c10::MempoolId_t pool) {
   try {
-    // Capture records, it runs nothing: the eager run that preceded it computed this call's output. The
-    // capture runs on a side stream once the device is idle, as torch.cuda.graph does.
-    c10::cuda::device_synchronize();
+    graph.capture_end();
+    return;  // ended cleanly (the failure came from the call): the graph releases its pool
+  } catch (...) {
+  }
+  try {
+    c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+  } catch (...) {
+    return;
+  }
+  bool host = true;
+  try {
+    at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool);
+  } catch (...) {
+    host = false;  // this torch does not route pinned allocations during captures
+  }
+  c10::cuda::CUDACachingAllocator::releasePool(device, pool);
+  if (host) at::getHostAllocator(at::kCUDA)->release_pool(pool);
+}
+
+}  // namespace
+
+at::Tensor GraphCache::warm_and_capture(int64_t key, Entry& entry, const Call& call) {
+  const c10::DeviceIndex device = entry.inputs.front().device().index();
+  if (!stream_) stream_ = c10::cuda::getStreamFromPool(false, device).unwrap();
+  if (pool_ == c10::MempoolId_t{0, 0}) pool_ = at::cuda::graph_pool_handle();
+  const c10::cuda::CUDAStream side(*stream_), current = c10::cuda::getCurrentCUDAStream(device);
+  c10::cuda::CUDAEvent inputs_ready;
+  inputs_ready.record(current);
+  inputs_ready.block(side);
+  at::Tensor out;
+  std::string why;
+  {
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    out = call(entry.inputs);  // the last warm-up: a real call, whose errors are the model's
     auto graph = std::make_shared<at::cuda::CUDAGraph>();
-    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
-    at::Tensor output;
-    {
-      c10::cuda::CUDAStreamGuard on_side(side);
-      graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    try {
+      // records, runs nothing: `out` is this call's result
+      graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+      at::Tensor output;
       try {
         output = call(entry.inputs);
       } catch (...) {
-        try {
-          graph->capture_end();
-        } catch (...) {
-        }
+        abandon(*graph, device, pool_);
         throw;
       }
-      graph->capture_end();
+      try {
+        graph->capture_end();
+      } catch (...) {
+        abandon(*graph, device, pool_);
+        throw;
+      }
+      entry.output = output;
+      entry.replay = [graph] { graph->replay(); };
+      ++captured_;
+    } catch (const c10::Error& error) {
+      why = error.what_without_backtrace();
+    } catch (const std::exception& error) {
+      why = error.what();
     }
-    c10::cuda::device_synchronize();
-    entry.output = output;
-    entry.replay = [graph] { graph->replay(); };
-  } catch (const c10::Error& error) {
-    failure_ = fmt::format("capturing the {}-token call failed: {}", key, error.what_without_backtrace());
-  } catch (const std::exception& error) {
-    failure_ = fmt::format("capturing the {}-token call failed: {}", key, error.what());
   }
-  if (!failure_.empty()) {  // the model's calls all run eagerly from now on
+  c10::cuda::CUDAEvent done;
+  done.record(side);
+  done.block(current);
+  out.record_stream(current);  // made on the capture stream, used on the caller's
+  if (!why.empty()) {  // every call of the model runs eagerly from now on
     for (auto& [other, e] : entries_) e->replay = nullptr;
+    captured_ = 0;
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    failure_ = fmt::format("capturing the {}-token call failed: {}", key, why);
   }
+  return out;
 }
 
 std::string graphs_obstacle() { return ""; }
 
 #else
 
-void GraphCache::capture(int64_t key, Entry&, const Call&) {
-  failure_ = fmt::format("capturing the {}-token call: this build of speculant has no CUDA graphs ({})", key,
-                         graphs_obstacle());
+at::Tensor GraphCache::warm_and_capture(int64_t key, Entry& entry, const Call& call) {
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    failure_ = fmt::format("capturing the {}-token call: {}", key, graphs_obstacle());
+  }
+  return call(entry.inputs);
 }
 
 std::string graphs_obstacle() {

@@ -1,19 +1,27 @@
 // CUDA graphs of a model's fixed-shape calls (rows.h: Shapes::graphed).
 //
 // A fixed-shape call's shapes depend on a small key alone (the call's width). After a few eager runs of a key
-// (warm-up: the TorchScript executor profiles and optimizes its graph in its first runs) the call is captured
-// once, with its inputs in static buffers; later calls of that key copy their inputs into the buffers and
-// replay the graph, one launch instead of one per operation, and return a copy of the graph's output (the
-// next replay overwrites it). A capture that fails leaves every call of the model uncaptured, and failure()
-// says why. Shapes::fixed runs the same calls through the same buffers without capturing, on any device.
+// (warm-up: the TorchScript executor profiles and optimizes its graph in its first runs; the last run is on
+// the capture stream, so that per-stream set-up such as cuBLAS workspaces happens outside the capture) the
+// call is captured once, with its inputs in static buffers. Later calls of that key copy their inputs into the
+// buffers and replay the graph, one launch instead of one per operation, and return a copy of the graph's
+// output (the next replay overwrites it). The graphs of one cache share one memory pool: replays run one at a
+// time on the caller's stream and their outputs are copied at once. A capture that fails leaves every call of
+// the model uncaptured, and failure() says why. Shapes::fixed runs the same calls through the same buffers
+// without capturing, on any device.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Stream.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,12 +35,13 @@ class GraphCache {
   explicit GraphCache(bool capture) : capture_(capture) {}
 
   // Drops every graph and buffer: the backend calls it when it reallocates what the graphs write (its cache).
-  void clear() { entries_.clear(); }
+  void clear();
   // call(inputs) for the key `key` (inputs of the same shapes and dtypes at every call of a key).
   at::Tensor run(int64_t key, const std::vector<at::Tensor>& inputs, const Call& call);
 
-  const std::string& failure() const { return failure_; }
-  int64_t captured() const;  // graphs held now
+  // Safe to read while another thread runs the model.
+  std::string failure() const;
+  int64_t captured() const { return captured_.load(); }
 
  private:
   struct Entry {
@@ -41,14 +50,19 @@ class GraphCache {
     std::function<void()> replay;    // owns the graph; empty while the key runs eagerly
     int64_t runs = 0;
   };
-  void capture(int64_t key, Entry& entry, const Call& call);
+  // The key's last warm-up run on the capture stream (its output returned), then its capture.
+  at::Tensor warm_and_capture(int64_t key, Entry& entry, const Call& call);
 
   bool capture_;
   std::map<int64_t, std::unique_ptr<Entry>> entries_;
+  std::optional<c10::Stream> stream_;              // the capture stream, made at the first capture
+  c10::MempoolId_t pool_{0, 0};                    // the graphs' memory pool ({0, 0}: none yet)
+  std::atomic<int64_t> captured_{0};
+  mutable std::mutex failure_mutex_;
   std::string failure_;
 };
 
-// Whether this build can capture CUDA graphs (its torch has CUDA), and why not otherwise.
+// Why this build cannot capture CUDA graphs (its torch has no CUDA), or "".
 std::string graphs_obstacle();
 
 }  // namespace speculant

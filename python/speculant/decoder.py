@@ -289,7 +289,7 @@ class SpeculativeDecoder:
     ``cuda_graphs`` ("auto", "on", "off", "fixed"; speculant.graphs): on CUDA, by default, each model's
     fixed-shape calls (the draft's step, the target's verification of each width) are captured once into CUDA
     graphs and replayed; a model whose backend cannot be captured runs as before, with a warning saying why.
-    The tokens are the same as without graphs.
+    The tokens are those of the same fixed-shape calls uncaptured ("fixed"); the law is the target's.
     """
 
     def __init__(self, target, draft, *, gamma: int = DEFAULT_GAMMA, temperature: float = 1.0, top_k: int = 0,
