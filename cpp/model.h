@@ -19,7 +19,9 @@
 //        extend_rows(input_ids[R, T], rows[R], positions[R, T], slots[R, T], keys: int) -> Tensor[R, T, V]
 //      runs rows `rows` (ascending) in one call: token (r, j) sits at positions[r, j], its keys and values go
 //      to cache slot slots[r, j] of row rows[r] (slot max_length is scratch, for padding), and it attends to
-//      that row's slots s < keys with s <= positions[r, j]. The engine keeps each row's length.
+//      that row's slots s < keys with s <= positions[r, j]. The engine keeps each row's length. With fixed
+//      shapes (rows.h, for CUDA graphs) every call passes every row (a row sitting it out is all padding) and
+//      keys = max_length, so that its shapes depend on its token count alone.
 // A file may carry metadata as the extra file `speculant.json` (what speculant.export writes).
 // The interface is backend-neutral so that a torch.export / AOTInductor backend can sit beside TorchScript.
 #pragma once
