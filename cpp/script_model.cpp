@@ -140,7 +140,7 @@ class CachedScriptModel final : public Model {
   std::string source_;
   int64_t length_ = 0;
   bool batched_ = false;
-  int64_t rows_started_ = 0;           // the row cache's batch size (0: none yet)
+  int64_t rows_started_ = 0;  // the row cache's batch size (0: none yet)
   GraphCache fixed_{false}, graphed_{true};  // the fixed-shape calls' buffers, without and with CUDA graphs
 };
 
