@@ -7,7 +7,6 @@
 #include <unordered_map>
 
 #include "errors.h"
-#include "graphs.h"
 
 namespace speculant {
 namespace {
@@ -66,13 +65,14 @@ class AotiModel final : public Model {
   }
   void reset(const at::Tensor& tokens) override {
     length_ = 0;  // stale slots are masked: nothing to clear
-    if (tokens.numel() > 0) run(tokens, /*step=*/false);
+    if (tokens.numel() > 0) run(tokens);
   }
-  at::Tensor extend(const at::Tensor& tokens) override { return run(tokens, /*step=*/true); }
+  at::Tensor extend(const at::Tensor& tokens) override { return run(tokens); }
   void truncate(int64_t length) override { length_ = length; }
   int64_t length() const override { return length_; }
   std::string form() const override { return "pt2"; }
-  // Each call's shapes depend on its token count alone (the cache is static, cache_position a slice).
+  // Each call's shapes depend on its token count alone (the cache is static, cache_position a slice): fixed
+  // shapes are its calls as they are.
   std::string fixed_shapes_obstacle() const override {
     return encoder_decoder_ ? "an encoder-decoder package's decoder takes the encoded source, whose shape "
                               "changes with every source"
@@ -95,22 +95,12 @@ class AotiModel final : public Model {
   }
 
  private:
-  void set_shapes(Shapes shapes) override { shapes_ = shapes; }
-
-  // `step`: a decoding step, which fixed shapes run through their buffers; not a prefill.
-  at::Tensor run(const at::Tensor& tokens, bool step) {
+  at::Tensor run(const at::Tensor& tokens) {
     const int64_t k = tokens.numel();
     require(length_ + k <= *max_length_, "model {}: {} cached + {} new positions exceed max_length = {}", path_,
             length_, k, *max_length_);
     std::vector<at::Tensor> inputs{tokens.view({1, k}), positions_.narrow(0, length_, k)};
     inputs.insert(inputs.end(), encoded_.begin(), encoded_.end());  // encoder-decoder: the cross inputs
-    const auto call = [this, k](const std::vector<at::Tensor>& in) { return call_model(in, k); };
-    at::Tensor logits = step && shapes_ == Shapes::fixed ? fixed_.run(k, inputs, call) : call(inputs);
-    length_ += k;
-    return logits.squeeze(0);  // [k, V]
-  }
-
-  at::Tensor call_model(const std::vector<at::Tensor>& inputs, int64_t k) {
     std::vector<at::Tensor> outputs;
     try {
       outputs = loader_->run(inputs);
@@ -124,7 +114,8 @@ class AotiModel final : public Model {
     require(logits.dim() == 3 && logits.size(0) == 1 && logits.size(1) == k && logits.size(2) == vocab_size_,
             "model {}: on {} token(s) the .pt2 model must return logits [1, {}, {}], got [{}]", path_, k, k,
             vocab_size_, fmt::join(logits.sizes(), ", "));
-    return logits;  // [1, k, V]
+    length_ += k;
+    return logits.squeeze(0);  // [k, V]
   }
 
   std::unique_ptr<Loader> loader_;
@@ -134,8 +125,6 @@ class AotiModel final : public Model {
   Metadata package_metadata_;
   at::Tensor positions_;  // [max_length] 0, 1, ...: cache_position is a slice, no allocation per call
   int64_t length_ = 0;
-  Shapes shapes_ = Shapes::dynamic;
-  GraphCache fixed_{false};  // the fixed-shape calls' buffers (capture_obstacle: never captured)
 };
 
 }  // namespace

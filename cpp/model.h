@@ -69,7 +69,8 @@ class Model {
   // A batch of `count` rows (rows.h), this model's cache being row 0's: one call for every row where the
   // backend runs batches natively, else row replicas (replica(), made once and kept for later batches). Valid
   // while the caller holds in_use(). Shapes other than dynamic need a backend with fixed-shape calls
-  // (fixed_shapes_obstacle() empty; ValueError otherwise).
+  // (fixed_shapes_obstacle() empty; ValueError otherwise); the default rows() is for backends whose calls
+  // have fixed shapes as they are (.pt2) or none.
   virtual std::unique_ptr<ModelRows> rows(int64_t count, Shapes shapes = Shapes::dynamic);
   // Whether rows() runs every row in one call (false: one call per row).
   virtual bool batched() const { return false; }
@@ -95,9 +96,6 @@ class Model {
 
   // Another model with the same weights (shared where the backend can) and a cache of its own.
   virtual std::shared_ptr<Model> replica() = 0;
-  // The shapes of this model's extend() calls as a row of replica rows (the default rows()), set by rows():
-  // only backends with fixed-shape calls get anything but dynamic.
-  virtual void set_shapes(Shapes shapes) { (void)shapes; }
 
  private:
   std::mutex in_use_;

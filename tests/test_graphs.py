@@ -7,7 +7,7 @@ buffers) without capturing them, so on CPU everything but the capture itself is 
 
 * Fixed shapes give what dynamic shapes give, row for row: the same tokens, trace and counts, alpha within 1e-6
   relative (attending over more masked slots may round differently in the last bits). Every backend with
-  fixed-shape calls: TinyGPT, the Llama and GPT-2 exports, a .pt2 GPT-2 (batch-1 calls per replica) and native
+  fixed-shape calls: TinyGPT, the Llama and GPT-2 exports, a .pt2 GPT-2 (its calls as they are) and native
   Markov tables; batches and batch 1; greedy, temperature 1, top-k + top-p; adaptive gamma (calls of many
   widths); EOS stopping rows early; plain decoding; batches of changing size on the same models (each new size
   reallocates the row cache, so the per-width buffers must be dropped).
@@ -155,8 +155,8 @@ def test_fixed_shapes_with_adaptive_gamma_and_eos(tiny):
 
 
 def test_pt2_fixed_shapes_equal_dynamic(pt2_zoo):
-    """A .pt2 GPT-2 as target and as draft (fixed-shape batch-1 calls, replicas for batches): its drafts are
-    all kept, so the target verifies gamma + 1 tokens and the draft runs 1 or 2 per call."""
+    """A .pt2 GPT-2 as target and as draft: its calls have fixed shapes as they are (static cache,
+    cache_position), so "fixed" is accepted and runs them unchanged, batch 1 and replicas for batches."""
     _, path = pt2_zoo("gpt2")
     target, draft = speculant.load(path), speculant.load(path)
     assert target._core.fixed_shapes_obstacle == ""
