@@ -182,18 +182,30 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("target_logits"), py::arg("q"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"),
         py::arg("top_p"), py::arg("lenience"), py::arg("uniforms"));
-  m.def("_verify_step_seeded",
-        [](const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& draft_tokens, double temperature,
-           int64_t top_k, double top_p, double lenience, uint64_t seed, bool generic) {
+  // Rows of (target_logits, q, draft_tokens), row i drawing from a generator seeded with seeds[i]: verify_rows, or
+  // with generic=true its tensor path (what accelerators run) on any device. -> [(n, t, betas, finite)] per row.
+  m.def("_verify_rows_seeded",
+        [](const std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>>& rows, double temperature, int64_t top_k,
+           double top_p, double lenience, const std::vector<uint64_t>& seeds, bool generic) {
+          require(seeds.size() == rows.size(), "seeds: one per row ({}), got {}", rows.size(), seeds.size());
           const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
-          at::Generator generator = make_generator(target_logits.device(), seed);
-          const at::Tensor drafted = draft_tokens.to(at::kLong);
-          Verdict v = generic ? verify_step_generic(target_logits, q, drafted, at::Tensor(), true, config, generator)
-                              : verify_step(target_logits, q, drafted, at::Tensor(), true, config, generator);
-          return py::make_tuple(v.accepted, v.host_token, v.betas, v.finite);
+          std::vector<VerifyInput> inputs;
+          std::vector<at::Generator> generators;
+          for (size_t i = 0; i < rows.size(); ++i) {
+            const auto& [target_logits, q, draft_tokens] = rows[i];
+            inputs.push_back({target_logits, q, draft_tokens.to(at::kLong), at::Tensor(), true});
+            generators.push_back(make_generator(target_logits.device(), seeds[i]));
+          }
+          std::vector<at::Generator*> pointers;
+          for (at::Generator& generator : generators) pointers.push_back(&generator);
+          std::vector<Verdict> verdicts = generic ? verify_rows_generic(inputs, config, pointers)
+                                                  : verify_rows(inputs, config, pointers);
+          py::list out;
+          for (const Verdict& v : verdicts) out.append(py::make_tuple(v.accepted, v.host_token, v.betas, v.finite));
+          return out;
         },
-        py::arg("target_logits"), py::arg("q"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"),
-        py::arg("top_p"), py::arg("lenience"), py::arg("seed"), py::arg("generic"));
+        py::arg("rows"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("lenience"),
+        py::arg("seeds"), py::arg("generic"));
 
   py::class_<Iteration>(m, "Iteration")
       .def_readonly("drafted", &Iteration::drafted)
@@ -297,14 +309,14 @@ PYBIND11_MODULE(_core, m) {
           "generate_batch",
           [](const Decoder& decoder, const std::vector<std::vector<int64_t>>& prompts,
              const std::vector<std::vector<int64_t>>& sources, int64_t max_new_tokens,
-             std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed, bool profile,
+             const std::vector<int64_t>& eos_token_ids, std::optional<uint64_t> seed, bool profile,
              const std::string& gamma_policy, std::optional<int64_t> max_gamma, double cost) {
             InterruptScope interruptible(signal_check());
             py::gil_scoped_release release;
-            return decoder.generate_batch(prompts, sources, max_new_tokens, eos_token_id, seed, profile,
+            return decoder.generate_batch(prompts, sources, max_new_tokens, eos_token_ids, seed, profile,
                                           GammaSchedule{gamma_policy, max_gamma, cost});
           },
-          py::arg("prompts"), py::arg("sources"), py::arg("max_new_tokens"), py::arg("eos_token_id"),
+          py::arg("prompts"), py::arg("sources"), py::arg("max_new_tokens"), py::arg("eos_token_ids"),
           py::arg("seed"), py::arg("profile") = false, py::arg("gamma_policy") = "fixed",
           py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0);
 }

@@ -3,6 +3,7 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <mutex>
@@ -122,16 +123,237 @@ std::string row_name(const char* name, size_t row, size_t rows) {
 struct Row {
   Generation out;
   std::unique_ptr<GammaPolicy> policy;
+  at::Generator generator;
   at::Tensor pending;           // [1] int64 on the device
   int64_t sequence_length = 0;  // tokens in the sequence, pending ones included
   bool running = true;
+  // the current iteration
+  int64_t limit = 0;            // most tokens to draft
+  Proposal proposal;
+  at::Tensor drafted;           // int64 [gamma] on the device
+};
+
+// One generate_batch call after its inputs are checked: the rows and the phases of an iteration of
+// Algorithm 1 (draft, verify, accept and emit, roll back), each row on its own.
+class Batch {
+ public:
+  struct Setup {
+    Model& target;
+    Drafter* draft;
+    const SamplingConfig& config;
+    int64_t max_new_tokens;
+    const std::vector<int64_t>& eos_token_ids;
+    bool profile;
+  };
+
+  Batch(const Setup& setup, std::vector<Row>& rows, std::unique_ptr<ModelRows> target_rows,
+        std::unique_ptr<DraftRows> draft_rows)
+      : s_(setup), rows_(rows), target_rows_(std::move(target_rows)), draft_rows_(std::move(draft_rows)),
+        device_(setup.target.device()), start_(Clock::now()) {}
+
+  // Encodes the sources and runs each prompt but its last token through both models.
+  void prefill(const std::vector<std::vector<int64_t>>& prompts, const std::vector<std::vector<int64_t>>& sources) {
+    const auto long_options = at::TensorOptions(device_).dtype(at::kLong);
+    std::vector<at::Tensor> prompt_tensors(rows_.size()), cached(rows_.size());
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      const auto length = static_cast<int64_t>(prompts[r].size());
+      prompt_tensors[r] = at::tensor(prompts[r], long_options);  // [P]
+      cached[r] = prompt_tensors[r].narrow(0, 0, length - 1);
+      rows_[r].pending = prompt_tensors[r].narrow(0, length - 1, 1);  // [1]
+      rows_[r].sequence_length = length;
+      rows_[r].running = s_.max_new_tokens > 0;
+    }
+    if (s_.max_new_tokens == 0) return;
+    // Encoder-decoder: each model encodes each source once (cross-attention keys and values included).
+    std::vector<at::Tensor> source_tensors;
+    for (const auto& source : sources) source_tensors.push_back(at::tensor(source, long_options));  // [S]
+    timed(&Stats::target_seconds, [&] {
+      if (!source_tensors.empty()) target_rows_->encode(source_tensors);
+      target_rows_->reset(cached);
+    });
+    if (draft_rows_) {
+      timed(&Stats::draft_seconds, [&] {
+        if (!source_tensors.empty()) draft_rows_->encode(source_tensors);
+        draft_rows_->begin(prompt_tensors, prompts);
+      });
+    }
+  }
+
+  bool running() const {
+    return std::any_of(rows_.begin(), rows_.end(), [](const Row& row) { return row.running; });
+  }
+
+  // Draft: up to gamma tokens for each running row, from the row's gamma policy. A longer draft than the
+  // tokens still wanted would be wasted work (any gamma keeps the law exact); limit 0 only in a row's last
+  // iteration (one token still wanted): nothing to draft.
+  void draft() {
+    std::vector<int64_t> limits(rows_.size());
+    bool drafting = false;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Row& row = rows_[r];
+      const int64_t wanted = row.running && row.policy ? row.policy->next() : 0;
+      row.limit = row.running ? std::min<int64_t>(wanted, s_.max_new_tokens - row.out.stats.new_tokens - 1) : 0;
+      row.proposal = Proposal{};
+      limits[r] = row.limit;
+      drafting = drafting || row.limit > 0;
+    }
+    if (drafting) {
+      check_interrupt();  // the drafter checks again before each of its own model calls
+      std::vector<at::Generator> generators;
+      for (Row& row : rows_) generators.push_back(row.generator);  // handles: the rows' own generators
+      const auto draft_start = Clock::now();
+      std::vector<Proposal> proposals = draft_rows_->propose(limits, s_.config, generators, s_.profile);
+      const double draft_total = seconds_since(draft_start);
+      for (size_t r = 0; r < rows_.size(); ++r) {
+        Row& row = rows_[r];
+        if (row.limit == 0) continue;
+        row.proposal = std::move(proposals[r]);
+        row.out.stats.draft_seconds += row.proposal.calls > 0 ? row.proposal.seconds : draft_total;  // a table's
+        row.out.stats.draft_calls += row.proposal.calls;
+      }
+    }
+    const auto long_options = at::TensorOptions(device_).dtype(at::kLong);
+    for (Row& row : rows_) {
+      const bool proposed = row.proposal.tokens.defined() && row.proposal.tokens.numel() > 0;
+      row.drafted = proposed ? row.proposal.tokens : at::empty({0}, long_options);  // [gamma]
+    }
+  }
+
+  // Verify: Algorithm 1 runs M_p on prefix + [x_1 .. x_gamma] in parallel (one call for every running row),
+  // then every running row's n leading acceptances and t ~ residual(p_{n+1}, q_{n+1}) at once (step.h), each
+  // row with its own generator. Returns the verdicts of the running rows, in row order.
+  std::vector<Verdict> verify() {
+    std::vector<at::Tensor> inputs(rows_.size());
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      if (rows_[r].running) inputs[r] = at::cat({rows_[r].pending, rows_[r].drafted});
+    }
+    check_interrupt();
+    std::vector<at::Tensor> logits;
+    timed(&Stats::target_seconds, [&] { logits = target_rows_->extend(inputs); });  // [pending + gamma, V]
+    std::vector<VerifyInput> checks;
+    std::vector<at::Generator*> generators;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Row& row = rows_[r];
+      if (!row.running) continue;
+      const int64_t gamma = row.drafted.numel();
+      checks.push_back({logits[r].narrow(0, logits[r].size(0) - gamma - 1, gamma + 1), row.proposal.q,
+                        row.drafted, row.proposal.maxima, row.proposal.finite});
+      generators.push_back(&row.generator);
+    }
+    return verify_rows(checks, s_.config, generators);
+  }
+
+  // Accept and emit, then roll back, for each running row (verdicts in row order, as verify returns them).
+  void accept(std::vector<Verdict>& verdicts) {
+    size_t next = 0;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Row& row = rows_[r];
+      if (!row.running) continue;
+      Verdict& verdict = verdicts[next++];
+      require(verdict.finite, "model returned NaN or +inf logits, or an all -inf row, at sequence position {}{} "
+              "(checked in every draft and target call)", row.sequence_length,
+              rows_.size() == 1 ? std::string() : fmt::format(" of row {}", r));
+      Iteration it = record(row, verdict);
+      if (emit(row, it)) {
+        row.out.trace.push_back(std::move(it));
+        row.running = false;
+        row.out.stats.total_seconds = seconds_since(start_);
+        continue;
+      }
+      roll_back(static_cast<int64_t>(r), verdict, it);
+      row.out.trace.push_back(std::move(it));
+    }
+  }
+
+  void finish() {
+    for (Row& row : rows_) {
+      if (row.out.stats.total_seconds == 0.0) row.out.stats.total_seconds = seconds_since(start_);
+    }
+  }
+
+ private:
+  // Runs `phase`, charging its time to every running row's `field` (model calls of a phase serve them all).
+  template <typename Phase>
+  void timed(double Stats::*field, const Phase& phase) {
+    double seconds = 0.0;
+    {
+      PhaseTimer timer(seconds, device_, s_.profile);
+      phase();
+    }
+    for (Row& row : rows_) {
+      if (row.running) row.out.stats.*field += seconds;
+    }
+  }
+
+  // The iteration's statistics: drafted and accepted per position, the betas (Theorem 3.5), the gamma policy.
+  Iteration record(Row& row, Verdict& verdict) {
+    Stats& stats = row.out.stats;
+    const int64_t gamma = row.drafted.numel(), accepted = verdict.accepted;
+    Iteration it;
+    it.drafted = std::move(verdict.drafted);
+    it.accepted = accepted;
+    it.token = verdict.host_token;
+    it.bonus = accepted == gamma;
+    stats.target_calls += 1;
+    stats.iterations += 1;
+    stats.drafted_tokens += gamma;
+    stats.accepted_tokens += accepted;
+    for (int64_t i = 0; i < gamma; ++i) {
+      stats.drafted_per_position[i] += 1;
+      stats.accepted_per_position[i] += i < accepted;
+    }
+    const auto verified = static_cast<int64_t>(verdict.betas.size());  // min(accepted + 1, gamma)
+    double beta_sum = 0.0;
+    for (const double beta : verdict.betas) beta_sum += beta;
+    stats.beta_sum += beta_sum;
+    stats.beta_count += verified;
+    if (row.policy && row.limit > 0) row.policy->observe(gamma, accepted, beta_sum, verified);
+    return it;
+  }
+
+  // Emits x_1 .. x_n, t, stopping at max_new_tokens or just after an EOS. Returns whether the row stopped.
+  bool emit(Row& row, Iteration& it) {
+    Stats& stats = row.out.stats;
+    for (int64_t i = 0; i <= it.accepted; ++i) {
+      const int64_t token = i < it.accepted ? it.drafted[i] : it.token;
+      row.out.tokens.push_back(token);
+      it.emitted += 1;
+      stats.new_tokens += 1;
+      if (stats.new_tokens == s_.max_new_tokens || is_eos(token)) return true;
+    }
+    return false;
+  }
+
+  bool is_eos(int64_t token) const {
+    return std::find(s_.eos_token_ids.begin(), s_.eos_token_ids.end(), token) != s_.eos_token_ids.end();
+  }
+
+  // Roll back: the target ran on pending + x_1..x_gamma; keep the accepted prefix, t becomes pending. The
+  // draft's rollback is bookkeeping: counted in other_seconds, not in c's draft time.
+  void roll_back(int64_t r, const Verdict& verdict, const Iteration& it) {
+    Row& row = rows_[r];
+    target_rows_->truncate(r, row.sequence_length + it.accepted);
+    if (draft_rows_) {
+      draft_rows_->advance(r, it.accepted, verdict.token,
+                           std::vector<int64_t>(it.drafted.begin(), it.drafted.begin() + it.accepted), it.token);
+    }
+    row.pending = verdict.token;
+    row.sequence_length += it.accepted + 1;
+  }
+
+  const Setup& s_;
+  std::vector<Row>& rows_;
+  std::unique_ptr<ModelRows> target_rows_;
+  std::unique_ptr<DraftRows> draft_rows_;
+  at::Device device_;
+  Clock::time_point start_;
 };
 
 }  // namespace
 
 std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<int64_t>>& prompts,
                                                 const std::vector<std::vector<int64_t>>& sources,
-                                                int64_t max_new_tokens, std::optional<int64_t> eos_token_id,
+                                                int64_t max_new_tokens, const std::vector<int64_t>& eos_token_ids,
                                                 std::optional<uint64_t> seed, bool profile,
                                                 const GammaSchedule& schedule) const {
   if (busy_->exchange(true)) {
@@ -142,6 +364,65 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
     std::atomic<bool>& flag;
     ~Release() { flag = false; }
   } release{*busy_};
+  check_inputs(prompts, sources, max_new_tokens, eos_token_ids);
+  const size_t count = prompts.size();
+
+  std::vector<Row> rows(count);
+  const at::Device device = target_->device();
+  for (size_t r = 0; r < count; ++r) {
+    Row& row = rows[r];
+    if (draft_) {
+      // default max_gamma 2 gamma, saturating; no iteration drafts more than max_new_tokens - 1 tokens
+      const int64_t twice = gamma_ > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
+                                                                            : 2 * gamma_;
+      row.policy = make_gamma_policy(schedule.policy, gamma_, schedule.max_gamma.value_or(twice), schedule.cost,
+                                     max_new_tokens - 1);
+    }
+    Stats& stats = row.out.stats;
+    const int64_t max_gamma = row.policy ? row.policy->max_gamma() : 0;
+    stats.gamma = gamma_;
+    stats.drafted_per_position.assign(max_gamma, 0);
+    stats.accepted_per_position.assign(max_gamma, 0);
+    stats.seed = seed ? *seed + r : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    row.generator = make_generator(device, stats.seed);
+  }
+
+  // No model call records an autograd graph, whatever its parameters' requires_grad (Python callbacks of
+  // live models run on this thread and see the same mode).
+  c10::InferenceMode inference_mode;
+
+  // One generation at a time per model and drafter: each owns mutable state (its replicas included).
+  std::unique_lock<std::mutex> target_lock(target_->in_use(), std::defer_lock);
+  std::unique_lock<std::mutex> draft_lock;
+  if (draft_) {
+    // a draft model's cache may be shared by several drafters (one per decoder): lock the model itself
+    std::mutex& draft_mutex = draft_->model() ? draft_->model()->in_use() : draft_->in_use();
+    draft_lock = std::unique_lock<std::mutex>(draft_mutex, std::defer_lock);
+    std::lock(target_lock, draft_lock);
+  } else {
+    target_lock.lock();
+  }
+
+  const Batch::Setup setup{*target_, draft_.get(), config_, max_new_tokens, eos_token_ids, profile};
+  const auto rows_count = static_cast<int64_t>(count);
+  Batch batch(setup, rows, target_->rows(rows_count, target_shapes_),
+              draft_ ? draft_->rows(rows_count, draft_shapes_) : nullptr);
+  batch.prefill(prompts, sources);
+  while (batch.running()) {
+    batch.draft();
+    std::vector<Verdict> verdicts = batch.verify();
+    batch.accept(verdicts);
+  }
+  batch.finish();
+  std::vector<Generation> out;
+  out.reserve(count);
+  for (Row& row : rows) out.push_back(std::move(row.out));
+  return out;
+}
+
+void Decoder::check_inputs(const std::vector<std::vector<int64_t>>& prompts,
+                           const std::vector<std::vector<int64_t>>& sources, int64_t max_new_tokens,
+                           const std::vector<int64_t>& eos_token_ids) const {
   const size_t count = prompts.size();
   require(count >= 1, "prompt_ids must hold at least one prompt, got an empty batch");
   const int64_t vocab = target_->vocab_size();
@@ -163,9 +444,8 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
     }
   }
   require(max_new_tokens >= 0, "max_new_tokens must be >= 0, got {}", max_new_tokens);
-  if (eos_token_id) {
-    require(*eos_token_id >= 0 && *eos_token_id < vocab, "eos_token_id = {} is outside the vocabulary [0, {})",
-            *eos_token_id, vocab);
+  for (const int64_t eos : eos_token_ids) {
+    require(eos >= 0 && eos < vocab, "eos_token_id {} is outside the vocabulary [0, {})", eos, vocab);
   }
   for (size_t r = 0; r < count; ++r) {
     const int64_t needed = static_cast<int64_t>(prompts[r].size()) + max_new_tokens - 1;
@@ -173,198 +453,6 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
     check_length(target_->max_length(), "target", name, needed);
     if (draft_) check_length(draft_->max_length(), "draft", name, needed);
   }
-
-  std::vector<Row> rows(count);
-  for (size_t r = 0; r < count; ++r) {
-    Row& row = rows[r];
-    if (draft_) {
-      // default max_gamma 2 gamma, saturating; no iteration drafts more than max_new_tokens - 1 tokens
-      const int64_t twice = gamma_ > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
-                                                                            : 2 * gamma_;
-      row.policy = make_gamma_policy(schedule.policy, gamma_, schedule.max_gamma.value_or(twice), schedule.cost,
-                                     max_new_tokens - 1);
-    }
-    Stats& stats = row.out.stats;
-    const int64_t max_gamma = row.policy ? row.policy->max_gamma() : 0;
-    stats.gamma = gamma_;
-    stats.drafted_per_position.assign(max_gamma, 0);
-    stats.accepted_per_position.assign(max_gamma, 0);
-    stats.seed = seed ? *seed + r : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  }
-
-  // No model call records an autograd graph, whatever its parameters' requires_grad (Python callbacks of
-  // live models run on this thread and see the same mode).
-  c10::InferenceMode inference_mode;
-
-  // One generation at a time per model and drafter: each owns mutable state (its replicas included).
-  std::unique_lock<std::mutex> target_lock(target_->in_use(), std::defer_lock);
-  std::unique_lock<std::mutex> draft_lock;
-  if (draft_) {
-    // a draft model's cache may be shared by several drafters (one per decoder): lock the model itself
-    std::mutex& draft_mutex = draft_->model() ? draft_->model()->in_use() : draft_->in_use();
-    draft_lock = std::unique_lock<std::mutex>(draft_mutex, std::defer_lock);
-    std::lock(target_lock, draft_lock);
-  } else {
-    target_lock.lock();
-  }
-
-  const auto start = Clock::now();
-  const at::Device device = target_->device();
-  const auto long_options = at::TensorOptions(device).dtype(at::kLong);
-  std::unique_ptr<ModelRows> target_rows = target_->rows(static_cast<int64_t>(count), target_shapes_);
-  std::unique_ptr<DraftRows> draft_rows = draft_ ? draft_->rows(static_cast<int64_t>(count), draft_shapes_) : nullptr;
-  std::vector<at::Generator> generators(count);
-  std::vector<at::Tensor> prompt_tensors(count), cached(count);
-  for (size_t r = 0; r < count; ++r) {
-    Row& row = rows[r];
-    generators[r] = make_generator(device, row.out.stats.seed);
-    const auto length = static_cast<int64_t>(prompts[r].size());
-    prompt_tensors[r] = at::tensor(prompts[r], long_options);  // [P]
-    cached[r] = prompt_tensors[r].narrow(0, 0, length - 1);
-    row.pending = prompt_tensors[r].narrow(0, length - 1, 1);  // [1]
-    row.sequence_length = length;
-    row.running = max_new_tokens > 0;
-  }
-  // A phase's time goes to every row that took part in it.
-  const auto charge = [&rows](double seconds, double Stats::*field) {
-    for (Row& row : rows) {
-      if (row.running) row.out.stats.*field += seconds;
-    }
-  };
-  if (max_new_tokens > 0) {
-    // Encoder-decoder: each model encodes each source once (cross-attention keys and values included).
-    std::vector<at::Tensor> source_tensors;
-    for (const auto& source : sources) source_tensors.push_back(at::tensor(source, long_options));  // [S]
-    double seconds = 0.0;
-    {
-      PhaseTimer timer(seconds, device, profile);
-      if (!source_tensors.empty()) target_rows->encode(source_tensors);
-      target_rows->reset(cached);
-    }
-    charge(seconds, &Stats::target_seconds);
-    if (draft_rows) {
-      seconds = 0.0;
-      {
-        PhaseTimer timer(seconds, device, profile);
-        if (!source_tensors.empty()) draft_rows->encode(source_tensors);
-        draft_rows->begin(prompt_tensors, prompts);
-      }
-      charge(seconds, &Stats::draft_seconds);
-    }
-  }
-
-  std::vector<int64_t> limits(count);
-  std::vector<Proposal> proposals(count);
-  std::vector<at::Tensor> drafted(count), inputs(count);
-  for (bool running = max_new_tokens > 0; running;) {
-    // A longer draft than the tokens still wanted would be wasted work (any gamma keeps the law exact); limit 0
-    // only in a row's last iteration (one token still wanted): nothing to draft.
-    bool drafting = false;
-    for (size_t r = 0; r < count; ++r) {
-      const Row& row = rows[r];
-      const int64_t wanted = row.running && row.policy ? row.policy->next() : 0;
-      limits[r] = row.running ? std::min<int64_t>(wanted, max_new_tokens - row.out.stats.new_tokens - 1) : 0;
-      drafting = drafting || limits[r] > 0;
-    }
-    std::fill(proposals.begin(), proposals.end(), Proposal{});
-    if (drafting) {
-      check_interrupt();  // the drafter checks again before each of its own model calls
-      const auto draft_start = Clock::now();
-      proposals = draft_rows->propose(limits, config_, generators, profile);
-      const double draft_total = seconds_since(draft_start);
-      for (size_t r = 0; r < count; ++r) {
-        if (limits[r] == 0) continue;
-        Stats& stats = rows[r].out.stats;
-        stats.draft_seconds += proposals[r].calls > 0 ? proposals[r].seconds : draft_total;  // a table's work
-        stats.draft_calls += proposals[r].calls;
-      }
-    }
-    // Algorithm 1: run M_p on prefix + [x_1 .. x_gamma] in parallel (one call for every running row).
-    for (size_t r = 0; r < count; ++r) {
-      const bool proposed = proposals[r].tokens.defined() && proposals[r].tokens.numel() > 0;
-      drafted[r] = proposed ? proposals[r].tokens : at::empty({0}, long_options);  // [gamma]
-      inputs[r] = rows[r].running ? at::cat({rows[r].pending, drafted[r]}) : at::Tensor();
-    }
-    check_interrupt();
-    std::vector<at::Tensor> logits;
-    double target_time = 0.0;
-    {
-      PhaseTimer timer(target_time, device, profile);
-      logits = target_rows->extend(inputs);  // [pending + gamma, V] per running row
-    }
-    charge(target_time, &Stats::target_seconds);
-
-    running = false;
-    for (size_t r = 0; r < count; ++r) {
-      Row& row = rows[r];
-      if (!row.running) continue;
-      Stats& stats = row.out.stats;
-      stats.target_calls += 1;
-      const Proposal& proposal = proposals[r];
-      const int64_t gamma = drafted[r].numel();
-      const at::Tensor target_logits = logits[r].narrow(0, logits[r].size(0) - gamma - 1, gamma + 1);
-      // n leading acceptances, then t ~ residual(p_{n+1}, q_{n+1}) (step.h)
-      Verdict verdict = verify_step(target_logits, proposal.q, drafted[r], proposal.maxima, proposal.finite,
-                                    config_, generators[r]);
-      require(verdict.finite, "model returned NaN or +inf logits, or an all -inf row, at sequence position {}{} "
-              "(checked in every draft and target call)", row.sequence_length,
-              count == 1 ? std::string() : fmt::format(" of row {}", r));
-      const int64_t accepted = verdict.accepted;
-
-      Iteration it;
-      it.drafted = std::move(verdict.drafted);
-      it.accepted = accepted;
-      it.token = verdict.host_token;
-      it.bonus = accepted == gamma;
-      stats.iterations += 1;
-      stats.drafted_tokens += gamma;
-      stats.accepted_tokens += accepted;
-      for (int64_t i = 0; i < gamma; ++i) {
-        stats.drafted_per_position[i] += 1;
-        stats.accepted_per_position[i] += i < accepted;
-      }
-      const auto verified = static_cast<int64_t>(verdict.betas.size());  // min(accepted + 1, gamma)
-      double beta_sum = 0.0;
-      for (const double beta : verdict.betas) beta_sum += beta;
-      stats.beta_sum += beta_sum;
-      stats.beta_count += verified;
-      if (row.policy && limits[r] > 0) row.policy->observe(gamma, accepted, beta_sum, verified);
-
-      // Emit x_1 .. x_n, t, stopping at max_new_tokens or just after an EOS.
-      bool stop = false;
-      for (int64_t i = 0; i <= accepted && !stop; ++i) {
-        const int64_t token = i < accepted ? it.drafted[i] : it.token;
-        row.out.tokens.push_back(token);
-        it.emitted += 1;
-        stats.new_tokens += 1;
-        stop = (eos_token_id && token == *eos_token_id) || stats.new_tokens == max_new_tokens;
-      }
-      if (stop) {
-        row.out.trace.push_back(std::move(it));
-        row.running = false;
-        stats.total_seconds = seconds_since(start);
-        continue;
-      }
-
-      // Rollback: the target ran on pending + x_1..x_gamma; keep the accepted prefix, t becomes pending.
-      target_rows->truncate(static_cast<int64_t>(r), row.sequence_length + accepted);
-      if (draft_rows) {  // the draft's rollback is bookkeeping: counted in other_seconds, not in c's draft time
-        draft_rows->advance(static_cast<int64_t>(r), accepted, verdict.token,
-                            std::vector<int64_t>(it.drafted.begin(), it.drafted.begin() + accepted), it.token);
-      }
-      row.out.trace.push_back(std::move(it));
-      row.pending = verdict.token;
-      row.sequence_length += accepted + 1;
-      running = true;
-    }
-  }
-  std::vector<Generation> out;
-  out.reserve(count);
-  for (Row& row : rows) {
-    if (row.out.stats.total_seconds == 0.0) row.out.stats.total_seconds = seconds_since(start);
-    out.push_back(std::move(row.out));
-  }
-  return out;
 }
 
 }  // namespace speculant

@@ -51,15 +51,20 @@ class Decoder {
   // it took part in; its total_seconds is the time until it finished. `profile` synchronizes an accelerator
   // around the model calls so the time split is exact; without it only the host-side time of the launches
   // is attributed there. One call at a time per decoder: a concurrent one raises std::runtime_error.
+  // A row stops just after any of eos_token_ids (none: empty).
   std::vector<Generation> generate_batch(const std::vector<std::vector<int64_t>>& prompts,
                                          const std::vector<std::vector<int64_t>>& sources, int64_t max_new_tokens,
-                                         std::optional<int64_t> eos_token_id, std::optional<uint64_t> seed,
+                                         const std::vector<int64_t>& eos_token_ids, std::optional<uint64_t> seed,
                                          bool profile, const GammaSchedule& schedule = {}) const;
 
   int64_t gamma() const { return gamma_; }
   const SamplingConfig& config() const { return config_; }
 
  private:
+  // ValueError naming the first input outside what generate_batch accepts.
+  void check_inputs(const std::vector<std::vector<int64_t>>& prompts, const std::vector<std::vector<int64_t>>& sources,
+                    int64_t max_new_tokens, const std::vector<int64_t>& eos_token_ids) const;
+
   std::shared_ptr<Model> target_;
   std::shared_ptr<Drafter> draft_;
   int64_t gamma_;

@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "errors.h"
+
 namespace speculant {
 namespace {
 
@@ -32,6 +34,30 @@ std::string GraphCache::failure() const {
   return failure_;
 }
 
+void GraphCache::set_failure(std::string why) {
+  for (auto& [key, entry] : entries_) entry->replay = nullptr;  // every call of the model runs eagerly from now on
+  captured_ = 0;
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  failure_ = std::move(why);
+}
+
+std::string GraphCache::moved(const std::vector<std::pair<std::string, const void*>>& before, int64_t key) const {
+  const auto after = state_();
+  for (size_t i = 0; i < before.size() && i < after.size(); ++i) {
+    if (before[i].second != after[i].second) {
+      return fmt::format("the {}-token call rebinds {} to a new tensor instead of writing into it in place; a CUDA "
+                         "graph replays into the memory it captured, so the cache must be written in place "
+                         "(model.h)", key, before[i].first);
+    }
+  }
+  if (after.size() != before.size()) {
+    return fmt::format("the {}-token call changes the module's tensors ({} before, {} after); a CUDA graph replays "
+                       "into the memory it captured, so the cache must be written in place (model.h)", key,
+                       before.size(), after.size());
+  }
+  return "";
+}
+
 at::Tensor GraphCache::run(int64_t key, const std::vector<at::Tensor>& inputs, const Call& call) {
   std::unique_ptr<Entry>& slot = entries_[key];
   if (!slot) {
@@ -44,8 +70,19 @@ at::Tensor GraphCache::run(int64_t key, const std::vector<at::Tensor>& inputs, c
     entry.replay();
     return entry.output.clone();
   }
-  const bool last_warmup = capture_ && ++entry.runs >= kWarmup && captured() < kMaxGraphs && failure().empty();
-  return last_warmup ? warm_and_capture(key, entry, call) : call(entry.inputs);
+  ++entry.runs;
+  const bool eager = !capture_ || !failure().empty();
+  if (!eager && entry.runs >= kWarmup && captured() < kMaxGraphs) return warm_and_capture(key, entry, call);
+  if (entry.runs > kWarmup || !state_ || (capture_ && !failure().empty())) return call(entry.inputs);
+  // The key's first runs: the cache must stay where it is.
+  const auto before = state_();
+  at::Tensor out = call(entry.inputs);
+  std::string why = moved(before, key);
+  if (!why.empty()) {
+    require(capture_, "{}", why);
+    set_failure(std::move(why));
+  }
+  return out;
 }
 
 #ifdef SPECULANT_CUDA_GRAPHS
@@ -88,6 +125,7 @@ at::Tensor GraphCache::warm_and_capture(int64_t key, Entry& entry, const Call& c
   inputs_ready.block(side);
   at::Tensor out;
   std::string why;
+  const auto before = state_ ? state_() : std::vector<std::pair<std::string, const void*>>{};
   {
     const c10::cuda::CUDAStreamGuard on_side(side);
     out = call(entry.inputs);  // the last warm-up: a real call, whose errors are the model's
@@ -108,9 +146,12 @@ at::Tensor GraphCache::warm_and_capture(int64_t key, Entry& entry, const Call& c
         abandon(*graph, device, pool_);
         throw;
       }
-      entry.output = output;
-      entry.replay = [graph] { graph->replay(); };
-      ++captured_;
+      why = state_ ? moved(before, key) : "";
+      if (why.empty()) {
+        entry.output = output;
+        entry.replay = [graph] { graph->replay(); };
+        ++captured_;
+      }
     } catch (const c10::Error& error) {
       why = error.what_without_backtrace();
     } catch (const std::exception& error) {
@@ -121,12 +162,7 @@ at::Tensor GraphCache::warm_and_capture(int64_t key, Entry& entry, const Call& c
   done.record(side);
   done.block(current);
   out.record_stream(current);  // made on the capture stream, used on the caller's
-  if (!why.empty()) {  // every call of the model runs eagerly from now on
-    for (auto& [other, e] : entries_) e->replay = nullptr;
-    captured_ = 0;
-    std::lock_guard<std::mutex> lock(failure_mutex_);
-    failure_ = fmt::format("capturing the {}-token call failed: {}", key, why);
-  }
+  if (!why.empty()) set_failure(fmt::format("capturing the {}-token call failed: {}", key, why));
   return out;
 }
 
@@ -135,10 +171,7 @@ std::string graphs_obstacle() { return ""; }
 #else
 
 at::Tensor GraphCache::warm_and_capture(int64_t key, Entry& entry, const Call& call) {
-  {
-    std::lock_guard<std::mutex> lock(failure_mutex_);
-    failure_ = fmt::format("capturing the {}-token call: {}", key, graphs_obstacle());
-  }
+  set_failure(fmt::format("capturing the {}-token call: {}", key, graphs_obstacle()));
   return call(entry.inputs);
 }
 

@@ -9,6 +9,12 @@
 // time on the caller's stream and their outputs are copied at once. A capture that fails leaves every call of
 // the model uncaptured, and failure() says why. Shapes::fixed runs the same calls through the same buffers
 // without capturing, on any device.
+//
+// A graph replays into the memory it captured, so a call must write its cache in place (model.h): a module
+// that rebinds its cache to a new tensor would replay into the old one and return wrong logits. The backend's
+// `state` lists the tensors a call must leave where they are; each key's first runs and its capture compare
+// their addresses before and after. A rebinding is a failure (every call eager, as above) with graphs, and a
+// ValueError with fixed shapes, which exist to check on any device what a graph would replay.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -23,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace speculant {
@@ -30,9 +37,11 @@ namespace speculant {
 class GraphCache {
  public:
   using Call = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+  // (name, data pointer) of each tensor the calls must write in place, the name as messages should say it.
+  using State = std::function<std::vector<std::pair<std::string, const void*>>()>;
 
   // capture: whether to capture (CUDA tensors only) or only to run through the static buffers.
-  explicit GraphCache(bool capture) : capture_(capture) {}
+  GraphCache(bool capture, State state) : capture_(capture), state_(std::move(state)) {}
 
   // Drops every graph and buffer: the backend calls it when it reallocates what the graphs write (its cache).
   void clear();
@@ -52,8 +61,12 @@ class GraphCache {
   };
   // The key's last warm-up run on the capture stream (its output returned), then its capture.
   at::Tensor warm_and_capture(int64_t key, Entry& entry, const Call& call);
+  // The first tensor of `before` (state_()) that a call of `key` moved, as a message; "" if none moved.
+  std::string moved(const std::vector<std::pair<std::string, const void*>>& before, int64_t key) const;
+  void set_failure(std::string why);
 
   bool capture_;
+  State state_;
   std::map<int64_t, std::unique_ptr<Entry>> entries_;
   std::optional<c10::Stream> stream_;              // the capture stream, made at the first capture
   c10::MempoolId_t pool_{0, 0};                    // the graphs' memory pool ({0, 0}: none yet)

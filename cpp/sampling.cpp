@@ -84,9 +84,14 @@ void check_finite(const at::Tensor& logits, const char* what) {
 
 at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator) {
   check_matrix(probs, "probs");
+  return sample_inverse_cdf(probs, at::rand({probs.size(0), 1}, generator, probs.options().dtype(at::kDouble)));
+}
+
+at::Tensor sample_inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms) {
+  check_matrix(probs, "probs");
   at::Tensor cdf = probs.to(at::kDouble).cumsum(-1);                          // [n, V], unnormalized
   at::Tensor total = cdf.narrow(-1, cdf.size(1) - 1, 1);                     // [n, 1]
-  at::Tensor target = at::rand({probs.size(0), 1}, generator, cdf.options()).mul_(total * kBelowOne);
+  at::Tensor target = uniforms.to(at::kDouble) * (total * kBelowOne);          // [n, 1]
   // First cdf > target (right side): a zero-probability token has the cdf of its predecessor and is never
   // that first one. The clamp only guards memory for a zero-mass row, which callers exclude (sampling.h).
   return at::searchsorted(cdf, target, /*out_int32=*/false, /*right=*/true).squeeze(-1).clamp_max(cdf.size(1) - 1);

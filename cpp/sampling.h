@@ -54,6 +54,8 @@ at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
 // The device-generic implementation (tensor ops; what accelerators run). sample() takes the host kernel of
 // cpu_kernels.h on CPU, with the same law; this one is exposed so that tests check it too.
 at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator);
+// What sample_generic does with its uniforms: uniforms float64 [n, 1] in [0, 1), drawn by the caller.
+at::Tensor sample_inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms);
 
 // Inverse-CDF sampling draws the first token whose cumulative mass exceeds u * total * kBelowOne, u in [0, 1):
 // the largest double strictly below 1, so the target stays below the total even after rounding.

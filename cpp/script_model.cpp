@@ -141,7 +141,19 @@ class CachedScriptModel final : public Model {
   int64_t length_ = 0;
   bool batched_ = false;
   int64_t rows_started_ = 0;  // the row cache's batch size (0: none yet)
-  GraphCache fixed_{false}, graphed_{true};  // the fixed-shape calls' buffers, without and with CUDA graphs
+  // The fixed-shape calls' buffers, without and with CUDA graphs; what they must not move: every tensor the
+  // module holds (its cache among them).
+  GraphCache::State state_ = [this] {
+    std::vector<std::pair<std::string, const void*>> out;
+    for (const auto& attribute : module_.named_attributes(/*recurse=*/true)) {
+      if (attribute.value.isTensor()) {
+        out.emplace_back(fmt::format("the module's tensor `{}` (model {})", attribute.name, source_),
+                         attribute.value.toTensor().data_ptr());
+      }
+    }
+    return out;
+  };
+  GraphCache fixed_{false, state_}, graphed_{true, state_};
 };
 
 class PlainScriptModel final : public Model {

@@ -24,15 +24,15 @@ at::Tensor residual(const at::Tensor& p, const at::Tensor& q) {
 
 at::Tensor accept_probabilities(const at::Tensor& p, const at::Tensor& q, const at::Tensor& draft_tokens,
                                 const at::Tensor& target_logits, const SamplingConfig& config) {
-  const int64_t gamma = draft_tokens.numel();
-  at::Tensor index = draft_tokens.view({gamma, 1});                                    // [gamma, 1]
-  at::Tensor p_x = p.narrow(0, 0, gamma).gather(1, index).squeeze(1);                 // [gamma]
-  at::Tensor q_x = q.gather(1, index).squeeze(1).to(p.scalar_type());                 // [gamma]
-  at::Tensor accept = acceptance_probability(p_x, q_x, config.lenience);              // [gamma]
+  const int64_t gamma = draft_tokens.size(-1);
+  at::Tensor index = draft_tokens.unsqueeze(-1);                                        // [..., gamma, 1]
+  at::Tensor p_x = p.narrow(-2, 0, gamma).gather(-1, index).squeeze(-1);               // [..., gamma]
+  at::Tensor q_x = q.gather(-1, index).squeeze(-1).to(p.scalar_type());                // [..., gamma]
+  at::Tensor accept = acceptance_probability(p_x, q_x, config.lenience);               // [..., gamma]
   if (config.greedy() && config.lenience < 1.0) {
     // A.5, argmax variant, on the raw distribution: p(x) >= l max p  <=>  logit(x) - max logit >= log l.
-    at::Tensor raw = target_logits.narrow(0, 0, gamma).to(p.scalar_type());          // [gamma, V]
-    at::Tensor margin = raw.gather(1, index).squeeze(1) - at::amax(raw, -1);          // [gamma]
+    at::Tensor raw = target_logits.narrow(-2, 0, gamma).to(p.scalar_type());           // [..., gamma, V]
+    at::Tensor margin = raw.gather(-1, index).squeeze(-1) - at::amax(raw, -1);          // [..., gamma]
     accept = at::maximum(accept, (margin >= std::log(config.lenience)).to(accept.scalar_type()));
   }
   return accept;

@@ -30,9 +30,10 @@ at::Tensor acceptance_probability(const at::Tensor& p_x, const at::Tensor& q_x, 
 // itself: a rejection is then an event of probability zero, and p keeps the row a valid distribution.
 at::Tensor residual(const at::Tensor& p, const at::Tensor& q);
 
-// Algorithm 1's acceptance test for the gamma draft tokens. p [gamma + 1, V] and q [gamma, V] standardized,
-// draft_tokens int64 [gamma], target_logits [gamma + 1, V] (read only by the argmax-lenience variant).
-// Returns [gamma]: P(draft token i is accepted | the tokens before it were accepted).
+// Algorithm 1's acceptance test for the gamma draft tokens. p [..., gamma + 1, V] and q [..., gamma, V]
+// standardized, draft_tokens int64 [..., gamma], target_logits [..., gamma + 1, V] (read only by the
+// argmax-lenience variant); leading dimensions are rows of a batch. Returns [..., gamma]: P(draft token i is
+// accepted | the tokens before it were accepted).
 at::Tensor accept_probabilities(const at::Tensor& p, const at::Tensor& q, const at::Tensor& draft_tokens,
                                 const at::Tensor& target_logits, const SamplingConfig& config);
 

@@ -1,8 +1,8 @@
 // The math of one Algorithm 1 iteration once the models have run, as the two calls the loops make: one draft
 // step (standardize the draft's logits and draw x_i ~ q_i) and one verification (acceptance, n, the residual
 // draw of t, and the beta values). CPU tensors run the host kernels of cpu_kernels.h; accelerators run tensor
-// operations (sampling.h, speculative.h) with one small device-to-host read per verification. Both paths have
-// the same laws and are tested against tests/reference.py.
+// operations (sampling.h, speculative.h) with one small device-to-host read per verification of a batch. Both
+// paths have the same laws and are tested against tests/reference.py.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -33,16 +33,28 @@ struct Verdict {
   bool finite = true;            // every target row and every draft row of the iteration had finite logits
 };
 
-// target_logits [gamma + 1, V]; q [gamma, V] and drafted int64 [gamma] from the drafter (undefined or empty for
-// gamma = 0); draft_maxima: the draft rows' maxima still to check (accelerators), draft_finite: those checked.
-Verdict verify_step(const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& drafted,
-                    const at::Tensor& draft_maxima, bool draft_finite, const SamplingConfig& config,
-                    at::Generator& generator);
+// One row's verification: target_logits [gamma + 1, V]; q [gamma, V] and drafted int64 [gamma] from the drafter
+// (undefined or empty for gamma = 0); draft_maxima: the draft rows' maxima still to check (accelerators, may be
+// undefined), draft_finite: those checked on the host.
+struct VerifyInput {
+  at::Tensor target_logits;
+  at::Tensor q;
+  at::Tensor drafted;
+  at::Tensor draft_maxima;
+  bool draft_finite = true;
+};
+
+// Every row of a batch at once, row i drawing from *generators[i]. CPU tensors run the host kernel row by row
+// (nothing to read back). Accelerators run one batched tensor pass over all rows, each padded to the longest
+// draft (a padded position is never accepted), and read every row's verdict back in one transfer. Row i gets
+// the verdict it gets alone: its generator gives the same draws in the same order, and every operation is
+// row-wise.
+std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
+                                 const std::vector<at::Generator*>& generators);
 
 // The tensor path on any device, CPU included (what accelerators run; exposed so that tests check it on CPU).
 DraftDraw draft_step_generic(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator);
-Verdict verify_step_generic(const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& drafted,
-                            const at::Tensor& draft_maxima, bool draft_finite, const SamplingConfig& config,
-                            at::Generator& generator);
+std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
+                                         const std::vector<at::Generator*>& generators);
 
 }  // namespace speculant

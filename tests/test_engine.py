@@ -207,6 +207,24 @@ def test_eos_stops_and_is_included(gamma, temperature):
         assert plain.tokens == plain_full.tokens[: plain_full.tokens.index(eos) + 1]
 
 
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_several_eos_ids_stop_at_the_first_of_any(gamma):
+    """eos_token_id as a list (Llama 3 has several): the run is the unstopped run cut just after the first token
+    that is any of them; a tensor or tuple of ids is the same list, and each id is checked."""
+    spec = decoder(gamma, draft_scale=0.5)
+    for seed in range(6):
+        full = spec.generate(PROMPT, max_new_tokens=30, seed=seed).tokens
+        stops = [full[9], full[3]]
+        want = full[: min(full.index(e) for e in stops) + 1]
+        for ids in (stops, tuple(stops), torch.tensor(stops)):
+            result = spec.generate(PROMPT, max_new_tokens=30, eos_token_id=ids, seed=seed)
+            assert result.tokens == want and result.stats.new_tokens == len(want)
+    for bad, name in (([2, VOCAB], "eos_token_id"), ([], "eos_token_id"), ([1, -1], r"eos_token_id\[1\]"),
+                      (torch.tensor([[1]]), "eos_token_id"), (1.0, "eos_token_id")):
+        with pytest.raises(ValueError, match=name):
+            spec.generate(PROMPT, max_new_tokens=3, eos_token_id=bad)
+
+
 def test_alpha_iid_equals_sum_of_min():
     """Every context has the same p and q: alpha = Σ_x min(p, q) exactly (Corollary 3.6)."""
     gen = torch.Generator().manual_seed(0)

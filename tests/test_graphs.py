@@ -76,6 +76,16 @@ class FixedOnlyRows(CapturableRows):
         return self.lookup(input_ids, rows, positions, slots)
 
 
+class RebindingRows(CapturableRows):
+    """Breaks the contract (model.h): each call rebinds its cache to a new tensor instead of writing in place, so a
+    CUDA graph would replay into the old one."""
+
+    @torch.jit.export
+    def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
+        self.row_tokens = self.row_tokens.clone()
+        return self.lookup(input_ids, rows, positions, slots)
+
+
 def table_model(cls, table: Tensor, device: str = "cpu"):
     return speculant.load(torch.jit.script(cls(table.float(), FIXED_MAX_LENGTH)), device=device)
 
@@ -191,6 +201,18 @@ def test_fixed_calls_cover_every_row_and_slot():
     with pytest.raises(torch.jit.Error, match="FixedOnlyRows"):  # dynamic calls do not cover them: the check bites
         speculant.SpeculativeDecoder(*strict, gamma=GAMMA, cuda_graphs="off").generate(prompts, seed=5,
                                                                                        max_new_tokens=MAX_NEW)
+
+
+def test_fixed_shapes_refuse_a_cache_that_is_not_written_in_place():
+    """A module whose calls rebind their cache (a graph would replay into the old tensor and return wrong logits)
+    fails with fixed shapes, naming the tensor; with dynamic shapes it runs, as nothing is replayed."""
+    target, draft = markov.target_and_draft(5, 48, mask_prob=0.1)
+    models = table_model(RebindingRows, target), table_model(RebindingRows, draft)
+    with pytest.raises(ValueError, match="rebinds the module's tensor `row_tokens`.*must be written in place"):
+        speculant.SpeculativeDecoder(*models, gamma=GAMMA, cuda_graphs="fixed").generate([[4], [1, 0]], seed=1,
+                                                                                         max_new_tokens=MAX_NEW)
+    speculant.SpeculativeDecoder(*models, gamma=GAMMA, cuda_graphs="off").generate([[4], [1, 0]], seed=1,
+                                                                                   max_new_tokens=MAX_NEW)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -356,6 +378,22 @@ def test_cuda_capture_failure_falls_back_with_one_warning():
     assert all(m._core.graph_failure and m._core.graphs_captured == 0 for m in models)
     torch.cuda.empty_cache()
     assert torch.ones(1 << 20, device="cuda").sum().item() == 1 << 20
+
+
+@pytest.mark.cuda
+def test_cuda_graphs_refuse_a_cache_that_is_not_written_in_place():
+    """A module that rebinds its cache is not captured (the rebinding is seen in the warm-up runs): one warning per
+    model names the tensor, and the calls run uncaptured with the tokens of graphs off."""
+    target, draft = markov.target_and_draft(16, 56, mask_prob=0.1)
+    models = table_model(RebindingRows, target, "cuda"), table_model(RebindingRows, draft, "cuda")
+    on = speculant.SpeculativeDecoder(*models, gamma=GAMMA, cuda_graphs="on")
+    with pytest.warns(RuntimeWarning, match="rebinds the module's tensor `row_tokens`"):
+        got = on.generate(PROMPTS, seed=9, max_new_tokens=MAX_NEW)
+    off = speculant.SpeculativeDecoder(*models, gamma=GAMMA, cuda_graphs="off").generate(PROMPTS, seed=9,
+                                                                                        max_new_tokens=MAX_NEW)
+    for a, b in zip(got, off):
+        assert_same_result(a, b, "rebinding cache", alpha_rel=0.0)
+    assert all(m._core.graphs_captured == 0 and "written in place" in m._core.graph_failure for m in models)
 
 
 CUDA_LAWS = [  # id, sampling, gamma, table seed, independent draft

@@ -147,8 +147,9 @@ def test_seeded_verification_law_is_exact(generic, config):
     law = exact_law(logits, q, tokens, config).ravel()
     assert (law > 0).sum() >= 4
     counts = np.zeros_like(law)
-    for seed in range(draws):
-        n, t, _, finite = _core._verify_step_seeded(logits, q, tokens, *config, seed=seed, generic=generic)
+    # one batch of `draws` rows, row i seeded with i: what verifying the rows one by one gives (tested below)
+    for n, t, _, finite in _core._verify_rows_seeded([(logits, q, tokens)] * draws, *config, seeds=list(range(draws)),
+                                                     generic=generic):
         assert finite
         counts[n * vocab + t] += 1
     assert counts[law == 0].sum() == 0, "an outcome of probability zero was drawn"
@@ -156,12 +157,41 @@ def test_seeded_verification_law_is_exact(generic, config):
     assert scipy.stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
 
 
+def verify_one(logits, q, tokens, config, seed, generic):
+    return _core._verify_rows_seeded([(logits, q, tokens)], *config, seeds=[seed], generic=generic)[0]
+
+
 def test_seeded_verification_flags_non_finite_target_rows():
     logits = logits_case(3, 5, seed=1)
     logits[2, 0] = float("nan")  # the bonus row: never read unless both drafts are kept, still checked
     q, tokens = draft_rows(2, 5, seed=2)
+    clean = logits_case(2, 5, seed=3)
+    q1, tokens1 = draft_rows(1, 5, seed=4)
+    config = (1.0, 0, 1.0, 1.0)
     for generic in (False, True):
-        assert _core._verify_step_seeded(logits, q, tokens, 1.0, 0, 1.0, 1.0, seed=0, generic=generic)[3] is False
+        assert verify_one(logits, q, tokens, config, 0, generic)[3] is False
+        batch = _core._verify_rows_seeded([(clean, q1, tokens1), (logits, q, tokens)], *config, seeds=[0, 1],
+                                          generic=generic)
+        assert [v[3] for v in batch] == [True, False], "only the row with the NaN is flagged"
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["host", "tensor"])
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+def test_a_batch_verifies_each_row_as_alone(generic, config):
+    """Rows of different gamma (0 to 3) in one batched verification: each gets exactly the verdict it gets alone
+    with its seed (the tensor path pads the rows to the longest draft and reads them back at once)."""
+    vocab = 7
+    rows = []
+    for i, gamma in enumerate([2, 0, 3, 1, 3, 0]):
+        q, tokens = draft_rows(gamma, vocab, seed=20 + i) if gamma else (torch.empty(0, vocab), torch.empty(0).long())
+        rows.append((logits_case(gamma + 1, vocab, seed=40 + i) * 0.5, q, tokens))
+    for draw in range(20):
+        seeds = [1000 * draw + i for i in range(len(rows))]
+        batch = _core._verify_rows_seeded(rows, *config, seeds=seeds, generic=generic)
+        for row, seed, got in zip(rows, seeds, batch):
+            n, t, betas, finite = verify_one(*row, config, seed, generic)
+            assert got[:2] == (n, t) and got[3] == finite
+            np.testing.assert_array_equal(got[2], betas)
 
 
 def test_inverse_cdf_never_returns_a_zero_probability_token():

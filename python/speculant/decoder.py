@@ -236,6 +236,22 @@ def _rows(value, name: str, tokenizer=None, attention_mask=None) -> Tuple[List[L
     return out, len(rows) > 1
 
 
+def _eos_ids(value) -> List[int]:
+    """eos_token_id as the engine takes it: None, one id, or several (Llama 3 stops at any of its EOS ids)."""
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        if value.dim() > 1 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise ValueError(f"eos_token_id must be an integer or a sequence of integers, got a {value.dtype} tensor "
+                             f"of shape {list(value.shape)}")
+        value = value.tolist()
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return [_integer(value, "eos_token_id", 0)]
+    if isinstance(value, (list, tuple)) and value:
+        return [_integer(v, f"eos_token_id[{i}]", 0) for i, v in enumerate(value)]
+    raise ValueError(f"eos_token_id must be an integer >= 0 or a non-empty sequence of them, got {value!r}")
+
+
 def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id,
          seed, profile, schedule=None, tokenizer=None, attention_mask=None) -> Union[Result, List[Result]]:
     tokenizer = _tokenizer(tokenizer)
@@ -254,7 +270,7 @@ def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, m
     # The engine adds the prompt's length to max_new_tokens in int64.
     longest = max(len(p) for p in prompts)
     max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0, INT64_MAX - longest)
-    eos = None if eos_token_id is None else _integer(eos_token_id, "eos_token_id", 0)
+    eos = _eos_ids(eos_token_id)
     seed = None if seed is None else _integer(seed, "seed", 0, 2**64 - 1)
     generations = decoder.generate_batch(prompts, sources, max_new_tokens, eos, seed, _flag(profile, "profile"),
                                          **(schedule or {}))
@@ -323,12 +339,13 @@ class SpeculativeDecoder:
 
     def generate(self, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
                  input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
-                 eos_token_id: Optional[int] = None, seed: Optional[int] = None, profile: bool = False,
+                 eos_token_id: Union[int, Sequence[int], None] = None, seed: Optional[int] = None, profile: bool = False,
                  gamma_policy: str = "fixed", max_gamma: Optional[int] = None, cost: Optional[float] = None,
                  do_sample: Optional[bool] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, tokenizer: Any = None,
                  attention_mask: Optional[PromptIds] = None) -> Union[Result, List[Result]]:
-        """Generates up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after ``eos_token_id``.
+        """Generates up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after ``eos_token_id`` (one
+        id, or several: a row stops just after any of them, as with Llama 3's several end tokens).
 
         The prompt (``prompt_ids``, or ``input_ids`` as transformers names it): token ids as a list, a 1-D or
         [1, T] tensor or numpy array, a tokenizer's output (a BatchEncoding), or a string with ``tokenizer=``
@@ -376,7 +393,7 @@ class SpeculativeDecoder:
 def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
              input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, do_sample: Optional[bool] = None,
-             eos_token_id: Optional[int] = None, seed: Optional[int] = None, profile: bool = False,
+             eos_token_id: Union[int, Sequence[int], None] = None, seed: Optional[int] = None, profile: bool = False,
              tokenizer: Any = None, attention_mask: Optional[PromptIds] = None,
              cuda_graphs: str = "auto") -> Union[Result, List[Result]]:
     """Plain autoregressive decoding of ``target`` through the same engine (gamma = 0): the baseline.
