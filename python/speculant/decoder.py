@@ -339,8 +339,9 @@ class SpeculativeDecoder:
 
     def generate(self, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
                  input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
-                 eos_token_id: Union[int, Sequence[int], None] = None, seed: Optional[int] = None, profile: bool = False,
-                 gamma_policy: str = "fixed", max_gamma: Optional[int] = None, cost: Optional[float] = None,
+                 eos_token_id: Union[int, Sequence[int], None] = None, seed: Optional[int] = None,
+                 profile: bool = False, gamma_policy: str = "fixed", max_gamma: Optional[int] = None,
+                 cost: Optional[float] = None,
                  do_sample: Optional[bool] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, tokenizer: Any = None,
                  attention_mask: Optional[PromptIds] = None) -> Union[Result, List[Result]]:
