@@ -16,6 +16,7 @@
 #include "sampling.h"
 #include "speculative.h"
 #include "step.h"
+#include "tree.h"
 
 namespace py = pybind11;
 using namespace speculant;
@@ -206,6 +207,36 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("rows"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("lenience"),
         py::arg("seeds"), py::arg("generic"));
+
+  // Token trees (tree.h), for the tests: the parents of a shape, a node's children, one tree's verification
+  // drawn with each of `seeds` -> [(path, path_tokens, t, accepted_rank, finite)].
+  m.def("_tree_parents", [](const std::vector<int64_t>& shape) { return Tree::from_shape(shape).parents(); },
+        py::arg("shape"));
+  m.def("_draw_children",
+        [](const at::Tensor& q, int64_t k, bool replacement, bool greedy, uint64_t seed) {
+          at::Generator generator = make_generator(q.device(), seed);
+          return draw_children(q, k, replacement ? Siblings::with_replacement : Siblings::without_replacement, greedy,
+                               generator);
+        },
+        py::arg("q"), py::arg("k"), py::arg("replacement"), py::arg("greedy"), py::arg("seed"));
+  m.def("_verify_tree_seeded",
+        [](const std::vector<int64_t>& parents, const at::Tensor& target_logits, const at::Tensor& q,
+           const at::Tensor& tokens, double temperature, int64_t top_k, double top_p, double lenience,
+           bool replacement, const std::vector<uint64_t>& seeds) {
+          const Tree tree(parents);
+          const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
+          py::list out;
+          for (const uint64_t seed : seeds) {
+            at::Generator generator = make_generator(target_logits.device(), seed);
+            TreeVerdict v = verify_tree(tree, target_logits, q, tokens.to(at::kLong), config,
+                                        replacement ? Siblings::with_replacement : Siblings::without_replacement,
+                                        generator);
+            out.append(py::make_tuple(v.path, v.path_tokens, v.host_token, v.accepted_rank, v.finite));
+          }
+          return out;
+        },
+        py::arg("parents"), py::arg("target_logits"), py::arg("q"), py::arg("tokens"), py::arg("temperature"),
+        py::arg("top_k"), py::arg("top_p"), py::arg("lenience"), py::arg("replacement"), py::arg("seeds"));
 
   py::class_<Iteration>(m, "Iteration")
       .def_readonly("drafted", &Iteration::drafted)

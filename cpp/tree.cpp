@@ -1,0 +1,178 @@
+#include "tree.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "errors.h"
+#include "speculative.h"
+
+namespace speculant {
+
+Tree::Tree(std::vector<int64_t> parent) : parent_(std::move(parent)) {
+  require(!parent_.empty() && parent_[0] == -1, "a tree's node 0 is its root, with parent -1");
+  const auto size = static_cast<int64_t>(parent_.size());
+  depth_.assign(size, 0);
+  first_child_.assign(size, -1);
+  children_.assign(size, 0);
+  for (int64_t i = 1; i < size; ++i) {
+    const int64_t up = parent_[i];
+    require(up >= 0 && up < i, "tree node {} has parent {}: a node's parent comes before it (breadth-first order)",
+            i, up);
+    require(i == 1 || up >= parent_[i - 1],
+            "tree node {} has parent {} after a node with parent {}: siblings must be contiguous, in "
+            "breadth-first order (parents nondecreasing)", i, up, parent_[i - 1]);
+    depth_[i] = depth_[up] + 1;
+    require(depth_[i] >= depth_[i - 1], "tree node {} is shallower than node {}: breadth-first order", i, i - 1);
+    if (children_[up]++ == 0) first_child_[up] = i;
+  }
+}
+
+Tree Tree::from_shape(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> parent{-1};
+  int64_t level_begin = 0, level_end = 1;  // the nodes of the current depth
+  for (size_t i = 0; i < shape.size(); ++i) {
+    require(shape[i] >= 1, "tree[{}] = {}: every depth needs at least one child per node", i, shape[i]);
+    require(static_cast<double>(level_end - level_begin) * static_cast<double>(shape[i]) <= 4096.0,
+            "tree: depth {} would hold more than 4096 nodes", i + 1);
+    for (int64_t node = level_begin; node < level_end; ++node) {
+      for (int64_t k = 0; k < shape[i]; ++k) parent.push_back(node);
+    }
+    level_begin = level_end;
+    level_end = static_cast<int64_t>(parent.size());
+  }
+  return Tree(std::move(parent));
+}
+
+int64_t Tree::max_children() const { return *std::max_element(children_.begin(), children_.end()); }
+
+at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, bool greedy, at::Generator& generator) {
+  require(q.dim() == 1 && q.size(0) > 0, "draw_children: q must be one row [V]");
+  require(k >= 1, "draw_children: k must be >= 1, got {}", k);
+  if (greedy) {
+    require(k <= q.size(0), "a node's {} children at temperature 0 are the draft's top {}, but V = {}", k, k,
+            q.size(0));
+    // the k highest scores, the first index on ties (a stable descending sort)
+    return std::get<1>(q.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true)).narrow(0, 0, k);
+  }
+  at::Tensor rows = q.to(at::kDouble).unsqueeze(0);  // [1, V]
+  if (siblings == Siblings::with_replacement) {
+    const at::Tensor uniforms = at::rand({k, 1}, generator, rows.options());
+    return sample_inverse_cdf(rows.expand({k, q.size(0)}), uniforms);  // [k]
+  }
+  // Without replacement: each draw from what the earlier ones left. Once q's support is used up the remaining
+  // children are drawn from a zero row (an arbitrary token), and verify_tree never accepts them.
+  std::vector<at::Tensor> drawn;
+  at::Tensor left = rows.clone();
+  for (int64_t j = 0; j < k; ++j) {
+    const at::Tensor x = sample_inverse_cdf(left, at::rand({1, 1}, generator, rows.options()));  // [1]
+    left.index_fill_(1, x, 0.0);
+    drawn.push_back(x);
+  }
+  return at::cat(drawn);
+}
+
+TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
+                        const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
+                        at::Generator& generator) {
+  const int64_t size = tree.size();
+  require(target_logits.dim() == 2 && target_logits.size(0) == size,
+          "target_logits must be [tree nodes, V] = [{}, V], got {} rows", size, target_logits.size(0));
+  require(q.dim() == 2 && q.size(0) == size && q.size(1) == target_logits.size(1),
+          "q must be [tree nodes, V] = [{}, {}]", size, target_logits.size(1));
+  require(tokens.dim() == 1 && tokens.size(0) == size && tokens.scalar_type() == at::kLong,
+          "tokens must be int64 [tree nodes] = [{}]", size);
+  require(config.lenience == 1.0, "lenience must be 1 with a tree of drafts (A.5's bound is proven for one "
+          "draft per position); got {}", config.lenience);
+  const auto long_options = target_logits.options().dtype(at::kLong);
+
+  // The internal nodes (with children) and their children as an [M, K] table, padded with node 0.
+  std::vector<int64_t> internal, child_nodes, index_of(size, -1);
+  const int64_t k_max = std::max<int64_t>(tree.max_children(), 1);
+  for (int64_t node = 0; node < size; ++node) {
+    if (tree.children(node) == 0) continue;
+    index_of[node] = static_cast<int64_t>(internal.size());
+    internal.push_back(node);
+    for (int64_t j = 0; j < k_max; ++j) child_nodes.push_back(j < tree.children(node) ? tree.first_child(node) + j : 0);
+  }
+  const auto m = static_cast<int64_t>(internal.size());
+
+  at::Tensor maxima;
+  at::Tensor p = standardize_generic(target_logits, config, &maxima);  // [N + 1, V]
+  at::Tensor dist = p.clone();  // row i: the law of t if the walk stops at node i
+  at::Tensor accept = at::zeros({m, k_max}, p.options());  // [M, K]
+  at::Tensor beta = at::zeros({m}, p.options());
+  if (m > 0) {
+    const at::Tensor nodes = at::tensor(internal, long_options);                                   // [M]
+    const at::Tensor x = tokens.index_select(0, at::tensor(child_nodes, long_options)).view({m, k_max});  // [M, K]
+    std::vector<int64_t> counts;
+    for (const int64_t node : internal) counts.push_back(tree.children(node));
+    const at::Tensor count = at::tensor(counts, long_options);                                     // [M]
+    at::Tensor p_j = p.index_select(0, nodes);                                                     // [M, V]
+    at::Tensor q_left = q.to(p.scalar_type()).index_select(0, nodes);                              // [M, V]
+    beta = at::minimum(p_j, q_left).sum(-1);
+    const at::Tensor greedy_token = p_j.argmax(-1);                                                // [M]
+    std::vector<at::Tensor> columns;
+    for (int64_t j = 0; j < k_max; ++j) {
+      const at::Tensor has = count > j;                                                            // [M]
+      const at::Tensor x_j = x.select(1, j).unsqueeze(1);                                          // [M, 1]
+      if (config.greedy()) {
+        columns.push_back((x_j.squeeze(1) == greedy_token).logical_and(has).to(p.scalar_type()));
+        continue;
+      }
+      // q_j: q without the earlier siblings (without replacement), renormalized; a zero row: no draft left
+      const at::Tensor mass = q_left.sum(-1, /*keepdim=*/true);                                    // [M, 1]
+      const at::Tensor q_j = q_left / mass.clamp_min(std::numeric_limits<double>::min());
+      const at::Tensor q_x = q_j.gather(1, x_j);                                                   // [M, 1]
+      const at::Tensor a = acceptance_probability(p_j.gather(1, x_j), q_x, 1.0).squeeze(1);
+      // a child q_j could not have drawn (its support used up) is never accepted
+      columns.push_back(at::where(has.logical_and(q_x.squeeze(1) > 0), a, at::zeros_like(a)));
+      // a rejection leaves the residual, once x_j is tried (rows without a child j keep theirs)
+      p_j = at::where(has.unsqueeze(1), residual(p_j, q_j), p_j);
+      if (siblings == Siblings::without_replacement) {
+        q_left = at::where(has.unsqueeze(1), q_left.scatter(1, x_j, 0.0), q_left);
+      }
+    }
+    accept = at::stack(columns, 1);                                                                // [M, K]
+    if (!config.greedy()) dist.index_copy_(0, nodes, p_j);  // every child rejected: t ~ p_{k+1}
+  }
+  // Draws: one uniform per (internal node, child), then one per node for its candidate t.
+  const at::Tensor accepted = at::rand({m, k_max}, generator, p.options()) < accept;               // [M, K]
+  const at::Tensor candidates = config.greedy()
+                                    ? dist.argmax(-1)
+                                    : sample_inverse_cdf(dist, at::rand({size, 1}, generator,
+                                                                        p.options().dtype(at::kDouble)));  // [N + 1]
+  const at::Tensor bad = at::isfinite(maxima).all().logical_not().view({1});
+
+  // The one device -> host read, in float64: [accepted (M K), candidates (N + 1), tokens (N + 1), beta (M), bad].
+  const at::Tensor host = at::cat({accepted.flatten().to(at::kDouble), candidates.to(at::kDouble),
+                                   tokens.to(at::kDouble), beta.to(at::kDouble), bad.to(at::kDouble)}).cpu();
+  const double* h = host.const_data_ptr<double>();
+  const double* flags = h;
+  const double* candidate = h + m * k_max;
+  const double* token = candidate + size;
+  const double* betas = token + size;
+  TreeVerdict out;
+  out.finite = betas[m] == 0;
+  for (int64_t node = 0;;) {
+    const int64_t row = index_of[node];
+    int64_t chosen = -1;
+    if (row >= 0) {
+      out.betas.push_back(betas[row]);
+      for (int64_t j = 0; j < tree.children(node) && chosen < 0; ++j) {
+        if (flags[row * k_max + j] != 0) chosen = j;
+      }
+    }
+    out.accepted_rank.push_back(chosen);
+    if (chosen < 0) {
+      out.host_token = static_cast<int64_t>(candidate[node]);
+      out.token = candidates.narrow(0, node, 1);
+      break;
+    }
+    node = tree.first_child(node) + chosen;
+    out.path.push_back(node);
+    out.path_tokens.push_back(static_cast<int64_t>(token[node]));
+  }
+  return out;
+}
+
+}  // namespace speculant

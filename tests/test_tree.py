@@ -1,0 +1,263 @@
+"""Token trees, one iteration (cpp/tree.h): the shape, the children a node draws, and multi-draft verification.
+
+The rule (tree.h): at a node, the children are tried in the order they were drawn, each by one step of
+speculative sampling against what the earlier rejections left of p (the residual), with q itself (children drawn
+with replacement) or q without the earlier siblings (without replacement); the first accepted child becomes the
+next node, and when all are rejected t is drawn from the last residual (at a leaf: from p).
+
+* Exact, by enumeration (float64, no sampling): on Markov tables (each token's next-token law depends on it alone),
+  the law of what one iteration emits, drafting included, completed by the target to depth + 1 tokens, equals
+  the target's own law of depth + 1 tokens, for several shapes, sampling modes (temperature, top-k, top-p) and
+  both ways of drawing children. ``iteration_law`` below is the rule written out; the enumeration proves it
+  exact, and the chi-square tests check that the C++ (draw_children + verify_tree) samples that same law.
+* Statistical: Pearson chi-square of the emitted sequences (pooled to expected counts >= 5) against
+  ``iteration_law`` at SIGNIFICANCE = 1e-3 per test with fixed seeds: 8 tests, at most 0.8% family-wise false
+  failures for a fresh choice of seeds (Bonferroni).
+* Greedy: top-k children, the longest path of argmax agreement, t the argmax: exactly the enumerated walk.
+"""
+
+import itertools
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+import reference
+from chisquare import pooled
+from speculant import _core
+
+SIGNIFICANCE = 1e-3
+VOCAB = 5
+F64 = torch.float64
+
+
+def tables(seed: int, masked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target and draft logits [V, V]: row x is the next-token logits after token x (the draft a perturbation)."""
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.randn(VOCAB, VOCAB, generator=gen, dtype=F64) * 1.5
+    draft = target + torch.randn(VOCAB, VOCAB, generator=gen, dtype=F64) * 1.0
+    if masked:
+        target[:, 0] = -float("inf")  # a token the target never emits: the draft's mass there is always rejected
+    return target, draft
+
+
+def standardized(table: torch.Tensor, config) -> torch.Tensor:
+    temperature, top_k, top_p = config
+    return reference.standardize(table, temperature, top_k, top_p)
+
+
+# ------------------------------------------------------------------------------------------------
+# The rule, written out (float64), and its exactness
+# ------------------------------------------------------------------------------------------------
+
+
+def iteration_law(p_table, q_table, root: int, shape, replacement: bool) -> dict:
+    """Exact law of the tokens one iteration emits (accepted path + t) after `root`, drafting included: every
+    node of depth i draws shape[i] children from q at its token, then the tree is verified (tree.h)."""
+
+    def node(token: int, depth: int) -> dict:
+        p = p_table[token]
+        if depth == len(shape):
+            return {(t,): float(p[t]) for t in range(VOCAB) if p[t] > 0}
+        return siblings(token, depth, 0, p, q_table[token].clone())
+
+    def siblings(token: int, depth: int, j: int, p_j, q_left) -> dict:
+        if j == shape[depth]:
+            return {(t,): float(p_j[t]) for t in range(VOCAB) if p_j[t] > 0}
+        mass = float(q_left.sum())
+        if mass == 0:  # q's support used up: the child is arbitrary, never accepted, and leaves p_j as it is
+            return siblings(token, depth, j + 1, p_j, q_left)
+        q_j = q_left / mass
+        out = defaultdict(float)
+        for x in range(VOCAB):
+            if q_j[x] == 0:
+                continue
+            a = float(reference.acceptance_probability(p_j[x], q_j[x]))
+            if a > 0:
+                for seq, prob in node(x, depth + 1).items():
+                    out[(x,) + seq] += float(q_j[x]) * a * prob
+            if a < 1:
+                left = q_left if replacement else q_left.clone().index_fill_(0, torch.tensor([x]), 0.0)
+                for seq, prob in siblings(token, depth, j + 1, reference.residual(p_j, q_j), left).items():
+                    out[seq] += float(q_j[x]) * (1 - a) * prob
+        return out
+
+    return node(root, 0)
+
+
+def completed(law: dict, p_table, length: int) -> np.ndarray:
+    """The law of `length` tokens: each emitted sequence continued by the target (Markov) to `length` tokens."""
+    out = np.zeros((VOCAB,) * length)
+    for seq, prob in law.items():
+        for rest in itertools.product(range(VOCAB), repeat=length - len(seq)):
+            full, weight = seq + rest, prob
+            for previous, token in zip(full[len(seq) - 1:], rest):
+                weight *= float(p_table[previous][token])
+            out[full] += weight
+    return out
+
+
+def target_law(p_table, root: int, length: int) -> np.ndarray:
+    return completed({(t,): float(p_table[root][t]) for t in range(VOCAB)}, p_table, length)
+
+
+SHAPES = [[1], [3], [1, 1, 1], [2, 2], [3, 1], [1, 3], [2, 1, 2]]
+CONFIGS = [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 2, 1.0), (1.3, 0, 0.8)]  # temperature, top_k, top_p
+
+
+@pytest.mark.parametrize("replacement", [True, False], ids=["with", "without"])
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_one_iteration_is_exact(shape, config, replacement):
+    target, draft = tables(seed=len(shape) * 10 + shape[0])
+    p_table, q_table = standardized(target, config), standardized(draft, config)
+    law = iteration_law(p_table, q_table, root=1, shape=shape, replacement=replacement)
+    assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+    length = len(shape) + 1
+    np.testing.assert_allclose(completed(law, p_table, length), target_law(p_table, 1, length), rtol=0, atol=1e-12)
+
+
+def test_more_children_keep_more_tokens():
+    """What trees are for: with the same depth, siblings raise the expected tokens per iteration."""
+    target, draft = tables(seed=3)
+    config = (1.0, 0, 1.0)
+    p_table, q_table = standardized(target, config), standardized(draft, config)
+
+    def mean_length(shape, replacement):
+        law = iteration_law(p_table, q_table, 2, shape, replacement)
+        return sum(len(seq) * prob for seq, prob in law.items())
+
+    chain, wide, wider = mean_length([1, 1], True), mean_length([2, 2], True), mean_length([3, 3], False)
+    assert chain < wide < wider
+
+
+# ------------------------------------------------------------------------------------------------
+# The C++: shapes, children, verification
+# ------------------------------------------------------------------------------------------------
+
+
+def test_shapes():
+    assert _core._tree_parents([1, 1, 1]) == [-1, 0, 1, 2]
+    assert _core._tree_parents([2, 2]) == [-1, 0, 0, 1, 1, 2, 2]
+    assert _core._tree_parents([3, 1]) == [-1, 0, 0, 0, 1, 2, 3]
+    assert _core._tree_parents([]) == [-1]
+    for bad, message in (([0], r"tree\[0\] = 0"), ([64, 64, 64], "more than 4096 nodes")):
+        with pytest.raises(ValueError, match=message):
+            _core._tree_parents(bad)
+    q = torch.full((4, VOCAB), 1.0 / VOCAB, dtype=F64)
+    tokens = torch.zeros(4, dtype=torch.long)
+    for parents, message in (([0, 0], "root, with parent -1"), ([-1, 1], "comes before it"),
+                             ([-1, 0, 1, 0], "parents nondecreasing")):
+        with pytest.raises(ValueError, match=message):
+            _core._verify_tree_seeded(parents, q, q, tokens, 1.0, 0, 1.0, 1.0, True, [0])
+
+
+def test_children_without_replacement_are_distinct_and_within_the_support():
+    q = torch.tensor([0.0, 0.5, 0.3, 0.2, 0.0], dtype=F64)
+    for seed in range(200):
+        children = _core._draw_children(q, 3, replacement=False, greedy=False, seed=seed).tolist()
+        assert sorted(children) == [1, 2, 3]
+    counts = np.bincount([_core._draw_children(q, 1, False, False, seed=s).item() for s in range(4000)],
+                         minlength=VOCAB)
+    assert counts[0] == counts[4] == 0
+    expected = q.numpy()[1:4] * 4000
+    assert scipy.stats.chisquare(counts[1:4], expected).pvalue > SIGNIFICANCE
+    assert _core._draw_children(torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1]), 3, True, greedy=True, seed=0).tolist() == \
+        [1, 2, 3]  # the top 3, the first index on ties
+
+
+def draw_tree(parents, q_table, draft_scores, root, replacement, greedy, seed):
+    """Node tokens drawn as the decoder's drafter draws them: each internal node's children from q at its token."""
+    tokens = [root] * len(parents)
+    children = defaultdict(list)
+    for node, parent in enumerate(parents[1:], start=1):
+        children[parent].append(node)
+    for node in range(len(parents)):  # breadth-first: a node's token is set before its children are drawn
+        if children[node]:
+            scores = draft_scores[tokens[node]] if greedy else q_table[tokens[node]]
+            drawn = _core._draw_children(scores, len(children[node]), replacement, greedy, seed * 1000 + node)
+            for child, token in zip(children[node], drawn.tolist()):
+                tokens[child] = token
+    return torch.tensor(tokens)
+
+
+def run_tree(shape, target, draft, config, replacement, draws, greedy=False, root=1):
+    """Emitted sequences of `draws` iterations, each with a freshly drawn tree (seed i)."""
+    parents = _core._tree_parents(shape)
+    temperature, top_k, top_p = config
+    q_table = standardized(draft, config)
+    out = []
+    for seed in range(draws):
+        tokens = draw_tree(parents, q_table, draft, root, replacement, greedy, seed)
+        path, path_tokens, t, ranks, finite = _core._verify_tree_seeded(
+            parents, target[tokens], q_table[tokens], tokens, temperature, top_k, top_p, 1.0, replacement, [seed])[0]
+        assert finite and len(ranks) == len(path) + 1
+        assert path_tokens == tokens[path].tolist()
+        assert [parents[node] for node in path] == ([0] + path)[:len(path)], "the path goes down the tree"
+        out.append(tuple(path_tokens) + (t,))
+    return out
+
+
+STAT_CASES = [  # shape, config, replacement, table seed
+    ([2, 2], (1.0, 0, 1.0), True, 31),
+    ([2, 2], (1.0, 0, 1.0), False, 32),
+    ([3, 1], (0.7, 2, 1.0), True, 33),
+    ([3, 1], (0.7, 2, 1.0), False, 34),
+    ([1, 3], (1.3, 0, 0.8), False, 35),
+    ([4], (1.0, 3, 1.0), False, 36),  # more children than top-k leaves: the support runs out
+    ([2, 1, 2], (1.0, 0, 1.0), True, 37),
+    ([1, 1, 1], (1.0, 0, 1.0), True, 38),
+]
+
+
+@pytest.mark.parametrize("case", STAT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{'with' if c[2] else 'without'}")
+def test_cpp_samples_the_exact_law(case):
+    shape, config, replacement, seed = case
+    draws = 3000
+    target, draft = tables(seed)
+    law = iteration_law(standardized(target, config), standardized(draft, config), 1, shape, replacement)
+    counts = defaultdict(int)
+    for seq in run_tree(shape, target, draft, config, replacement, draws):
+        counts[seq] += 1
+    impossible = [seq for seq in counts if law.get(seq, 0.0) == 0.0]
+    assert not impossible, f"sequences of probability zero were emitted: {impossible}"
+    cells = sorted(law)
+    expected, observed = pooled(np.array([law[c] for c in cells]) * draws, np.array([counts[c] for c in cells], float))
+    expected *= observed.sum() / expected.sum()
+    assert scipy.stats.chisquare(observed, expected).pvalue > SIGNIFICANCE
+
+
+@pytest.mark.parametrize("shape", [[2, 2], [3, 1], [1, 1, 1], [4, 2]], ids=str)
+def test_greedy_is_the_longest_argmax_agreement(shape):
+    target, draft = tables(seed=41, masked=False)
+    for root in range(VOCAB):
+        parents = _core._tree_parents(shape)
+        tokens = draw_tree(parents, None, draft, root, True, True, seed=0)
+        (path, path_tokens, t, ranks, _), = _core._verify_tree_seeded(
+            parents, target[tokens], standardized(draft, (0.0, 0, 1.0))[tokens], tokens, 0.0, 0, 1.0, 1.0, True, [0])
+        want, node = [], 0
+        children = defaultdict(list)
+        for n, parent in enumerate(parents[1:], start=1):
+            children[parent].append(n)
+        while True:
+            best = int(target[tokens[node]].argmax())
+            match = [c for c in children[node] if tokens[c] == best]
+            if not match:
+                break
+            node = match[0]
+            want.append(best)
+        assert path_tokens == want and t == int(target[tokens[node]].argmax())
+
+
+def test_lenience_is_refused_and_non_finite_logits_are_flagged():
+    parents = _core._tree_parents([2])
+    target, draft = tables(seed=5)
+    tokens = torch.tensor([1, 2, 3])
+    q = standardized(draft, (1.0, 0, 1.0))[tokens]
+    with pytest.raises(ValueError, match="lenience must be 1 with a tree"):
+        _core._verify_tree_seeded(parents, target[tokens], q, tokens, 1.0, 0, 1.0, 0.5, True, [0])
+    logits = target[tokens].clone()
+    logits[2, 1] = float("nan")  # a leaf's row: never read unless reached, still checked
+    assert _core._verify_tree_seeded(parents, logits, q, tokens, 1.0, 0, 1.0, 1.0, True, [0])[0][4] is False
