@@ -79,6 +79,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("capture_obstacle", &Model::capture_obstacle)
       .def_property_readonly("graph_failure", &Model::graph_failure)
       .def_property_readonly("graphs_captured", &Model::graphs_captured)
+      .def_property_readonly("tree_obstacle", &Model::tree_obstacle)
       .def_property_readonly("encoder_decoder", &Model::encoder_decoder)
       .def_property_readonly("max_source_length", &Model::max_source_length)
       .def_property_readonly("metadata", [](const Model& model) { return py::bytes(model.metadata()); });
@@ -213,30 +214,35 @@ PYBIND11_MODULE(_core, m) {
   m.def("_tree_parents", [](const std::vector<int64_t>& shape) { return Tree::from_shape(shape).parents(); },
         py::arg("shape"));
   m.def("_draw_children",
-        [](const at::Tensor& q, int64_t k, bool replacement, bool greedy, uint64_t seed) {
+        [](const at::Tensor& q, int64_t k, bool replacement, bool greedy, uint64_t seed, bool generic) {
           at::Generator generator = make_generator(q.device(), seed);
-          return draw_children(q, k, replacement ? Siblings::with_replacement : Siblings::without_replacement, greedy,
-                               generator);
+          const Siblings siblings = replacement ? Siblings::with_replacement : Siblings::without_replacement;
+          return generic && !greedy ? draw_children_generic(q, k, siblings, generator)
+                                    : draw_children(q, k, siblings, greedy, generator);
         },
-        py::arg("q"), py::arg("k"), py::arg("replacement"), py::arg("greedy"), py::arg("seed"));
+        py::arg("q"), py::arg("k"), py::arg("replacement"), py::arg("greedy"), py::arg("seed"),
+        py::arg("generic") = false);
   m.def("_verify_tree_seeded",
         [](const std::vector<int64_t>& parents, const at::Tensor& target_logits, const at::Tensor& q,
            const at::Tensor& tokens, double temperature, int64_t top_k, double top_p, double lenience,
-           bool replacement, const std::vector<uint64_t>& seeds) {
+           bool replacement, const std::vector<uint64_t>& seeds, bool generic) {
           const Tree tree(parents);
           const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
+          const Siblings siblings = replacement ? Siblings::with_replacement : Siblings::without_replacement;
           py::list out;
           for (const uint64_t seed : seeds) {
             at::Generator generator = make_generator(target_logits.device(), seed);
-            TreeVerdict v = verify_tree(tree, target_logits, q, tokens.to(at::kLong), config,
-                                        replacement ? Siblings::with_replacement : Siblings::without_replacement,
-                                        generator);
+            TreeVerdict v = generic ? verify_tree_generic(tree, target_logits, q, tokens.to(at::kLong), config,
+                                                          siblings, generator)
+                                    : verify_tree(tree, target_logits, q, tokens.to(at::kLong), config, siblings,
+                                                  generator);
             out.append(py::make_tuple(v.path, v.path_tokens, v.host_token, v.accepted_rank, v.finite));
           }
           return out;
         },
         py::arg("parents"), py::arg("target_logits"), py::arg("q"), py::arg("tokens"), py::arg("temperature"),
-        py::arg("top_k"), py::arg("top_p"), py::arg("lenience"), py::arg("replacement"), py::arg("seeds"));
+        py::arg("top_k"), py::arg("top_p"), py::arg("lenience"), py::arg("replacement"), py::arg("seeds"),
+        py::arg("generic") = false);
 
   py::class_<Iteration>(m, "Iteration")
       .def_readonly("drafted", &Iteration::drafted)
@@ -259,6 +265,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("accepted_tokens", &Stats::accepted_tokens)
       .def_readonly("drafted_per_position", &Stats::drafted_per_position)
       .def_readonly("accepted_per_position", &Stats::accepted_per_position)
+      .def_readonly("tree_visits", &Stats::tree_visits)
+      .def_readonly("tree_accepted", &Stats::tree_accepted)
       .def_property_readonly("tokens_per_target_call", &Stats::tokens_per_target_call)
       .def_property_readonly("acceptance_rate", &Stats::acceptance_rate)
       .def_property_readonly("alpha", &Stats::alpha)
@@ -278,6 +286,8 @@ PYBIND11_MODULE(_core, m) {
         d["accepted_tokens"] = s.accepted_tokens;
         d["drafted_per_position"] = s.drafted_per_position;
         d["accepted_per_position"] = s.accepted_per_position;
+        d["tree_visits"] = s.tree_visits;
+        d["tree_accepted"] = s.tree_accepted;
         d["tokens_per_target_call"] = s.tokens_per_target_call();
         d["acceptance_rate"] = s.acceptance_rate();
         d["alpha"] = s.alpha();
@@ -303,7 +313,8 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Drafter, std::shared_ptr<Drafter>>(m, "Drafter")
       .def_property_readonly("vocab_size", &Drafter::vocab_size)
       .def_property_readonly("device", [](const Drafter& d) { return d.device().str(); })
-      .def_property_readonly("kind", &Drafter::name);
+      .def_property_readonly("kind", &Drafter::name)
+      .def_property_readonly("tree_obstacle", &Drafter::tree_obstacle);
   m.def("model_drafter", &model_drafter, py::arg("model"));
   m.def("unigram_drafter",
         [](const at::Tensor& unigram, const std::string& device) { return unigram_drafter(unigram, at::Device(device)); },
@@ -320,22 +331,25 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("vocab_size"), py::arg("min_ngram"), py::arg("max_ngram"), py::arg("device"));
   m.def("python_drafter",
-        [](py::object propose, int64_t vocab, const std::string& device) {
-          return python_drafter(std::move(propose), vocab, at::Device(device));
+        [](py::object propose, int64_t vocab, const std::string& device, py::object score) {
+          return python_drafter(std::move(propose), vocab, at::Device(device), std::move(score));
         },
-        py::arg("propose"), py::arg("vocab_size"), py::arg("device"));
+        py::arg("propose"), py::arg("vocab_size"), py::arg("device"), py::arg("score") = py::none());
 
   py::class_<Decoder>(m, "Decoder")
       .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma,
                        double temperature, int64_t top_k, double top_p, double lenience,
-                       const std::string& target_shapes, const std::string& draft_shapes) {
+                       const std::string& target_shapes, const std::string& draft_shapes,
+                       const std::vector<int64_t>& tree, bool replacement) {
              return Decoder(std::move(target), std::move(draft), gamma,
                             SamplingConfig{temperature, top_k, top_p, lenience},
-                            parse_shapes(target_shapes, "target_shapes"), parse_shapes(draft_shapes, "draft_shapes"));
+                            parse_shapes(target_shapes, "target_shapes"), parse_shapes(draft_shapes, "draft_shapes"),
+                            tree, replacement ? Siblings::with_replacement : Siblings::without_replacement);
            }),
            py::arg("target"), py::arg("draft"), py::arg("gamma"), py::arg("temperature"), py::arg("top_k"),
            py::arg("top_p"), py::arg("lenience"), py::arg("target_shapes") = "dynamic",
-           py::arg("draft_shapes") = "dynamic")
+           py::arg("draft_shapes") = "dynamic", py::arg("tree") = std::vector<int64_t>{},
+           py::arg("replacement") = true)
       .def(
           "generate_batch",
           [](const Decoder& decoder, const std::vector<std::vector<int64_t>>& prompts,

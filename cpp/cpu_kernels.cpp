@@ -244,6 +244,95 @@ at::Tensor sample(const at::Tensor& probs, at::Generator& generator) {
   return out;
 }
 
+at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, const Uniform& uniform) {
+  const at::Tensor row = q.to(at::kDouble).contiguous();
+  const int64_t vocab = row.numel();
+  std::vector<double> left(row.const_data_ptr<double>(), row.const_data_ptr<double>() + vocab);
+  at::Tensor out = at::empty({k}, row.options().dtype(at::kLong));
+  int64_t* token = out.mutable_data_ptr<int64_t>();
+  for (int64_t j = 0; j < k; ++j) {
+    double mass = 0.0;
+#pragma omp simd reduction(+ : mass)
+    for (int64_t v = 0; v < vocab; ++v) mass += left[v];
+    token[j] = mass > 0 ? inverse_cdf(vocab, uniform(), [&left](int64_t v) { return left[v]; }) : 0;
+    if (siblings == Siblings::without_replacement) left[token[j]] = 0.0;
+  }
+  return out;
+}
+
+TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
+                        const SamplingConfig& config, Siblings siblings, const Uniform& uniform) {
+  std::vector<uint8_t> finite;
+  const at::Tensor p = standardize(target_logits, config, &finite).to(at::kDouble).contiguous();  // [N + 1, V]
+  const int64_t vocab = p.size(1);
+  const double* p_data = p.const_data_ptr<double>();
+  TreeVerdict out;
+  out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });
+  std::vector<double> p_j(vocab), q_left(vocab), q_j(vocab);
+  for (int64_t node = 0;;) {
+    const double* p_node = p_data + node * vocab;
+    const int64_t children = tree.children(node);
+    if (children == 0) {  // a leaf: t from p there
+      out.accepted_rank.push_back(-1);
+      out.host_token = config.greedy() ? argmax(p_node, vocab)
+                                       : inverse_cdf(vocab, uniform(), [p_node](int64_t v) { return p_node[v]; });
+      return out;
+    }
+    const at::Tensor q_row = q[node].to(at::kDouble).contiguous();  // [V]
+    const double* q_node = q_row.const_data_ptr<double>();
+    double beta = 0.0;
+#pragma omp simd reduction(+ : beta)
+    for (int64_t v = 0; v < vocab; ++v) beta += std::min(p_node[v], q_node[v]);
+    out.betas.push_back(beta);
+    int64_t chosen = -1;
+    if (config.greedy()) {  // the first child that is the target's argmax; else t is that argmax
+      const int64_t best = argmax(p_node, vocab);
+      for (int64_t j = 0; j < children && chosen < 0; ++j) {
+        if (tokens[tree.first_child(node) + j] == best) chosen = j;
+      }
+      out.accepted_rank.push_back(chosen);
+      if (chosen < 0) {
+        out.host_token = best;
+        return out;
+      }
+    } else {
+      std::copy(p_node, p_node + vocab, p_j.begin());
+      std::copy(q_node, q_node + vocab, q_left.begin());
+      for (int64_t j = 0; j < children && chosen < 0; ++j) {
+        const int64_t x = tokens[tree.first_child(node) + j];
+        // q_j: what is left of q (without replacement: the earlier siblings removed), renormalized
+        double mass = 0.0;
+#pragma omp simd reduction(+ : mass)
+        for (int64_t v = 0; v < vocab; ++v) mass += q_left[v];
+        const double scale = 1.0 / std::max(mass, std::numeric_limits<double>::min());
+        for (int64_t v = 0; v < vocab; ++v) q_j[v] = q_left[v] * scale;
+        // min(1, p_j(x) / q_j(x)); a child q_j could not have drawn is never accepted (speculative.h, tree.h)
+        const double accept = q_j[x] > 0 ? std::min(1.0, p_j[x] / q_j[x]) : 0.0;
+        if (uniform() < accept) {
+          chosen = j;
+          break;
+        }
+        // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself when that has no mass
+        double excess = 0.0;
+#pragma omp simd reduction(+ : excess)
+        for (int64_t v = 0; v < vocab; ++v) excess += std::max(0.0, p_j[v] - q_j[v]);
+        if (excess > 0) {
+          for (int64_t v = 0; v < vocab; ++v) p_j[v] = std::max(0.0, p_j[v] - q_j[v]) / excess;
+        }
+        if (siblings == Siblings::without_replacement) q_left[x] = 0.0;
+      }
+      out.accepted_rank.push_back(chosen);
+      if (chosen < 0) {  // every child rejected: t from the last residual
+        out.host_token = inverse_cdf(vocab, uniform(), [&p_j](int64_t v) { return p_j[v]; });
+        return out;
+      }
+    }
+    node = tree.first_child(node) + chosen;
+    out.path.push_back(node);
+    out.path_tokens.push_back(tokens[node]);
+  }
+}
+
 Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
                const SamplingConfig& config, const Uniform& uniform) {
   std::vector<uint8_t> finite;

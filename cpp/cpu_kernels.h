@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "sampling.h"
+#include "tree.h"
 
 namespace speculant::cpu {
 
@@ -48,6 +49,19 @@ struct Verdict {
 // (all are checked for finiteness) but evaluates beta and the residual only where Algorithm 1 reads them.
 Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
                const SamplingConfig& config, const Uniform& uniform);
+
+// draw_children() (tree.h) for a CPU row q [V], sampled (not greedy): k tokens, each by inverse CDF with one
+// uniform from what is left of q (without replacement: the tokens drawn before it removed); once nothing is
+// left, token 0 (verify_tree never accepts a token its q_j gives no mass).
+at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, const Uniform& uniform);
+
+// Multi-draft verification of a token tree for CPU tensors (tree.h's rule and arguments; tokens: the nodes'
+// tokens, host). Standardizes every target row (all are checked for finiteness) but walks down from the root
+// evaluating only the nodes it reaches: at each, its children's tests in rank order, one uniform each until
+// one is accepted (greedy: none), and at the node where it stops one uniform for t from the last residual
+// (greedy: the argmax of p there). verdict.token is left undefined (the caller makes it).
+TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
+                        const SamplingConfig& config, Siblings siblings, const Uniform& uniform);
 
 // Uniforms from a CPU generator, holding the generator's lock while it lives.
 class GeneratorUniform {

@@ -81,9 +81,10 @@ void check_shapes(const Model* model, Shapes shapes, const char* role) {
 }  // namespace
 
 Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma,
-                 SamplingConfig config, Shapes target_shapes, Shapes draft_shapes)
+                 SamplingConfig config, Shapes target_shapes, Shapes draft_shapes, std::vector<int64_t> tree,
+                 Siblings siblings)
     : target_(std::move(target)), draft_(std::move(draft)), gamma_(gamma), config_(config),
-      target_shapes_(target_shapes), draft_shapes_(draft_shapes) {
+      target_shapes_(target_shapes), draft_shapes_(draft_shapes), siblings_(siblings) {
   require(target_ != nullptr, "target must be a model");
   config_.validate();
   check_shapes(target_.get(), target_shapes_, "target");
@@ -99,9 +100,13 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
   require(draft_->vocab_size() == target_->vocab_size(),
           "target and draft vocabularies differ: target vocab_size = {}, draft vocab_size = {}. Both models' "
           "logits must index one vocabulary, the same token ids. Models that share a tokenizer often pad their "
-          "LM heads differently beyond it (to a multiple of 64 or 128): load the smaller one with "
-          "speculant.load(model, vocab_size=<the larger size>), which gives its padded ids -inf logits "
-          "(probability 0), so the output law stays exactly the target's",
+          "LM heads differently beyond it (to a multiple of 64 or 128): load the smaller one as a transformers "
+          "model or save_pretrained directory with speculant.load(model_or_dir, vocab_size=<the larger size>), "
+          "which gives its padded ids -inf logits (probability 0), so the output law stays exactly the "
+          "target's. vocab_size= pads live models only: an exported file (.pt, .pt2) keeps the vocabulary it "
+          "was exported with, so load that model from transformers (the object or its save_pretrained "
+          "directory) instead of its file. A drafter from speculant.drafters takes the target's vocab_size when "
+          "built. Models with different tokenizers cannot be paired",
           target_->vocab_size(), draft_->vocab_size());
   require(draft_->model() == nullptr || draft_->encoder_decoder() == target_->encoder_decoder(),
           "target and draft must both be encoder-decoder models or both decoder-only: the target is {}, the "
@@ -109,6 +114,21 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
           draft_->encoder_decoder() ? "encoder-decoder" : "decoder-only");
   require(draft_->device() == target_->device(), "target and draft must be on the same device: target on {}, "
           "draft on {}", target_->device().str(), draft_->device().str());
+  if (tree.empty()) return;
+  require(static_cast<int64_t>(tree.size()) == gamma_, "gamma must be the tree's depth {}, got {}", tree.size(),
+          gamma_);
+  require(config_.lenience == 1.0, "lenience must be 1 with tree= (A.5's bound is proven for one draft per "
+          "position, not for trees), got {}", config_.lenience);
+  require(target_shapes_ == Shapes::dynamic && draft_shapes_ == Shapes::dynamic,
+          "tree= runs dynamic shapes only: CUDA graphs and fixed shapes of tree calls are not built yet");
+  const std::string target_why = target_->tree_obstacle(), draft_why = draft_->tree_obstacle();
+  require(target_why.empty(), "tree=: the target ({} form) cannot verify a tree in one call: {}", target_->form(),
+          target_why);
+  require(draft_why.empty(), "tree=: the draft cannot propose trees: {}", draft_why);
+  for (size_t depth = 0; depth <= tree.size(); ++depth) {
+    trees_.push_back(Tree::from_shape(std::vector<int64_t>(tree.begin(), tree.begin() + depth)));
+  }
+  tree_shape_ = std::move(tree);
 }
 
 namespace {
@@ -128,9 +148,11 @@ struct Row {
   int64_t sequence_length = 0;  // tokens in the sequence, pending ones included
   bool running = true;
   // the current iteration
-  int64_t limit = 0;            // most tokens to draft
+  int64_t limit = 0;            // most tokens to draft (a tree's depth)
   Proposal proposal;
   at::Tensor drafted;           // int64 [gamma] on the device
+  const Tree* tree = nullptr;   // token trees: this iteration's tree and its drafts
+  TreeProposal tree_proposal;
 };
 
 // One generate_batch call after its inputs are checked: the rows and the phases of an iteration of
@@ -144,6 +166,8 @@ class Batch {
     int64_t max_new_tokens;
     const std::vector<int64_t>& eos_token_ids;
     bool profile;
+    const std::vector<Tree>* trees;  // token trees (trees[i]: depth i); null for chains
+    Siblings siblings;
   };
 
   Batch(const Setup& setup, std::vector<Row>& rows, std::unique_ptr<ModelRows> target_rows,
@@ -196,6 +220,10 @@ class Batch {
       row.proposal = Proposal{};
       limits[r] = row.limit;
       drafting = drafting || row.limit > 0;
+    }
+    if (s_.trees) {
+      draft_trees();
+      return;
     }
     if (drafting) {
       check_interrupt();  // the drafter checks again before each of its own model calls
@@ -265,6 +293,66 @@ class Batch {
     }
   }
 
+  // Token trees (tree.h): one target call for every running row's tree, then each row's multi-draft
+  // verification. Returns the verdicts of the running rows, in row order.
+  std::vector<TreeVerdict> verify_trees() {
+    std::vector<at::Tensor> inputs(rows_.size());
+    std::vector<ModelRows::TreeNodes> nodes(rows_.size());
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Row& row = rows_[r];
+      if (!row.running) continue;
+      const Tree& tree = *row.tree;
+      const int64_t size = tree.size();
+      inputs[r] = size > 1 ? at::cat({row.pending, row.tree_proposal.tokens.narrow(0, 1, size - 1)}) : row.pending;
+      for (int64_t v = 0; v < size; ++v) {
+        nodes[r].offsets.push_back(tree.depth(v));
+        nodes[r].parents.push_back(tree.parent(v));
+      }
+    }
+    check_interrupt();
+    std::vector<at::Tensor> logits;
+    timed(&Stats::target_seconds, [&] { logits = target_rows_->extend_tree(inputs, nodes); });  // [N + 1, V]
+    std::vector<TreeVerdict> verdicts;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Row& row = rows_[r];
+      if (!row.running) continue;
+      const at::Tensor q = row.tree_proposal.q.defined() ? row.tree_proposal.q : at::zeros_like(logits[r]);
+      verdicts.push_back(verify_tree(*row.tree, logits[r], q, inputs[r], s_.config, s_.siblings, row.generator,
+                                     row.tree_proposal.maxima));
+    }
+    return verdicts;
+  }
+
+  // Accept and emit, then roll back, for each running row's tree (verdicts as verify_trees returns them).
+  void accept_trees(std::vector<TreeVerdict>& verdicts) {
+    size_t next = 0;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Row& row = rows_[r];
+      if (!row.running) continue;
+      TreeVerdict& verdict = verdicts[next++];
+      require(verdict.finite, "model returned NaN or +inf logits, or an all -inf row, at sequence position {}{} "
+              "(checked in every draft and target call)", row.sequence_length,
+              rows_.size() == 1 ? std::string() : fmt::format(" of row {}", r));
+      Iteration it = record_tree(row, verdict);
+      if (emit(row, it)) {
+        row.out.trace.push_back(std::move(it));
+        row.running = false;
+        row.out.stats.total_seconds = seconds_since(start_);
+        continue;
+      }
+      std::vector<int64_t> kept{0};  // the root (the pending token) and the accepted path
+      kept.insert(kept.end(), verdict.path.begin(), verdict.path.end());
+      target_rows_->commit(static_cast<int64_t>(r), kept);
+      if (draft_rows_) {
+        draft_rows_->advance_tree(static_cast<int64_t>(r), verdict.path, verdict.token, verdict.path_tokens,
+                                  verdict.host_token);
+      }
+      row.pending = verdict.token;
+      row.sequence_length += it.accepted + 1;
+      row.out.trace.push_back(std::move(it));
+    }
+  }
+
   void finish() {
     for (Row& row : rows_) {
       if (row.out.stats.total_seconds == 0.0) row.out.stats.total_seconds = seconds_since(start_);
@@ -308,6 +396,75 @@ class Batch {
     stats.beta_sum += beta_sum;
     stats.beta_count += verified;
     if (row.policy && row.limit > 0) row.policy->observe(gamma, accepted, beta_sum, verified);
+    return it;
+  }
+
+  // Token trees: each running row's tree (its first `limit` depths), drafted level by level for all rows at once.
+  // Every node of a tree takes a cache slot until the accepted path is kept, so near max_length a row's tree
+  // loses depths until its nodes fit beside the cached tokens (any tree chosen before drawing keeps the law
+  // exact); the root alone always fits (check_inputs).
+  void draft_trees() {
+    std::vector<const Tree*> trees(rows_.size(), nullptr);
+    bool drafting = false;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Row& row = rows_[r];
+      while (row.running && row.limit > 0 && !fits(row.sequence_length - 1 + (*s_.trees)[row.limit].size())) {
+        row.limit -= 1;
+      }
+      row.tree = row.running ? &(*s_.trees)[row.limit] : nullptr;
+      row.tree_proposal = TreeProposal{};
+      if (row.running && row.limit > 0) trees[r] = row.tree;
+      drafting = drafting || trees[r] != nullptr;
+    }
+    if (!drafting) return;
+    check_interrupt();
+    std::vector<at::Generator> generators;
+    for (Row& row : rows_) generators.push_back(row.generator);
+    std::vector<TreeProposal> proposals =
+        draft_rows_->propose_tree(trees, s_.config, s_.siblings, generators, s_.profile);
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      if (!trees[r]) continue;
+      Row& row = rows_[r];
+      row.tree_proposal = std::move(proposals[r]);
+      row.out.stats.draft_seconds += row.tree_proposal.seconds;
+      row.out.stats.draft_calls += row.tree_proposal.calls;
+    }
+  }
+
+  // Whether both models' caches hold this many positions.
+  bool fits(int64_t positions) const {
+    const std::optional<int64_t> target = s_.target.max_length();
+    const std::optional<int64_t> draft = s_.draft ? s_.draft->max_length() : std::nullopt;
+    return (!target || positions <= *target) && (!draft || positions <= *draft);
+  }
+
+  // A tree iteration's statistics: the path as the accepted drafts, every node as drafted, the depths and
+  // ranks of the acceptances (Stats::tree_visits / tree_accepted), the betas of the path's nodes.
+  Iteration record_tree(Row& row, TreeVerdict& verdict) {
+    Stats& stats = row.out.stats;
+    const Tree& tree = *row.tree;
+    const auto accepted = static_cast<int64_t>(verdict.path.size());
+    Iteration it;
+    it.drafted = verdict.path_tokens;
+    it.accepted = accepted;
+    it.token = verdict.host_token;
+    it.bonus = accepted == tree.depth() && tree.depth() > 0;
+    stats.target_calls += 1;
+    stats.iterations += 1;
+    stats.drafted_tokens += tree.size() - 1;
+    stats.accepted_tokens += accepted;
+    for (int64_t i = 0; i < tree.depth(); ++i) {
+      stats.drafted_per_position[i] += 1;
+      stats.accepted_per_position[i] += i < accepted;
+    }
+    for (size_t i = 0; i < verdict.accepted_rank.size(); ++i) {
+      const int64_t node = i == 0 ? 0 : verdict.path[i - 1];
+      if (tree.children(node) == 0) continue;
+      stats.tree_visits[i] += 1;
+      if (verdict.accepted_rank[i] >= 0) stats.tree_accepted[i][verdict.accepted_rank[i]] += 1;
+    }
+    for (const double beta : verdict.betas) stats.beta_sum += beta;
+    stats.beta_count += static_cast<int64_t>(verdict.betas.size());
     return it;
   }
 
@@ -365,6 +522,8 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
     ~Release() { flag = false; }
   } release{*busy_};
   check_inputs(prompts, sources, max_new_tokens, eos_token_ids);
+  require(trees_.empty() || schedule.policy == "fixed", "gamma_policy must be \"fixed\" with tree= (the tree's "
+          "shape is the draft's), got \"{}\"", schedule.policy);
   const size_t count = prompts.size();
 
   std::vector<Row> rows(count);
@@ -383,6 +542,8 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
     stats.gamma = gamma_;
     stats.drafted_per_position.assign(max_gamma, 0);
     stats.accepted_per_position.assign(max_gamma, 0);
+    stats.tree_visits.assign(tree_shape_.size(), 0);
+    for (const int64_t children : tree_shape_) stats.tree_accepted.emplace_back(children, 0);
     stats.seed = seed ? *seed + r : (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
     row.generator = make_generator(device, stats.seed);
   }
@@ -403,15 +564,25 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
     target_lock.lock();
   }
 
-  const Batch::Setup setup{*target_, draft_.get(), config_, max_new_tokens, eos_token_ids, profile};
+  const bool trees = !trees_.empty();
+  const Batch::Setup setup{*target_,      draft_.get(), config_,  max_new_tokens, eos_token_ids,
+                           profile,       trees ? &trees_ : nullptr, siblings_};
   const auto rows_count = static_cast<int64_t>(count);
-  Batch batch(setup, rows, target_->rows(rows_count, target_shapes_),
-              draft_ ? draft_->rows(rows_count, draft_shapes_) : nullptr);
+  std::unique_ptr<ModelRows> target_rows =
+      trees ? target_->tree_rows(rows_count) : target_->rows(rows_count, target_shapes_);
+  std::unique_ptr<DraftRows> draft_rows;
+  if (draft_) draft_rows = trees ? draft_->tree_rows(rows_count) : draft_->rows(rows_count, draft_shapes_);
+  Batch batch(setup, rows, std::move(target_rows), std::move(draft_rows));
   batch.prefill(prompts, sources);
-  while (batch.running()) {
+  while (batch.running()) {  // Algorithm 1, each phase for every running row
     batch.draft();
-    std::vector<Verdict> verdicts = batch.verify();
-    batch.accept(verdicts);
+    if (trees) {
+      std::vector<TreeVerdict> verdicts = batch.verify_trees();
+      batch.accept_trees(verdicts);
+    } else {
+      std::vector<Verdict> verdicts = batch.verify();
+      batch.accept(verdicts);
+    }
   }
   batch.finish();
   std::vector<Generation> out;

@@ -13,6 +13,77 @@
 #include "step.h"
 
 namespace speculant {
+
+std::vector<TreeProposal> DraftRows::propose_tree(const std::vector<const Tree*>&, const SamplingConfig&, Siblings,
+                                                  std::vector<at::Generator>&, bool) {
+  fail("these draft rows propose chains only");
+}
+
+void DraftRows::advance_tree(int64_t, const std::vector<int64_t>&, const at::Tensor&, const std::vector<int64_t>&,
+                             int64_t) {
+  fail("these draft rows propose chains only");
+}
+
+std::unique_ptr<DraftRows> Drafter::tree_rows(int64_t) { fail("{}", tree_obstacle()); }
+
+at::Tensor SequenceDrafter::tree_laws(const std::vector<std::vector<int64_t>>&, const SamplingConfig&, at::Tensor*) {
+  fail("{}", tree_obstacle());
+}
+
+int64_t SequenceDrafter::root_token() const { fail("{}", tree_obstacle()); }
+
+std::unique_ptr<DraftRows> SequenceDrafter::tree_rows(int64_t count) {
+  const std::string why = tree_obstacle();
+  require(why.empty(), "{}", why);
+  return rows(count, Shapes::dynamic);
+}
+
+TreeProposal SequenceDrafter::propose_tree(const Tree& tree, const SamplingConfig& config, Siblings siblings,
+                                           at::Generator& generator) {
+  const int64_t size = tree.size();
+  std::vector<int64_t> tokens(size, root_token());
+  std::vector<std::vector<int64_t>> paths(size);  // each node's tokens after the root
+  std::vector<at::Tensor> qs(size);
+  for (int64_t level = 0; level < tree.depth(); ++level) {
+    std::vector<int64_t> nodes;
+    std::vector<std::vector<int64_t>> level_paths;
+    for (int64_t v = 0; v < size; ++v) {
+      if (tree.depth(v) == level && tree.children(v) > 0) {
+        nodes.push_back(v);
+        level_paths.push_back(paths[v]);
+      }
+    }
+    at::Tensor scores;
+    const at::Tensor q = tree_laws(level_paths, config, &scores);  // [n, V]
+    std::vector<at::Tensor> drawn;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const auto row = static_cast<int64_t>(i);
+      qs[nodes[i]] = q.narrow(0, row, 1);
+      drawn.push_back(draw_children(config.greedy() ? scores[row] : q[row], tree.children(nodes[i]), siblings,
+                                    config.greedy(), generator));
+    }
+    const at::Tensor children = at::cat(drawn).to(at::kCPU);  // host ids: the next level's paths need them
+    const int64_t* id = children.data_ptr<int64_t>();
+    for (const int64_t v : nodes) {
+      for (int64_t j = 0; j < tree.children(v); ++j, ++id) {
+        const int64_t child = tree.first_child(v) + j;
+        tokens[child] = *id;
+        paths[child] = paths[v];
+        paths[child].push_back(*id);
+      }
+    }
+  }
+  TreeProposal out;
+  out.tokens = at::tensor(tokens, at::TensorOptions(device()).dtype(at::kLong));
+  if (tree.depth() == 0) return out;
+  const at::Tensor zeros = at::zeros_like(qs[0]);  // leaves: no children, no law
+  for (auto& q : qs) {
+    if (!q.defined()) q = zeros;
+  }
+  out.q = at::cat(qs);
+  return out;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -29,7 +100,7 @@ class ModelDraftRows final : public DraftRows {
  public:
   ModelDraftRows(std::unique_ptr<ModelRows> rows, at::Device device)
       : rows_(std::move(rows)), device_(device), pending_(rows_->count()), last_(rows_->count()),
-        proposed_(rows_->count(), 0) {}
+        proposed_(rows_->count(), 0), tree_(rows_->count(), nullptr) {}
 
   void encode(const std::vector<at::Tensor>& sources) override { rows_->encode(sources); }
   void begin(const std::vector<at::Tensor>& prompts, const std::vector<std::vector<int64_t>>&) override {
@@ -85,6 +156,108 @@ class ModelDraftRows final : public DraftRows {
     return out;
   }
 
+  // Level 0 feeds each row's pending tokens (they join the cache) and expands the root; level i >= 1 feeds
+  // the nodes of depth i as tentative nodes (rows.h: extend_tree; node v is tentative node v - 1, breadth-first)
+  // and expands them. Leaves are never fed.
+  std::vector<TreeProposal> propose_tree(const std::vector<const Tree*>& trees, const SamplingConfig& config,
+                                         Siblings siblings, std::vector<at::Generator>& generators,
+                                         bool profile) override {
+    const size_t count = trees.size();
+    std::vector<TreeProposal> out(count);
+    std::vector<std::vector<at::Tensor>> tokens(count), qs(count), maxima(count);
+    int64_t depth = 0;
+    for (size_t r = 0; r < count; ++r) {
+      tree_[r] = trees[r];
+      proposed_[r] = trees[r] ? trees[r]->depth() : 0;
+      depth = std::max(depth, proposed_[r]);
+      if (!trees[r]) continue;
+      tokens[r].assign(trees[r]->size(), at::Tensor());
+      qs[r].assign(trees[r]->size(), at::Tensor());
+      tokens[r][0] = pending_[r].narrow(0, pending_[r].numel() - 1, 1);
+    }
+    const bool sync = profile && device_.is_cuda();
+    for (int64_t level = 0; level < depth; ++level) {
+      if (level > 0) check_interrupt();  // the decoder checked before the first
+      std::vector<at::Tensor> feed(count);
+      std::vector<ModelRows::TreeNodes> nodes(count);
+      std::vector<int64_t> begin(count, 0);
+      for (size_t r = 0; r < count; ++r) {
+        if (level >= proposed_[r]) continue;
+        if (level == 0) {
+          feed[r] = pending_[r];
+          continue;
+        }
+        const Tree& tree = *trees[r];
+        std::vector<at::Tensor> level_tokens;
+        for (int64_t v = 1; v < tree.size() && tree.depth(v) <= level; ++v) {
+          if (tree.depth(v) < level) continue;
+          if (level_tokens.empty()) begin[r] = v;
+          level_tokens.push_back(tokens[r][v]);
+          nodes[r].offsets.push_back(level - 1);
+          const int64_t parent = tree.parent(v);
+          nodes[r].parents.push_back(tree.depth(parent) == 0 ? -1 : parent - 1);
+        }
+        feed[r] = at::cat(level_tokens);
+      }
+      const auto start = Clock::now();
+      std::vector<at::Tensor> logits = level == 0 ? rows_->extend(feed) : rows_->extend_tree(feed, nodes);
+      if (sync) torch::cuda::synchronize();
+      const double seconds = seconds_since(start);
+      for (size_t r = 0; r < count; ++r) {
+        if (!feed[r].defined()) continue;
+        out[r].seconds += seconds;
+        out[r].calls += 1;
+        const Tree& tree = *trees[r];
+        const int64_t fed = feed[r].numel();
+        for (int64_t i = 0; i < (level == 0 ? 1 : fed); ++i) {
+          const int64_t v = level == 0 ? 0 : begin[r] + i;
+          if (tree.children(v) == 0) continue;
+          const at::Tensor row = logits[r].narrow(0, level == 0 ? fed - 1 : i, 1);  // [1, V]
+          at::Tensor maximum;
+          qs[r][v] = standardize(row, config, &maximum);  // [1, V]
+          maxima[r].push_back(maximum);
+          const at::Tensor children = draw_children(config.greedy() ? row[0] : qs[r][v][0], tree.children(v),
+                                                    siblings, config.greedy(), generators[r]);
+          for (int64_t j = 0; j < tree.children(v); ++j) tokens[r][tree.first_child(v) + j] = children.narrow(0, j, 1);
+        }
+      }
+    }
+    for (size_t r = 0; r < count; ++r) {
+      if (!trees[r]) continue;
+      if (trees[r]->depth() == 0) {
+        out[r].tokens = tokens[r][0];
+        continue;
+      }
+      const at::Tensor like = qs[r][0];  // the root always has children here
+      for (auto& q : qs[r]) {
+        if (!q.defined()) q = at::zeros_like(like);
+      }
+      out[r].tokens = at::cat(tokens[r]);
+      out[r].q = at::cat(qs[r]);
+      if (!maxima[r].empty()) out[r].maxima = at::cat(maxima[r]);
+      last_[r] = out[r].tokens;
+    }
+    return out;
+  }
+
+  void advance_tree(int64_t row, const std::vector<int64_t>& path, const at::Tensor& t, const std::vector<int64_t>&,
+                    int64_t) override {
+    const Tree* tree = tree_[row];
+    tree_[row] = nullptr;
+    if (!tree || tree->depth() == 0) {  // the model ran on nothing: the old pending tokens and t next time
+      pending_[row] = at::cat({pending_[row], t});
+      return;
+    }
+    // It ran on the pending tokens and on every node above the deepest level: keep the fed part of the path.
+    std::vector<int64_t> fed;
+    for (const int64_t v : path) {
+      if (tree->depth(v) < tree->depth()) fed.push_back(v - 1);
+    }
+    rows_->commit(row, fed);
+    const bool leaf = !path.empty() && tree->depth(path.back()) == tree->depth();
+    pending_[row] = leaf ? at::cat({last_[row].narrow(0, path.back(), 1), t}) : t;
+  }
+
   void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>&, int64_t) override {
     const int64_t proposed = proposed_[row];
     if (proposed == 0) {  // the model ran on nothing: it is fed the old pending tokens and t next time
@@ -102,8 +275,9 @@ class ModelDraftRows final : public DraftRows {
   std::unique_ptr<ModelRows> rows_;
   at::Device device_;
   std::vector<at::Tensor> pending_;  // [m] int64 on the device, per row
-  std::vector<at::Tensor> last_;     // [k] the row's last proposal
-  std::vector<int64_t> proposed_;
+  std::vector<at::Tensor> last_;     // [k] the row's last proposal (a tree's: [N + 1], by node)
+  std::vector<int64_t> proposed_;    // its length (a tree's: its depth)
+  std::vector<const Tree*> tree_;    // the row's last tree (null: a chain, or none)
 };
 
 class ModelDrafter final : public Drafter {
@@ -120,6 +294,10 @@ class ModelDrafter final : public Drafter {
   std::optional<int64_t> max_source_length() const override { return model_->max_source_length(); }
   std::string name() const override { return "model"; }
   Model* model() override { return model_.get(); }
+  std::string tree_obstacle() const override { return model_->tree_obstacle(); }
+  std::unique_ptr<DraftRows> tree_rows(int64_t count) override {
+    return std::make_unique<ModelDraftRows>(model_->tree_rows(count), model_->device());
+  }
 
  private:
   std::shared_ptr<Model> model_;
@@ -147,6 +325,22 @@ class SequenceRows final : public DraftRows {
   void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>& accepted_host,
                int64_t t_host) override {
     drafters_[row]->advance(accepted, t, accepted_host, t_host);
+  }
+  std::vector<TreeProposal> propose_tree(const std::vector<const Tree*>& trees, const SamplingConfig& config,
+                                         Siblings siblings, std::vector<at::Generator>& generators,
+                                         bool) override {
+    std::vector<TreeProposal> out(drafters_.size());
+    for (size_t r = 0; r < drafters_.size(); ++r) {
+      if (!trees[r]) continue;
+      const auto start = Clock::now();
+      out[r] = drafters_[r]->propose_tree(*trees[r], config, siblings, generators[r]);
+      out[r].seconds = seconds_since(start);  // a drafter without a model: its time per drafted token is c
+    }
+    return out;
+  }
+  void advance_tree(int64_t row, const std::vector<int64_t>&, const at::Tensor&,
+                    const std::vector<int64_t>& path_tokens, int64_t t_host) override {
+    drafters_[row]->advance_tree(path_tokens, t_host);
   }
 
  private:
@@ -203,6 +397,17 @@ class TableDrafter final : public SequenceDrafter {
 
   void advance(int64_t, const at::Tensor&, const std::vector<int64_t>&, int64_t t_host) override { last_ = t_host; }
   std::shared_ptr<SequenceDrafter> replica() const override { return std::make_shared<TableDrafter>(*this); }
+
+  // A table scores any continuation: its row after the path's last token, standardized as a draft model's.
+  std::string tree_obstacle() const override { return ""; }
+  int64_t root_token() const override { return last_; }
+  at::Tensor tree_laws(const std::vector<std::vector<int64_t>>& paths, const SamplingConfig& config,
+                       at::Tensor* scores) override {
+    std::vector<at::Tensor> rows;
+    for (const auto& path : paths) rows.push_back(logits_after(path.empty() ? last_ : path.back()));
+    *scores = at::cat(rows);  // [n, V] log probabilities
+    return standardize(*scores, config);
+  }
 
   int64_t vocab_size() const override { return unigram_.numel(); }
   at::Device device() const override { return device_; }

@@ -20,6 +20,7 @@
 #include "model.h"
 #include "rows.h"
 #include "sampling.h"
+#include "tree.h"
 
 namespace speculant {
 
@@ -30,6 +31,15 @@ struct Proposal {
   bool finite = true;  // the raw logits checked on the host were finite
   double seconds = 0.0;  // time inside model calls (the rest of propose counts as the engine's)
   int64_t calls = 0;     // draft model calls made
+};
+
+// A tree of drafts for one row (tree.h).
+struct TreeProposal {
+  at::Tensor tokens;  // int64 [N + 1] on the device: node i's token; node 0 is the root, the row's last token
+  at::Tensor q;       // [N + 1, V] row i: the standardized law node i's children were drawn from (leaves: zeros)
+  at::Tensor maxima;  // row maxima of the raw logits, still to check for NaN / +inf (may be undefined)
+  double seconds = 0.0;
+  int64_t calls = 0;
 };
 
 // The drafter state of a batch's rows (rows.h), the protocol above for each row r.
@@ -45,6 +55,16 @@ class DraftRows {
   // Row r's target kept the first `accepted` proposed tokens and appended t (on the device and on the host).
   virtual void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>& accepted_host,
                        int64_t t_host) = 0;
+
+  // Token trees (drafters with Drafter::tree_obstacle() empty): a tree of the shape trees[r] for each row
+  // (nullptr: the row drafts nothing), each node's children drawn from the draft's q at it by draw_children
+  // (greedy: the top k of its raw logits), row r with generators[r]. Then advance_tree(row, path, t, ...): row
+  // r's target kept the tree nodes `path` (root excluded, by depth), whose tokens are path_tokens, and appended t.
+  virtual std::vector<TreeProposal> propose_tree(const std::vector<const Tree*>& trees, const SamplingConfig& config,
+                                                 Siblings siblings, std::vector<at::Generator>& generators,
+                                                 bool profile);
+  virtual void advance_tree(int64_t row, const std::vector<int64_t>& path, const at::Tensor& t,
+                            const std::vector<int64_t>& path_tokens, int64_t t_host);
 };
 
 // What the decoder holds: a drafter of some kind, which makes the state of `count` rows per generation.
@@ -64,6 +84,11 @@ class Drafter {
   virtual std::string name() const = 0;
   // The model (if any) whose cache this drafter owns: the decoder locks it for a generation.
   virtual Model* model() { return nullptr; }
+  // Why this drafter cannot propose token trees, or "" when it can; tree_rows: rows that can (ValueError).
+  virtual std::string tree_obstacle() const {
+    return fmt::format("the {} drafter proposes chains only; a tree of drafts needs a draft model", name());
+  }
+  virtual std::unique_ptr<DraftRows> tree_rows(int64_t count);
 
   std::mutex& in_use() { return in_use_; }
 
@@ -87,6 +112,20 @@ class SequenceDrafter : public Drafter {
 
   std::unique_ptr<DraftRows> rows(int64_t count, Shapes shapes) override;
 
+  // Token trees, for drafters that give a law after any continuation (tree_obstacle() empty): tree_laws(paths)
+  // is, for each path (the tokens after the sequence's last one, root_token()), the law q [n, V] (rows sum to
+  // 1, on the device) a node's children are drawn from there, and *scores [n, V] the values whose top k are its
+  // children at temperature 0. propose_tree grows a tree of `tree`'s shape from them, level by level.
+  virtual at::Tensor tree_laws(const std::vector<std::vector<int64_t>>& paths, const SamplingConfig& config,
+                               at::Tensor* scores);
+  virtual int64_t root_token() const;
+  TreeProposal propose_tree(const Tree& tree, const SamplingConfig& config, Siblings siblings,
+                            at::Generator& generator);
+  void advance_tree(const std::vector<int64_t>& path_tokens, int64_t t_host) {
+    advance(static_cast<int64_t>(path_tokens.size()), at::Tensor(), path_tokens, t_host);
+  }
+  std::unique_ptr<DraftRows> tree_rows(int64_t count) override;
+
  private:
   std::vector<std::shared_ptr<SequenceDrafter>> replicas_;
 };
@@ -95,6 +134,7 @@ class SequenceDrafter : public Drafter {
 // followed by every token emitted so far.
 class HostHistoryDrafter : public SequenceDrafter {
  public:
+  int64_t root_token() const override { return history_.back(); }
   void begin(const at::Tensor&, const std::vector<int64_t>& host_prompt) override { history_ = host_prompt; }
   void advance(int64_t, const at::Tensor&, const std::vector<int64_t>& accepted_host, int64_t t_host) override {
     history_.insert(history_.end(), accepted_host.begin(), accepted_host.end());

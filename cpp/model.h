@@ -25,12 +25,21 @@
 //      in place (index assignment into the tensors start_rows made, never rebinding an attribute to a new
 //      tensor): a CUDA graph replays into the memory it captured. Fixed shapes check it (graphs.h), so a module
 //      that rebinds is refused by name instead of replaying stale caches.
+//      Token trees (tree.h) need two more:
+//        extend_rows_masked(input_ids[R, T], rows[R], positions[R, T], slots[R, T], mask[R, T, S]) -> [R, T, V]
+//      as extend_rows, but query (r, j) attends to exactly the slots s < S of its row where mask[r, j, s]
+//      (the engine sets a real token's own slot; a padding token sees slot 0 only);
+//        copy_slots(rows[R], sources[R, M], targets[R, M]) -> None
+//      copies row rows[r]'s cache entries at slot sources[r, m] to targets[r, m], all reads before any write,
+//      in place: how an accepted path moves into consecutive positions without recomputing a token.
 // A file may carry metadata as the extra file `speculant.json` (what speculant.export writes).
 // The interface is backend-neutral so that a torch.export / AOTInductor backend can sit beside TorchScript.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/script.h>
+
+#include <fmt/format.h>
 
 #include <cstdint>
 #include <memory>
@@ -85,6 +94,21 @@ class Model {
   virtual std::string graph_failure() const { return ""; }
   // CUDA graphs this model holds now (one per captured width).
   virtual int64_t graphs_captured() const { return 0; }
+
+  // Token trees (tree.h): why this backend cannot run a tree of drafts in one call, or "" when it can.
+  virtual std::string tree_obstacle() const {
+    return fmt::format("the {} form has no tree calls (the batched cached form's extend_rows_masked and "
+                       "copy_slots, which speculant.export writes)", form());
+  }
+  // A batch of `count` rows with tree calls (ModelRows::extend_tree / commit); ValueError with tree_obstacle().
+  // The default runs row replicas through the two calls below.
+  virtual std::unique_ptr<ModelRows> tree_rows(int64_t count);
+  // The tree calls of a backend run as row replicas (batch 1), ValueError by default. extend_masked appends
+  // tokens (int64 [T]) at positions (int64 [T]) as cache entries length() .. length() + T - 1, token j
+  // attending to exactly the entries e where mask[j, e] (bool [T, length() + T]); returns logits [T, V].
+  // keep(entries) (int64 [M], ascending) keeps those cache entries, in order, as entries 0 .. M - 1.
+  virtual at::Tensor extend_masked(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& mask);
+  virtual void keep(const at::Tensor& entries);
 
   // A model owns mutable cache state: one generation at a time (the decoder holds this while it runs).
   std::mutex& in_use() { return in_use_; }

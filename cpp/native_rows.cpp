@@ -11,9 +11,9 @@ namespace {
 class NativeRows final : public ModelRows {
  public:
   NativeRows(RowsCall call, int64_t count, int64_t max_length, at::Device device, std::string source, Shapes shapes,
-             GraphCache* graphs)
+             GraphCache* graphs, TreeCalls tree)
       : call_(std::move(call)), lengths_(count, 0), max_length_(max_length), device_(device),
-        source_(std::move(source)), shapes_(shapes), graphs_(graphs) {}
+        source_(std::move(source)), shapes_(shapes), graphs_(graphs), tree_(std::move(tree)), tentative_(count) {}
 
   int64_t count() const override { return static_cast<int64_t>(lengths_.size()); }
   void encode(const std::vector<at::Tensor>&) override {
@@ -21,18 +21,103 @@ class NativeRows final : public ModelRows {
   }
   void reset(const std::vector<at::Tensor>& tokens) override {
     std::fill(lengths_.begin(), lengths_.end(), 0);
+    for (auto& nodes : tentative_) nodes.clear();
     std::vector<at::Tensor> some(tokens.size());
     for (size_t r = 0; r < tokens.size(); ++r) some[r] = tokens[r].numel() > 0 ? tokens[r] : at::Tensor();
     run(some, /*step=*/false);
   }
   std::vector<at::Tensor> extend(const std::vector<at::Tensor>& tokens) override { return run(tokens, true); }
-  void truncate(int64_t row, int64_t length) override { lengths_[row] = length; }
+  void truncate(int64_t row, int64_t length) override {
+    lengths_[row] = length;
+    tentative_[row].clear();
+  }
   int64_t length(int64_t row) const override { return lengths_[row]; }
+
+  std::vector<at::Tensor> extend_tree(const std::vector<at::Tensor>& tokens,
+                                      const std::vector<TreeNodes>& nodes) override {
+    require(static_cast<bool>(tree_.masked), "model {}: has no tree calls (extend_rows_masked)", source_);
+    std::vector<int64_t> rows;
+    int64_t width = 0, keys = 1;
+    for (size_t r = 0; r < tokens.size(); ++r) {
+      if (!tokens[r].defined()) continue;
+      rows.push_back(static_cast<int64_t>(r));
+      const int64_t k = tokens[r].numel(), end = lengths_[r] + tentative_[r].size() + k;
+      require(end <= max_length_, "model {}: row {} holds {} cached + {} tree positions, more than max_length = {}",
+              source_, r, lengths_[r], end - lengths_[r], max_length_);
+      width = std::max(width, k);
+      keys = std::max(keys, end);
+    }
+    std::vector<at::Tensor> out(tokens.size());
+    if (width == 0) return out;
+    const auto count = static_cast<int64_t>(rows.size());
+    const auto host = at::TensorOptions().pinned_memory(device_.is_cuda());
+    at::Tensor layout = at::empty({count, 2 * width + 1}, host.dtype(at::kLong));  // positions | slots | row
+    at::Tensor mask = at::zeros({count, width, keys}, host.dtype(at::kBool));
+    int64_t* cell = layout.data_ptr<int64_t>();
+    bool* seen = mask.data_ptr<bool>();
+    std::vector<at::Tensor> ids(count);
+    for (int64_t i = 0; i < count; ++i, cell += 2 * width + 1) {
+      const int64_t r = rows[i], k = tokens[r].numel(), length = lengths_[r];
+      const TreeNodes& tree = nodes[r];
+      require(static_cast<int64_t>(tree.offsets.size()) == k && static_cast<int64_t>(tree.parents.size()) == k,
+              "extend_tree: row {} has {} tokens but {} offsets and {} parents", r, k, tree.offsets.size(),
+              tree.parents.size());
+      const int64_t first = tentative_[r].size();
+      tentative_[r].append(tree, length, cell, seen + i * width * keys, keys);
+      for (int64_t j = 0; j < width; ++j) {
+        if (j < k) {
+          cell[width + j] = length + first + j;  // node first + j's slot
+          continue;
+        }
+        cell[j] = std::min(length, max_length_ - 1);  // padding: the scratch slot, seeing slot 0
+        cell[width + j] = max_length_;
+        seen[(i * width + j) * keys] = true;
+      }
+      cell[2 * width] = r;
+      ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
+    }
+    const at::Tensor on_device = layout.to(device_, /*non_blocking=*/true);
+    const at::Tensor logits = tree_.masked(at::stack(ids), on_device.select(1, 2 * width),
+                                           on_device.narrow(1, 0, width), on_device.narrow(1, width, width),
+                                           mask.to(device_, /*non_blocking=*/true));  // [R, W, V]
+    for (int64_t i = 0; i < count; ++i) out[rows[i]] = logits[i].narrow(0, 0, tokens[rows[i]].numel());
+    return out;
+  }
+
+  void commit(int64_t row, const std::vector<int64_t>& path) override {
+    tentative_[row].check_path(path, row);
+    const int64_t length = lengths_[row];
+    std::vector<int64_t> moves;  // the path's indices whose node is not already in place
+    for (size_t i = 0; i < path.size(); ++i) {
+      if (path[i] != static_cast<int64_t>(i)) moves.push_back(static_cast<int64_t>(i));
+    }
+    if (!moves.empty()) {
+      require(static_cast<bool>(tree_.copy), "model {}: has no tree calls (copy_slots)", source_);
+      const auto m = static_cast<int64_t>(moves.size());
+      at::Tensor layout = at::empty({2 * m + 1}, at::TensorOptions().dtype(at::kLong).pinned_memory(
+                                                     device_.is_cuda()));
+      int64_t* cell = layout.data_ptr<int64_t>();
+      for (int64_t j = 0; j < m; ++j) {
+        cell[j] = length + path[moves[j]];
+        cell[m + j] = length + moves[j];
+      }
+      cell[2 * m] = row;
+      const at::Tensor on_device = layout.to(device_, /*non_blocking=*/true);
+      tree_.copy(on_device.narrow(0, 2 * m, 1), on_device.narrow(0, 0, m).view({1, m}),
+                 on_device.narrow(0, m, m).view({1, m}));
+    }
+    lengths_[row] = length + static_cast<int64_t>(path.size());
+    tentative_[row].clear();
+  }
 
  private:
   // One call for the rows with tokens (every row with fixed shapes); `step`: a decoding step (graphed shapes
   // replay it), not a prefill.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& tokens, bool step) {
+    for (size_t r = 0; r < tokens.size(); ++r) {
+      require(!tokens[r].defined() || tentative_[r].empty(), "model {}: row {} extended with tentative tree nodes "
+              "uncommitted", source_, r);
+    }
     const bool fixed = shapes_ != Shapes::dynamic;
     std::vector<int64_t> rows;
     int64_t width = 0, keys = 0;
@@ -101,13 +186,16 @@ class NativeRows final : public ModelRows {
   std::string source_;
   Shapes shapes_;
   GraphCache* graphs_;
+  TreeCalls tree_;
+  std::vector<TentativeTree> tentative_;  // per row: its tentative tree nodes
 };
 
 }  // namespace
 
 std::unique_ptr<ModelRows> native_rows(RowsCall call, int64_t count, int64_t max_length, at::Device device,
-                                       std::string source, Shapes shapes, GraphCache* graphs) {
-  return std::make_unique<NativeRows>(std::move(call), count, max_length, device, std::move(source), shapes, graphs);
+                                       std::string source, Shapes shapes, GraphCache* graphs, TreeCalls tree) {
+  return std::make_unique<NativeRows>(std::move(call), count, max_length, device, std::move(source), shapes, graphs,
+                                      std::move(tree));
 }
 
 }  // namespace speculant

@@ -25,9 +25,20 @@ namespace speculant {
 using RowsCall = std::function<at::Tensor(const at::Tensor& ids, const at::Tensor& rows, const at::Tensor& positions,
                                           const at::Tensor& slots, int64_t keys)>;
 
+// Token trees (model.h: extend_rows_masked, copy_slots): the call with an explicit mask [R, T, S] of the slots
+// each token attends to, and the move of cache entries between slots of a row.
+struct TreeCalls {
+  std::function<at::Tensor(const at::Tensor& ids, const at::Tensor& rows, const at::Tensor& positions,
+                           const at::Tensor& slots, const at::Tensor& mask)>
+      masked;
+  std::function<void(const at::Tensor& rows, const at::Tensor& sources, const at::Tensor& targets)> copy;
+};
+
 // `count` rows of a cache of max_length slots (+ the scratch one) on `device`. `graphs` (fixed and graphed
 // shapes) is the model's: it outlives the rows, and the backend clears it when the cache is reallocated.
+// `tree` (dynamic shapes only): the backend's tree calls, or empty functions when it has none. A row's
+// tentative tree nodes sit in the slots after its length, in the order they were appended.
 std::unique_ptr<ModelRows> native_rows(RowsCall call, int64_t count, int64_t max_length, at::Device device,
-                                       std::string source, Shapes shapes, GraphCache* graphs);
+                                       std::string source, Shapes shapes, GraphCache* graphs, TreeCalls tree = {});
 
 }  // namespace speculant

@@ -42,18 +42,7 @@ class PythonModel final : public Model {
   }
   at::Tensor extend(const at::Tensor& tokens) override {
     const int64_t k = tokens.numel();
-    at::Tensor logits;
-    {
-      py::gil_scoped_acquire gil;
-      py::object out = impl_.attr("extend")(tokens);
-      require(THPVariable_Check(out.ptr()), "model {}: extend() must return a Tensor of logits", source_);
-      logits = THPVariable_Unpack(out.ptr());
-    }
-    require(logits.dim() == 2 && logits.size(0) == k && logits.size(1) == vocab_size_,
-            "model {}: extend() on {} token(s) must return logits [{}, {}], got [{}]", source_, k, k,
-            vocab_size_, fmt::join(logits.sizes(), ", "));
-    require(at::isFloatingType(logits.scalar_type()), "model {}: extend() must return floating-point logits",
-            source_);
+    at::Tensor logits = checked(k, [&] { return impl_.attr("extend")(tokens); }, "extend");
     length_ += k;
     return logits;  // [k, V]
   }
@@ -68,6 +57,25 @@ class PythonModel final : public Model {
     return "a live model runs through Python; export it with speculant.export (TorchScript or .pt2) for "
            "fixed-shape calls";
   }
+  // live.py's tree calls: transformers' forward with a 4-D attention mask and position_ids, its cache's
+  // entries selected in place; tree_obstacle() probes once whether the model honours them.
+  std::string tree_obstacle() const override {
+    py::gil_scoped_acquire gil;
+    if (!py::hasattr(impl_, "tree_obstacle")) return Model::tree_obstacle();
+    return impl_.attr("tree_obstacle")().cast<std::string>();
+  }
+  at::Tensor extend_masked(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& mask) override {
+    const int64_t k = tokens.numel();
+    at::Tensor logits = checked(k, [&] { return impl_.attr("extend_masked")(tokens, positions, mask); },
+                                "extend_masked");
+    length_ += k;
+    return logits;
+  }
+  void keep(const at::Tensor& entries) override {
+    py::gil_scoped_acquire gil;
+    impl_.attr("keep")(entries);
+    length_ = entries.numel();
+  }
   // live.py's replica(): the same module object with a cache of its own.
   std::shared_ptr<Model> replica() override {
     py::gil_scoped_acquire gil;
@@ -75,6 +83,24 @@ class PythonModel final : public Model {
   }
 
  private:
+  // The logits [k, V] that `call` (a Python call returning them) gives for k tokens, checked.
+  template <typename Call>
+  at::Tensor checked(int64_t k, const Call& call, const char* name) const {
+    at::Tensor logits;
+    {
+      py::gil_scoped_acquire gil;
+      py::object out = call();
+      require(THPVariable_Check(out.ptr()), "model {}: {}() must return a Tensor of logits", source_, name);
+      logits = THPVariable_Unpack(out.ptr());
+    }
+    require(logits.dim() == 2 && logits.size(0) == k && logits.size(1) == vocab_size_,
+            "model {}: {}() on {} token(s) must return logits [{}, {}], got [{}]", source_, name, k, k,
+            vocab_size_, fmt::join(logits.sizes(), ", "));
+    require(at::isFloatingType(logits.scalar_type()), "model {}: {}() must return floating-point logits", source_,
+            name);
+    return logits;
+  }
+
   py::object impl_;
   std::string source_;
   int64_t length_ = 0;

@@ -1,5 +1,7 @@
 #include "rows.h"
 
+#include <algorithm>
+
 #include "errors.h"
 #include "model.h"
 
@@ -8,33 +10,115 @@ namespace {
 
 class ReplicaRows final : public ModelRows {
  public:
-  explicit ReplicaRows(std::vector<Model*> models) : models_(std::move(models)) {}
+  explicit ReplicaRows(std::vector<Model*> models) : models_(std::move(models)), tentative_(models_.size()) {}
 
   int64_t count() const override { return static_cast<int64_t>(models_.size()); }
   void encode(const std::vector<at::Tensor>& sources) override {
     for (size_t r = 0; r < models_.size(); ++r) models_[r]->encode(sources[r]);
   }
   void reset(const std::vector<at::Tensor>& tokens) override {
-    for (size_t r = 0; r < models_.size(); ++r) models_[r]->reset(tokens[r]);
+    for (size_t r = 0; r < models_.size(); ++r) {
+      models_[r]->reset(tokens[r]);
+      tentative_[r].clear();
+    }
   }
   std::vector<at::Tensor> extend(const std::vector<at::Tensor>& tokens) override {
     std::vector<at::Tensor> logits(models_.size());
     for (size_t r = 0; r < models_.size(); ++r) {
-      if (tokens[r].defined()) logits[r] = models_[r]->extend(tokens[r]);
+      if (!tokens[r].defined()) continue;
+      require(tentative_[r].empty(), "row {} extended with tentative tree nodes uncommitted", r);
+      logits[r] = models_[r]->extend(tokens[r]);
     }
     return logits;
   }
-  void truncate(int64_t row, int64_t length) override { models_[row]->truncate(length); }
-  int64_t length(int64_t row) const override { return models_[row]->length(); }
+  void truncate(int64_t row, int64_t length) override {
+    models_[row]->truncate(length);
+    tentative_[row].clear();
+  }
+  int64_t length(int64_t row) const override { return models_[row]->length() - tentative_[row].size(); }
+
+
+  // Each row's nodes in one extend_masked call of its model (mask over its cache entries and the new ones).
+  std::vector<at::Tensor> extend_tree(const std::vector<at::Tensor>& tokens,
+                                      const std::vector<TreeNodes>& nodes) override {
+    std::vector<at::Tensor> logits(models_.size());
+    for (size_t r = 0; r < models_.size(); ++r) {
+      if (!tokens[r].defined()) continue;
+      const int64_t k = tokens[r].numel(), committed = length(static_cast<int64_t>(r));
+      require(static_cast<int64_t>(nodes[r].offsets.size()) == k && static_cast<int64_t>(nodes[r].parents.size()) == k,
+              "extend_tree: row {} has {} tokens but {} offsets and {} parents", r, k, nodes[r].offsets.size(),
+              nodes[r].parents.size());
+      const int64_t entries = models_[r]->length() + k;
+      at::Tensor positions = at::empty({k}, at::kLong);
+      at::Tensor mask = at::zeros({k, entries}, at::kBool);
+      tentative_[r].append(nodes[r], committed, positions.data_ptr<int64_t>(), mask.data_ptr<bool>(), entries);
+      const at::Device device = tokens[r].device();
+      logits[r] = models_[r]->extend_masked(tokens[r], positions.to(device), mask.to(device));
+    }
+    return logits;
+  }
+  // The committed entries, then the path's, in one keep call.
+  void commit(int64_t row, const std::vector<int64_t>& path) override {
+    tentative_[row].check_path(path, row);
+    const int64_t length = this->length(row);
+    at::Tensor entries = at::empty({length + static_cast<int64_t>(path.size())}, at::kLong);
+    int64_t* cell = entries.data_ptr<int64_t>();
+    for (int64_t e = 0; e < length; ++e) cell[e] = e;
+    for (size_t i = 0; i < path.size(); ++i) cell[length + static_cast<int64_t>(i)] = length + path[i];
+    models_[row]->keep(entries.to(models_[row]->device()));
+    tentative_[row].clear();
+  }
 
  private:
   std::vector<Model*> models_;
+  std::vector<TentativeTree> tentative_;
 };
 
 }  // namespace
 
+void TentativeTree::append(const ModelRows::TreeNodes& nodes, int64_t length, int64_t* positions, bool* visible,
+                           int64_t stride) {
+  for (size_t j = 0; j < nodes.parents.size(); ++j) {
+    const int64_t node = size(), parent = nodes.parents[j];
+    require(parent >= -1 && parent < node, "extend_tree: node {} has parent {}, not an earlier tentative node",
+            node, parent);
+    parents_.push_back(parent);
+    positions[j] = length + nodes.offsets[j];
+    bool* row = visible + static_cast<int64_t>(j) * stride;
+    std::fill(row, row + length, true);  // the committed entries
+    for (int64_t up = node; up >= 0; up = parents_[up]) row[length + up] = true;  // itself and its ancestors
+  }
+}
+
+void TentativeTree::check_path(const std::vector<int64_t>& path, int64_t row) const {
+  for (size_t i = 0; i < path.size(); ++i) {
+    require(path[i] >= 0 && path[i] < size() && parents_[path[i]] == (i == 0 ? -1 : path[i - 1]),
+            "commit: row {}'s path does not go down its tree of tentative nodes", row);
+  }
+}
+
+at::Tensor Model::extend_masked(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  fail("model ({} form): {}", form(), tree_obstacle());
+}
+
+void Model::keep(const at::Tensor&) { fail("model ({} form): {}", form(), tree_obstacle()); }
+
+std::vector<at::Tensor> ModelRows::extend_tree(const std::vector<at::Tensor>&, const std::vector<TreeNodes>&) {
+  fail("this model's rows have no tree calls (Model::tree_obstacle says why)");
+}
+
+void ModelRows::commit(int64_t, const std::vector<int64_t>&) {
+  fail("this model's rows have no tree calls (Model::tree_obstacle says why)");
+}
+
 std::unique_ptr<ModelRows> replica_rows(std::vector<Model*> models) {
   return std::make_unique<ReplicaRows>(std::move(models));
+}
+
+std::unique_ptr<ModelRows> Model::tree_rows(int64_t count) {
+  const std::string why = tree_obstacle();
+  require(why.empty(), "model ({} form): {}", form(), why);
+  return rows(count, Shapes::dynamic);  // row replicas with extend_masked / keep
 }
 
 std::unique_ptr<ModelRows> Model::rows(int64_t count, Shapes shapes) {

@@ -37,9 +37,44 @@ class ModelRows {
   // Keeps row r's first `length` positions (rollback of rejected drafts).
   virtual void truncate(int64_t row, int64_t length) = 0;
   virtual int64_t length(int64_t row) const = 0;
+
+  // Token trees (tree.h), for backends with tree calls (Model::tree_obstacle() empty; ValueError otherwise).
+  // Appends tentative nodes to each row r with tokens[r] defined (int64 [T_r]; undefined: the row sits the
+  // call out), in one call: node j at position length(r) + nodes[r].offsets[j], attending to the row's cached
+  // positions, to itself, and to the tentative nodes up its chain of parents (nodes[r].parents[j]: an index
+  // among the row's tentative nodes, numbered in the order they were appended; -1: none). Returns the logits
+  // [T_r, V] of each row that took part.
+  struct TreeNodes {
+    std::vector<int64_t> offsets, parents;
+  };
+  virtual std::vector<at::Tensor> extend_tree(const std::vector<at::Tensor>& tokens,
+                                              const std::vector<TreeNodes>& nodes);
+  // Row r keeps the tentative nodes `path` (a chain down the tree, in order) at positions length(r),
+  // length(r) + 1, ..., their cache entries moved there without recomputing a token; the others are dropped.
+  virtual void commit(int64_t row, const std::vector<int64_t>& path);
 };
 
-// Row r is models[r] (all distinct, each with its own cache); one call per row that takes part.
+// A row's tentative tree nodes (ModelRows::extend_tree), numbered in the order they were appended: node n is
+// the row's cache entry length + n until commit keeps a path of them or truncate drops them all.
+class TentativeTree {
+ public:
+  // Appends `nodes` (k of them) to a row with `length` committed entries. For new node j: positions[j] =
+  // length + nodes.offsets[j], and visible[j * stride + e] is set for the entries e it attends to: the
+  // committed ones (e < length), its ancestors' and its own (length + n). ValueError for a parent that is not
+  // an earlier node.
+  void append(const ModelRows::TreeNodes& nodes, int64_t length, int64_t* positions, bool* visible, int64_t stride);
+  // ValueError unless `path` goes down the tree from a root (path[0]'s parent -1, each next node a child).
+  void check_path(const std::vector<int64_t>& path, int64_t row) const;
+  int64_t size() const { return static_cast<int64_t>(parents_.size()); }
+  bool empty() const { return parents_.empty(); }
+  void clear() { parents_.clear(); }
+
+ private:
+  std::vector<int64_t> parents_;
+};
+
+// Row r is models[r] (all distinct, each with its own cache); one call per row that takes part. With tree
+// calls where the models have them (Model::extend_masked and keep).
 std::unique_ptr<ModelRows> replica_rows(std::vector<Model*> models);
 
 }  // namespace speculant

@@ -70,6 +70,7 @@ class CachedScriptModel final : public Model {
     device_ = module_device(module_);
     batched_ = !encoder_decoder_ && has_method(module_, "start_rows") && has_method(module_, "extend_rows") &&
                max_length_.has_value();
+    tree_ = batched_ && has_method(module_, "extend_rows_masked") && has_method(module_, "copy_slots");
   }
 
   bool batched() const override { return batched_; }
@@ -77,19 +78,30 @@ class CachedScriptModel final : public Model {
   // shapes are fixed.
   std::unique_ptr<ModelRows> rows(int64_t count, Shapes shapes) override {
     if (!batched_ || (count == 1 && shapes == Shapes::dynamic)) return Model::rows(count, shapes);
-    if (rows_started_ != count) {  // a new row cache: what the graphs wrote into is gone
-      module_.get_method("start_rows")({count});
-      rows_started_ = count;
-      fixed_.clear();
-      graphed_.clear();
-    }
-    RowsCall call = [this](const at::Tensor& ids, const at::Tensor& rows, const at::Tensor& positions,
-                           const at::Tensor& slots, int64_t keys) {
-      return checked_logits(module_.get_method("extend_rows")({ids, rows, positions, slots, keys}), ids.size(0),
-                            ids.size(1), vocab_size_, source_, "extend_rows");
-    };
-    return native_rows(std::move(call), count, *max_length_, device_, source_, shapes,
+    start_rows(count);
+    return native_rows(rows_call(), count, *max_length_, device_, source_, shapes,
                        shapes == Shapes::graphed ? &graphed_ : &fixed_);
+  }
+  std::string tree_obstacle() const override {
+    if (tree_) return "";
+    if (!batched_) return fixed_shapes_obstacle();
+    return "the module has no extend_rows_masked / copy_slots methods (model.h); re-export it with this version "
+           "of speculant.export, which writes them";
+  }
+  std::unique_ptr<ModelRows> tree_rows(int64_t count) override {
+    if (!tree_) return Model::tree_rows(count);
+    start_rows(count);
+    TreeCalls calls;
+    calls.masked = [this](const at::Tensor& ids, const at::Tensor& rows, const at::Tensor& positions,
+                          const at::Tensor& slots, const at::Tensor& mask) {
+      return checked_logits(module_.get_method("extend_rows_masked")({ids, rows, positions, slots, mask}),
+                            ids.size(0), ids.size(1), vocab_size_, source_, "extend_rows_masked");
+    };
+    calls.copy = [this](const at::Tensor& rows, const at::Tensor& sources, const at::Tensor& targets) {
+      module_.get_method("copy_slots")({rows, sources, targets});
+    };
+    return native_rows(rows_call(), count, *max_length_, device_, source_, Shapes::dynamic, &fixed_,
+                       std::move(calls));
   }
   std::string fixed_shapes_obstacle() const override {
     if (batched_) return "";
@@ -136,10 +148,27 @@ class CachedScriptModel final : public Model {
   int64_t module_length() { return module_.get_method("cache_length")({}).toInt(); }
 
  private:
+  // A row cache of `count` rows (the module's start_rows), kept while the count stays.
+  void start_rows(int64_t count) {
+    if (rows_started_ == count) return;
+    module_.get_method("start_rows")({count});
+    rows_started_ = count;
+    fixed_.clear();  // what the graphs wrote into is gone
+    graphed_.clear();
+  }
+  RowsCall rows_call() {
+    return [this](const at::Tensor& ids, const at::Tensor& rows, const at::Tensor& positions, const at::Tensor& slots,
+                  int64_t keys) {
+      return checked_logits(module_.get_method("extend_rows")({ids, rows, positions, slots, keys}), ids.size(0),
+                            ids.size(1), vocab_size_, source_, "extend_rows");
+    };
+  }
+
   torch::jit::Module module_;
   std::string source_;
   int64_t length_ = 0;
   bool batched_ = false;
+  bool tree_ = false;  // extend_rows_masked and copy_slots too
   int64_t rows_started_ = 0;  // the row cache's batch size (0: none yet)
   // The fixed-shape calls' buffers, without and with CUDA graphs; what they must not move: every tensor the
   // module holds (its cache among them).

@@ -32,6 +32,11 @@ struct Stats {
   // generated sequence (every position up to and including the first rejection).
   double beta_sum = 0.0;
   int64_t beta_count = 0;
+  // Token trees (tree.h): at depth i, how often the accepted path reached a node whose children were tried
+  // (tree_visits[i]) and how often its rank-j child was the one accepted (tree_accepted[i][j]); their ratio
+  // estimates Sequoia's per-depth, per-rank acceptance. Empty for chains.
+  std::vector<int64_t> tree_visits;
+  std::vector<std::vector<int64_t>> tree_accepted;
   // Time inside the models' calls (prefill and extend); everything else (sampling math, verification,
   // bookkeeping, cache rollback, the host transfer) is other_seconds.
   double draft_seconds = 0.0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "cpu_kernels.h"
 #include "errors.h"
 #include "speculative.h"
 
@@ -54,6 +55,14 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, bool
     // the k highest scores, the first index on ties (a stable descending sort)
     return std::get<1>(q.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true)).narrow(0, 0, k);
   }
+  if (q.is_cpu()) {
+    cpu::GeneratorUniform uniform(generator);
+    return cpu::draw_children(q, k, siblings, [&uniform] { return uniform(); });
+  }
+  return draw_children_generic(q, k, siblings, generator);
+}
+
+at::Tensor draw_children_generic(const at::Tensor& q, int64_t k, Siblings siblings, at::Generator& generator) {
   at::Tensor rows = q.to(at::kDouble).unsqueeze(0);  // [1, V]
   if (siblings == Siblings::with_replacement) {
     const at::Tensor uniforms = at::rand({k, 1}, generator, rows.options());
@@ -71,9 +80,10 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, bool
   return at::cat(drawn);
 }
 
-TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
-                        const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
-                        at::Generator& generator) {
+namespace {
+
+void check_tree_inputs(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
+                       const at::Tensor& tokens, const SamplingConfig& config) {
   const int64_t size = tree.size();
   require(target_logits.dim() == 2 && target_logits.size(0) == size,
           "target_logits must be [tree nodes, V] = [{}, V], got {} rows", size, target_logits.size(0));
@@ -83,6 +93,36 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
           "tokens must be int64 [tree nodes] = [{}]", size);
   require(config.lenience == 1.0, "lenience must be 1 with a tree of drafts (A.5's bound is proven for one "
           "draft per position); got {}", config.lenience);
+}
+
+}  // namespace
+
+TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
+                        const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
+                        at::Generator& generator, const at::Tensor& draft_maxima) {
+  if (!target_logits.is_cpu()) {
+    return verify_tree_generic(tree, target_logits, q, tokens, config, siblings, generator, draft_maxima);
+  }
+  check_tree_inputs(tree, target_logits, q, tokens, config);
+  const at::Tensor host_tokens = tokens.contiguous();
+  TreeVerdict out;
+  {
+    cpu::GeneratorUniform uniform(generator);
+    out = cpu::verify_tree(tree, target_logits, q, host_tokens.const_data_ptr<int64_t>(), config, siblings,
+                           [&uniform] { return uniform(); });
+  }
+  if (out.finite && draft_maxima.defined() && draft_maxima.numel() > 0) {
+    out.finite = at::isfinite(draft_maxima).all().item<bool>();
+  }
+  out.token = at::tensor({out.host_token}, tokens.options());
+  return out;
+}
+
+TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
+                                const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
+                                at::Generator& generator, const at::Tensor& draft_maxima) {
+  check_tree_inputs(tree, target_logits, q, tokens, config);
+  const int64_t size = tree.size();
   const auto long_options = target_logits.options().dtype(at::kLong);
 
   // The internal nodes (with children) and their children as an [M, K] table, padded with node 0.
@@ -141,7 +181,10 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
                                     ? dist.argmax(-1)
                                     : sample_inverse_cdf(dist, at::rand({size, 1}, generator,
                                                                         p.options().dtype(at::kDouble)));  // [N + 1]
-  const at::Tensor bad = at::isfinite(maxima).all().logical_not().view({1});
+  const at::Tensor all_maxima = draft_maxima.defined() && draft_maxima.numel() > 0
+                                    ? at::cat({maxima, draft_maxima.to(maxima.scalar_type())})
+                                    : maxima;
+  const at::Tensor bad = at::isfinite(all_maxima).all().logical_not().view({1});
 
   // The one device -> host read, in float64: [accepted (M K), candidates (N + 1), tokens (N + 1), beta (M), bad].
   const at::Tensor host = at::cat({accepted.flatten().to(at::kDouble), candidates.to(at::kDouble),

@@ -65,10 +65,12 @@ class Tree {
 enum class Siblings { with_replacement, without_replacement };
 
 // k children of one node from q [V] (a standardized row): k independent draws, or k draws without replacement
-// (each from q without the tokens drawn before it, renormalized; at most as many as q has tokens of positive
-// probability, ValueError otherwise); greedy: the k most probable tokens, the first index on ties.
-// Returns int64 [k] on q's device.
+// (each from q without the tokens drawn before it, renormalized; once q's support is used up, the remaining
+// children are arbitrary tokens, which verify_tree never accepts); greedy: the k most probable tokens, the
+// first index on ties. Returns int64 [k] on q's device. CPU rows are drawn by cpu::draw_children.
 at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, bool greedy, at::Generator& generator);
+// The tensor path of the sampled (not greedy) draws, which accelerators run.
+at::Tensor draw_children_generic(const at::Tensor& q, int64_t k, Siblings siblings, at::Generator& generator);
 
 struct TreeVerdict {
   std::vector<int64_t> path;  // the accepted nodes, root excluded, by depth
@@ -78,16 +80,21 @@ struct TreeVerdict {
   // For each node on the path, the root included, the rank of the child accepted there (-1: none, or a leaf).
   std::vector<int64_t> accepted_rank;
   std::vector<double> betas;  // sum_x min(p, q) at each internal node on the path (Theorem 3.5's beta)
-  bool finite = true;         // every target row had finite logits
+  bool finite = true;         // every target row (and draft row given) had finite logits
 };
 
 // One row's tree. target_logits [N + 1, V]: row i is the target after node i. q [N + 1, V]: row i is the
 // draft's standardized distribution at node i, which node i's children were drawn from (rows of leaves are
-// not read). tokens int64 [N + 1]: node i's token (the root's is not read). Every node's acceptance tests and
-// every candidate t are computed as tensors, with one device -> host read; the walk down the tree is done on
-// the host from that read. Lenience must be 1.
+// not read). tokens int64 [N + 1]: node i's token (the root's is not read). Lenience must be 1.
+// draft_maxima (may be undefined): the draft's raw row maxima, checked for NaN / +inf.
+// On accelerators (verify_tree_generic) every node's acceptance tests and every candidate t are computed as
+// tensors, with one device -> host read, and the walk down the tree is done on the host from that read. CPU
+// tensors go to cpu::verify_tree, which evaluates only the nodes on the walk (the same law, other draws).
 TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
                         const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
-                        at::Generator& generator);
+                        at::Generator& generator, const at::Tensor& draft_maxima = at::Tensor());
+TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
+                                const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
+                                at::Generator& generator, const at::Tensor& draft_maxima = at::Tensor());
 
 }  // namespace speculant

@@ -57,6 +57,52 @@ def test_prompt_errors_name_the_fix(pair):
         decoder.generate(PROMPT, input_ids=PROMPT, max_new_tokens=2)
 
 
+def test_padded_batch_without_attention_mask_is_refused(pair):
+    """Issue 25: a padded [B, T] batch without its attention_mask was decoded with its padding as prompt tokens.
+    A batch of equal-length rows where some rows, not all, begin or end with the pad id (the target's: 0 here;
+    a tokenizer's pad_token_id first) is refused naming both fixes, which then give each prompt's own tokens."""
+    model, draft = pair
+    decoder = speculant.SpeculativeDecoder(model, draft, gamma=2, temperature=0)
+    right = torch.tensor([[1, 5, 9, 7], [1, 6, 0, 0]])  # row 1 right-padded with the pad id 0
+    left = torch.tensor([[1, 5, 9, 7], [0, 0, 1, 6]])
+    fix = r"Pass the batch's attention_mask .* or the prompts unpadded as a list of lists"
+    for ids, side in ((right, "ends"), (left, "begins")):
+        for form in (ids, ids.numpy(), {"input_ids": ids}, transformers.BatchEncoding({"input_ids": ids.tolist()})):
+            with pytest.raises(ValueError, match=rf"prompt_ids is a \[2, 4\] batch without attention_mask, and "
+                                                 rf"row 1 {side} with the pad id 0 while row 0 does not: it looks "
+                                                 rf"padded.*{fix}"):
+                decoder.generate(form, max_new_tokens=3)
+        with pytest.raises(ValueError, match=r"prompt_ids is a \[2, 4\] batch without attention_mask"):
+            speculant.generate(model, input_ids=ids, max_new_tokens=3, temperature=0)
+    expected = [decoder.generate(p, max_new_tokens=3).tokens for p in ([1, 5, 9, 7], [1, 6])]
+    mask = (right != 0).long()
+    assert [r.tokens for r in decoder.generate(right, attention_mask=mask, max_new_tokens=3)] == expected
+    assert [r.tokens for r in decoder.generate([[1, 5, 9, 7], [1, 6]], max_new_tokens=3)] == expected
+    # a tokenizer's pad id comes first: with pad 7 the batch [[1, 5, 9, 7], [1, 6, 3, 3]] looks right-padded
+    tokenizer = Words()
+    tokenizer.pad_token_id = 7
+    with pytest.raises(ValueError, match="row 0 ends with the pad id 7 while row 1 does not"):
+        decoder.generate(torch.tensor([[1, 5, 9, 7], [1, 6, 3, 3]]), tokenizer=tokenizer, max_new_tokens=3)
+    # not padding: every row begins with the pad id (a BOS or decoder start equal to it), a row of pad ids only
+    # in a batch of different lengths, an all-1s mask that says no row is padded, one row
+    for ids in (torch.tensor([[0, 5, 9], [0, 6, 3]]), [[1, 5, 9, 0], [1, 6]], [[1, 6, 0]]):
+        assert decoder.generate(ids, max_new_tokens=2) is not None
+    unpadded = [r.tokens for r in decoder.generate(right, attention_mask=torch.ones_like(right), max_new_tokens=3)]
+    assert unpadded[1] == decoder.generate([1, 6, 0, 0], max_new_tokens=3).tokens
+
+
+def test_padded_sources_without_attention_mask_are_refused():
+    t5 = hf_families.make("t5", seed=0)
+    decoder = speculant.SpeculativeDecoder(t5, hf_families.drafted(t5, noise=1e-4, seed=1), gamma=2, temperature=0)
+    sources = torch.tensor([[4, 8, 15, 2], [4, 8, 2, 0]])  # T5 pads on the right with 0
+    with pytest.raises(ValueError, match=r"encoder_input_ids is a \[2, 4\] batch without attention_mask, and row 1 "
+                                         r"ends with the pad id 0"):
+        decoder.generate(encoder_input_ids=sources, max_new_tokens=2)
+    got = decoder.generate(encoder_input_ids=sources, attention_mask=(sources != 0).long(), max_new_tokens=2)
+    assert [r.tokens for r in got] == [decoder.generate(encoder_input_ids=s, max_new_tokens=2).tokens
+                                       for s in ([4, 8, 15, 2], [4, 8, 2])]
+
+
 def test_sampling_settings_per_call(pair):
     model, draft = pair
     sampled = speculant.SpeculativeDecoder(model, draft, gamma=3, temperature=1.0)
@@ -111,6 +157,38 @@ def test_files_that_are_not_models_name_the_fix(pair, tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file or directory"):
         speculant.load(tmp_path / "missing.pt")
     assert json.loads(json.dumps(speculant.load(tmp_path / "exports" / "gpt2.pt").metadata))["vocab_size"] == 64
+
+
+@pytest.mark.parametrize("cut", ["half", "header", "length"])
+def test_truncated_safetensors_names_the_file(pair, tmp_path, cut):
+    """Issue 25: a save_pretrained directory whose weights were cut short raised safetensors' SafetensorError,
+    which names no file; load and export (both formats) raise ValueError naming it."""
+    model, _ = pair
+    model.save_pretrained(tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:{"half": len(data) // 2, "header": 100, "length": 5}[cut]])
+    message = r"model: .*hf/model\.safetensors is truncated: .*copy or save the model again"
+    with pytest.raises(ValueError, match=message):
+        speculant.load(tmp_path / "hf")
+    with pytest.raises(ValueError, match=message):
+        speculant.SpeculativeDecoder(tmp_path / "hf", model)
+    for out in ("x.pt", "x.pt2"):
+        with pytest.raises(ValueError, match=message):
+            speculant.export(tmp_path / "hf", tmp_path / out)
+
+
+def test_damaged_shard_is_named(pair, tmp_path):
+    model, _ = pair
+    model.save_pretrained(tmp_path / "hf", max_shard_size="100KB")
+    shards = sorted((tmp_path / "hf").glob("*.safetensors"))
+    assert len(shards) >= 2
+    shards[1].write_bytes(shards[1].read_bytes() + b"\0" * 16)  # longer than its tensors: corrupt
+    with pytest.raises(ValueError, match=rf"{shards[1].name} is corrupt: \d+ bytes, its tensors cover \d+"):
+        speculant.load(tmp_path / "hf")
+    shards[1].write_bytes(shards[1].read_bytes()[:-1000])
+    with pytest.raises(ValueError, match=rf"{shards[1].name} is truncated: \d+ bytes, its tensors need \d+"):
+        speculant.load(tmp_path / "hf")
 
 
 @pytest.mark.parametrize("suffix", [".pt", ".pt2"])

@@ -139,15 +139,21 @@ class MarkovRows(markov.MarkovCached):
     the engine runs its rows in one call (cpp/script_model.cpp's ScriptRows) on exactly enumerable tables. Row r's
     tokens are kept at their slots; the next-token logits of a token need the one before it, read back after the
     call's own tokens are written. Checks the calls: a real token's slot is its position, positions are below
-    `keys`, rows ascend, and no token reads a position that was never written."""
+    `keys`, rows ascend, and no token reads a position that was never written.
+
+    The tree calls (extend_rows_masked, copy_slots) keep each slot's position too: a node's predecessor is the one
+    slot its mask shows at its position - 1, so a wrong mask (no such slot, or two) is an error, and copy_slots
+    moves tokens with their positions."""
 
     def __init__(self, table: Tensor, max_length: int):
         super().__init__(table, max_length)
         self.register_buffer("row_tokens", torch.zeros(0, max_length + 1, dtype=torch.long), persistent=False)
+        self.register_buffer("row_positions", torch.zeros(0, max_length + 1, dtype=torch.long), persistent=False)
 
     @torch.jit.export
     def start_rows(self, batch: int) -> None:
         self.row_tokens = torch.full((batch, self.max_length + 1), -1, dtype=torch.long, device=self.table.device)
+        self.row_positions = torch.full_like(self.row_tokens, -1)
 
     @torch.jit.export
     def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
@@ -160,12 +166,47 @@ class MarkovRows(markov.MarkovCached):
             raise RuntimeError("MarkovRows: rows must ascend")
         index = rows.unsqueeze(1).expand_as(slots)  # [R, T]
         self.row_tokens[index, slots] = input_ids
+        self.row_positions[index, slots] = positions
         before = self.row_tokens[index, torch.clamp(positions - 1, min=0)]  # [R, T]
         if bool((before[real & (positions >= 1)] < 0).any()):
             raise RuntimeError("MarkovRows: a token's predecessor was never written")
+        return self.logits(input_ids, positions, before)
+
+    def logits(self, input_ids: Tensor, positions: Tensor, before: Tensor) -> Tensor:
         prev2 = torch.where(positions >= 1, before.clamp(min=0), torch.full_like(before, self.vocab_size))
         self.calls += 1
         return self.table[(positions + 1) % 2, prev2, input_ids]  # [R, T, V]
+
+    @torch.jit.export
+    def extend_rows_masked(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor,
+                           mask: Tensor) -> Tensor:
+        keys = mask.size(2)
+        if mask.dtype != torch.bool or mask.shape[:2] != input_ids.shape or keys < 1 or keys > self.max_length:
+            raise RuntimeError("MarkovRows: mask must be bool [R, T, S] with 1 <= S <= max_length")
+        real = slots < self.max_length
+        index = rows.unsqueeze(1).expand_as(slots)  # [R, T]
+        own = mask.gather(2, slots.clamp(max=keys - 1).unsqueeze(2)).squeeze(2)  # [R, T]
+        if bool((slots[real] >= keys).any()) or not bool(own[real].all()):
+            raise RuntimeError("MarkovRows: a tree node does not see its own slot")
+        self.row_tokens[index, slots] = input_ids
+        self.row_positions[index, slots] = positions
+        seen = self.row_positions[rows, :keys].unsqueeze(1)  # [R, 1, S]
+        match = mask & (seen == (positions - 1).unsqueeze(2)) & (seen >= 0)  # [R, T, S]
+        needed = real & (positions >= 1)
+        if bool((match.sum(2)[needed] != 1).any()):
+            raise RuntimeError("MarkovRows: a tree node does not see exactly one slot at its position - 1")
+        before = self.row_tokens[rows, :keys].unsqueeze(1).expand_as(match).gather(
+            2, match.long().argmax(2, keepdim=True)).squeeze(2)  # [R, T]
+        return self.logits(input_ids, positions, before)
+
+    @torch.jit.export
+    def copy_slots(self, rows: Tensor, sources: Tensor, targets: Tensor) -> None:
+        index = rows.unsqueeze(1).expand_as(sources)
+        if bool((self.row_positions[index, sources] < 0).any()):
+            raise RuntimeError("MarkovRows: copy_slots from a slot never written")
+        tokens, positions = self.row_tokens[index, sources], self.row_positions[index, sources]
+        self.row_tokens[index, targets] = tokens
+        self.row_positions[index, targets] = positions
 
 
 def markov_model(table: Tensor, kind: str, max_length: int = 64):

@@ -3,11 +3,12 @@ the demo pair (smoke-sized here) and reports warmed-up, repeated timings next to
 are refused with a message naming them."""
 
 import argparse
+import io
 
 import pytest
 
 from speculant import __main__ as cli
-from speculant import demo_pair
+from speculant import demo, demo_pair
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict:
@@ -46,6 +47,27 @@ def test_demo_reports_timed_rounds_next_to_theorem_3_8(smoke_pair, monkeypatch, 
     assert "median (min-max) of 4 rounds" in out and "untimed warm-up" in out
     assert "measured (median of 4 rounds, range " in out and "Theorem 3.8 predicts " in out
     assert "gamma=4 temperature=0.8" in out and "seed=3" in out
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("no_color,color,coloured", [
+    (None, None, True), ("1", None, False), ("1", True, True), (None, False, False)])
+def test_demo_colours_only_a_terminal_without_no_color(no_color, color, coloured, smoke_pair, monkeypatch):
+    """Issue 25: on a terminal the trace is coloured unless NO_COLOR is set (https://no-color.org); --color
+    always / never (color=True / False) decides outright."""
+    monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
+    if no_color is None:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    else:
+        monkeypatch.setenv("NO_COLOR", no_color)
+    out = Terminal()
+    demo.run(max_new_tokens=8, repeats=1, color=color, out=out)
+    text = out.getvalue()
+    assert ("\033[" in text) == coloured and ("green: accepted draft tokens" in text) == coloured
 
 
 @pytest.mark.parametrize("argv,match", [

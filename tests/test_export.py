@@ -158,6 +158,26 @@ def test_unsupported_architecture_is_refused_naming_the_supported_ones(tmp_path)
     assert not (tmp_path / "x.pt").exists()
 
 
+def test_torchscript_refusal_points_to_pt2(tmp_path):
+    """Issue 25: Qwen2 (and any architecture without a TorchScript module of ours) is refused naming the format
+    that exports it: pt2 (tests/test_pt2_decoding.py decodes Qwen2 packages), or running it live."""
+    import hf_families
+
+    qwen2 = hf_families.make("qwen2")
+    hint = r"format='pt2' \(an out_path ending in \.pt2; on the command line --format pt2\).*speculant\.load"
+    with pytest.raises(ValueError, match=r"Qwen2ForCausalLM is not supported; supported architectures "
+                                         r"\(TorchScript\): GPT2LMHeadModel.*" + hint):
+        speculant.export(qwen2, tmp_path / "x.pt")
+    qwen2.save_pretrained(tmp_path / "qwen2")
+    with pytest.raises(ValueError, match="Qwen2ForCausalLM.*" + hint):
+        speculant.export(tmp_path / "qwen2", tmp_path / "x.pt")
+    llama_named_mistral = transformers.LlamaForCausalLM(hf_models.make("llama").config)
+    llama_named_mistral.config.model_type = "mistral"
+    with pytest.raises(ValueError, match="model_type = 'mistral' is not supported.*" + hint):
+        speculant.export(llama_named_mistral.eval(), tmp_path / "x.pt")
+    assert not (tmp_path / "x.pt").exists()
+
+
 @pytest.mark.parametrize("arch, overrides, field", [
     ("gpt2", {"activation_function": "quick_gelu"}, "activation_function"),
     ("gpt2", {"add_cross_attention": True}, "add_cross_attention"),
@@ -186,6 +206,21 @@ def test_pair_with_different_vocabularies_is_refused(tmp_path):
     speculant.export(hf_models.make("llama", vocab_size=80), tmp_path / "draft.pt")
     target, draft = speculant.load(tmp_path / "target.pt"), speculant.load(tmp_path / "draft.pt")
     with pytest.raises(ValueError, match="vocabularies differ: target vocab_size = 64, draft vocab_size = 80"):
+        speculant.SpeculativeDecoder(target, draft, gamma=2)
+
+
+def test_vocabulary_mismatch_advice_fits_exported_files(tmp_path):
+    """Issue 25: the advice named load(..., vocab_size=), which pads live models only; for files it must say
+    what works (load the model from transformers), and load must refuse vocab_size= for a file saying so."""
+    speculant.export(hf_models.make("gpt2"), tmp_path / "target.pt")
+    speculant.export(hf_models.make("llama", vocab_size=80), tmp_path / "draft.pt")
+    with pytest.raises(ValueError, match=r"not a file \(.*target\.pt\): an exported file keeps the vocabulary it "
+                                         r"was exported with, so load that model from transformers"):
+        speculant.load(tmp_path / "target.pt", vocab_size=80)
+    target, draft = speculant.load(tmp_path / "target.pt"), speculant.load(tmp_path / "draft.pt")
+    with pytest.raises(ValueError, match=r"transformers model or save_pretrained directory with "
+                                         r"speculant\.load\(model_or_dir, vocab_size=<the larger size>\).*an "
+                                         r"exported file \(\.pt, \.pt2\) keeps the vocabulary it was exported with"):
         speculant.SpeculativeDecoder(target, draft, gamma=2)
 
 

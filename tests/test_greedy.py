@@ -204,7 +204,7 @@ def test_greedy_on_cuda(gamma, expected):
     draft = speculant.load(script_plain(DRAFTS["near"]), device="cuda")
     assert target.device.type == "cuda"
     with pytest.warns(RuntimeWarning, match=r"CUDA graphs are off for the draft \(plain form\)"):
-        decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0.0)
+        decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0.0, cuda_graphs="auto")
     assert decoder.shapes == ("graphed", "dynamic")
     for i, prompt in enumerate(PROMPTS):
         assert decoder.generate(prompt, max_new_tokens=MAX_NEW_TOKENS).tokens == expected[i]

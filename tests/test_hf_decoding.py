@@ -5,8 +5,10 @@
 * Sampling: the joint law of the first two generated tokens, sampled through speculative decoding, matches
   the target's law computed from transformers' logits (standardized by the pure-torch reference: temperature,
   then top-k, then top-p). Pearson chi-square with cells of expected count < 5 pooled, at SIGNIFICANCE = 1e-3
-  per test: 9 tests, so a correct engine fails one of them by chance with probability at most 0.9% for a
+  per test: 13 tests, so a correct engine fails one of them by chance with probability at most 1.3% for a
   fresh draw of seeds; the seeds are fixed, so the outcome is deterministic.
+* Token trees (decoder-only exports): greedy trees give transformers' greedy output token for token, and the
+  first two tokens' law with trees drawn with and without replacement is the target's (4 of the 13 tests).
 """
 
 import numpy as np
@@ -128,6 +130,36 @@ def test_two_token_law_matches_transformers(pairs, arch, temperature, top_k, top
     extra = {"encoder_input_ids": source} if arch == "t5" else {}
     samples = np.array([decoder.generate(start, max_new_tokens=2, seed=1000 + i, **extra).tokens
                         for i in range(N_SAMPLES)])
+    pvalue = chi_square_pvalue(law, samples)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+TREE_ARCHS = ["gpt2", "llama"]  # the decoder-only exports have the tree calls (export/cached.py)
+
+
+@pytest.mark.parametrize("arch", TREE_ARCHS)
+def test_greedy_trees_equal_transformers_generate(pairs, arch):
+    model, target, draft = pairs[arch]
+    expected = [hf_greedy(model, arch, index, eos=None) for index in range(len(PROMPTS))]
+    for shape in ([2, 2], [3, 1, 1], [1, 4]):
+        decoder = speculant.SpeculativeDecoder(target, draft, tree=shape, temperature=0)
+        for index, prompt in enumerate(PROMPTS):
+            assert decoder.generate(prompt, max_new_tokens=MAX_NEW).tokens == expected[index], f"tree {shape}"
+        batch = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)
+        assert [r.tokens for r in batch] == expected, f"tree {shape}, one batch"
+
+
+@pytest.mark.parametrize("arch", TREE_ARCHS)
+@pytest.mark.parametrize("replacement", [False, True])
+def test_tree_two_token_law_matches_transformers(pairs, arch, replacement):
+    """Three tokens are generated, so that the first iteration verifies the whole tree [3, 2]; the first two
+    are tested (rows of one batch, each with its own seed)."""
+    model, target, draft = pairs[arch]
+    law = two_token_law(model, arch, PROMPTS[0], SOURCES[0], 1.0, 0, 1.0)
+    decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], replacement=replacement, temperature=1.0)
+    batch = 500
+    samples = np.array([r.tokens[:2] for b in range(N_SAMPLES // batch)
+                        for r in decoder.generate([PROMPTS[0]] * batch, max_new_tokens=3, seed=5000 + b * batch)])
     pvalue = chi_square_pvalue(law, samples)
     assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
 

@@ -28,7 +28,8 @@ def frame():
     for t in (0.0, 1.0):
         for l in (1.0, 0.5):
             for g in (3, 1, 2):  # unsorted on purpose
-                rows.append({**dict.fromkeys(COLUMNS, 0.0), "gamma": g, "temperature": t, "top_k": 0, "top_p": 1.0,
+                rows.append({**dict.fromkeys(COLUMNS, 0.0), "tree": None, "gamma": g, "temperature": t, "top_k": 0,
+                             "top_p": 1.0,
                              "lenience": l, "acceptance": 0.5 + 0.3 * t + (1 - l) * 0.2 + 0.01 * g,
                              "speedup": 1 + g * (1 + t) / 10 + l, "predicted_speedup": 1.5 + g / 10 + t + l})
                 rows[-1].update(speedup_min=rows[-1]["speedup"] - 0.1, speedup_max=rows[-1]["speedup"] + 0.2)
@@ -57,6 +58,22 @@ def test_speedup_vs_gamma():
     assert np.allclose([segment[:, 1] for segment in bars.get_segments()], [(2.0, 2.3), (2.1, 2.4), (2.2, 2.5)])
 
 
+def test_trees_are_squares_beside_the_chains():
+    data = frame()
+    chains = data[data.lenience == 1.0]
+    trees = pd.DataFrame([{**dict.fromkeys(COLUMNS, 0.0), "tree": (2, 2), "gamma": 2, "temperature": t, "top_k": 0,
+                           "top_p": 1.0, "lenience": 1.0, "speedup": 2.5 + t, "speedup_min": 2.4 + t,
+                           "speedup_max": 2.6 + t, "predicted_speedup": 2.7 + t} for t in (0.0, 1.0)], columns=COLUMNS)
+    both = pd.concat([chains, trees], ignore_index=True)
+    ax = plots.speedup_vs_gamma(both)
+    rows = chains[chains.temperature == 1.0].sort_values("gamma")
+    assert line(ax, "T = 1.0") == (rows.gamma.tolist(), rows.speedup.tolist())  # the chains' line, trees apart
+    assert line(ax, "tree [2, 2], T = 1.0") == ([2], [3.5])
+    assert line(ax, "tree [2, 2], T = 1.0: tree theory") == ([2], [3.7])
+    scatter = plots.predicted_vs_measured(both)
+    assert line(scatter, "trees, T = 0.0") == ([2.7], [2.5])
+
+
 def test_alpha_vs_lenience_averages_over_gamma():
     ax = plots.alpha_vs_lenience(frame())
     x, y = line(ax, "T = 1.0")
@@ -67,14 +84,46 @@ def test_alpha_vs_lenience_averages_over_gamma():
     assert line(plots.alpha_vs_lenience(paper, by="M_q"), "M_q = T5-small") == ([0.1, 0.3, 0.5, 1], [0.84, 0.76, 0.71, 0.62])
 
 
+def test_alpha_vs_lenience_labels_the_acceptance_rate():
+    """Issue 25: alpha is E[beta] of the exact rule (Corollary 3.6); below lenience 1 the column is the measured
+    rate of kept drafts, so the axis names the acceptance rate, and alpha only where it is one (l = 1)."""
+    ax = plots.alpha_vs_lenience(frame())
+    assert ax.get_ylabel() == "acceptance rate (\u03b1 at l = 1)"
+    assert ax.get_title() == "Acceptance rate vs lenience (A.5)"
+
+
 def test_predicted_vs_measured():
     data = frame()
     ax = plots.predicted_vs_measured(data)
-    assert line(ax, "settings") == (data.predicted_speedup.tolist(), data.speedup.tolist())
+    rows = data[(data.temperature == 1.0) & (data.lenience == 0.5)].sort_values("predicted_speedup")
+    assert line(ax, "T = 1.0, l = 0.5") == (rows.predicted_speedup.tolist(), rows.speedup.tolist())
     low = min(data.predicted_speedup.min(), data.speedup.min())
     high = max(data.predicted_speedup.max(), data.speedup.max())
     assert line(ax, "measured = predicted") == ([low, high], [low, high])
-    assert [t.get_text() for t in ax.texts][:3] == ["\u03b3=3", "\u03b3=1", "\u03b3=2"]
+    # each point drawn as its gamma, in its setting's colour: (marker, x, y, colour) per point
+    (setting,) = [l for l in ax.get_lines() if l.get_label() == "T = 1.0, l = 0.5"]
+    drawn = sorted((l.get_marker(), x, y, l.get_color()) for l in ax.get_lines() if l.get_marker().startswith("$")
+                   for x, y in zip(l.get_xdata(), l.get_ydata()))
+    assert len(drawn) == len(data)
+    assert [d[0] for d in drawn if d[3] == setting.get_color()] == ["$1$", "$2$", "$3$"]
+    assert [d[1:3] for d in drawn if d[3] == setting.get_color()] == list(zip(rows.predicted_speedup, rows.speedup))
+
+
+def test_predicted_vs_measured_labels_are_readable():
+    """Issue 25: the gamma of each point was a text label beside it ("γ=3"), and a sweep's points overlap: the
+    labels overprinted each other and the legend covered points. Now no text is drawn in the axes (the gamma is
+    the marker), and the legend, short entries naming each setting, stands outside the axes."""
+    ax = plots.predicted_vs_measured(frame())
+    assert len(ax.texts) == 0
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "T = 0.0, l = 0.5", "T = 0.0, l = 1.0", "T = 1.0, l = 0.5", "T = 1.0, l = 1.0", "measured = predicted"]
+    assert legend.get_title().get_text() == "points: \u03b3"
+    ax.figure.canvas.draw()
+    renderer = ax.figure.canvas.get_renderer()
+    box, axes_box = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert box.x0 >= axes_box.x1  # beside the axes, covering nothing
+    assert box.x1 <= ax.figure.bbox.x1 + 1  # and inside the figure (constrained layout)
 
 
 def test_figures_2_and_3_plot_the_formulas():

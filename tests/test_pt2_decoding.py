@@ -92,3 +92,27 @@ def test_pt2_dtype_and_other_errors(pt2_zoo, tmp_path):
     copy = tmp_path / "copy.pt2"
     shutil.copy(path, copy)
     assert speculant.load(copy).metadata["architecture"] == "GPT2LMHeadModel"
+
+
+@pytest.mark.parametrize("family", ["gpt2", "t5"])
+def test_check_distribution_takes_pt2_packages(pt2_zoo, family):
+    """speculant.testing.check_distribution with a .pt2 target (issue 25: it read every file as TorchScript):
+    the reference comes from the package itself, called at position 0, and equals transformers' logits."""
+    from speculant import testing
+
+    model, path = pt2_zoo(family)
+    start = _start(model, family)
+    source = _inputs(family).get("encoder_input_ids")
+    ids = start + [7, 3]
+    with torch.no_grad():
+        if source:
+            expected = model(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([ids])).logits[0, -1]
+        else:
+            expected = model(input_ids=torch.tensor([ids])).logits[0, -1]
+    for target in (path, str(path), speculant.load(path)):
+        got = testing._module_logits(target, "target", source)(ids)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-4 * max(1.0, expected.abs().max().item()))
+    draft = hf_families.drafted(model, noise=5 * hf_families.NOISE[family], seed=12)
+    extra = {"generate_kwargs": {"encoder_input_ids": source}} if source else {}
+    check = testing.check_distribution(path, draft, start, k=2, gamma=2, samples=200, seed=1, **extra)
+    assert check.passed and check.impossible == 0 and check.dof >= 3, check.report

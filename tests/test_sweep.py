@@ -119,6 +119,9 @@ def test_generate_arguments_pass_through(pair):
     (dict(gammas=[]), "gammas must hold"),
     (dict(gammas=["2"]), "gammas must be numbers"),
     (dict(gammas=2, generate_kwargs={"seed": 1}), "seed"),
+    (dict(trees="22"), "trees must be a list of tree shapes"),
+    (dict(trees=[2, 2]), "trees must be a list of tree shapes"),
+    (dict(), "give gammas"),
 ])
 def test_bad_grids_raise_before_running(pair, kwargs, match, monkeypatch):
     monkeypatch.setattr(sweep_module, "generate", None)  # nothing may run
@@ -176,3 +179,28 @@ def test_noisy_and_off_theory_rows_are_flagged_with_one_warning():
     assert "noisy" in frame.flag.item() and frame.spread.item() > 0.25
     with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
         speculant.sweep(target, drafter, [[1, 2, 3]], gammas=[2], repeats=0, progress=False)
+
+
+def test_trees_beside_chains():
+    """trees= rows sit beside the chains' (tree None), at every sampling setting and lenience 1 only, with the
+    tree theory's expected tokens and prediction at the acceptance table they measured (MarkovRows: tables with
+    the tree calls)."""
+    from test_batch import MarkovRows
+    from speculant import timing
+    target, draft = (speculant.load(torch.jit.script(MarkovRows(t.float(), 64)))
+                     for t in markov.target_and_draft(6, 3, draft_scale=1.0))
+    frame = speculant.sweep(target, draft, PROMPTS, gammas=[2], trees=[[2, 2], [3]], temperatures=[0.0, 1.0],
+                            lenience=[1.0, 0.5], max_new_tokens=20, seed=5, repeats=1, progress=False)
+    chains, trees = frame[frame.tree.isna()], frame[frame.tree.notna()]
+    assert len(chains) == 4 and len(trees) == 4
+    assert set(zip(trees.tree, trees.temperature)) == {(s, t) for s in ((2, 2), (3,)) for t in (0.0, 1.0)}
+    assert (trees.lenience == 1.0).all() and (trees.gamma == trees.tree.map(len)).all()
+    for row in trees.itertuples():
+        decoder = speculant.SpeculativeDecoder(target, draft, tree=row.tree, temperature=row.temperature)
+        results = [decoder.generate(p, max_new_tokens=20, seed=5 + i) for i, p in enumerate(PROMPTS)]
+        table = timing.tree_table(results)
+        assert row.new_tokens == sum(r.stats.new_tokens for r in results)
+        assert row.target_calls == sum(r.stats.target_calls for r in results)
+        assert row.expected_tokens == pytest.approx(float(analysis.tree_expected_tokens(list(row.tree), table)))
+        assert row.predicted_speedup == pytest.approx(analysis.tree_speedup(list(row.tree), table, row.c))
+    assert np.allclose(chains.expected_tokens, analysis.expected_tokens(chains.acceptance.to_numpy(), 2))

@@ -147,3 +147,50 @@ def test_a_thin_law_over_a_large_vocabulary_keeps_its_power():
     labels = re.findall(r"\n    (\[[^\]]*\])", wrong.report)
     assert any(label.startswith("[* (bin ") for label in labels), wrong.report
     assert all(re.fullmatch(r"\[(\d+|\* \(bin \d+\))\]", label) for label in labels), wrong.report
+
+
+def hf_pair(arch):
+    import hf_models  # transformers, only for these tests
+
+    model = hf_models.make(arch, seed=0)
+    return model, hf_models.drafted(model, noise=1e-4 if arch == "t5" else 0.01, seed=1)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "t5"])
+def test_live_models_and_save_pretrained_directories(arch, tmp_path):
+    """check_distribution takes what speculant.load takes: transformers objects and save_pretrained directories
+    (issue 25: the first raised TypeError, the second torch's "is a directory"); the reference is the model's
+    own uncached forward, the same from the object, the directory and the loaded handle."""
+    model, draft = hf_pair(arch)
+    source = [5, 9, 13, 2] if arch == "t5" else None
+    prompt = [0] if arch == "t5" else [1, 5, 9]
+    extra = dict(generate_kwargs={"encoder_input_ids": source}) if source else {}
+    model.save_pretrained(tmp_path / "target")
+    draft.save_pretrained(tmp_path / "draft")
+    with torch.no_grad():
+        ids = torch.tensor([prompt + [7, 3]])
+        if source:
+            expected = model(input_ids=torch.tensor([source]), decoder_input_ids=ids).logits[0, -1]
+        else:
+            expected = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, -1]
+    for target in (model, tmp_path / "target", str(tmp_path / "target"), speculant.load(model)):
+        reference = testing._module_logits(target, "target", source)
+        torch.testing.assert_close(reference(prompt + [7, 3]), expected, rtol=0, atol=1e-4)
+    checks = [testing.check_distribution(target, d, prompt, k=2, gamma=2, samples=200, seed=1, **extra)
+              for target, d in [(model, draft), (tmp_path / "target", tmp_path / "draft")]]
+    for check in checks:
+        assert check.passed and check.impossible == 0 and check.dof >= 3, check.report
+        assert sum(o for _, o, _ in check.cells) == 200 and sum(e for _, _, e in check.cells) == pytest.approx(200)
+    # the same models in memory and on disk: the same samples, the same law (up to rounding)
+    assert [(c, o) for c, o, _ in checks[0].cells] == [(c, o) for c, o, _ in checks[1].cells]
+    assert [e for _, _, e in checks[0].cells] == pytest.approx([e for _, _, e in checks[1].cells], rel=1e-4)
+
+
+def test_live_reference_is_padded_to_the_loaded_vocabulary():
+    model, draft = hf_pair("gpt2")
+    target = speculant.load(model, vocab_size=80)
+    row = testing._module_logits(target, "target")([1, 5, 9])
+    assert row.shape == (80,) and bool(torch.isinf(row[64:]).all()) and bool(torch.isfinite(row[:64]).all())
+    check = testing.check_distribution(target, speculant.load(draft, vocab_size=80), [1, 5, 9], k=1, gamma=2,
+                                       samples=100)
+    assert check.passed and check.impossible == 0, check.report

@@ -1,9 +1,12 @@
 """TinyGPT's contract forms against its training form, and the demo pair recipe end to end (smoke-sized)."""
+import fcntl
 import json
+import threading
 
 import pytest
 import torch
 
+from speculant import demo_pair
 from speculant.demo_pair import DEFAULT_RECIPE, decode, default_pair, encode
 from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached, script_plain
 
@@ -168,6 +171,49 @@ def test_demo_recipe_end_to_end(tmp_path, monkeypatch):
     stamp = target_path.stat().st_mtime_ns
     assert default_pair(progress=False, recipe=recipe) == (target_path, draft_path)  # cached, not retrained
     assert target_path.stat().st_mtime_ns == stamp
+
+
+def test_concurrent_first_runs_train_the_pair_once(tmp_path, monkeypatch):
+    """Issue 25: two first runs at once (threads here; the flock excludes processes the same way) train the pair
+    once. The first holds its first training step until the second is seen blocking on the pair's lock; the
+    second then returns the first's complete files. Without the lock the second trains a pair of its own."""
+    recipe = DEFAULT_RECIPE.smoke(steps=1)
+    real_train, real_flock = demo_pair.train, fcntl.flock
+    trained, started, second_waits = [], threading.Event(), threading.Event()
+
+    def train(*args, **kwargs):
+        trained.append(threading.current_thread().name)
+        if len(trained) == 1:
+            started.set()
+            assert second_waits.wait(timeout=120), "the second run never waited on the lock"
+        return real_train(*args, **kwargs)
+
+    def flock(f, operation):
+        if threading.current_thread().name == "second" and not operation & (fcntl.LOCK_NB | fcntl.LOCK_UN):
+            second_waits.set()
+        return real_flock(f, operation)
+
+    monkeypatch.setattr(demo_pair, "train", train)
+    monkeypatch.setattr(fcntl, "flock", flock)
+    results = {}
+
+    def run():
+        results[threading.current_thread().name] = default_pair(progress=False, recipe=recipe, cache_dir=tmp_path)
+
+    first = threading.Thread(target=run, name="first")
+    first.start()
+    assert started.wait(timeout=120)
+    second = threading.Thread(target=run, name="second")
+    second.start()
+    second.join(timeout=300)
+    second_waits.set()  # without the lock the second run has finished by now: let the first one go on
+    first.join(timeout=300)
+    second.join(timeout=300)
+    assert not first.is_alive() and not second.is_alive()
+    assert trained == ["first", "first"]  # the target and the draft, once
+    assert results["first"] == results["second"]
+    assert sorted(p.name for p in results["first"][0].parent.iterdir()) == ["draft.pt", "pair.json", "target.pt"]
+    assert (tmp_path / "models" / f"{results['first'][0].parent.name}.lock").exists()
 
 
 @pytest.mark.parametrize("text", ["", "hello, world\n", "héllo ✓ 🐍 — ünïcode", "\x00\xff\tand\r\n"])

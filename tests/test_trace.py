@@ -1,7 +1,9 @@
 """The Figure 1 trace views: exact renderings of a hand-built trace (ids, text through a tokenizer, ANSI, HTML),
 tokenizers that need context to decode a piece, and a trace from the engine."""
 
+import io
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -38,14 +40,43 @@ def test_spelled_out_with_ids_and_with_text():
 
 
 def test_colours_and_html():
-    assert TRACE.render(tokenizer=decode).splitlines()[1] == (
+    assert TRACE.render(color=True, tokenizer=decode).splitlines()[1] == (
         "  2 | Hi!\033[32m \033[0m\033[31;9mx\033[0m\033[34mW\033[0m")
-    assert "\033[34;4m!\033[0m" in TRACE.render(tokenizer=decode)  # the bonus token, underlined
+    assert "\033[34;4m!\033[0m" in TRACE.render(color=True, tokenizer=decode)  # the bonus token, underlined
     html = speculant.Trace([iteration(encode("<&"), 1, ord("\n"))], decode)._repr_html_()
     assert html == ("<div style='font-family:monospace;white-space:pre-wrap'>  1 | "
                     '<span style="color:#1a7f37">&lt;</span>'
                     '<span style="color:#cf222e;text-decoration:line-through">&amp;</span>'
                     '<span style="color:#0969da">\u21b5</span></div>')
+
+
+class Stream(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_colour_only_on_a_terminal_without_no_color(monkeypatch):
+    """Issue 25: ANSI escapes only when the stream is a TTY and NO_COLOR (https://no-color.org) is unset or empty;
+    an explicit color= wins either way. render() asks about sys.stdout."""
+    use_color = speculant.trace.use_color
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert use_color(Stream(tty=True)) and not use_color(Stream(tty=False))
+    assert not use_color(object())  # no isatty at all
+    monkeypatch.setattr(sys, "stdout", Stream(tty=False))
+    assert "\033" not in TRACE.render() and "[bonus:33 ]" in TRACE.render()
+    monkeypatch.setattr(sys, "stdout", Stream(tty=True))
+    assert "\033[34;4m" in TRACE.render()
+    monkeypatch.setenv("NO_COLOR", "")  # empty: as if unset
+    assert use_color(Stream(tty=True)) and "\033" in TRACE.render()
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not use_color(Stream(tty=True)) and "\033" not in TRACE.render()
+    assert use_color(Stream(tty=True), True) and "\033" in TRACE.render(color=True)
+    monkeypatch.delenv("NO_COLOR")
+    assert not use_color(Stream(tty=True), False) and "\033" not in TRACE.render(color=False)
 
 
 class SentencePieceLike:

@@ -11,9 +11,11 @@ next node, and when all are rejected t is drawn from the last residual (at a lea
   both ways of drawing children. ``iteration_law`` below is the rule written out; the enumeration proves it
   exact, and the chi-square tests check that the C++ (draw_children + verify_tree) samples that same law.
 * Statistical: Pearson chi-square of the emitted sequences (pooled to expected counts >= 5) against
-  ``iteration_law`` at SIGNIFICANCE = 1e-3 per test with fixed seeds: 8 tests, at most 0.8% family-wise false
-  failures for a fresh choice of seeds (Bonferroni).
-* Greedy: top-k children, the longest path of argmax agreement, t the argmax: exactly the enumerated walk.
+  ``iteration_law`` at SIGNIFICANCE = 1e-3 per test with fixed seeds, for both implementations of draw_children
+  and verify_tree (the CPU kernels, and the tensor path accelerators run, forced on CPU): 16 tests, and 4 of
+  the children's own law, at most 2% family-wise false failures for a fresh choice of seeds (Bonferroni).
+* Greedy: top-k children, the longest path of argmax agreement, t the argmax: exactly the enumerated walk,
+  for both implementations.
 """
 
 import itertools
@@ -154,21 +156,27 @@ def test_shapes():
             _core._verify_tree_seeded(parents, q, q, tokens, 1.0, 0, 1.0, 1.0, True, [0])
 
 
-def test_children_without_replacement_are_distinct_and_within_the_support():
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+def test_children_without_replacement_are_distinct_and_within_the_support(generic):
+    """Also the second child's law: q without the first, renormalized (chi-square at SIGNIFICANCE: 2 more tests
+    per path, 4 in all, beside the 16 of test_cpp_samples_the_exact_law: at most 2% family-wise)."""
     q = torch.tensor([0.0, 0.5, 0.3, 0.2, 0.0], dtype=F64)
     for seed in range(200):
-        children = _core._draw_children(q, 3, replacement=False, greedy=False, seed=seed).tolist()
+        children = _core._draw_children(q, 3, replacement=False, greedy=False, seed=seed, generic=generic).tolist()
         assert sorted(children) == [1, 2, 3]
-    counts = np.bincount([_core._draw_children(q, 1, False, False, seed=s).item() for s in range(4000)],
-                         minlength=VOCAB)
+    pairs = [tuple(_core._draw_children(q, 2, False, False, seed=s, generic=generic).tolist()) for s in range(4000)]
+    counts = np.bincount([first for first, _ in pairs], minlength=VOCAB)
     assert counts[0] == counts[4] == 0
     expected = q.numpy()[1:4] * 4000
     assert scipy.stats.chisquare(counts[1:4], expected).pvalue > SIGNIFICANCE
+    second = np.bincount([b for a, b in pairs if a == 1], minlength=VOCAB)[2:4]  # after 1: q(2), q(3) renormalized
+    assert scipy.stats.chisquare(second, second.sum() * np.array([0.6, 0.4])).pvalue > SIGNIFICANCE
+    assert _core._draw_children(q, 4, False, False, seed=0, generic=generic).tolist()[:3] != [0, 0, 0]
     assert _core._draw_children(torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1]), 3, True, greedy=True, seed=0).tolist() == \
         [1, 2, 3]  # the top 3, the first index on ties
 
 
-def draw_tree(parents, q_table, draft_scores, root, replacement, greedy, seed):
+def draw_tree(parents, q_table, draft_scores, root, replacement, greedy, seed, generic=False):
     """Node tokens drawn as the decoder's drafter draws them: each internal node's children from q at its token."""
     tokens = [root] * len(parents)
     children = defaultdict(list)
@@ -177,22 +185,24 @@ def draw_tree(parents, q_table, draft_scores, root, replacement, greedy, seed):
     for node in range(len(parents)):  # breadth-first: a node's token is set before its children are drawn
         if children[node]:
             scores = draft_scores[tokens[node]] if greedy else q_table[tokens[node]]
-            drawn = _core._draw_children(scores, len(children[node]), replacement, greedy, seed * 1000 + node)
+            drawn = _core._draw_children(scores, len(children[node]), replacement, greedy, seed * 1000 + node,
+                                         generic)
             for child, token in zip(children[node], drawn.tolist()):
                 tokens[child] = token
     return torch.tensor(tokens)
 
 
-def run_tree(shape, target, draft, config, replacement, draws, greedy=False, root=1):
+def run_tree(shape, target, draft, config, replacement, draws, generic, greedy=False, root=1):
     """Emitted sequences of `draws` iterations, each with a freshly drawn tree (seed i)."""
     parents = _core._tree_parents(shape)
     temperature, top_k, top_p = config
     q_table = standardized(draft, config)
     out = []
     for seed in range(draws):
-        tokens = draw_tree(parents, q_table, draft, root, replacement, greedy, seed)
+        tokens = draw_tree(parents, q_table, draft, root, replacement, greedy, seed, generic)
         path, path_tokens, t, ranks, finite = _core._verify_tree_seeded(
-            parents, target[tokens], q_table[tokens], tokens, temperature, top_k, top_p, 1.0, replacement, [seed])[0]
+            parents, target[tokens], q_table[tokens], tokens, temperature, top_k, top_p, 1.0, replacement, [seed],
+            generic)[0]
         assert finite and len(ranks) == len(path) + 1
         assert path_tokens == tokens[path].tolist()
         assert [parents[node] for node in path] == ([0] + path)[:len(path)], "the path goes down the tree"
@@ -212,14 +222,15 @@ STAT_CASES = [  # shape, config, replacement, table seed
 ]
 
 
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
 @pytest.mark.parametrize("case", STAT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{'with' if c[2] else 'without'}")
-def test_cpp_samples_the_exact_law(case):
+def test_cpp_samples_the_exact_law(case, generic):
     shape, config, replacement, seed = case
     draws = 3000
     target, draft = tables(seed)
     law = iteration_law(standardized(target, config), standardized(draft, config), 1, shape, replacement)
     counts = defaultdict(int)
-    for seq in run_tree(shape, target, draft, config, replacement, draws):
+    for seq in run_tree(shape, target, draft, config, replacement, draws, generic):
         counts[seq] += 1
     impossible = [seq for seq in counts if law.get(seq, 0.0) == 0.0]
     assert not impossible, f"sequences of probability zero were emitted: {impossible}"
@@ -229,14 +240,16 @@ def test_cpp_samples_the_exact_law(case):
     assert scipy.stats.chisquare(observed, expected).pvalue > SIGNIFICANCE
 
 
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
 @pytest.mark.parametrize("shape", [[2, 2], [3, 1], [1, 1, 1], [4, 2]], ids=str)
-def test_greedy_is_the_longest_argmax_agreement(shape):
+def test_greedy_is_the_longest_argmax_agreement(shape, generic):
     target, draft = tables(seed=41, masked=False)
     for root in range(VOCAB):
         parents = _core._tree_parents(shape)
         tokens = draw_tree(parents, None, draft, root, True, True, seed=0)
         (path, path_tokens, t, ranks, _), = _core._verify_tree_seeded(
-            parents, target[tokens], standardized(draft, (0.0, 0, 1.0))[tokens], tokens, 0.0, 0, 1.0, 1.0, True, [0])
+            parents, target[tokens], standardized(draft, (0.0, 0, 1.0))[tokens], tokens, 0.0, 0, 1.0, 1.0, True, [0],
+            generic)
         want, node = [], 0
         children = defaultdict(list)
         for n, parent in enumerate(parents[1:], start=1):
@@ -251,13 +264,14 @@ def test_greedy_is_the_longest_argmax_agreement(shape):
         assert path_tokens == want and t == int(target[tokens[node]].argmax())
 
 
-def test_lenience_is_refused_and_non_finite_logits_are_flagged():
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+def test_lenience_is_refused_and_non_finite_logits_are_flagged(generic):
     parents = _core._tree_parents([2])
     target, draft = tables(seed=5)
     tokens = torch.tensor([1, 2, 3])
     q = standardized(draft, (1.0, 0, 1.0))[tokens]
     with pytest.raises(ValueError, match="lenience must be 1 with a tree"):
-        _core._verify_tree_seeded(parents, target[tokens], q, tokens, 1.0, 0, 1.0, 0.5, True, [0])
+        _core._verify_tree_seeded(parents, target[tokens], q, tokens, 1.0, 0, 1.0, 0.5, True, [0], generic)
     logits = target[tokens].clone()
     logits[2, 1] = float("nan")  # a leaf's row: never read unless reached, still checked
-    assert _core._verify_tree_seeded(parents, logits, q, tokens, 1.0, 0, 1.0, 1.0, True, [0])[0][4] is False
+    assert _core._verify_tree_seeded(parents, logits, q, tokens, 1.0, 0, 1.0, 1.0, True, [0], generic)[0][4] is False

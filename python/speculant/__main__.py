@@ -52,7 +52,8 @@ def parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser(
         "demo", formatter_class=HelpFormatter,
-        help="speculative decoding with the demo pair (trained on first use, ~3 min): the paper's Figure 1 "
+        help="speculative decoding with the demo pair (trained on first use: minutes on 2 idle cores, longer on "
+             "busy ones): the paper's Figure 1 "
              "trace, the statistics, and the speedup over plain decoding next to Theorem 3.8's prediction",
         description="Speculative decoding with the demo's target / draft pair (byte-level GPTs trained on "
                     "Python's standard library on first use, then cached): the trace drawn like the paper's "
@@ -72,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--repeats", type=int, default=3,
                       help="timed rounds of speculative and plain decoding, after an untimed warm-up")
     demo.add_argument("--color", choices=["auto", "always", "never"], default="auto",
-                      help="ANSI colours in the trace (auto: when writing to a terminal)")
+                      help="ANSI colours in the trace (auto: when writing to a terminal and NO_COLOR is unset)")
     demo.set_defaults(main=_demo)
 
     export = commands.add_parser(

@@ -7,12 +7,19 @@ Definition 3.7); c_hat: the same ratio for arithmetic operations (Definition 3.1
 The formulas of §3 take scalars or numpy arrays (broadcast together; an array in gives an array out, scalars
 give a Python float) and raise ValueError naming the parameter for out-of-range input. ``estimate_alpha`` is the
 one function here that runs models.
+
+Token trees (several drafts per position, cpp/tree.h) come last: the expected tokens and walltime improvement of a
+tree under positional acceptance (Sequoia, Chen et al. 2024), the best tree for a budget of drafts, and the
+acceptance table from verification counts. They take one tree and one acceptance model, not arrays.
 """
 
 from __future__ import annotations
 
+import collections
+import math
 import numbers
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from fractions import Fraction
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -227,3 +234,514 @@ def estimate_alpha(target, draft, prompts, *, temperature: float = 1.0, top_k: i
     if count == 0:
         raise ValueError("no position was verified: max_new_tokens must be >= 2 (or the prompts hit EOS at once)")
     return total / count
+
+
+# --------------------------------------------------------------------------------------------------
+# Token trees: several drafts per position, verified in one target call (cpp/tree.h)
+# --------------------------------------------------------------------------------------------------
+#
+# A tree is given in one of two forms (the C++ Tree's, cpp/tree.h):
+#   * a shape [k1, ..., kd] (d >= 1, each k >= 1): every node of depth i - 1 has k_i children; [1] * gamma is
+#     Algorithm 1's chain of gamma drafts; 1 + k1 + k1 k2 + ... nodes, the root included;
+#   * breadth-first parents [-1, p1, ..., pN]: node 0 is the root (the last decided token), nodes 1 .. N are the
+#     drafts, parent[i] < i and parents nondecreasing, so a node's children are contiguous and numbered in the
+#     order they were drawn: that order is their rank (0: the draft's first sample, or its top token at T = 0).
+#     [-1] is the root alone (no drafts); an empty list is no tree at all.
+# The root has depth 0; a tree of depth d has drafts at depths 1 .. d and is verified by one target call of width
+# N + 1 (the root's row and one per draft).
+#
+# Acceptance (Sequoia's positional acceptance, Chen et al. 2024, arXiv:2402.12374, made depth-dependent here):
+# acceptance[i][j] is the probability that verifying the children of a node of depth i ends by accepting its
+# rank-j child. Verification tries the children in rank order (multi-draft speculative sampling, cpp/tree.h), so
+# whether rank j is accepted does not depend on the siblings after it: a node with k children accepts rank j < k
+# with probability acceptance[i][j] and rejects them all (then t is drawn from the residual) with probability
+# 1 - sum_{j<k} acceptance[i][j]. The model assumes these laws depend on the depth and rank alone, not on the
+# tokens of the path (as Equation (1) assumes i.i.d. betas). Three forms:
+#   * a table, one row per depth (ragged rows allowed): acceptance[i][j];
+#   * one sequence per rank, the same at every depth: acceptance[j];
+#   * a scalar alpha, the independent-siblings model: every child's test accepts with probability alpha whatever
+#     happened to its earlier siblings, so rank j is accepted with probability alpha (1 - alpha)^j at every depth.
+#     For a chain this is Equation (1)'s alpha exactly; for wider trees it is an idealization (the residual after
+#     a rejection is not the pair Algorithm 1 saw: at T = 0 with top-k children, rank j is accepted iff the
+#     target's argmax is the draft's (j+1)-th token), so choose trees with a measured table
+#     (``acceptance_from_counts``).
+# Values may be floats or fractions.Fraction; with Fractions throughout, tree_expected_tokens computes exactly.
+
+TreeLike = Union[Sequence[int], np.ndarray]
+AcceptanceLike = Union[float, Sequence[float], Sequence[Sequence[float]], np.ndarray]
+
+MAX_TREE_NODES = 1 << 20  # the most drafts a shape may expand to in tree_parents
+
+
+class TreeChoice(NamedTuple):
+    """A tree chosen by best_tree / best_tree_shape and its expected tokens per target call."""
+    tree: List[int]  # breadth-first parents (best_tree) or a shape (best_tree_shape)
+    expected_tokens: Union[float, Fraction]  # tree_expected_tokens(tree, acceptance)
+
+
+class TreeSpeedup(NamedTuple):
+    """The tree chosen by optimal_tree, its expected tokens per target call and its walltime improvement."""
+    tree: List[int]  # breadth-first parents
+    expected_tokens: Union[float, Fraction]  # tree_expected_tokens(tree, acceptance)
+    speedup: float  # tree_speedup(tree, acceptance, c, verify_cost)
+
+
+class _Tree:
+    """A validated tree: its shape when given as one (not expanded), else its parents, depths and ranks."""
+
+    def __init__(self, tree: TreeLike):
+        values = tree.tolist() if isinstance(tree, np.ndarray) else tree
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) \
+                or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"tree must be a shape [k1, ..., kd] or breadth-first parents [-1, p1, ..., pN] "
+                             f"(integers), got {tree!r}")
+        values = [int(v) for v in values]
+        if not values:
+            raise ValueError("tree is empty: give a shape [k1, ..., kd] (d >= 1, each k >= 1) or breadth-first "
+                             "parents [-1, p1, ..., pN] ([-1] is the root alone, no drafts)")
+        self.shape: Optional[List[int]] = None
+        self.parents: Optional[List[int]] = None
+        if values[0] == -1:
+            self._parents(values)
+        else:
+            for i, k in enumerate(values):
+                if k < 1:
+                    raise ValueError(f"tree[{i}] = {k}: a shape [k1, ..., kd] needs every k >= 1 (parents start "
+                                     f"with -1)")
+            self.shape = values
+            self.depth = len(values)
+            self.max_children = list(values)  # per depth 0 .. d - 1
+            level, self.size = 1, 0
+            for k in values:
+                level *= k
+                self.size += level
+
+    def _parents(self, parents: List[int]) -> None:
+        depth, rank, children = [0], [0], [0] * len(parents)
+        for i in range(1, len(parents)):
+            up = parents[i]
+            if not 0 <= up < i:
+                raise ValueError(f"tree node {i} has parent {up}: in breadth-first parents a node's parent is an "
+                                 f"earlier node")
+            if i > 1 and up < parents[i - 1]:
+                raise ValueError(f"tree node {i} has parent {up} after a node with parent {parents[i - 1]}: "
+                                 f"breadth-first parents are nondecreasing (siblings contiguous)")
+            depth.append(depth[up] + 1)
+            rank.append(children[up])
+            children[up] += 1
+        self.parents, self.node_depth, self.rank = parents, depth, rank
+        self.depth, self.size = depth[-1], len(parents) - 1
+        self.max_children = [0] * self.depth
+        for node, k in enumerate(children):
+            if k:
+                self.max_children[depth[node]] = max(self.max_children[depth[node]], k)
+
+
+def _probability(value, name: str):
+    """A probability as Fraction (kept exact) or float, else ValueError naming it."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")  # also rejects NaN
+    return value if isinstance(value, Fraction) else float(value)
+
+
+def _row(values, name: str) -> list:
+    row = [_probability(v, f"{name}[{j}]") for j, v in enumerate(values)]
+    if not row:
+        raise ValueError(f"{name} is empty: give the probability of at least rank 0")
+    if float(sum(row)) > 1.0 + 1e-9:
+        raise ValueError(f"{name} sums to {float(sum(row))!r} > 1: its ranks are exclusive outcomes (verification "
+                         f"accepts at most one child of a node)")
+    return row
+
+
+class _Acceptance:
+    """A validated acceptance model: a table by depth, one row for every depth, or the independent-siblings alpha."""
+
+    def __init__(self, acceptance: AcceptanceLike):
+        value = acceptance.tolist() if isinstance(acceptance, np.ndarray) else acceptance
+        self.rows: Optional[List[list]] = None  # by depth
+        self.row: Optional[list] = None  # at every depth
+        self.alpha = None  # independent siblings
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            self.alpha = _probability(value, "acceptance (a scalar alpha)")
+            self.exact = isinstance(self.alpha, Fraction)
+            return
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) == 0:
+            raise ValueError(f"acceptance must be a scalar alpha, a sequence by rank, or a table by depth and rank, "
+                             f"got {acceptance!r}")
+        nested = [isinstance(v, (Sequence, np.ndarray)) and not isinstance(v, (str, bytes)) for v in value]
+        if all(nested):
+            self.rows = [_row(list(r), f"acceptance[{i}]") for i, r in enumerate(value)]
+            self.exact = all(isinstance(v, Fraction) for r in self.rows for v in r)
+        elif not any(nested):
+            self.row = _row(value, "acceptance")
+            self.exact = all(isinstance(v, Fraction) for v in self.row)
+        else:
+            raise ValueError("acceptance must be one sequence by rank or a table of rows by depth, not a mixture")
+
+    def depths(self) -> Optional[int]:
+        """How many depths the model covers (a tree of depth d needs d), None for all."""
+        return None if self.rows is None else len(self.rows)
+
+    def ranks(self, depth: int) -> Optional[int]:
+        """How many ranks it gives at this depth, None for all."""
+        if self.alpha is not None:
+            return None
+        return len(self.rows[depth] if self.rows is not None else self.row)
+
+    def value(self, depth: int, rank: int):
+        if self.alpha is not None:
+            return self.alpha * (1 - self.alpha) ** rank
+        return (self.rows[depth] if self.rows is not None else self.row)[rank]
+
+    def floats(self, depth: int, most: int) -> np.ndarray:
+        """The probabilities of ranks 0 .. min(ranks, most) - 1 at this depth, float64 [k]."""
+        ranks = self.ranks(depth)
+        k = most if ranks is None else min(ranks, most)
+        return np.array([float(self.value(depth, j)) for j in range(k)], dtype=np.float64)
+
+    def fits(self, tree: _Tree) -> None:
+        """ValueError unless the model gives every depth and rank the tree has."""
+        depths = self.depths()
+        if depths is not None and tree.depth > depths:
+            raise ValueError(f"acceptance has rows for depths 0 .. {depths - 1}, but the tree has depth {tree.depth} "
+                             f"(its nodes of depth {tree.depth - 1} have children): give a row per depth up to "
+                             f"{tree.depth - 1}")
+        for depth, k in enumerate(tree.max_children):
+            ranks = self.ranks(depth)
+            if ranks is not None and k > ranks:
+                where = f"acceptance[{depth}]" if self.rows is not None else "acceptance"
+                raise ValueError(f"a node of depth {depth} has {k} children, but {where} gives only {ranks} ranks")
+
+    def result(self, value):
+        return Fraction(value) if self.exact else float(value)
+
+
+def _count(value, name: str, minimum: int = 0) -> int:
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _nonnegative(value, name: str) -> float:
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= float(value) < math.inf:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def _verify_cost(verify_cost) -> Callable[[int], float]:
+    """verify_cost as a function of the width, each value checked when asked for."""
+    if verify_cost is None:
+        return lambda width: 1.0
+    if callable(verify_cost):
+        lookup, what = verify_cost, "verify_cost({})"
+    elif isinstance(verify_cost, Mapping):
+        def lookup(width):
+            if width not in verify_cost:
+                raise ValueError(f"verify_cost has no entry for width {width} (a mapping width -> cost must cover "
+                                 f"every width asked for)")
+            return verify_cost[width]
+        what = "verify_cost[{}]"
+    elif isinstance(verify_cost, (Sequence, np.ndarray)) and not isinstance(verify_cost, (str, bytes)):
+        table = list(verify_cost)
+
+        def lookup(width):
+            if width > len(table):
+                raise ValueError(f"verify_cost gives widths 1 .. {len(table)} (verify_cost[w - 1] is width w's), "
+                                 f"but width {width} is needed")
+            return table[width - 1]
+        what = "verify_cost[{} - 1]"
+    else:
+        raise ValueError(f"verify_cost must be None, a function of the width, a mapping width -> cost or a sequence "
+                         f"(verify_cost[w - 1] for width w), got {verify_cost!r}")
+
+    def cost(width: int) -> float:
+        value = lookup(width)
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < float(value) < math.inf:
+            raise ValueError(f"{what.format(width)} must be a finite time > 0 (in units of one 1-token target call), "
+                             f"got {value!r}")
+        return float(value)
+    return cost
+
+
+def tree_parents(tree: TreeLike) -> List[int]:
+    """The breadth-first parents [-1, p1, ..., pN] of a tree (cpp/tree.h's Tree::from_shape for a shape; parents
+    are returned as given, validated). A shape may expand to at most MAX_TREE_NODES drafts."""
+    t = _Tree(tree)
+    if t.parents is not None:
+        return list(t.parents)
+    if t.size > MAX_TREE_NODES:
+        raise ValueError(f"tree: the shape {t.shape} has {t.size} drafts, more than {MAX_TREE_NODES} to list")
+    parents, begin, end = [-1], 0, 1  # the nodes of the current depth: begin .. end - 1
+    for k in t.shape:
+        for node in range(begin, end):
+            parents.extend([node] * k)
+        begin, end = end, len(parents)
+    return parents
+
+
+def tree_size(tree: TreeLike) -> int:
+    """The number of draft nodes N (the root excluded): the target verifies the tree in one call of width N + 1.
+    A shape [k1, ..., kd] has k1 + k1 k2 + ... + k1 ... kd; the chain [1] * gamma has gamma."""
+    return _Tree(tree).size
+
+
+def tree_depth(tree: TreeLike) -> int:
+    """The depth d of the deepest draft (0 for [-1]): d draft calls build the tree, one per depth."""
+    return _Tree(tree).depth
+
+
+def tree_expected_tokens(tree: TreeLike, acceptance: AcceptanceLike):
+    """Expected tokens per target call (accepted drafts plus the target's own token t) under positional acceptance:
+
+        E = 1 + sum over draft nodes v of prod over the path root -> v of acceptance[depth(parent(u))][rank(u)],
+
+    since a node v is on the accepted path with the product's probability (the nodes of one depth are disjoint
+    events) and E = 1 + sum_t P(at least t drafts accepted). For a shape this is 1 + sum_{t=1..d} prod_{i<t}
+    sum_{j<k_(i+1)} acceptance[i][j]. The chain [1] * gamma with acceptance alpha at every depth gives
+    1 + alpha + ... + alpha^gamma, Equation (1)'s (1 - alpha^(gamma+1)) / (1 - alpha) (gamma + 1 at alpha = 1);
+    rank-wise sums of Sequoia's f(T) = sum_v prod_path p_rank (Chen et al. 2024).
+
+    Returns a float, or a fractions.Fraction when every acceptance value is a Fraction (exact arithmetic).
+    ValueError for a tree the acceptance model does not cover (a depth beyond its rows, a rank beyond a row).
+    """
+    t, acc = _Tree(tree), _Acceptance(acceptance)
+    acc.fits(t)
+    total = 1
+    if t.shape is not None:
+        reach = 1  # sum over the nodes of depth i of the probability that the accepted path reaches them
+        for i, k in enumerate(t.shape):
+            reach = reach * sum(acc.value(i, j) for j in range(k))
+            total = total + reach
+    else:
+        reach = [1] * len(t.parents)  # the probability that the accepted path reaches each node
+        for v in range(1, len(t.parents)):
+            up = t.parents[v]
+            reach[v] = reach[up] * acc.value(t.node_depth[up], t.rank[v])
+            total = total + reach[v]
+    return acc.result(total)
+
+
+def tree_speedup(tree: TreeLike, acceptance: AcceptanceLike, c: float, verify_cost=None,
+                 draft_calls: Optional[float] = None) -> float:
+    """Theorem 3.8 for a tree: the expected walltime improvement over decoding with the target alone,
+
+        E[tokens per target call] / (draft_calls * c + verify_cost(N + 1)),
+
+    in units of one 1-token target call (the baseline's cost per token). E is ``tree_expected_tokens``; N + 1 the
+    verification width (``tree_size`` + 1). Assumptions, as the paper's: long enough generations, and
+    * draft_calls defaults to the tree's depth d: the draft scores all nodes of one depth in one call, which
+      costs c (Definition 3.7) whatever their number; give draft_calls (any number >= 0, in units of one draft
+      call) to model otherwise, e.g. one call per drafted node, tree_size(tree);
+    * verify_cost(width) is the target call's time relative to a 1-token call: None is 1.0 at every width (the
+      paper's assumption that gamma + 1 parallel evaluations take the time of one); otherwise a function of the
+      width, a mapping width -> cost, or a sequence with verify_cost[w - 1] for width w (measured per-width
+      costs on hardware where wide calls cost more, such as a CPU).
+    For the chain [1] * gamma with acceptance alpha and verify_cost None this is Theorem 3.8's
+    (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)) (``walltime_improvement``). Returns a float.
+    """
+    t = _Tree(tree)
+    tokens = tree_expected_tokens(tree, acceptance)
+    calls = t.depth if draft_calls is None else _nonnegative(draft_calls, "draft_calls")
+    return float(tokens) / (calls * _nonnegative(c, "c") + _verify_cost(verify_cost)(t.size + 1))
+
+
+def _budget_and_depth(budget, acc: _Acceptance, max_depth, minimum: int = 0) -> Tuple[int, int]:
+    budget = _count(budget, "budget", minimum)
+    depths = acc.depths()
+    if max_depth is None:
+        depth = depths if depths is not None else budget
+    else:
+        depth = _count(max_depth, "max_depth")
+        if depths is not None and depth > depths:
+            raise ValueError(f"max_depth = {depth}, but acceptance has rows for depths 0 .. {depths - 1} only (a tree "
+                             f"of depth d needs d rows)")
+    return budget, min(depth, budget)
+
+
+def _tree_dp(rows: List[np.ndarray], budget: int) -> Tuple[List[np.ndarray], List[List[np.ndarray]]]:
+    """Sequoia's dynamic program, with acceptance by depth: rows[i] [k_i] are the rank probabilities of depth i.
+
+    best[i][n] (float64 [budget + 1]): the most sum_v prod_path acceptance over the subtrees of exactly n
+    descendants of a node of depth i (-inf where no tree of n nodes fits; best[len(rows)] is a leaf). Over a
+    node's ranks j = k - 1 .. 0, with exactly m nodes left for ranks >= j,
+        G_j[m] = max(0 if m = 0, max_{s < m} rows[i][j] (1 + best[i+1][s]) + G_{j+1}[m - 1 - s]),
+    and best[i] = G_0. choice[i][j][m]: the descendants s of the rank-j child, -1 for none (the node's children
+    stop at rank j). O(sum_i k_i budget^2).
+    """
+    m = np.arange(budget + 1)
+    rest = m[:, None] - 1 - m[None, :]  # [budget + 1, budget + 1]: nodes left for ranks > j when child j has s
+    valid, rest = rest >= 0, np.maximum(rest, 0)
+    leaf = np.full(budget + 1, -np.inf)
+    leaf[0] = 0.0
+    best: List[np.ndarray] = [leaf] * (len(rows) + 1)
+    choice: List[List[np.ndarray]] = [[] for _ in rows]
+    for i in reversed(range(len(rows))):
+        fits = best[i + 1] > -np.inf
+        below = np.where(fits, 1.0 + best[i + 1], 0.0)  # a child and its subtree of s descendants, s that fit
+        later = leaf  # G_k: no ranks left
+        for a in reversed(rows[i]):
+            child = np.where(fits, a * below, -np.inf)  # [s]  (no 0 * -inf)
+            candidates = np.where(valid, child[None, :] + later[rest], -np.inf)  # [m, s]
+            s = np.argmax(candidates, axis=1)
+            value = candidates[m, s]
+            take = value > -np.inf  # a child of rank j, whenever the m nodes fit (m = 0 stops)
+            choice[i].append(np.where(take, s, -1))
+            later = np.where(take, value, leaf)
+        choice[i].reverse()
+        best[i] = later
+    return best, choice
+
+
+def _dp_tree(choice: List[List[np.ndarray]], depth: int, nodes: int) -> List[int]:
+    """The breadth-first parents of the tree the dynamic program chose for a node of this depth with this many
+    descendants."""
+    parents, queue = [-1], collections.deque([(0, depth, nodes)])
+    while queue:
+        node, i, left = queue.popleft()
+        j = 0
+        while i < len(choice) and j < len(choice[i]) and choice[i][j][left] >= 0:
+            s = int(choice[i][j][left])
+            parents.append(node)
+            queue.append((len(parents) - 1, i + 1, s))
+            left -= 1 + s
+            j += 1
+        assert left == 0, "the dynamic program's choices must use exactly the nodes they were given"
+    return parents
+
+
+def best_tree(budget: int, acceptance: AcceptanceLike, max_depth: Optional[int] = None) -> TreeChoice:
+    """The tree of at most ``budget`` drafts (and depth at most ``max_depth``) with the most expected tokens per
+    target call under positional acceptance, by Sequoia's dynamic program (Chen et al. 2024; the optimal subtree
+    recursion, over (depth, nodes) since acceptance depends on depth here): the best subtree of n descendants of
+    a depth-i node splits its nodes over its children of ranks 0, 1, ..., each child's subtree being the best of
+    its size at depth i + 1 (see _tree_dp).
+
+    max_depth defaults to the acceptance table's depth (a table by depth) or to the budget; it may not exceed the
+    table's. Of several best trees (equal within a relative 1e-12, for float rounding), the one with the fewest
+    drafts is returned (more nodes of zero acceptance add nothing). Time O(max_depth * ranks * budget^2) with
+    numpy (ranks: the longest row considered, at most budget).
+    Returns TreeChoice(tree=breadth-first parents, expected_tokens=tree_expected_tokens(tree, acceptance)).
+    """
+    acc = _Acceptance(acceptance)
+    budget, depth = _budget_and_depth(budget, acc, max_depth)
+    parents = [-1]
+    if budget > 0 and depth > 0:
+        best, choice = _tree_dp([acc.floats(i, budget) for i in range(depth)], budget)
+        top = best[0].max()  # >= best[0][0] = 0
+        parents = _dp_tree(choice, 0, int(np.argmax(best[0] >= top - 1e-12 * top)))  # the fewest drafts
+    return TreeChoice(parents, tree_expected_tokens(parents, acceptance))
+
+
+def optimal_tree(budget: int, acceptance: AcceptanceLike, c: float, verify_cost=None,
+                 max_depth: Optional[int] = None) -> TreeSpeedup:
+    """The tree of at most ``budget`` drafts (and depth at most ``max_depth``) that maximizes ``tree_speedup``
+    (draft calls = depth), the root alone ([-1], no drafts) included: §3.5's choice of gamma for trees, as in
+    Sequoia's hardware-aware optimizer. For every depth d and every exact draft count n, the dynamic program of
+    best_tree gives the best tree of n drafts and depth <= d; the improvement (1 + best) / (d c + verify_cost(n +
+    1)) is maximized over (d, n), and the maximizing tree has exactly that improvement, so the result is optimal
+    for any verify_cost (which must cover widths 1 .. budget + 1). Ties go to the smaller depth, then the fewer
+    drafts. Returns TreeSpeedup(tree=breadth-first parents, expected_tokens, speedup).
+    """
+    acc = _Acceptance(acceptance)
+    budget, depth = _budget_and_depth(budget, acc, max_depth)
+    c = _nonnegative(c, "c")
+    cost = _verify_cost(verify_cost)
+    widths = np.array([cost(w) for w in range(1, budget + 2)])  # [budget + 1]: width n + 1 for n drafts
+    best_speedup, best_at = 1.0 / widths[0], None
+    shared = acc.depths() is None  # the same row at every depth: one program gives every depth limit
+    if shared and depth > 0:
+        plan = _tree_dp([acc.floats(0, budget)] * depth, budget)
+    for d in range(1, depth + 1):
+        best, choice = plan if shared else _tree_dp([acc.floats(i, budget) for i in range(d)], budget)
+        top = depth - d if shared else 0  # the level of the root of depth-limit d
+        speedup = (1.0 + best[top][1:]) / (d * c + widths[1:])  # [budget]: n = 1 .. budget drafts
+        n = int(np.argmax(speedup))
+        if speedup[n] > best_speedup:
+            best_speedup, best_at = speedup[n], (choice, top, n + 1)
+    parents = [-1] if best_at is None else _dp_tree(*best_at)
+    return TreeSpeedup(parents, tree_expected_tokens(parents, acceptance),
+                       tree_speedup(parents, acceptance, c, verify_cost))
+
+
+def best_tree_shape(budget: int, acceptance: AcceptanceLike, max_depth: Optional[int] = None) -> TreeChoice:
+    """The shape [k1, ..., kd] of at most ``budget`` drafts (k1 + k1 k2 + ... <= budget, d <= max_depth) with the
+    most expected tokens per target call, by enumerating every such shape (tree_expected_tokens's product form:
+    E = 1 + sum_t prod_{i<t} sum_{j<k_(i+1)} acceptance[i][j]). budget >= 1 (a shape drafts at least one node).
+    Of several best shapes, the one with the fewest drafts, then the first in lexicographic order.
+    Returns TreeChoice(tree=the shape, expected_tokens, exact with Fraction acceptance).
+    """
+    acc = _Acceptance(acceptance)
+    budget, depth = _budget_and_depth(budget, acc, max_depth, minimum=1)
+    top = (None, None, None)  # (value, drafts, shape)
+
+    def visit(shape: List[int], level: int, size: int, reach, value) -> None:
+        nonlocal top
+        if shape and (top[0] is None or value > top[0] or (value == top[0] and size < top[1])):
+            top = (value, size, list(shape))
+        if len(shape) == depth:
+            return
+        i = len(shape)
+        ranks = acc.ranks(i)
+        prefix = 0
+        for k in range(1, (budget - size) // level + 1):
+            if ranks is not None and k > ranks:
+                break
+            prefix = prefix + acc.value(i, k - 1)
+            shape.append(k)
+            visit(shape, level * k, size + level * k, reach * prefix, value + reach * prefix)
+            shape.pop()
+
+    visit([], 1, 0, 1, 1)
+    return TreeChoice(top[2], tree_expected_tokens(top[2], acceptance))
+
+
+def acceptance_from_counts(accepted, visits) -> List[List[float]]:
+    """Estimates the acceptance table from verification counts: acceptance[i][j] = accepted[i][j] / visits[i],
+    the maximum-likelihood estimate of the positional model (each verified node's outcome is one draw of a
+    categorical over its ranks and "all rejected"; its binomial standard error is sqrt(a (1 - a) / visits[i])).
+
+    accepted[i][j]: how many verified nodes of depth i accepted their rank-j child; visits[i]: how many nodes of
+    depth i had their children verified (nodes on accepted paths with children; a leaf is not a visit). Every
+    counted node of depth i must have had children of all the ranks in accepted[i] (counts from one tree shape,
+    or rows cut to the smallest number of children at that depth), else the later ranks are underestimated.
+    Counts are whole numbers >= 0 with sum_j accepted[i][j] <= visits[i] and visits[i] >= 1 (drop depths never
+    visited). Returns a table by depth (lists of floats), a valid ``acceptance`` argument.
+    """
+    def whole(value, name: str) -> int:
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+                or value != int(value) or value < 0:
+            raise ValueError(f"{name} must be a count (a whole number >= 0), got {value!r}")
+        return int(value)
+
+    rows = accepted.tolist() if isinstance(accepted, np.ndarray) else accepted
+    counts = visits.tolist() if isinstance(visits, np.ndarray) else visits
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence) or not rows \
+            or not all(isinstance(r, Sequence) and not isinstance(r, (str, bytes)) for r in rows):
+        raise ValueError(f"accepted must be a non-empty table of counts by depth and rank, got {accepted!r}")
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence) or len(counts) != len(rows):
+        raise ValueError(f"visits must hold one count per depth of accepted ({len(rows)}), got {visits!r}")
+    table = []
+    for i, row in enumerate(rows):
+        n = whole(counts[i], f"visits[{i}]")
+        hits = [whole(v, f"accepted[{i}][{j}]") for j, v in enumerate(row)]
+        if not hits:
+            raise ValueError(f"accepted[{i}] is empty: give the count of at least rank 0")
+        if n == 0:
+            raise ValueError(f"visits[{i}] = 0: no node of depth {i} was verified, so its row has no estimate "
+                             f"(drop it and the deeper rows)")
+        if sum(hits) > n:
+            raise ValueError(f"accepted[{i}] sums to {sum(hits)} > visits[{i}] = {n}: a verified node accepts at "
+                             f"most one child")
+        table.append([h / n for h in hits])
+    return table

@@ -191,11 +191,42 @@ def _unpadded(ids: List[int], mask, name: str, row: int) -> List[int]:
     return ids[kept[0]:kept[-1] + 1]
 
 
-def _rows(value, name: str, tokenizer=None, attention_mask=None) -> Tuple[List[List[int]], bool]:
+def _pad_id(tokenizer, target: Model) -> Optional[int]:
+    """The pad id a padded batch would hold: the tokenizer's (a transformers tokenizer's pad_token_id, a
+    tokenizers.Tokenizer's padding), else the target's metadata's, or None."""
+    padding = getattr(tokenizer, "padding", None)
+    for value in (getattr(tokenizer, "pad_token_id", None), padding.get("pad_id") if isinstance(padding, dict)
+                  else None, target.metadata.get("pad_token_id")):
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
+    return None
+
+
+def _refuse_padding(rows: List[List[int]], name: str, pad_id: Optional[int]) -> None:
+    """Refuses a batch of equal-length rows without attention_mask that looks padded: some rows, but not all,
+    begin (left padding) or end (right padding) with the pad id. Its padding would be decoded as prompt tokens.
+    All rows beginning with it (a BOS or decoder start that is also the pad id) is no padding: the longest row
+    of a padded batch has none."""
+    if pad_id is None or len(rows) < 2 or len({len(row) for row in rows}) != 1:
+        return
+    for side, index in (("begins", 0), ("ends", -1)):
+        padded = [row[index] == pad_id for row in rows]
+        if any(padded) and not all(padded):
+            raise ValueError(
+                f"{name} is a [{len(rows)}, {len(rows[0])}] batch without attention_mask, and row "
+                f"{padded.index(True)} {side} with the pad id {pad_id} while row {padded.index(False)} does not: it "
+                "looks padded, and its padding would be decoded as prompt tokens. Pass the batch's attention_mask "
+                "(a tokenizer's output carries it; all 1s when no row is padded), or the prompts unpadded as a list "
+                "of lists of their own lengths")
+
+
+def _rows(value, name: str, tokenizer=None, attention_mask=None,
+          pad_id: Optional[int] = None) -> Tuple[List[List[int]], bool]:
     """The prompts in `value` and whether it is a batch. A batch is a list of prompts (token-id lists, 1-D
     tensors, strings with a tokenizer), a 2-D tensor or array, or a tokenizer's output (a mapping with
     input_ids); a padded one comes with its attention mask (in the mapping, or `attention_mask`). One row is
-    one prompt (tokenizers return a batch of one), not a batch."""
+    one prompt (tokenizers return a batch of one), not a batch. A batch without a mask that looks padded with
+    `pad_id` is refused (_refuse_padding)."""
     if isinstance(value, Mapping) and "input_ids" in value:
         if attention_mask is not None:
             raise ValueError(f"{name} is a mapping with its own attention_mask: do not pass attention_mask too")
@@ -233,7 +264,19 @@ def _rows(value, name: str, tokenizer=None, attention_mask=None) -> Tuple[List[L
         if not ids:
             raise ValueError(f"{label} is empty: every prompt needs at least one token")
         out.append(ids)
+    if attention_mask is None and not any(isinstance(row, str) for row in rows):  # strings have no padding
+        _refuse_padding(out, name, pad_id)
     return out, len(rows) > 1
+
+
+def _tree(value) -> List[int]:
+    """tree= as the engine takes it: [] (a chain), or [k_1 .. k_d], each >= 1 (cpp/tree.h)."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise ValueError(f"tree must be a non-empty list of children per depth [k_1, ..., k_d] (each >= 1; "
+                         f"[1] * gamma is the chain), got {value!r}")
+    return [_integer(k, f"tree[{i}]", 1, 64) for i, k in enumerate(value)]
 
 
 def _eos_ids(value) -> List[int]:
@@ -256,12 +299,14 @@ def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, m
          seed, profile, schedule=None, tokenizer=None, attention_mask=None) -> Union[Result, List[Result]]:
     tokenizer = _tokenizer(tokenizer)
     encoder_decoder = encoder_input_ids is not None
-    sources, source_batch = ([], False) if not encoder_decoder else _rows(
-        encoder_input_ids, "encoder_input_ids", tokenizer, attention_mask)  # an encoder-decoder's mask is its source's
+    pad_id = _pad_id(tokenizer, target)
+    sources, source_batch = ([], False) if not encoder_decoder else _rows(  # an encoder-decoder's mask: its source's
+        encoder_input_ids, "encoder_input_ids", tokenizer, attention_mask, pad_id)
     if prompt_ids is None:
         prompts, batch = [[_start(target)]] * max(len(sources), 1), source_batch
     else:
-        prompts, batch = _rows(prompt_ids, "prompt_ids", tokenizer, None if encoder_decoder else attention_mask)
+        prompts, batch = _rows(prompt_ids, "prompt_ids", tokenizer, None if encoder_decoder else attention_mask,
+                               pad_id)
         if encoder_decoder and not batch and source_batch:  # one decoder start for every source
             prompts, batch = prompts * len(sources), True
     if encoder_decoder and len(sources) != len(prompts):
@@ -302,21 +347,45 @@ class SpeculativeDecoder:
     token is sampled with probability above p(x) / lenience (argmax: a draft token is kept when
     p(x) >= lenience * max p). gamma defaults to DEFAULT_GAMMA = 4.
 
-    ``cuda_graphs`` ("auto", "on", "off", "fixed"; speculant.graphs): on CUDA, by default, each model's
-    fixed-shape calls (the draft's step, the target's verification of each width) are captured once into CUDA
-    graphs and replayed; a model whose backend cannot be captured runs as before, with a warning saying why.
-    The tokens are those of the same fixed-shape calls uncaptured ("fixed"); the law is the target's.
+    ``tree=[k_1, ..., k_d]`` drafts a token tree instead of a chain (cpp/tree.h): each node of depth i gets k_i
+    children from the draft's q there, drawn without replacement (``replacement=False``, the default: distinct
+    siblings, recursive rejection sampling) or independently (``replacement=True``); at temperature 0 they are
+    the draft's top k_i. The whole tree is verified in one target call with multi-draft speculative sampling,
+    which keeps the output law exactly the target's. gamma is then the depth d. Trees need models with tree
+    calls (speculant.export's files, live decoder-only transformers models; ``Model.tree_obstacle`` says why
+    not), a draft model, a Unigram / Bigram table or a PythonDrafter with ``score`` (``tree_obstacle`` on
+    drafters too), lenience 1, the fixed gamma policy and cuda_graphs "off" or "auto" (they run uncaptured).
+    The statistics count each depth's and rank's acceptances (``stats.tree_visits``, ``stats.tree_accepted``).
+
+    ``cuda_graphs`` ("off", "auto", "on", "fixed"; speculant.graphs): "off" (the default) captures nothing.
+    With "auto" on CUDA each model's fixed-shape calls (the draft's step, the target's verification of each
+    width) are captured once into CUDA graphs and replayed; a model whose backend cannot be captured runs as
+    before, with a warning saying why; "on" makes that an error. The tokens are those of the same fixed-shape
+    calls uncaptured ("fixed"); the law is the target's. "auto" and "on" have never been executed on a GPU
+    (issue 21 runs them), which is why they are not the default.
     """
 
-    def __init__(self, target, draft, *, gamma: int = DEFAULT_GAMMA, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "auto"):
+    def __init__(self, target, draft, *, gamma: Optional[int] = None, tree: Optional[Sequence[int]] = None,
+                 replacement: bool = False, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "off"):
         self.target = _model(target, "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
+        self._tree = _tree(tree)
+        if self._tree and gamma is not None and gamma != len(self._tree):
+            raise ValueError(f"gamma must be the tree's depth {len(self._tree)} with tree={self._tree} (or left out), "
+                             f"got {gamma!r}")
+        gamma = len(self._tree) if self._tree else DEFAULT_GAMMA if gamma is None else gamma
         self._gamma = _integer(gamma, "gamma", 1)
+        self._replacement = _flag(replacement, "replacement")
         self._sampling = {"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
                           "top_p": _real(top_p, "top_p"), "lenience": _real(lenience, "lenience")}
         self._drafter = _drafter(self.draft)
         mode = graphs.check_mode(cuda_graphs)
+        if self._tree and mode in ("on", "fixed"):
+            raise ValueError(f"cuda_graphs={mode!r} with tree=: trees run dynamic shapes only (CUDA graphs of tree "
+                             "calls are not built yet); use cuda_graphs='off'")
+        if self._tree:
+            mode = "off"
         self._models = [self.target] + ([self.draft] if isinstance(self.draft, Model) else [])
         chosen = [graphs.shapes(model._core, mode, role) for model, role in zip(self._models, ("target", "draft"))]
         self._shapes = [shape for shape, _ in chosen] + ["dynamic"] * (2 - len(chosen))
@@ -325,7 +394,8 @@ class SpeculativeDecoder:
 
     def _decoder(self, sampling: dict) -> _core.Decoder:
         return _core.Decoder(self.target._core, self._drafter, self._gamma, sampling["temperature"],
-                             sampling["top_k"], sampling["top_p"], sampling["lenience"], *self._shapes)
+                             sampling["top_k"], sampling["top_p"], sampling["lenience"], *self._shapes,
+                             tree=self._tree, replacement=self._replacement)
 
     @property
     def shapes(self) -> Tuple[str, str]:
@@ -354,7 +424,11 @@ class SpeculativeDecoder:
 
         A batch returns a list of Results, one per row: a list of prompts (of any lengths), a [B, T] tensor or
         array with B > 1, or a tokenizer's output with several rows; a padded batch comes with its
-        ``attention_mask`` (inside a BatchEncoding, or as this argument), left or right padding alike. Each row
+        ``attention_mask`` (inside a BatchEncoding, or as this argument), left or right padding alike. A batch
+        of equal-length rows without a mask that looks padded (some rows, not all, begin or end with the pad id:
+        the tokenizer's pad_token_id, else the target's) is refused with ValueError, since its padding would be
+        decoded as prompt tokens: pass its attention_mask (all 1s when nothing is padded) or the unpadded
+        prompts as a list of lists. An encoder-decoder's sources are checked the same way. Each row
         drafts, verifies, accepts and stops on its own, with its own gamma policy, statistics and trace, and
         gets what it would get alone with seed ``seed + row``: its law is the target's own. In float32 that is
         token for token; in bf16 / fp16 a batched call may round its logits differently from a batch-1 call, so a
@@ -396,7 +470,7 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, do_sample: Optional[bool] = None,
              eos_token_id: Union[int, Sequence[int], None] = None, seed: Optional[int] = None, profile: bool = False,
              tokenizer: Any = None, attention_mask: Optional[PromptIds] = None,
-             cuda_graphs: str = "auto") -> Union[Result, List[Result]]:
+             cuda_graphs: str = "off") -> Union[Result, List[Result]]:
     """Plain autoregressive decoding of ``target`` through the same engine (gamma = 0): the baseline.
     Arguments as in SpeculativeDecoder.generate, and ``cuda_graphs`` as in SpeculativeDecoder."""
     target = _model(target, "target")

@@ -12,6 +12,7 @@ from typing import Optional, TextIO
 from . import demo_pair, timing
 from .decoder import DEFAULT_GAMMA, SpeculativeDecoder, generate
 from .model import load
+from .trace import use_color
 
 DEFAULT_PROMPT = "def __init__(self"
 
@@ -23,14 +24,16 @@ def _row(name: str, spec, plain) -> str:
 def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature: float = 0.8, top_k: int = 0,
         top_p: float = 1.0, lenience: float = 1.0, max_new_tokens: int = 200, seed: int = 0, repeats: int = 3,
         color: Optional[bool] = None, out: Optional[TextIO] = None) -> dict:
-    """Runs the demo and prints it (to ``out``, default sys.stdout); returns the figures it printed.
+    """Runs the demo and prints it (to ``out``, default sys.stdout); returns the figures it printed. The trace
+    is in ANSI colours when ``color`` is True, or when it is None (the default) and ``out`` is a terminal and the
+    NO_COLOR environment variable is unset (speculant.trace.use_color).
 
     Timed as speculant.sweep times (speculant.timing): one untimed run of speculative and plain decoding warms
     every shape, then ``repeats`` rounds interleaved ABBA; every time shown is the median over the rounds with
     its range, and the speedup stands next to Theorem 3.8's prediction from the measured alpha and c."""
     repeats = timing.check_repeats(repeats)
     out = sys.stdout if out is None else out
-    color = out.isatty() if color is None else color
+    color = use_color(out, color)
     target_path, draft_path = demo_pair.default_pair(progress=True)
     info = json.loads((target_path.parent / "pair.json").read_text())
     target, draft = load(target_path), load(draft_path)

@@ -7,24 +7,30 @@ depends on the CPU and the thread count (held-out losses moved by ~0.06 nats bet
 pair.json records what this machine got. The result is cached under
 `${SPECULANT_CACHE:-~/.cache/speculant}/models/<recipe hash>/` as target.pt and draft.pt (TorchScript,
 cached form, see tiny_gpt.py) and pair.json (sizes, held-out losses, α, training seconds). The hash covers
-the recipe and the corpus bytes, so a different Python (a different stdlib) gets its own directory.
+the recipe and the corpus bytes, so a different Python (a different stdlib) gets its own directory. Training
+holds an exclusive lock (fcntl.flock on models/<recipe hash>.lock): of several first runs at once one trains,
+and the others wait for it and then read its files, which are complete (each is written to a temp file and
+renamed into place, pair.json last).
 
 α is the paper's expected acceptance rate (Leviathan et al. 2023, Corollary 3.6): the mean over held-out
 positions of Σ_x min(p(x), q(x)) with p = target M_p and q = draft M_q at temperature 1.
 
     python -m speculant.demo_pair          # train (or find) the pair and print pair.json
 """
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
 import os
+import sys
 import sysconfig
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Optional, Tuple
+from typing import Iterable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +41,8 @@ from .tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 __all__ = ["TrainConfig", "Recipe", "DEFAULT_RECIPE", "encode", "decode", "load_corpus", "train", "evaluate",
            "cache_root", "default_pair"]
 
-_FORMAT = 2  # bump when the files or the training code change meaning, so old caches are not reused (2: batched calls)
+_FORMAT = 3  # bump when the files or the training code change meaning, so old caches are not reused (2: batched
+# calls, 3: tree calls)
 
 
 def encode(text: str) -> List[int]:
@@ -75,13 +82,14 @@ class Recipe:
                                    draft_train=dataclasses.replace(self.draft_train, **small), eval_windows=2)
 
 
-# Sized for ~3 minutes on 2 CPU cores (torch's default threads). On that budget the step count, not the width,
-# decides quality: a 4-layer d_model 256 target gets ~180 steps of batch 16 and stays at bigram level (held-out
-# 2.7 nats/byte), while d_model 128 at batch 4 gets 2300 steps and learns to copy from its context (1.9; a
-# trigram count table scores 2.2). For the same reason the target's MLP is 2 * d_model wide (at 4x the MLP is
-# 2/3 of a block's FLOPs; 1700 steps at 4x reach only 2.0), and the 1-layer draft is d_model 64 with 2000
-# steps of batch 8 rather than d_model 96 with fewer (α 0.77 vs 0.64 against the same target). A 3-layer
-# target trains to 1.8 in the same time, but per call it costs 3 layers of overhead against the draft's 1.
+# Sized for ~3 minutes on 2 idle CPU cores (torch's default threads; cores shared with other work take much
+# longer). On that budget the step count, not the width, decides quality: a 4-layer d_model 256 target gets ~180
+# steps of batch 16 and stays at bigram level (held-out 2.7 nats/byte), while d_model 128 at batch 4 gets 2300
+# steps and learns to copy from its context (1.9; a trigram count table scores 2.2). For the same reason the
+# target's MLP is 2 * d_model wide (at 4x the MLP is 2/3 of a block's FLOPs; 1700 steps at 4x reach only 2.0), and
+# the 1-layer draft is d_model 64 with 2000 steps of batch 8 rather than d_model 96 with fewer (α 0.77 vs 0.64
+# against the same target). A 3-layer target trains to 1.8 in the same time, but per call it costs 3 layers of
+# overhead against the draft's 1.
 DEFAULT_RECIPE = Recipe(
     target=TinyGPTConfig(vocab_size=256, n_layer=4, n_head=4, d_model=128, max_length=256, d_ff=256),
     draft=TinyGPTConfig(vocab_size=256, n_layer=1, n_head=2, d_model=64, max_length=256),
@@ -180,20 +188,49 @@ def _atomic_write(path: Path, write) -> None:
 
 def default_pair(progress: bool = True, *, recipe: Recipe = DEFAULT_RECIPE,
                  cache_dir: Optional[os.PathLike] = None) -> Tuple[Path, Path]:
-    """(target_path, draft_path) of the demo pair, training it first (~2-3 min on 2 cores) if not cached.
+    """(target_path, draft_path) of the demo pair, training it first (~3 min on 2 idle cores) if not cached.
 
     cache_dir defaults to cache_root(); the files go to <cache_dir>/models/<recipe hash>/. pair.json is
-    written last and marks the directory complete.
+    written last and marks the directory complete. While one call trains, others for the same pair (threads or
+    processes) wait on <cache_dir>/models/<recipe hash>.lock and then return its files.
     """
     train_tokens, val_tokens, corpus_sha = load_corpus(recipe.holdout_every)
     spec = {"format": _FORMAT, "recipe": dataclasses.asdict(recipe), "corpus_sha256": corpus_sha}
     key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     out = Path(cache_dir if cache_dir is not None else cache_root()) / "models" / key
     target_path, draft_path, info_path = out / "target.pt", out / "draft.pt", out / "pair.json"
-    if info_path.exists() and target_path.exists() and draft_path.exists():
+    complete = lambda: info_path.exists() and target_path.exists() and draft_path.exists()
+    if complete():
         return target_path, draft_path
 
     out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out.parent / f"{key}.lock", progress):
+        if not complete():  # else another call trained the pair while this one waited
+            _train_pair(recipe, spec, train_tokens, val_tokens, target_path, draft_path, info_path, progress)
+    return target_path, draft_path
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path, progress: bool) -> Iterator[None]:
+    """Holds an exclusive flock on `lock_path` (created if missing, never deleted: deleting it would let a
+    waiter lock a file that a newcomer no longer opens). The lock goes with the open file description, so it
+    excludes threads of one process as well as processes, and dies with a killed process."""
+    with open(lock_path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print(f"speculant: another process is training the demo pair ({lock_path}); waiting for it",
+                      file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _train_pair(recipe: Recipe, spec: dict, train_tokens: Tensor, val_tokens: Tensor, target_path: Path,
+                draft_path: Path, info_path: Path, progress: bool) -> None:
     seconds = {}
     models = {}
     for name, config, schedule in (("target", recipe.target, recipe.target_train),
@@ -214,7 +251,6 @@ def default_pair(progress: bool = True, *, recipe: Recipe = DEFAULT_RECIPE,
             json.dump(info, f, indent=2)
 
     _atomic_write(info_path, write_info)
-    return target_path, draft_path
 
 
 if __name__ == "__main__":

@@ -82,6 +82,11 @@ class Drafter:
     def device(self) -> torch.device:
         return torch.device(self._core.device)
 
+    @property
+    def tree_obstacle(self) -> str:
+        """Why this drafter cannot propose token trees (SpeculativeDecoder's tree=), or "" when it can."""
+        return self._core.tree_obstacle
+
     def __repr__(self) -> str:
         return f"speculant.drafters.{type(self).__name__}(vocab_size={self.vocab_size}, device={str(self.device)!r})"
 
@@ -194,13 +199,22 @@ class PythonDrafter(Drafter):
 
     tokens: k <= gamma token ids; q: a float tensor [k, V] whose row i is the distribution tokens[i] was drawn
     from (return ``([], None)`` to propose nothing). The engine calls it with the GIL held, once per iteration.
+
+    ``score(contexts: list[list[int]]) -> q [n, V]`` (optional) lets it propose token trees
+    (``SpeculativeDecoder(tree=...)``): row i is the law after contexts[i] (the sequence so far, then a path of
+    the tree), called once per depth for every node of that depth with children; the engine draws the children
+    from it (with or without replacement; at temperature 0 its top k), so the law stays exact whatever it
+    returns, as long as it returns a law.
     """
 
     kind = "python"
 
     def __init__(self, propose: Callable[[list, int], Tuple[Sequence[int], Optional[torch.Tensor]]],
-                 vocab_size: int, device="cpu"):
+                 vocab_size: int, device="cpu", *, score: Optional[Callable[[list], torch.Tensor]] = None):
         if not callable(propose):
             raise ValueError(f"propose must be callable, got {type(propose).__name__}")
+        if score is not None and not callable(score):
+            raise ValueError(f"score must be callable or None, got {type(score).__name__}")
         self.propose = propose
-        super().__init__(_core.python_drafter(propose, _vocab(vocab_size), _device(device)))
+        self.score = score
+        super().__init__(_core.python_drafter(propose, _vocab(vocab_size), _device(device), score))

@@ -3,17 +3,20 @@
 
 ``cuda_graphs``:
 
-* ``"auto"`` (the default): capture the models on CUDA whose backend can be (speculant.export's decoder-only
-  TorchScript exports, and any cached module with the batched methods); any other CUDA model runs uncaptured
-  with a warning that says why. Models on CPU run as always.
+* ``"off"`` (the default): no capture.
+* ``"auto"``: capture the models on CUDA whose backend can be (speculant.export's decoder-only TorchScript
+  exports, and any cached module with the batched methods); any other CUDA model runs uncaptured with a warning
+  that says why. Models on CPU run as always.
 * ``"on"``: as ``"auto"``, but a model that cannot be captured (or is not on CUDA) is a ValueError.
-* ``"off"``: no capture.
 * ``"fixed"``: the fixed-shape calls that a graph replays, run without capturing, on any device: to check that
   graph mode changes no output, or to separate the shapes' cost from the launches' on a GPU. Decoder-only .pt2
   packages have fixed shapes too (batch 1 per replica), but AOTInductor's runner cannot be captured.
 
 A capture that fails at run time (an operation that CUDA graphs cannot record) leaves that model's calls
 uncaptured from then on, with a warning naming the reason.
+
+"auto" and "on" are opt-in: the capture (cpp/graphs.cpp) has been compiled against torch's CUDA libraries but
+never executed on a GPU; it stays off by default until issue 21's GPU run checks it.
 """
 
 from __future__ import annotations

@@ -18,8 +18,10 @@ sequence, so a model whose cache does not roll back exactly fails there, not in 
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
+import os
 from typing import Optional
 
 import torch
@@ -51,12 +53,51 @@ def pretrained(directory: str, dtype: Optional[torch.dtype]):
     transformers = _transformers()
     config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
     auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
+    from safetensors import SafetensorError  # a dependency of transformers
+
     try:
         model = auto.from_pretrained(directory, local_files_only=True, dtype=dtype)
+    except SafetensorError as error:
+        raise damaged_weights(directory, error) from None
     except ValueError as error:  # transformers: "Unrecognized configuration class ..."
         raise ValueError(f"model: {directory} holds a {config.model_type!r} model that has no causal or "
                          f"sequence-to-sequence LM class in transformers: {error}") from None
     return model.eval()
+
+
+def damaged_weights(directory: str, error: Exception) -> ValueError:
+    """The error to raise for safetensors' SafetensorError while loading `directory` (a file cut short by an
+    interrupted copy or download, or corrupted): it names the file, which safetensors' own message does not."""
+    problem = safetensors_problem(directory) or f"a .safetensors file in {directory} could not be read"
+    return ValueError(f"model: {problem} (safetensors: {error}); copy or save the model again (save_pretrained)")
+
+
+def safetensors_problem(directory: str) -> Optional[str]:
+    """What is wrong with the first damaged .safetensors file in `directory`, naming it, or None. Checks the
+    format's layout: an 8-byte little-endian header length N, N bytes of JSON header, then exactly the bytes
+    that the header's largest data offset needs."""
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".safetensors"):
+            continue
+        path = os.path.join(directory, name)
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else None
+            if length is None or 8 + length > size:
+                return (f"{path} is truncated: {size} bytes, fewer than its header needs"
+                        + ("" if length is None else f" ({8 + length})"))
+            try:
+                header = json.loads(f.read(length))
+                end = max((int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"),
+                          default=0)
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
+                return f"{path} is corrupt: its header is not a valid safetensors header ({error})"
+        if 8 + length + end > size:
+            return f"{path} is truncated: {size} bytes, its tensors need {8 + length + end}"
+        if 8 + length + end < size:
+            return f"{path} is corrupt: {size} bytes, its tensors cover {8 + length + end}"
+    return None
 
 
 def max_positions(config) -> Optional[int]:
@@ -147,6 +188,7 @@ class LiveModel:
         # Batch 1 has no padding: without a mask transformers skips checking an all-ones one at every call. A
         # model with a pad id gets the mask anyway, or it would inspect its inputs for that id and warn.
         self._mask_needed = getattr(config, "pad_token_id", None) is not None
+        self._tree_obstacle: Optional[str] = None  # probed on first use
         own = self._own_vocab = self._probe()
         if vocab_size is not None:
             if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < own:
@@ -183,12 +225,68 @@ class LiveModel:
         """The same module object with a cache of its own: another row of a batch (cpp/rows.h)."""
         other = copy.copy(self)
         other._cache, other._length, other._encoder_outputs, other._source_mask = None, 0, None, None
+        other._tree_obstacle = self._tree_obstacle
         return other
 
     def truncate(self, length: int) -> None:
         if length < self._length:
             self._cache.crop(length - self._length)  # transformers 5: a negative count removes that many
         self._length = length
+
+    # -- token trees (cpp/model.h: extend_masked, keep) --------------------------------------------------------
+    def extend_masked(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """tokens, positions: int64 [T]; mask: bool [T, S], S = the cache's entries + T. Appends the tokens as
+        cache entries, token j at positions[j] attending to exactly the entries where mask[j]; logits [T, V]."""
+        return self._run(tokens, logits=True, positions=positions, mask=mask)
+
+    def keep(self, entries: torch.Tensor) -> None:
+        """Keeps the cache entries at `entries` (int64 [M], ascending), in that order, as entries 0 .. M - 1."""
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(-2, entries)
+            layer.values = layer.values.index_select(-2, entries)
+        self._length = entries.numel()
+
+    def tree_obstacle(self) -> str:
+        """Why this model cannot verify a token tree in one call, or "" (probed once: a tree call against
+        uncached forwards of each node's path, then a kept path against a forward of the whole sequence)."""
+        if self._tree_obstacle is None:
+            self._tree_obstacle = self._tree_probe()
+        return self._tree_obstacle
+
+    def _tree_probe(self) -> str:
+        if self.encoder_decoder:
+            return "an encoder-decoder live model verifies chains only (its decoder's tree mask is not built)"
+        if "position_ids" not in self._params:
+            return f"{type(self.model).__name__}.forward takes no position_ids (a tree's nodes share positions)"
+        from transformers.cache_utils import DynamicLayer
+        self.reset(torch.tensor([1 % self.model.config.vocab_size], device=self.model.device))
+        kinds = {type(layer).__name__ for layer in getattr(self._cache, "layers", [])}
+        if kinds != {DynamicLayer.__name__}:
+            return (f"its cache layers ({', '.join(sorted(kinds)) or 'none'}) are not plain DynamicLayers (sliding "
+                    "windows and other kinds cannot keep an arbitrary path of entries)")
+        device = self.model.device
+        a, b, c, d, e, x = (i % self.model.config.vocab_size for i in (1, 2, 3, 4, 5, 6))
+        ids = functools.partial(torch.tensor, device=device)
+        try:
+            self.reset(ids([a, b]))
+            mask = ids([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], dtype=torch.bool)  # root c: d, e
+            logits = self.extend_masked(ids([c, d, e]), ids([2, 3, 3]), mask)
+            self.keep(ids([0, 1, 2, 4]))  # the path c, e
+            after = self._run(ids([x]), logits=True)
+        except Exception as error:  # noqa: BLE001 - the model refused the call: say so
+            self.reset(torch.tensor([], dtype=torch.long, device=device))
+            return (f"a tree call (4-D attention mask, position_ids) failed: {type(error).__name__}: {error}")
+        worst = 0.0
+        for got, path in ((logits[1], [a, b, c, d]), (logits[2], [a, b, c, e]), (after[0], [a, b, c, e, x])):
+            reference = self._uncached(path).float()
+            worst = max(worst, (got.float()[:reference.numel()] - reference).abs().max().item()
+                        / max(1.0, reference.abs().max().item()))
+        self.reset(torch.tensor([], dtype=torch.long, device=device))
+        tolerance = PROBE_TOLERANCE.get(logits.dtype, 1e-2)
+        if not worst <= tolerance:
+            return (f"it does not honour a 4-D attention mask: a tree node's logits differ from its path's by "
+                    f"{worst:.3g} (relative; allowed {tolerance:g})")
+        return ""
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _new_cache(self):
@@ -201,7 +299,8 @@ class LiveModel:
         self._positions = torch.arange(size, device=self._positions.device)  # [size]
         self._ones = torch.ones(1, size, dtype=torch.long, device=self._ones.device)  # [1, size]
 
-    def _run(self, tokens: torch.Tensor, logits: bool) -> Optional[torch.Tensor]:
+    def _run(self, tokens: torch.Tensor, logits: bool, positions: Optional[torch.Tensor] = None,
+             mask: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
         k, start = tokens.numel(), self._length
         if self.pad_to is not None:
             # ids past the model's own vocabulary (its padding) reach it only as another model's tokens; any
@@ -211,14 +310,17 @@ class LiveModel:
         if start + k > self._positions.numel():
             self._grow(start + k)
         ids = tokens.view(1, k)  # [1, k]
-        positions = self._positions[start:start + k]  # [k]
+        if positions is None:
+            positions = self._positions[start:start + k]  # [k]
         kwargs = {"past_key_values": self._cache, "use_cache": True}
         if self.encoder_decoder:
             kwargs.update(decoder_input_ids=ids, encoder_outputs=self._encoder_outputs,
                           attention_mask=self._source_mask)
         else:
             kwargs["input_ids"] = ids
-            if self._mask_needed:
+            if mask is not None:  # a tree call: the mask and positions the engine gives
+                kwargs["attention_mask"] = mask.view(1, 1, k, start + k)
+            elif self._mask_needed:
                 kwargs["attention_mask"] = self._ones[:, :start + k]
             if "position_ids" in self._params:
                 kwargs["position_ids"] = positions.view(1, k)

@@ -66,7 +66,7 @@ class Model:
     @property
     def eos_token_id(self) -> Optional[Union[int, List[int]]]:
         """The EOS id from the file's metadata (None without one; a list for models with several, such as
-        Llama 3: generate takes one of them)."""
+        Llama 3: generate stops at any of them)."""
         return self.metadata.get("eos_token_id")
 
     @property
@@ -83,6 +83,13 @@ class Model:
         """'cached', 'plain' or 'live' (a transformers model object; see the module docstring)."""
         return self._core.form
 
+    @property
+    def tree_obstacle(self) -> str:
+        """Why this model cannot verify a token tree in one call (SpeculativeDecoder's tree=), or "" when it can:
+        speculant.export's TorchScript files (their masked batched calls) and live decoder-only transformers
+        models that honour a 4-D attention mask (probed once, on first use) can."""
+        return self._core.tree_obstacle
+
     def __repr__(self) -> str:
         return (f"speculant.Model({self.source!r}, form={self.form!r}, vocab_size={self.vocab_size}, "
                 f"device={str(self.device)!r})")
@@ -90,6 +97,10 @@ class Model:
 
 EXPORT_HINT = ("export the model first (speculant.export(model_or_dir, 'model.pt')), or load the transformers "
                "model itself: speculant.load(model) or speculant.load('save_pretrained_dir')")
+
+
+VOCAB_HINT = ("an exported file keeps the vocabulary it was exported with, so load that model from transformers "
+              "(the object or its save_pretrained directory) with vocab_size=")
 
 
 def _device(device) -> Optional[torch.device]:
@@ -217,8 +228,9 @@ def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dt
     * a TorchScript file (``speculant.export`` writes them) or an in-memory ``torch.jit.ScriptModule``;
     * a ``speculant.Model``, returned as it is.
 
-    ``vocab_size`` (live models): pads the logits with -inf up to that size, for a target and draft whose LM
-    heads are padded differently beyond one tokenizer (the padded ids get probability 0: exact).
+    ``vocab_size`` (live models and save_pretrained directories only): pads the logits with -inf up to that
+    size, for a target and draft whose LM heads are padded differently beyond one tokenizer (the padded ids get
+    probability 0: exact). An exported file keeps the vocabulary it was exported with and is refused with it.
 
     Raises FileNotFoundError for a missing path, ValueError saying what is wrong (and what to do) for
     anything that does not follow the contract: a safetensors file or a torch.save state dict (export the
@@ -232,7 +244,8 @@ def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dt
             raise ValueError("model is already a speculant.Model: pass device / dtype / vocab_size when loading it")
         return model
     if vocab_size is not None and not (live.is_transformers_model(model) or isinstance(model, (str, os.PathLike))):
-        raise ValueError("vocab_size= is for transformers models (live), whose logits speculant pads")
+        raise ValueError(f"vocab_size= is for transformers models and save_pretrained directories (live), whose "
+                         f"logits speculant pads, not a {type(model).__name__}: {VOCAB_HINT}")
     if live.is_transformers_model(model):
         return _live(model, device, dtype, vocab_size, type(model).__name__)
     if isinstance(model, torch.jit.ScriptModule):
@@ -248,5 +261,6 @@ def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dt
                          f"speculant.Model, got {type(model).__name__}")
     path = os.fspath(model)
     if vocab_size is not None and not os.path.isdir(path):
-        raise ValueError("vocab_size= is for transformers models (live), whose logits speculant pads")
+        raise ValueError(f"vocab_size= is for transformers models and save_pretrained directories (live), whose "
+                         f"logits speculant pads, not a file ({path}): {VOCAB_HINT}")
     return _path(path, device, dtype, vocab_size)

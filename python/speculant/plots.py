@@ -3,6 +3,8 @@ None) and returns the Axes; ``ax.figure`` is its Figure.
 
 Sweep plots take the DataFrame of ``speculant.sweep`` (or any frame with the columns they name, such as the
 paper's own tables) and draw one line per combination of the settings that vary in it, other than the x axis.
+Token-tree rows (a ``tree`` shape, sweep's trees=) are drawn as square markers at their depth, apart from the
+chains' lines.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ _NAMES = {"gamma": "\u03b3", "temperature": "T", "top_k": "top-k", "top_p": "top
 
 
 def _axes(ax: Optional[Axes]) -> Axes:
-    return plt.subplots()[1] if ax is None else ax
+    return plt.subplots(layout="constrained")[1] if ax is None else ax  # constrained: room for outside legends
 
 
 def _groups(frame, x: str, by: Optional[Sequence[str]]) -> List[tuple]:
@@ -37,6 +39,18 @@ def _groups(frame, x: str, by: Optional[Sequence[str]]) -> List[tuple]:
         label = ", ".join(f"{_NAMES.get(name, name)} = {value}" for name, value in zip(by, key))
         groups.append((label, rows.sort_values(x)))
     return groups
+
+
+def _split(frame) -> tuple:
+    """(chain rows, token-tree rows) of a sweep frame (trees: a shape in the ``tree`` column)."""
+    if "tree" not in frame.columns:
+        return frame, frame.iloc[:0]
+    trees = frame.tree.notna()
+    return frame[~trees], frame[trees]
+
+
+def _shape(tree) -> str:
+    return "[" + ", ".join(str(int(k)) for k in tree) + "]"
 
 
 def _legend(ax: Axes) -> None:
@@ -58,12 +72,21 @@ def speedup_vs_gamma(frame, *, by: Optional[Sequence[str]] = None, predicted: bo
     with error bars over the sweep's timed rounds) and, with ``predicted``, Theorem 3.8's prediction from the
     measured alpha and c (dashed, same colour)."""
     ax = _axes(ax)
-    for label, rows in _groups(frame, "gamma", by):
+    chains, trees = _split(frame)
+    for label, rows in (_groups(chains, "gamma", by) if len(chains) else []):
         (line,) = ax.plot(rows.gamma, rows.speedup, "o-", label=label or "measured")
         _spread(ax, rows.gamma, rows, line.get_color())
         if predicted:
             ax.plot(rows.gamma, rows.predicted_speedup, "--", color=line.get_color(),
                     label=f"{label}: Theorem 3.8" if label else "Theorem 3.8")
+    for label, rows in (_groups(trees, "gamma", by) if len(trees) else []):
+        for _, row in rows.iterrows():  # one marker per tree, at its depth; its prediction hollow beside it
+            name = f"tree {_shape(row.tree)}" + (f", {label}" if label else "")
+            (point,) = ax.plot([row.gamma], [row.speedup], "s", label=name)
+            _spread(ax, [row.gamma], rows.loc[[row.name]], point.get_color())
+            if predicted:
+                ax.plot([row.gamma], [row.predicted_speedup], "s", markerfacecolor="none",
+                        color=point.get_color(), label=f"{name}: tree theory")
     ax.axhline(1.0, color="grey", linewidth=0.8, label="_plain decoding")
     ax.set(xlabel="\u03b3 (draft length)", ylabel="speedup over plain decoding", title="Speedup vs \u03b3")
     _legend(ax)
@@ -71,35 +94,50 @@ def speedup_vs_gamma(frame, *, by: Optional[Sequence[str]] = None, predicted: bo
 
 
 def alpha_vs_lenience(frame, *, by: Optional[Sequence[str]] = None, ax: Optional[Axes] = None) -> Axes:
-    """The ``acceptance`` column (alpha at each lenience, A.5) against lenience, one line per setting, averaged
-    over gamma: the paper's Table 5 as a picture."""
+    """The ``acceptance`` column against lenience (A.5), one line per setting, averaged over gamma: the paper's
+    Table 5 as a picture. The axis says "acceptance rate", not alpha: alpha is the expected acceptance E[beta] of
+    the exact rule (Corollary 3.6), which the column holds at lenience 1 only; below 1 it holds the measured
+    fraction of verified drafts that were kept."""
     ax = _axes(ax)
     if by is None:
         by = [c for c in SETTINGS if c not in ("lenience", "gamma") and c in frame.columns and frame[c].nunique() > 1]
     for label, rows in _groups(frame, "lenience", by):
         mean = rows.groupby("lenience", sort=True).acceptance.mean()
         ax.plot(mean.index, mean.to_numpy(), "o-", label=label)
-    ax.set(xlabel="lenience l", ylabel="\u03b1", title="\u03b1 vs lenience (A.5)")
+    ax.set(xlabel="lenience l", ylabel="acceptance rate (\u03b1 at l = 1)", title="Acceptance rate vs lenience (A.5)")
     ax.invert_xaxis()  # from exact (l = 1) to most lenient, as Table 5 reads
     _legend(ax)
     return ax
 
 
-def predicted_vs_measured(frame, *, ax: Optional[Axes] = None) -> Axes:
-    """Measured speedup (``speedup``) against Theorem 3.8's prediction (``predicted_speedup``), one point per
-    row labelled with its gamma, and the diagonal where they agree: the paper's Table 4 as a picture."""
+def predicted_vs_measured(frame, *, by: Optional[Sequence[str]] = None, ax: Optional[Axes] = None) -> Axes:
+    """Measured speedup (``speedup``) against Theorem 3.8's prediction (``predicted_speedup``) and the diagonal
+    where they agree: the paper's Table 4 as a picture. One colour per setting (by default the settings other
+    than gamma that vary in the frame), each point drawn as its gamma (a digit marker: no text labels to
+    overlap), with the timed rounds' range as error bars; the legend stands outside the axes, on the right."""
     ax = _axes(ax)
-    (points,) = ax.plot(frame.predicted_speedup, frame.speedup, "o", label="settings")
-    _spread(ax, frame.predicted_speedup, frame, points.get_color())
-    if "gamma" in frame.columns:
-        for x, y, gamma in zip(frame.predicted_speedup, frame.speedup, frame.gamma):
-            ax.annotate(f"\u03b3={gamma}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    if by is None:
+        by = [c for c in SETTINGS if c != "gamma" and c in frame.columns and frame[c].nunique() > 1]
+    chains, trees = _split(frame)
+    for label, rows in (_groups(chains, "predicted_speedup", by) if len(chains) else []):
+        (handle,) = ax.plot(rows.predicted_speedup, rows.speedup, "o", markersize=14, alpha=0.25,
+                            label=label or "measured")
+        color = handle.get_color()
+        _spread(ax, rows.predicted_speedup, rows, color)
+        if "gamma" in rows.columns:
+            for gamma, points in rows.groupby("gamma", sort=True):
+                ax.plot(points.predicted_speedup, points.speedup, linestyle="none", marker=f"${gamma}$",
+                        markersize=6 + 2 * len(str(gamma)), color=color, label=f"_\u03b3 = {gamma}")
+    for label, rows in (_groups(trees, "predicted_speedup", by) if len(trees) else []):
+        (handle,) = ax.plot(rows.predicted_speedup, rows.speedup, "s", label=f"trees, {label}" if label else "trees")
+        _spread(ax, rows.predicted_speedup, rows, handle.get_color())
     values = np.concatenate([frame.predicted_speedup.to_numpy(float), frame.speedup.to_numpy(float)])
     values = values[np.isfinite(values)]
     low, high = (values.min(), values.max()) if values.size else (0.0, 1.0)
     ax.plot([low, high], [low, high], color="grey", linewidth=0.8, label="measured = predicted")
     ax.set(xlabel="predicted speedup (Theorem 3.8)", ylabel="measured speedup", title="Predicted vs measured")
-    _legend(ax)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small",
+              title="points: \u03b3" if "gamma" in frame.columns else None, title_fontsize="small")
     return ax
 
 

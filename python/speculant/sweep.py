@@ -1,5 +1,6 @@
-"""Sweeps: a target / draft pair over grids of gamma, temperature, lenience, top-k and top-p on a prompt set,
-each setting measured against plain decoding of the same target, one row per setting (a pandas DataFrame).
+"""Sweeps: a target / draft pair over grids of gamma (and token-tree shapes), temperature, lenience, top-k and
+top-p on a prompt set, each setting measured against plain decoding of the same target, one row per setting (a
+pandas DataFrame).
 
 Each setting runs as one call of ``run_setting``: in this process (serial), or as one task of an executor
 (``executor=``), where ``task`` rebuilds the models from the files that ``speculant.workers`` describes."""
@@ -22,9 +23,9 @@ from .model import Model
 
 Grid = Union[float, Sequence[float]]
 
-SETTING = ["gamma", "temperature", "top_k", "top_p", "lenience"]  # SpeculativeDecoder's keyword arguments
+SETTING = ["gamma", "tree", "temperature", "top_k", "top_p", "lenience"]  # SpeculativeDecoder's keyword arguments
 COLUMNS = [*SETTING, *timing.COLUMNS]
-_RESERVED = {"prompt_ids", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "gamma", "lenience"}
+_RESERVED = {"prompt_ids", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "gamma", "tree", "lenience"}
 
 
 def _grid(values: Grid, name: str) -> List:
@@ -51,7 +52,7 @@ def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mappi
     rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=max_new_tokens, seed=seed,
                                  repeats=repeats, batch_size=batch_size)
     return {**setting, **timing.summarize(rounds, gamma=setting["gamma"], lenience=setting["lenience"],
-                                          spread_threshold=spread_threshold)}
+                                          spread_threshold=spread_threshold, tree=setting["tree"])}
 
 
 def task(target: workers.Spec, draft: workers.Spec, setting: Dict[str, Any], calls: List[Dict[str, Any]],
@@ -107,9 +108,21 @@ def _run_on(executor, specs, settings: List[Dict[str, Any]], calls, options: Dic
         raise
 
 
-def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (1.0,),
-          lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,), max_new_tokens: int = 64,
-          seed: int = 0, repeats: int = 3, spread_threshold: float = timing.SPREAD_THRESHOLD, progress: bool = True,
+def _trees(trees) -> List[List[int]]:
+    """trees= as a list of shapes (each checked by SpeculativeDecoder)."""
+    if trees is None:
+        return []
+    if isinstance(trees, (str, bytes)) or not isinstance(trees, Sequence) or \
+            not all(isinstance(t, Sequence) and not isinstance(t, (str, bytes)) for t in trees):
+        raise ValueError(f"trees must be a list of tree shapes [k_1, ..., k_d] (e.g. [[2, 2], [3, 1, 1]]), "
+                         f"got {trees!r}")
+    return [list(t) for t in trees]  # checked by SpeculativeDecoder
+
+
+def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees=None,
+          temperatures: Grid = (1.0,), lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,),
+          max_new_tokens: int = 64, seed: int = 0, repeats: int = 3,
+          spread_threshold: float = timing.SPREAD_THRESHOLD, progress: bool = True,
           generate_kwargs: Optional[Mapping[str, Any]] = None, executor=None, batch_size: int = 1):
     """Runs speculative decoding for every combination of the grids and returns a ``pandas.DataFrame``, one row
     per setting (columns in ``COLUMNS``).
@@ -133,7 +146,13 @@ def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (
     times and the speedup are those of batched decoding against batched plain decoding. 1 (the default) is
     the paper's setting. Times are the wall time of each round's calls.
 
-    Columns: the setting (gamma, temperature, top_k, top_p, lenience), then ``timing.COLUMNS``, defined in
+    trees: token-tree shapes [k_1, ..., k_d] (``SpeculativeDecoder``'s tree=) to run beside the chains of
+    ``gammas`` (give either or both), each at every temperature, top_k and top_p, with lenience 1 (trees have no
+    lenience; other lenience values apply to the chains). A tree's row has gamma = its depth and its shape in
+    ``tree`` (None for chains); its ``expected_tokens`` and ``predicted_speedup`` come from the tree theory at
+    the acceptance table its generations measured (``speculant.timing.summarize``, ``speculant.analysis``).
+
+    Columns: the setting (gamma, tree, temperature, top_k, top_p, lenience), then ``timing.COLUMNS``, defined in
     ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend on lenience), ``acceptance``
     (the alpha that sets the speed at the row's lenience, A.5), ``tokens_per_target_call`` and Equation (1)'s
     ``expected_tokens``, totals over the prompts, ``c`` (Definition 3.7), the measured ``speedup`` and Theorem
@@ -180,10 +199,15 @@ def sweep(target: Model, draft, prompts, *, gammas: Grid, temperatures: Grid = (
     repeats = timing.check_repeats(repeats)
     spread_threshold = timing.check_spread_threshold(spread_threshold)
     batch_size = timing.check_batch_size(batch_size)
-    grids = [_grid(temperatures, "temperatures"), _grid(top_k, "top_k"), _grid(top_p, "top_p"),
-             _grid(gammas, "gammas"), _grid(lenience, "lenience")]
-    settings = [{"gamma": g, "temperature": t, "top_k": k, "top_p": p, "lenience": leniency}
-                for t, k, p, g, leniency in itertools.product(*grids)]
+    shapes = _trees(trees)
+    if gammas is None and not shapes:
+        raise ValueError("give gammas (chains), trees (token-tree shapes) or both")
+    sampling = [_grid(temperatures, "temperatures"), _grid(top_k, "top_k"), _grid(top_p, "top_p")]
+    chains = [] if gammas is None else [_grid(gammas, "gammas"), _grid(lenience, "lenience")]
+    settings = [{"gamma": g, "tree": None, "temperature": t, "top_k": k, "top_p": p, "lenience": leniency}
+                for t, k, p, g, leniency in itertools.product(*sampling, *chains)] if chains else []
+    settings += [{"gamma": len(shape), "tree": tuple(shape), "temperature": t, "top_k": k, "top_p": p, "lenience": 1.0}
+                 for t, k, p in itertools.product(*sampling) for shape in shapes]
     # Every decoder built first, so that a bad value anywhere in the grids raises before anything runs; the
     # first one loads target and draft (once) when they are paths or transformers objects.
     first = SpeculativeDecoder(target, draft, **settings[0])

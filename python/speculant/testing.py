@@ -44,7 +44,7 @@ from .trace import _decoder
 
 MIN_EXPECTED = 5.0  # Pearson's rule of thumb: cells expected fewer times than this are pooled
 Logits = Callable[[List[int]], torch.Tensor]  # token ids -> next-token logits [V]
-ModelLike = Union[Model, str, os.PathLike, torch.jit.ScriptModule]
+ModelLike = Union[Model, str, os.PathLike, torch.jit.ScriptModule, torch.nn.Module]  # what speculant.load takes
 Cell = Tuple[Any, ...]  # token ids; a trailing ("*", b): bin b of the continuations not given their own cell
 
 
@@ -80,33 +80,89 @@ def _engine_model(model: ModelLike) -> Model:
 
 
 def _module_logits(model: ModelLike, name: str, encoder_input_ids=None) -> Logits:
-    """Next-token logits from the model's TorchScript module: its ``prefill`` (cached form) or ``forward``;
-    an encoder-decoder's ``encode`` runs first, once, on ``encoder_input_ids``."""
-    device = model.device if isinstance(model, Model) else None
-    module = model
-    if isinstance(model, Model):
-        if not os.path.isfile(model.source):
-            raise ValueError(f"{name} was loaded from memory, so its logits cannot be recomputed: pass the "
-                             "torch.jit.ScriptModule or the file itself, or target_logits")
-        module = model.source
-    if isinstance(module, (str, os.PathLike)):
-        with warnings.catch_warnings():  # TorchScript's deprecation notice (torch >= 2.11), nothing else
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
-            module = torch.jit.load(os.fspath(module), map_location=device)
-    if not isinstance(module, torch.nn.Module):
-        raise ValueError(f"{name} must be a speculant.Model, a TorchScript file or a torch.jit.ScriptModule, got "
-                         f"{type(model).__name__}")
+    """Next-token logits from the model itself, recomputed over the whole sequence at every call: a
+    TorchScript module's ``prefill`` (cached form) or ``forward``, a live transformers model's forward without
+    a cache, a .pt2 package's call at position 0; an encoder-decoder's source is encoded first, once, from
+    ``encoder_input_ids``. ``model`` is anything ``speculant.load`` takes (a path or a transformers model is
+    loaded with it), or the loaded handle."""
+    if isinstance(model, torch.jit.ScriptModule):
+        return _script_logits(model, None, encoder_input_ids)
+    handle = model if isinstance(model, Model) else load(model)
+    if handle.module is not None:  # a live transformers model or a save_pretrained directory
+        return _live_logits(handle, encoder_input_ids)
+    if not os.path.isfile(handle.source):
+        raise ValueError(f"{name} was loaded from memory, so its logits cannot be recomputed: pass the "
+                         "torch.jit.ScriptModule or the file itself, or target_logits")
+    if handle.form == "pt2":
+        return _pt2_logits(handle, encoder_input_ids)
+    with warnings.catch_warnings():  # TorchScript's deprecation notice (torch >= 2.11), nothing else
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
+        module = torch.jit.load(handle.source, map_location=handle.device)
+    return _script_logits(module, handle.device, encoder_input_ids)
+
+
+def _source(encoder_input_ids, device) -> torch.Tensor:
+    return torch.as_tensor(encoder_input_ids, dtype=torch.long, device=device).reshape(1, -1)  # [1, S]
+
+
+def _script_logits(module: torch.jit.ScriptModule, device, encoder_input_ids) -> Logits:
     method = module.prefill if hasattr(module, "prefill") else module.forward
     if device is None:
         tensors = [*module.parameters(), *module.buffers()]
         device = tensors[0].device if tensors else torch.device("cpu")
     if encoder_input_ids is not None:
         with torch.no_grad():
-            module.encode(torch.as_tensor(encoder_input_ids, dtype=torch.long, device=device).reshape(1, -1))
+            module.encode(_source(encoder_input_ids, device))
 
     def logits(ids: List[int]) -> torch.Tensor:
         with torch.no_grad():
             return method(torch.tensor([ids], dtype=torch.long, device=device))[0, -1]  # [V]
+
+    return logits
+
+
+def _live_logits(handle: Model, encoder_input_ids) -> Logits:
+    """The transformers model's own uncached forward; logits padded with -inf to the handle's vocabulary (a
+    ``vocab_size=`` given to load), as the engine sees them."""
+    module, vocab = handle.module, handle.vocab_size
+    device = module.device
+    encoded = None
+    if handle.encoder_decoder:
+        source = _source(encoder_input_ids, device)
+        with torch.inference_mode():
+            encoded = module.get_encoder()(input_ids=source, attention_mask=torch.ones_like(source))
+
+    def logits(ids: List[int]) -> torch.Tensor:
+        tokens = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
+        with torch.inference_mode():
+            if encoded is not None:
+                out = module(encoder_outputs=encoded, attention_mask=torch.ones_like(source),
+                             decoder_input_ids=tokens, use_cache=False)
+            else:  # an explicit mask: a model with a pad id would otherwise look for it in the ids and warn
+                out = module(input_ids=tokens, attention_mask=torch.ones_like(tokens), use_cache=False)
+        row = out.logits[0, -1].float()  # [V_own]
+        return torch.nn.functional.pad(row, (0, vocab - row.numel()), value=float("-inf"))  # [V]
+
+    return logits
+
+
+def _pt2_logits(handle: Model, encoder_input_ids) -> Logits:
+    """A second copy of the .pt2 package, called as the engine's prefill: the whole sequence at position 0
+    (export/pt2.py: run(input_ids [1, T], cache_position [T]) -> logits [1, T, V])."""
+    from torch._inductor.package import load_package
+
+    device = handle.device
+    index = -1 if device.index is None else device.index
+    decoder = load_package(handle.source, "model", device_index=index)
+    encoded = ()
+    if handle.encoder_decoder:
+        encoded = tuple(load_package(handle.source, "encoder", device_index=index)(
+            _source(encoder_input_ids, device)))
+
+    def logits(ids: List[int]) -> torch.Tensor:
+        tokens = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
+        with torch.no_grad():
+            return decoder(tokens, torch.arange(len(ids), device=device), *encoded)[0, -1]  # [V]
 
     return logits
 
@@ -231,16 +287,21 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     """Tests at level ``significance`` that the first ``k`` tokens speculative decoding generates after
     ``prompt_ids`` follow the target's own law (see the module docstring for the test).
 
-    target, draft: ``speculant.Model`` handles (loaded from files), TorchScript files or ScriptModules.
+    target, draft: anything ``speculant.load`` takes (TorchScript files, .pt2 packages, transformers model
+    objects, save_pretrained directories, ScriptModules) or the ``speculant.Model`` it returned; a path or
+    transformers model is loaded once, for the engine and for the reference.
     Generation i uses seed ``seed + i`` and runs to max(k, gamma + 1) tokens, so the first iteration drafts the
     full gamma. ``generate_kwargs`` go to every generation: an encoder-decoder pair takes its source as
     ``encoder_input_ids`` there, and ``prompt_ids`` then defaults to the target's ``decoder_start_token_id``.
 
     The target's law comes from ``target_logits(ids) -> logits [V]`` (the next-token logits after the token ids
     ``ids``, prompt included) when given, which models whose logits need more than the ids require; otherwise
-    from the target's TorchScript module (its ``prefill`` if it has one, else ``forward``; after ``encode`` of
-    the source for an encoder-decoder). The logits are standardized with the same temperature, top_k and top_p;
-    lenience < 1 changes the output law on purpose (A.5), so the check then measures by how much.
+    from the target itself over the whole sequence: its TorchScript module (``prefill`` if it has one, else
+    ``forward``), a second copy of its .pt2 package called at position 0, or its transformers forward without a
+    cache; an encoder-decoder's source is encoded first. A Model loaded from an in-memory ScriptModule needs
+    ``target_logits`` (or the ScriptModule itself). The logits are standardized with the same temperature,
+    top_k and top_p; lenience < 1 changes the output law on purpose (A.5), so the check then measures by how
+    much.
 
     ``tokenizer`` (anything ``Trace.with_tokenizer`` takes) adds each cell's text to the report.
     """
@@ -259,7 +320,8 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     decoder = SpeculativeDecoder(engine_target, _engine_model(draft), gamma=gamma, temperature=temperature,
                                  top_k=top_k, top_p=top_p, lenience=lenience)
     logits = target_logits if target_logits is not None else \
-        _module_logits(target, "target", generate_kwargs.get("encoder_input_ids"))
+        _module_logits(target if isinstance(target, torch.jit.ScriptModule) else engine_target, "target",
+                       generate_kwargs.get("encoder_input_ids"))
     # Sampling before enumerating: the engine checks the prompt and the arguments and says what is wrong.
     max_new_tokens = max(k, int(gamma) + 1)  # gamma was checked by SpeculativeDecoder
     drawn = [decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, seed=seed + i, **generate_kwargs).tokens[:k]

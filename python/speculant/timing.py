@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -106,8 +106,18 @@ def _per_token(seconds: float, summed: Dict[str, float]) -> float:
     return seconds / summed["new_tokens"] if summed["new_tokens"] else math.nan
 
 
+def tree_table(results) -> List[List[float]]:
+    """The acceptance table by depth and rank (analysis.acceptance_from_counts) of token-tree generations,
+    their counts summed; empty when a depth was never visited (no estimate for it)."""
+    visits = [sum(v) for v in zip(*(r.stats.tree_visits for r in results))]
+    accepted = [[sum(c) for c in zip(*rows)] for rows in zip(*(r.stats.tree_accepted for r in results))]
+    if not visits or min(visits) == 0:
+        return []
+    return analysis.acceptance_from_counts(accepted, visits)
+
+
 def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
-              spread_threshold: float = SPREAD_THRESHOLD) -> Dict[str, Any]:
+              spread_threshold: float = SPREAD_THRESHOLD, tree: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     """The ``COLUMNS`` of one setting from its timed rounds: counts and alpha from the first round (every round
     generates the same tokens), times as medians over the rounds.
 
@@ -122,6 +132,11 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     (it assumes a verification call costs what a one-token call does, which a CPU does not grant); flag:
     "noisy" when spread > spread_threshold, "off theory" when the speedup lies outside a factor THEORY_FACTOR
     of the prediction.
+
+    tree: the shape of a token-tree setting (SpeculativeDecoder's tree=; gamma is its depth). Then
+    expected_tokens and predicted_speedup come from the tree theory at the acceptance table the generations
+    measured (``tree_table``): analysis.tree_expected_tokens and analysis.tree_speedup (one draft call per depth,
+    a verification call costing one target call, as Theorem 3.8 assumes); NaN if a depth was never visited.
     """
     spread_threshold = check_spread_threshold(spread_threshold)
     if not rounds:
@@ -149,7 +164,13 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     c = float(np.median(costs))
     spread = (speedup_max - speedup_min) / speedup
     known = not (math.isnan(acceptance) or math.isnan(c))
+    expected = analysis.expected_tokens(acceptance, gamma) if verified else nan
     predicted = analysis.walltime_improvement(acceptance, gamma, c) if known else nan
+    if tree:
+        table = tree_table(results)
+        known = bool(table) and not math.isnan(c)
+        expected = float(analysis.tree_expected_tokens(list(tree), table)) if table else nan
+        predicted = analysis.tree_speedup(list(tree), table, c) if known else nan
     flags = []
     if spread > spread_threshold:
         flags.append("noisy")
@@ -158,7 +179,7 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     return {
         "alpha": alpha, "acceptance": acceptance,
         "tokens_per_target_call": spec["new_tokens"] / spec["target_calls"] if spec["target_calls"] else nan,
-        "expected_tokens": analysis.expected_tokens(acceptance, gamma) if verified else nan,
+        "expected_tokens": expected,
         "new_tokens": spec["new_tokens"], "target_calls": spec["target_calls"], "draft_calls": spec["draft_calls"],
         "seconds": float(np.median(seconds)), "plain_seconds": float(np.median(plain_seconds)), "c": c,
         "speedup": speedup, "speedup_min": speedup_min, "speedup_max": speedup_max, "spread": spread,

@@ -7,12 +7,17 @@ tokenizer, a ``tokenizers.Tokenizer``) or a callable ``ids -> str`` (``speculant
 byte-level demo). Each piece is decoded after the tokens before it (the text of ``context + piece`` past the
 text of ``context``), so tokenizers that drop a word's leading space when it stands alone (SentencePiece) and
 characters split over several byte tokens come out as they do in the whole text.
+
+ANSI colours go only to a terminal: ``use_color`` says yes when the stream is a TTY and the NO_COLOR
+environment variable (https://no-color.org) is unset or empty, unless told outright (``color=True`` / ``False``).
 """
 
 from __future__ import annotations
 
 import html
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+import os
+import sys
+from typing import Callable, List, Optional, Sequence, TextIO, Tuple, Union
 
 from ._core import Iteration
 
@@ -24,6 +29,21 @@ _ANSI = {"accepted": "\033[32m", "rejected": "\033[31;9m", "correction": "\033[3
 _CSS = {"accepted": "color:#1a7f37", "rejected": "color:#cf222e;text-decoration:line-through",
         "correction": "color:#0969da", "bonus": "color:#0969da;text-decoration:underline"}
 _CONTEXT_TOKENS = 8  # tokens of context a piece is decoded after
+
+
+def use_color(stream: Optional[TextIO] = None, color: Optional[bool] = None) -> bool:
+    """Whether to write ANSI colours to ``stream`` (default sys.stdout): ``color`` if given (an explicit choice,
+    such as ``speculant demo --color always``, wins over NO_COLOR), else whether the stream is a terminal and
+    NO_COLOR is unset or empty."""
+    if color is not None:
+        return bool(color)
+    if os.environ.get("NO_COLOR"):
+        return False
+    isatty = getattr(sys.stdout if stream is None else stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except (OSError, ValueError):  # a closed or detached stream
+        return False
 
 
 def _decoder(tokenizer: Optional[Tokenizer]) -> Optional[Decode]:
@@ -109,12 +129,14 @@ class Trace(Sequence[Iteration]):
             output += _emitted(it)
         return lines
 
-    def render(self, color: bool = True, prefix: str = "", context: Optional[int] = 60,
+    def render(self, color: Optional[bool] = None, prefix: str = "", context: Optional[int] = 60,
                tokenizer: Optional[Tokenizer] = None) -> str:
         """One line per iteration (one target call), as in Figure 1: the text so far (its last ``context``
         characters; None for all of it), then this iteration's accepted drafts, the rejected draft and the
-        target's correction or bonus token. Without colour the kinds are spelled out. ``prefix`` is the
-        prompt's text; ``tokenizer`` overrides the trace's own."""
+        target's correction or bonus token, in ANSI colours or, without colour, with the kinds spelled out.
+        ``color`` None (the default) colours when sys.stdout is a terminal and NO_COLOR is unset (use_color);
+        True / False decide outright. ``prefix`` is the prompt's text; ``tokenizer`` overrides the trace's own."""
+        color = use_color(None, color)
         decode = self._decode if tokenizer is None else _decoder(tokenizer)
         lines = []
         for i, (output, pieces) in enumerate(self._lines(decode)):

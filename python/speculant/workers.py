@@ -92,15 +92,16 @@ def drafter_args(drafter: Drafter, name: str) -> DrafterArgs:
         return DrafterArgs("PromptLookup", {"vocab_size": drafter.vocab_size, "min_ngram": drafter.min_ngram,
                                             "max_ngram": drafter.max_ngram, "device": device})
     if kind is drafters.PythonDrafter:
-        try:
-            pickle.dumps(drafter.propose)
-        except Exception as error:  # noqa: BLE001 - PicklingError, AttributeError, TypeError: all "cannot"
-            raise ValueError(f"{name}: the PythonDrafter's propose function cannot be sent to an executor's "
-                             f"workers ({type(error).__name__}: {error}); define it at module level in a module "
-                             "the workers can import (a lambda or a closure does not pickle), or sweep without "
-                             "executor") from None
+        for role, function in (("propose", drafter.propose), ("score", drafter.score)):
+            try:
+                pickle.dumps(function)
+            except Exception as error:  # noqa: BLE001 - PicklingError, AttributeError, TypeError: all "cannot"
+                raise ValueError(f"{name}: the PythonDrafter's {role} function cannot be sent to an executor's "
+                                 f"workers ({type(error).__name__}: {error}); define it at module level in a module "
+                                 "the workers can import (a lambda or a closure does not pickle), or sweep without "
+                                 "executor") from None
         return DrafterArgs("PythonDrafter", {"propose": drafter.propose, "vocab_size": drafter.vocab_size,
-                                             "device": device})
+                                             "device": device, "score": drafter.score})
     raise ValueError(f"{name}: a {kind.__name__} cannot be rebuilt in an executor's workers (speculant rebuilds "
                      "its own Unigram, Bigram, PromptLookup and PythonDrafter from their arguments); sweep without "
                      "executor, or use a PythonDrafter")

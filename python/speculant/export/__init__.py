@@ -36,6 +36,12 @@ SUPPORTED = {
 METADATA_FILE = "speculant.json"  # the extra file cpp/script_model.cpp reads
 FORMAT = 1
 FORMATS = ("torchscript", "pt2")
+# what a TorchScript refusal offers instead: the pt2 format serves any causal LM with a static cache (Qwen2,
+# Mistral, ... are tested in tests/test_pt2_decoding.py and test_live.py), and every model runs live
+PT2_HINT = ("the TorchScript format re-expresses each architecture by hand; format='pt2' (an out_path ending in "
+            ".pt2; on the command line --format pt2) exports any decoder-only causal LM (a *ForCausalLM) that "
+            "transformers' static cache serves, and T5, through torch.export: speculant.export(model_or_dir, "
+            "'model.pt2'); or run the model without exporting it: speculant.load(model_or_dir)")
 
 __all__ = ["SUPPORTED", "export", "load_pretrained"]
 
@@ -58,8 +64,13 @@ def load_pretrained(directory: Union[str, os.PathLike]):
     names = [n for n in (config.architectures or []) if n in SUPPORTED]
     if not names:
         raise ValueError(f"model_or_dir: {directory} holds {config.architectures or config.model_type!r}; "
-                         f"supported architectures: {', '.join(SUPPORTED)}")
-    return getattr(transformers, names[0]).from_pretrained(directory, local_files_only=True).eval()
+                         f"supported architectures (TorchScript): {', '.join(SUPPORTED)}; {PT2_HINT}")
+    from safetensors import SafetensorError  # a dependency of transformers
+
+    try:
+        return getattr(transformers, names[0]).from_pretrained(directory, local_files_only=True).eval()
+    except SafetensorError as error:
+        raise live.damaged_weights(directory, error) from None
 
 
 def metadata(model, scripted, max_source_length: Optional[int]) -> Dict[str, Any]:
@@ -144,12 +155,12 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
     model = _in_dtype(model, dtype)
     name = type(model).__name__
     if name not in SUPPORTED:
-        raise ValueError(f"model_or_dir: {name} is not supported; supported architectures: "
-                         f"{', '.join(SUPPORTED)}")
+        raise ValueError(f"model_or_dir: {name} is not supported; supported architectures (TorchScript): "
+                         f"{', '.join(SUPPORTED)}; {PT2_HINT}")
     module, model_type = SUPPORTED[name]
     if model.config.model_type != model_type:
         raise ValueError(f"model_or_dir: a {name} with config.model_type = {model.config.model_type!r} is not "
-                         f"supported (expected {model_type!r})")
+                         f"supported (expected {model_type!r}); {PT2_HINT}")
     if max_source_length is not None and not model.config.is_encoder_decoder:
         raise ValueError("max_source_length is only for encoder-decoder models (T5)")
     was_training = model.training

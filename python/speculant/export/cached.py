@@ -175,6 +175,39 @@ class CachedDecoder(nn.Module):
         return self.core.run(input_ids, caches, step)  # [R, T, V]
 
     @torch.jit.export
+    def extend_rows_masked(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor,
+                           mask: Tensor) -> Tensor:
+        """extend_rows with an explicit mask [R, T, S] bool (token trees, cpp/model.h): query (r, j) attends to
+        exactly the slots s < S of row rows[r] where mask[r, j, s]; its own slot must be among them."""
+        if self.row_cache.numel() == 0:
+            raise ValueError("extend_rows_masked: call start_rows first (the batch's cache is allocated there)")
+        if input_ids.dim() != 2 or positions.shape != input_ids.shape or slots.shape != input_ids.shape or \
+                rows.dim() != 1 or rows.size(0) != input_ids.size(0) or mask.dim() != 3 or \
+                mask.shape[:2] != input_ids.shape:
+            raise ValueError(f"extend_rows_masked: expected input_ids, positions, slots [R, T], rows [R] and mask "
+                             f"[R, T, S], got {input_ids.shape}, {positions.shape}, {slots.shape}, {rows.shape}, "
+                             f"{mask.shape}")
+        if mask.dtype != torch.bool or mask.size(2) < 1 or mask.size(2) > self.max_length:
+            raise ValueError(f"extend_rows_masked: mask must be bool with 1 <= S <= max_length={self.max_length}, "
+                             f"got {mask.dtype} with S = {mask.size(2)}")
+        caches = [(self.row_cache[0, i], self.row_cache[1, i]) for i in range(self.row_cache.size(1))]
+        step = Step(positions, mask.unsqueeze(1), -1, rows, slots, mask.size(2))
+        return self.core.run(input_ids, caches, step)  # [R, T, V]
+
+    @torch.jit.export
+    def copy_slots(self, rows: Tensor, sources: Tensor, targets: Tensor) -> None:
+        """Copies row rows[r]'s keys and values at slot sources[r, m] to slot targets[r, m], in place, every read
+        before any write (token trees: the accepted path moves into consecutive slots)."""
+        if rows.dim() != 1 or sources.dim() != 2 or targets.shape != sources.shape or sources.size(0) != rows.size(0):
+            raise ValueError(f"copy_slots: expected rows [R] and sources, targets [R, M], got {rows.shape}, "
+                             f"{sources.shape}, {targets.shape}")
+        if self.row_cache.numel() == 0:
+            raise ValueError("copy_slots: call start_rows first (the batch's cache is allocated there)")
+        index = rows.unsqueeze(1).expand_as(sources)  # [R, M]
+        moved = self.row_cache[:, :, index, sources]  # [2, L, R, M, H_kv, D], a copy
+        self.row_cache[:, :, index, targets] = moved
+
+    @torch.jit.export
     def truncate(self, length: int) -> None:
         if length < 0 or length > self.length:
             raise ValueError(f"truncate: length must be in [0, cache_length()={self.length}], got {length}")

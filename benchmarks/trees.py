@@ -1,0 +1,167 @@
+"""Token trees against chains on the demo pair, with the tree theory of speculant.analysis next to the measurement.
+
+    python benchmarks/trees.py [--threads 1] [--tokens 128] [--prompts 8] [--repeats 5] [--temperatures 0 1]
+
+For the demo pair (speculant.demo_pair: byte-level TinyGPTs, 4 layers d128 target and 1 layer d64 draft) on
+held-out prompts, batch 1, each temperature:
+
+1. Costs, timed directly (median of --calls calls at a cached prefix of 48 tokens): verify_cost(w), the target's
+   masked tree call of width w over its one-token call (w = 1 .. 64), and c, the draft's one-token call over the
+   target's.
+2. A probe run with the tree PROBE = [4, 2, 2, 1, 1] estimates the acceptance table by depth and rank
+   (analysis.acceptance_from_counts of stats.tree_visits / tree_accepted).
+3. For every chain gamma = 1 .. 5 (Algorithm 1's loop) and every shape in SHAPES: tokens per target call
+   measured and predicted
+   (analysis.tree_expected_tokens at the probe's table), and the speedup over plain decoding of the same target
+   measured (speculant.timing: warm-up, then --repeats rounds interleaved ABBA; median with min-max) and
+   predicted (analysis.tree_speedup at the table, c and the measured verify_cost; one draft call per depth).
+   Each setting (and the probe, and each width of step 1) runs on freshly loaded models: see fresh().
+   The shape the analysis ranks first among them is marked.
+
+At temperature 0 the children of a node are the draft's top k (ranks by draft probability); at temperature 1 they
+are drawn without replacement (replacement=False, the better rule of cpp/tree.h's two).
+"""
+import argparse
+import functools
+import json
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+import speculant
+from speculant import analysis, demo_pair, timing
+
+sys.path.insert(0, str(Path(__file__).parent))
+from drafters import demo_prompts  # noqa: E402  (benchmarks/drafters.py, beside this script)
+
+SHAPES = [[2, 1], [2, 2], [3, 1], [4, 1], [2, 1, 1], [2, 2, 1], [3, 2, 1], [4, 2, 1], [2, 2, 2], [3, 1, 1, 1],
+          [4, 2, 2, 1]]
+PROBE = [4, 2, 2, 1, 1]  # the ranks of every setting below, 60 drafts (it fits beside 48 + 128 tokens in 256)
+PREFIX = 48
+MAX_WIDTH = 64
+
+
+WARMUP = 30  # untimed calls first: TorchScript's profiling executor optimizes a graph after its first runs
+
+
+def call_seconds(call, reset, calls: int) -> float:
+    """Median seconds of `call` (after `reset`), over `calls` calls after WARMUP untimed ones."""
+    times = []
+    for i in range(calls + WARMUP):
+        reset()
+        start = time.perf_counter()
+        call()
+        if i >= WARMUP:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def fresh(target_path, draft_path):
+    """The pair loaded anew: TorchScript's profiling executor specializes each method of a loaded module on the
+    shapes it has seen and, after too many different ones (a wide probe tree, other widths), runs it unoptimized
+    from then on, about 1.4x slower here. Each setting gets models of its own, so that none inherits another's
+    state; the timed rounds' warm-up then sees its shapes."""
+    return speculant.load(target_path), speculant.load(draft_path)
+
+
+def costs(target_path, draft_path, calls: int):
+    """(verify_cost [w - 1] for w = 1 .. MAX_WIDTH, c): the target's tree call of width w (a chain mask, as wide
+    as a tree of w nodes) over its one of width 1; the draft's one-token extend over the target's. Each width
+    on a freshly loaded module (see fresh())."""
+    torch.manual_seed(0)
+    prefix = torch.randint(0, 256, (1, PREFIX))
+    one = torch.randint(0, 256, (1, 1))
+    out = {}
+    for name, path in (("target", target_path), ("draft", draft_path)):
+        module = torch.jit.load(str(path))
+        module.prefill(prefix)
+        out[name] = call_seconds(lambda: module.extend(one), lambda: module.truncate(PREFIX), calls)
+    widths = []
+    for w in range(1, MAX_WIDTH + 1):
+        module = torch.jit.load(str(target_path))
+        module.start_rows(1)
+        positions = torch.arange(PREFIX).unsqueeze(0)
+        module.extend_rows(prefix, torch.tensor([0]), positions, positions, PREFIX)
+        ids = torch.randint(0, 256, (1, w))
+        at = torch.arange(PREFIX, PREFIX + w).unsqueeze(0)
+        mask = torch.ones(1, w, PREFIX + w, dtype=torch.bool).tril(PREFIX)
+        widths.append(call_seconds(
+            lambda: module.extend_rows_masked(ids, torch.tensor([0]), at, at, mask), lambda: None, calls))
+    return [t / widths[0] for t in widths], out["draft"] / out["target"], out["target"], widths[0]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "trees-demo-cpu.json")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message=r".*TorchScript.*")
+    torch.set_num_threads(args.threads)
+
+    target_path, draft_path = demo_pair.default_pair()
+    prompts = demo_prompts(args.prompts)
+    calls = [{"prompt_ids": p} for p in prompts]
+    verify, c, target_call, tree_one = costs(target_path, draft_path, args.calls)
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s); "
+          f"{len(prompts)} held-out prompts x {args.tokens} tokens; median of {args.repeats} ABBA rounds [min-max]")
+    print(f"# target one-token call {target_call * 1e3:.3f} ms (tree call of width 1: {tree_one * 1e3:.3f} ms); "
+          f"c = {c:.3f}; verify_cost(w) for w = 2, 4, 8, 16, 32, 64: "
+          + ", ".join(f"{verify[w - 1]:.2f}" for w in (2, 4, 8, 16, 32, 64)))
+    report = {"machine": platform.platform(), "torch": torch.__version__, "threads": args.threads,
+              "tokens": args.tokens, "prompts": len(prompts), "repeats": args.repeats, "c": c,
+              "verify_cost": verify, "temperatures": {}}
+
+    for temperature in args.temperatures:
+        probe = speculant.SpeculativeDecoder(*fresh(target_path, draft_path), tree=PROBE, temperature=temperature)
+        results = [probe.generate(p, max_new_tokens=args.tokens, seed=1000 + i) for i, p in enumerate(prompts)]
+        visits = [sum(r.stats.tree_visits[i] for r in results) for i in range(len(PROBE))]
+        accepted = [[sum(r.stats.tree_accepted[i][j] for r in results) for j in range(k)]
+                    for i, k in enumerate(PROBE)]
+        table = analysis.acceptance_from_counts(accepted, visits)
+        print(f"\n## temperature {temperature}\n\nacceptance by depth (rows) and rank (columns), from the {PROBE} "
+              f"probe: " + "; ".join("[" + ", ".join(f"{a:.3f}" for a in row) + "]" for row in table) + "\n")
+        print("| draft | drafts | tokens / target call (predicted) | speedup [min-max] | predicted speedup |")
+        print("|---|---|---|---|---|")
+        settings = [(f"chain gamma = {g}", [1] * g) for g in range(1, 6)] + [(str(s), s) for s in SHAPES]
+        predicted = {name: analysis.tree_speedup(shape, table, c, verify) for name, shape in settings}
+        pick = max(predicted, key=predicted.get)
+        rows = []
+        for name, shape in settings:
+            chain = name.startswith("chain")  # Algorithm 1's own loop, not a tree of one child per node
+            target, draft = fresh(target_path, draft_path)
+            decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature,
+                                                   **({"gamma": len(shape)} if chain else {"tree": shape}))
+            plain = functools.partial(speculant.generate, target, temperature=temperature)
+            rounds = timing.timed_rounds(decoder.generate, plain, calls, max_new_tokens=args.tokens, seed=0,
+                                         repeats=args.repeats)
+            speedups = [r.plain_seconds / timing.totals(r.plain)["new_tokens"]
+                        / (r.speculative_seconds / timing.totals(r.speculative)["new_tokens"]) for r in rounds]
+            median, low, high = timing.median_range(speedups)
+            spec = timing.totals(rounds[0].speculative)
+            per_call = spec["new_tokens"] / spec["target_calls"]
+            expected = analysis.tree_expected_tokens(shape, table)
+            rows.append({"draft": name, "shape": shape, "drafts": analysis.tree_size(shape),
+                         "tokens_per_target_call": per_call, "expected_tokens": expected, "speedup": median,
+                         "speedup_min": low, "speedup_max": high, "predicted_speedup": predicted[name]})
+            mark = " (analysis's pick)" if name == pick else ""
+            print(f"| {name}{mark} | {analysis.tree_size(shape)} | {per_call:.2f} ({expected:.2f}) | "
+                  f"{median:.2f}x [{low:.2f}-{high:.2f}] | {predicted[name]:.2f}x |", flush=True)
+        report["temperatures"][str(temperature)] = {"table": table, "rows": rows, "pick": pick}
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1))
+    print(f"\n# raw results: {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+"""Token trees in the decoder: ``SpeculativeDecoder(target, draft, tree=[k_1, ..., k_d])`` (cpp/tree.h).
+
+Each iteration the draft grows a tree level by level (one draft call per depth, every node of a depth in it),
+the target verifies the pending token and every node in one call with an ancestor mask and positions by depth,
+and only the accepted path's cache entries are kept, moved into place (model.h: extend_rows_masked,
+copy_slots). What is checked:
+
+* Greedy: token for token the pure-torch greedy loop of tests/test_greedy.py (no engine, no cache; every step's
+  top-2 gap at least 1e-3), for several shapes, drafts that are often right, unrelated or identical, batches of
+  ragged prompts and EOS stops. A cache entry left in the wrong slot changes later argmaxes, so this also checks
+  the cache after every iteration against a cache-free recomputation of the kept path.
+* The law: Pearson chi-square of the first LAW_NEW tokens against the target's exact law on native Markov
+  tables (tests/test_batch.py's MarkovRows, which reads each node's predecessor through the mask), at
+  SIGNIFICANCE = 1e-3 per window, 2 windows per case, fixed seeds: 5 cases, at most 1% family-wise false
+  failures for a fresh choice of seeds (Bonferroni).
+* The statistics: per depth and rank acceptance counts, tokens per call, and the refusals by name.
+* Drafters without a model: Unigram / Bigram tables and a PythonDrafter with score= propose trees (the engine
+  draws each node's children from their law there): the law on Markov tables (chi-square, 3 more cases under
+  the same family-wise bound: at most 1.6% with the 5 above and the live case), greedy trees equal plain greedy.
+* Live transformers objects (python/speculant/live.py: a 4-D attention mask, position_ids, the cache's entries
+  selected in place), probed once per model: greedy trees equal transformers' greedy generate for GPT-2 and
+  Llama, alone and in a batch; the first two tokens' law with trees is the target's (Llama, chi-square at
+  SIGNIFICANCE = 1e-3, fixed seeds); a model that ignores the mask, and an encoder-decoder, are refused by name.
+"""
+
+import pytest
+import torch
+
+import markov
+import speculant
+from test_batch import LAW_NEW, LAW_PROMPT, LAW_VOCAB, MarkovRows, batched_samples
+from test_distribution import assert_law
+from test_greedy import TARGET, TARGET_CONFIG, perturbed, tiny_gpt, torch_greedy
+from speculant.tiny_gpt import script_cached
+
+PROMPTS = [[7], [1, 2, 3, 4, 5], [40, 3, 3, 9, 0, 11, 47, 2, 30, 5, 8]]
+NEW = 30
+SHAPES = [[2, 2], [3, 1, 1], [1, 1, 1], [4], [2, 2, 2, 2]]
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return [torch_greedy(TARGET, prompt, NEW) for prompt in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def models():
+    drafts = {"near": perturbed(TARGET, seed=3, scale=0.05), "unrelated": tiny_gpt(TARGET_CONFIG, seed=9),
+              "same": TARGET}
+    return speculant.load(script_cached(TARGET)), {name: speculant.load(script_cached(m)) for name, m in drafts.items()}
+
+
+@pytest.mark.parametrize("draft", ["near", "unrelated", "same"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_greedy_trees_are_plain_greedy(models, expected, shape, draft):
+    target, drafts = models
+    for replacement in (False, True):
+        decoder = speculant.SpeculativeDecoder(target, drafts[draft], tree=shape, replacement=replacement,
+                                               temperature=0.0)
+        assert decoder.gamma == len(shape)
+        results = decoder.generate(PROMPTS, max_new_tokens=NEW, seed=0)
+        for r, result in enumerate(results):
+            assert result.tokens == expected[r], f"prompt {r}"
+            assert decoder.generate(PROMPTS[r], max_new_tokens=NEW, seed=0).tokens == expected[r]
+            stats = result.stats
+            assert stats.new_tokens == NEW and stats.target_calls == stats.iterations
+            assert sum(stats.tree_accepted[0]) <= stats.tree_visits[0] <= stats.iterations
+        if draft == "same":  # the target's own argmax is every node's first child: the whole depth each call
+            assert all(it.accepted == min(len(shape), it.emitted) or it.emitted < len(shape) + 1
+                       for r in results for it in r.trace)
+            assert results[0].stats.tokens_per_target_call > len(shape)
+
+
+def test_greedy_trees_stop_at_eos(models, expected):
+    target, drafts = models
+    decoder = speculant.SpeculativeDecoder(target, drafts["near"], tree=[2, 2], temperature=0.0)
+    eos = expected[1][6]
+    got = decoder.generate(PROMPTS[1], max_new_tokens=NEW, eos_token_id=eos).tokens
+    assert got == expected[1][: expected[1].index(eos) + 1]
+
+
+def test_siblings_keep_more_tokens_per_call(models):
+    """At temperature 0 with an unrelated draft, a wide first level catches the target's argmax more often
+    than a chain of the same depth."""
+    target, drafts = models
+    calls = {}
+    for shape in ([1, 1], [6, 1]):
+        decoder = speculant.SpeculativeDecoder(target, drafts["unrelated"], tree=shape, temperature=0.0)
+        calls[str(shape)] = sum(r.stats.tokens_per_target_call for r in decoder.generate(PROMPTS, max_new_tokens=NEW))
+    assert calls["[6, 1]"] > calls["[1, 1]"]
+
+
+def table_model(table):
+    return speculant.load(torch.jit.script(MarkovRows(table.float(), 64)))
+
+
+LAW_CASES = [  # id, shape, replacement, sampling, table seed
+    ("2x2-without-T1", [2, 2], False, dict(temperature=1.0), 61),
+    ("2x2-with-T1", [2, 2], True, dict(temperature=1.0), 62),
+    ("3x1-without-topk2", [3, 1], False, dict(temperature=1.0, top_k=2), 63),
+    ("1x3-with-T0.7-topp0.8", [1, 3], True, dict(temperature=0.7, top_p=0.8), 64),
+    ("1x1x1-chain", [1, 1, 1], False, dict(temperature=1.0), 65),
+]
+
+
+@pytest.mark.parametrize("case", LAW_CASES, ids=[c[0] for c in LAW_CASES])
+def test_tree_law_equals_target_law(case):
+    _, shape, replacement, sampling, seed = case
+    target, draft = markov.target_and_draft(LAW_VOCAB, seed, mask_prob=0.1)
+    decoder = speculant.SpeculativeDecoder(table_model(target), table_model(draft), tree=shape,
+                                           replacement=replacement, **sampling)
+    samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=seed * 1000)
+    law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, sampling.get("temperature", 1.0),
+                                  sampling.get("top_k", 0), sampling.get("top_p", 1.0))
+    assert_law(samples, law, f"tree {shape}")
+
+
+def test_refusals(models, tmp_path):
+    target, drafts = models
+    draft = drafts["near"]
+    cases = [
+        (dict(tree=[2, 0]), r"tree\[1\] must be an integer >= 1"),
+        (dict(tree=[]), "tree must be a non-empty list"),
+        (dict(tree="22"), "tree must be a non-empty list"),
+        (dict(tree=[2, 2], gamma=3), "gamma must be the tree's depth 2"),
+        (dict(tree=[2], lenience=0.5), "lenience must be 1 with tree="),
+        (dict(tree=[2], cuda_graphs="fixed"), "trees run dynamic shapes only"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            speculant.SpeculativeDecoder(target, draft, **kwargs)
+    with pytest.raises(ValueError, match="draft cannot propose trees: the prompt_lookup drafter proposes chains"):
+        speculant.SpeculativeDecoder(target, speculant.drafters.PromptLookup(target.vocab_size), tree=[2])
+    from test_greedy import scripted
+    plain = speculant.load(scripted(TARGET, "plain"))
+    with pytest.raises(ValueError, match=r"target \(plain form\) cannot verify a tree in one call"):
+        speculant.SpeculativeDecoder(plain, draft, tree=[2])
+    decoder = speculant.SpeculativeDecoder(target, draft, tree=[2])
+    with pytest.raises(ValueError, match='gamma_policy must be "fixed" with tree='):
+        decoder.generate([1, 2], max_new_tokens=4, gamma_policy="heuristic")
+
+
+def test_tree_statistics_feed_the_analysis(models):
+    """The per-depth, per-rank counts add up to the accepted drafts, and the acceptance table they estimate
+    predicts the tokens per target call (speculant.analysis) measured over the iterations that drafted the whole
+    tree (a row's last iterations draft fewer depths: tokens still wanted), within 5% for 20 rows of 40 tokens."""
+    from speculant import analysis
+    target, drafts = models
+    shape, new = [3, 2], 40
+    decoder = speculant.SpeculativeDecoder(target, drafts["near"], tree=shape, temperature=1.0)
+    results = decoder.generate([[1 + r, 2, 3] for r in range(20)], max_new_tokens=new, seed=5)
+    visits = [sum(r.stats.tree_visits[i] for r in results) for i in range(len(shape))]
+    accepted = [[sum(r.stats.tree_accepted[i][j] for r in results) for j in range(k)] for i, k in enumerate(shape)]
+    full = []  # tokens per call of the iterations that drafted every depth
+    for r in results:
+        assert sum(map(sum, r.stats.tree_accepted)) == r.stats.accepted_tokens
+        assert r.stats.tree_visits[1] <= sum(r.stats.tree_accepted[0]) and r.stats.tree_visits[0] <= r.stats.iterations
+        done = 0
+        for it in r.trace:
+            if new - done - 1 >= len(shape):
+                full.append(it.emitted)
+            done += it.emitted
+    assert sum(accepted[0][1:]) > 0  # siblings were accepted too
+    predicted = analysis.tree_expected_tokens(shape, analysis.acceptance_from_counts(accepted, visits))
+    assert len(full) >= 200
+    assert sum(full) / len(full) == pytest.approx(predicted, rel=0.05)
+
+
+def test_tree_obstacle_names_the_form(models):
+    target, _ = models
+    from test_greedy import scripted
+    assert target.tree_obstacle == ""
+    assert "plain form has no tree calls" in speculant.load(scripted(TARGET, "plain")).tree_obstacle
+
+
+# ------------------------------------------------------------------------------------------------
+# Live transformers objects
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def live_pairs():
+    import hf_models
+    out = {}
+    for arch in ("gpt2", "llama"):
+        model = hf_models.make(arch, seed=10)
+        out[arch] = model, speculant.load(model), speculant.load(hf_models.drafted(model, noise=0.01, seed=11))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_live_greedy_trees_equal_transformers_generate(live_pairs, arch):
+    from test_hf_decoding import PROMPTS as HF_PROMPTS, hf_greedy
+    model, target, draft = live_pairs[arch]
+    assert target.tree_obstacle == "" and draft.tree_obstacle == ""
+    expected = [hf_greedy(model, arch, i, eos=None) for i in range(len(HF_PROMPTS))]
+    for shape in ([2, 2], [3, 1, 1]):
+        decoder = speculant.SpeculativeDecoder(target, draft, tree=shape, temperature=0)
+        assert [decoder.generate(p, max_new_tokens=20).tokens for p in HF_PROMPTS] == expected, f"tree {shape}"
+        assert [r.tokens for r in decoder.generate(HF_PROMPTS, max_new_tokens=20)] == expected, f"tree {shape}"
+        accepted = sum(r.stats.accepted_tokens for r in decoder.generate(HF_PROMPTS, max_new_tokens=20))
+        assert accepted > 0
+
+
+def test_live_tree_law_matches_transformers(live_pairs):
+    import numpy as np
+    from chisquare import chi_square_pvalue
+    from test_hf_decoding import PROMPTS as HF_PROMPTS, SOURCES, two_token_law
+    model, target, draft = live_pairs["llama"]
+    law = two_token_law(model, "llama", HF_PROMPTS[0], SOURCES[0], 1.0, 0, 1.0)
+    decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], temperature=1.0)
+    samples = np.array([r.tokens[:2] for b in range(6)
+                        for r in decoder.generate([HF_PROMPTS[0]] * 500, max_new_tokens=3, seed=7000 + 500 * b)])
+    pvalue = chi_square_pvalue(law, samples)
+    assert pvalue > 1e-3, f"p = {pvalue:.3g}"
+
+
+def test_live_models_that_cannot_run_trees_are_refused_by_name():
+    import hf_models
+    model = hf_models.make("gpt2", seed=3)
+    forward = model.forward
+
+    def ignores_the_mask(input_ids=None, past_key_values=None, attention_mask=None, position_ids=None,
+                         use_cache=None, logits_to_keep=0, **kwargs):
+        return forward(input_ids=input_ids, past_key_values=past_key_values, position_ids=position_ids,
+                       use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+
+    model.forward = ignores_the_mask  # a model whose attention ignores the mask it is given
+    broken = speculant.load(model)
+    assert "does not honour a 4-D attention mask" in broken.tree_obstacle
+    with pytest.raises(ValueError, match="does not honour a 4-D attention mask"):
+        speculant.SpeculativeDecoder(broken, speculant.load(hf_models.make("gpt2", seed=4)), tree=[2])
+    t5 = speculant.load(hf_models.make("t5", seed=0))
+    assert "encoder-decoder live model verifies chains only" in t5.tree_obstacle
+
+
+# ------------------------------------------------------------------------------------------------
+# Drafters without a model: tables and Python code
+# ------------------------------------------------------------------------------------------------
+
+
+def python_scorer(vocab: int, seed: int):
+    """A PythonDrafter whose law after a context depends on its last two tokens (a fixed random table)."""
+    from speculant import drafters
+    laws = torch.softmax(2.0 * torch.randn(vocab + 1, vocab, vocab, generator=torch.Generator().manual_seed(seed)),
+                         -1)
+
+    def score(contexts):
+        return torch.stack([laws[c[-2] if len(c) > 1 else vocab, c[-1]] for c in contexts])
+
+    def propose(context, gamma):  # chains: never asked here
+        raise AssertionError("a tree decoder asks score(), not propose()")
+
+    return drafters.PythonDrafter(propose, vocab, score=score)
+
+
+def table_drafters(vocab: int, seed: int):
+    from speculant import drafters
+    corpus = torch.randint(0, vocab, (400,), generator=torch.Generator().manual_seed(seed))
+    return {"bigram": drafters.Bigram.fit(corpus, vocab), "unigram": drafters.Unigram.fit(corpus, vocab),
+            "python": python_scorer(vocab, seed)}
+
+
+DRAFTER_LAW_CASES = [("bigram", [2, 2], False, dict(temperature=1.0), 71),
+                     ("unigram", [3, 1], True, dict(temperature=0.8, top_k=3), 72),
+                     ("python", [2, 1, 1], False, dict(temperature=1.0), 73)]
+
+
+@pytest.mark.parametrize("case", DRAFTER_LAW_CASES, ids=[c[0] for c in DRAFTER_LAW_CASES])
+def test_drafter_tree_law_equals_target_law(case):
+    name, shape, replacement, sampling, seed = case
+    target, _ = markov.target_and_draft(LAW_VOCAB, seed, mask_prob=0.1)
+    drafter = table_drafters(LAW_VOCAB, seed)[name]
+    assert drafter.tree_obstacle == ""
+    decoder = speculant.SpeculativeDecoder(table_model(target), drafter, tree=shape, replacement=replacement,
+                                           **sampling)
+    samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=seed * 1000)
+    law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, sampling.get("temperature", 1.0),
+                                  sampling.get("top_k", 0), sampling.get("top_p", 1.0))
+    assert_law(samples, law, f"{name} tree {shape}")
+
+
+@pytest.mark.parametrize("name", ["bigram", "unigram", "python"])
+def test_drafter_greedy_trees_are_plain_greedy(models, expected, name):
+    target, _ = models
+    drafter = table_drafters(TARGET_CONFIG.vocab_size, 5)[name]
+    decoder = speculant.SpeculativeDecoder(target, drafter, tree=[3, 2], temperature=0.0)
+    results = decoder.generate(PROMPTS, max_new_tokens=NEW)
+    assert [r.tokens for r in results] == expected
+    assert all(r.stats.draft_calls == 0 and r.stats.draft_seconds > 0 for r in results)
+
+
+def test_python_drafter_without_score_and_bad_laws_are_refused():
+    from speculant import drafters
+    target = table_model(markov.target_and_draft(LAW_VOCAB, 1)[0])
+    chains_only = drafters.PythonDrafter(lambda context, gamma: ([], None), LAW_VOCAB)
+    with pytest.raises(ValueError, match=r"proposes chains only; PythonDrafter\(\.\.\., score=f\)"):
+        speculant.SpeculativeDecoder(target, chains_only, tree=[2])
+    bad = drafters.PythonDrafter(lambda context, gamma: ([], None), LAW_VOCAB,
+                                 score=lambda contexts: torch.ones(len(contexts), LAW_VOCAB))
+    with pytest.raises(ValueError, match=r"row 0 of score\(contexts\) sums to 4"):
+        speculant.SpeculativeDecoder(target, bad, tree=[2]).generate(LAW_PROMPT, max_new_tokens=3)
+    with pytest.raises(ValueError, match="score must be callable"):
+        drafters.PythonDrafter(lambda context, gamma: ([], None), LAW_VOCAB, score=3)
