@@ -5,9 +5,9 @@
 For the demo pair (speculant.demo_pair: byte-level TinyGPTs, 4 layers d128 target and 1 layer d64 draft) on
 held-out prompts, batch 1, each temperature:
 
-1. Costs, timed directly (median of --calls calls at a cached prefix of 48 tokens): verify_cost(w), the target's
-   masked tree call of width w over its one-token call (w = 1 .. 64), and c, the draft's one-token call over the
-   target's.
+1. Costs, timed directly at a cached prefix of 48 tokens, each a ratio of medians of --calls calls of two kinds
+   made alternately: verify_cost(w), the target's masked tree call of width w over its width-1 call (w = 1 .. 64),
+   and c, the draft's one-token call over the target's.
 2. A probe run with the tree PROBE = [4, 2, 2, 1, 1] estimates the acceptance table by depth and rank
    (analysis.acceptance_from_counts of stats.tree_visits / tree_accepted).
 3. For every chain gamma = 1 .. 5 (Algorithm 1's loop) and every shape in SHAPES: tokens per target call
@@ -46,19 +46,21 @@ PREFIX = 48
 MAX_WIDTH = 64
 
 
-WARMUP = 30  # untimed calls first: TorchScript's profiling executor optimizes a graph after its first runs
+WARMUP = 30  # untimed calls of each first: TorchScript's profiling executor optimizes a graph after its first runs
 
 
-def call_seconds(call, reset, calls: int) -> float:
-    """Median seconds of `call` (after `reset`), over `calls` calls after WARMUP untimed ones."""
-    times = []
-    for i in range(calls + WARMUP):
-        reset()
-        start = time.perf_counter()
-        call()
-        if i >= WARMUP:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def paired(first, second, calls: int):
+    """(median seconds of `first`, of `second`): WARMUP untimed calls of each, then `calls` of each alternating,
+    so that a drift of the machine's speed hits both (each is a (call, reset) pair; reset is not timed)."""
+    times = ([], [])
+    for i in range(WARMUP + calls):
+        for j, (call, reset) in enumerate((first, second)):
+            reset()
+            start = time.perf_counter()
+            call()
+            if i >= WARMUP:
+                times[j].append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def fresh(target_path, draft_path):
@@ -70,29 +72,35 @@ def fresh(target_path, draft_path):
 
 
 def costs(target_path, draft_path, calls: int):
-    """(verify_cost [w - 1] for w = 1 .. MAX_WIDTH, c): the target's tree call of width w (a chain mask, as wide
-    as a tree of w nodes) over its one of width 1; the draft's one-token extend over the target's. Each width
-    on a freshly loaded module (see fresh())."""
+    """(verify_cost [w - 1] for w = 1 .. MAX_WIDTH, c, the target's one-token seconds, its width-1 tree call's):
+    the target's tree call of width w (a chain mask, as wide as a tree of w nodes) over its tree call of width 1,
+    timed alternately on a module loaded anew for each w (see fresh()); c, the draft's one-token extend over the
+    target's, timed alternately."""
     torch.manual_seed(0)
     prefix = torch.randint(0, 256, (1, PREFIX))
     one = torch.randint(0, 256, (1, 1))
-    out = {}
-    for name, path in (("target", target_path), ("draft", draft_path)):
-        module = torch.jit.load(str(path))
+    target, draft = (torch.jit.load(str(path)) for path in (target_path, draft_path))
+    for module in (target, draft):
         module.prefill(prefix)
-        out[name] = call_seconds(lambda: module.extend(one), lambda: module.truncate(PREFIX), calls)
-    widths = []
-    for w in range(1, MAX_WIDTH + 1):
+    target_call, draft_call = paired((lambda: target.extend(one), lambda: target.truncate(PREFIX)),
+                                     (lambda: draft.extend(one), lambda: draft.truncate(PREFIX)), calls)
+    verify, width_one = [1.0], None
+    for w in range(2, MAX_WIDTH + 1):
         module = torch.jit.load(str(target_path))
         module.start_rows(1)
         positions = torch.arange(PREFIX).unsqueeze(0)
         module.extend_rows(prefix, torch.tensor([0]), positions, positions, PREFIX)
-        ids = torch.randint(0, 256, (1, w))
-        at = torch.arange(PREFIX, PREFIX + w).unsqueeze(0)
-        mask = torch.ones(1, w, PREFIX + w, dtype=torch.bool).tril(PREFIX)
-        widths.append(call_seconds(
-            lambda: module.extend_rows_masked(ids, torch.tensor([0]), at, at, mask), lambda: None, calls))
-    return [t / widths[0] for t in widths], out["draft"] / out["target"], out["target"], widths[0]
+
+        def tree_call(width):
+            ids = torch.randint(0, 256, (1, width))
+            at = torch.arange(PREFIX, PREFIX + width).unsqueeze(0)
+            mask = torch.ones(1, width, PREFIX + width, dtype=torch.bool).tril(PREFIX)
+            return lambda: module.extend_rows_masked(ids, torch.tensor([0]), at, at, mask), lambda: None
+
+        base, wide = paired(tree_call(1), tree_call(w), calls)
+        verify.append(wide / base)
+        width_one = base if width_one is None else width_one
+    return verify, draft_call / target_call, target_call, width_one
 
 
 def main(argv=None) -> None:
