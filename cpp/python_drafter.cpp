@@ -12,11 +12,13 @@ namespace py = pybind11;
 namespace speculant {
 namespace {
 
-// q [k, V] from Python, checked (`what` names it in messages): floating point, finite, nonnegative, each row
-// summing to 1 within 1e-4; returned renormalized, float32 on `device`.
-at::Tensor checked_laws(const at::Tensor& q, int64_t k, int64_t vocab, const at::Device& device, const char* what) {
-  require(q.dim() == 2 && q.size(0) == k && q.size(1) == vocab, "drafter: {} must have shape [{}, {}], got [{}]",
-          what, k, vocab, fmt::join(q.sizes(), ", "));
+// q [k, V] from Python, checked (`what` names it in messages, `rows` names k: "k" for proposals, "n" for one law
+// per context): floating point, finite, nonnegative, each row summing to 1 within 1e-4; returned renormalized,
+// float32 on `device`.
+at::Tensor checked_laws(const at::Tensor& q, int64_t k, int64_t vocab, const at::Device& device, const char* what,
+                        const char* rows) {
+  require(q.dim() == 2 && q.size(0) == k && q.size(1) == vocab,
+          "drafter: {} must have shape [{}, V] = [{}, {}], got [{}]", what, rows, k, vocab, fmt::join(q.sizes(), ", "));
   require(at::isFloatingType(q.scalar_type()), "drafter: {} must be floating point, got {}", what,
           std::string(c10::toString(q.scalar_type())));
   at::Tensor host = q.detach().to(at::kCPU, at::kDouble).contiguous();  // [k, V]
@@ -66,7 +68,7 @@ class PythonDrafter final : public HostHistoryDrafter {
         fail("drafter: score(contexts) must return a torch.Tensor [n, V] of probabilities, one row per context");
       }
     }
-    *scores = checked_laws(q, static_cast<int64_t>(paths.size()), vocab_, device_, "score(contexts)");
+    *scores = checked_laws(q, static_cast<int64_t>(paths.size()), vocab_, device_, "score(contexts)", "n");
     return *scores;
   }
 
@@ -98,7 +100,7 @@ class PythonDrafter final : public HostHistoryDrafter {
     require(k <= gamma, "drafter: proposed {} tokens, more than gamma = {}", k, gamma);
     Proposal out;
     if (k == 0) return out;
-    out.q = checked_laws(q, k, vocab_, device_, "q");
+    out.q = checked_laws(q, k, vocab_, device_, "q", "k");
     const at::Tensor host = out.q.to(at::kCPU);
     for (int64_t i = 0; i < k; ++i) {
       require(tokens[i] >= 0 && tokens[i] < vocab_, "drafter: token {} = {} is outside the vocabulary [0, {})",

@@ -37,7 +37,6 @@ class ReplicaRows final : public ModelRows {
   }
   int64_t length(int64_t row) const override { return models_[row]->length() - tentative_[row].size(); }
 
-
   // Each row's nodes in one extend_masked call of its model (mask over its cache entries and the new ones).
   std::vector<at::Tensor> extend_tree(const std::vector<at::Tensor>& tokens,
                                       const std::vector<TreeNodes>& nodes) override {
@@ -45,13 +44,14 @@ class ReplicaRows final : public ModelRows {
     for (size_t r = 0; r < models_.size(); ++r) {
       if (!tokens[r].defined()) continue;
       const int64_t k = tokens[r].numel(), committed = length(static_cast<int64_t>(r));
-      require(static_cast<int64_t>(nodes[r].offsets.size()) == k && static_cast<int64_t>(nodes[r].parents.size()) == k,
-              "extend_tree: row {} has {} tokens but {} offsets and {} parents", r, k, nodes[r].offsets.size(),
-              nodes[r].parents.size());
+      const TreeNodes& tree = nodes[r];
+      require(static_cast<int64_t>(tree.offsets.size()) == k && static_cast<int64_t>(tree.parents.size()) == k,
+              "extend_tree: row {} has {} tokens but {} offsets and {} parents", r, k, tree.offsets.size(),
+              tree.parents.size());
       const int64_t entries = models_[r]->length() + k;
       at::Tensor positions = at::empty({k}, at::kLong);
       at::Tensor mask = at::zeros({k, entries}, at::kBool);
-      tentative_[r].append(nodes[r], committed, positions.data_ptr<int64_t>(), mask.data_ptr<bool>(), entries);
+      tentative_[r].append(tree, committed, positions.data_ptr<int64_t>(), mask.data_ptr<bool>(), entries);
       const at::Device device = tokens[r].device();
       logits[r] = models_[r]->extend_masked(tokens[r], positions.to(device), mask.to(device));
     }

@@ -300,5 +300,10 @@ def test_python_drafter_without_score_and_bad_laws_are_refused():
                                  score=lambda contexts: torch.ones(len(contexts), LAW_VOCAB))
     with pytest.raises(ValueError, match=r"row 0 of score\(contexts\) sums to 4"):
         speculant.SpeculativeDecoder(target, bad, tree=[2]).generate(LAW_PROMPT, max_new_tokens=3)
+    one_law = drafters.PythonDrafter(lambda context, gamma: ([], None), LAW_VOCAB,
+                                     score=lambda contexts: torch.full((1, LAW_VOCAB), 1 / LAW_VOCAB))
+    with pytest.raises(ValueError, match=rf"score\(contexts\) must have shape \[n, V\] = \[2, {LAW_VOCAB}\], got "
+                                         rf"\[1, {LAW_VOCAB}\]"):
+        speculant.SpeculativeDecoder(target, one_law, tree=[2, 1]).generate(LAW_PROMPT, max_new_tokens=3)
     with pytest.raises(ValueError, match="score must be callable"):
         drafters.PythonDrafter(lambda context, gamma: ([], None), LAW_VOCAB, score=3)

@@ -71,7 +71,8 @@ def _error(error: BaseException) -> str:
 
 
 def _describe(setting: Mapping[str, Any]) -> str:
-    return ", ".join(f"{key}={setting[key]!r}" for key in SETTING)
+    """'gamma=2, temperature=0.0, ...': a chain's setting leaves out tree=None."""
+    return ", ".join(f"{key}={setting[key]!r}" for key in SETTING if not (key == "tree" and setting[key] is None))
 
 
 def _run_on(executor, specs, settings: List[Dict[str, Any]], calls, options: Dict[str, Any], bar,
