@@ -106,7 +106,8 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
           "target's. vocab_size= pads live models only: an exported file (.pt, .pt2) keeps the vocabulary it "
           "was exported with, so load that model from transformers (the object or its save_pretrained "
           "directory) instead of its file. A drafter from speculant.drafters takes the target's vocab_size when "
-          "built. Models with different tokenizers cannot be paired",
+          "built. A draft with another tokenizer: SpeculativeDecoder(..., draft_tokenizer=, target_tokenizer=) "
+          "drafts through text",
           target_->vocab_size(), draft_->vocab_size());
   require(draft_->model() == nullptr || draft_->encoder_decoder() == target_->encoder_decoder(),
           "target and draft must both be encoder-decoder models or both decoder-only: the target is {}, the "

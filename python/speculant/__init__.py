@@ -28,6 +28,7 @@ from . import analysis, drafters, graphs, sampling
 from . import testing
 from ._core import Iteration, Stats
 from .decoder import Result, SpeculativeDecoder, generate
+from .distillation import distill
 from .export import export  # the function; the subpackage stays importable as speculant.export.<arch>
 from .model import Model, load
 from .sweep import sweep
@@ -41,6 +42,7 @@ __all__ = [
     "Stats",
     "Trace",
     "analysis",
+    "distill",
     "drafters",
     "export",
     "generate",

@@ -127,6 +127,19 @@ def _draft(value, device=None, dtype=None) -> Union[Model, Drafter]:
                      f"from speculant.drafters, got {type(value).__name__}")
 
 
+def _cross_tokenizer(draft: Union[Model, Drafter], draft_tokenizer, target_tokenizer, target: Model) -> Drafter:
+    """The draft model behind a CrossTokenizer drafter (cross_tokenizer.py) for SpeculativeDecoder's tokenizers."""
+    from .cross_tokenizer import CrossTokenizer
+
+    if draft_tokenizer is None or target_tokenizer is None:
+        raise ValueError("draft_tokenizer and target_tokenizer go together: a draft with another tokenizer needs "
+                         "both (the target's to decode the sequence, the draft's to encode it)")
+    if isinstance(draft, Drafter):
+        raise ValueError("draft_tokenizer: the draft must be a model (a drafter already proposes the target's "
+                         f"tokens), got {type(draft).__name__}")
+    return CrossTokenizer(draft, draft_tokenizer, target_tokenizer, target.vocab_size, device=target.device)
+
+
 def _drafter(value: Union[Model, Drafter]) -> _core.Drafter:
     return value._core if isinstance(value, Drafter) else _core.model_drafter(value._core)
 
@@ -363,13 +376,21 @@ class SpeculativeDecoder:
     before, with a warning saying why; "on" makes that an error. The tokens are those of the same fixed-shape
     calls uncaptured ("fixed"); the law is the target's. "auto" and "on" have never been executed on a GPU
     (issue 21 runs them), which is why they are not the default.
+
+    ``draft_tokenizer`` with ``target_tokenizer``: a draft model whose vocabulary differs from the target's
+    drafts through text (speculant.cross_tokenizer.CrossTokenizer: deterministic proposals with point-mass q,
+    so the law stays exactly the target's at every setting, and at temperature 0 the output is the target's
+    greedy decoding token for token).
     """
 
     def __init__(self, target, draft, *, gamma: Optional[int] = None, tree: Optional[Sequence[int]] = None,
                  replacement: bool = False, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "off"):
+                 top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "off",
+                 draft_tokenizer=None, target_tokenizer=None):
         self.target = _model(target, "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
+        if draft_tokenizer is not None or target_tokenizer is not None:
+            self.draft = _cross_tokenizer(self.draft, draft_tokenizer, target_tokenizer, self.target)
         self._tree = _tree(tree)
         if self._tree and gamma is not None and gamma != len(self._tree):
             raise ValueError(f"gamma must be the tree's depth {len(self._tree)} with tree={self._tree} (or left out), "

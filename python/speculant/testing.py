@@ -75,16 +75,26 @@ class DistributionCheck:
         return self.report
 
 
-def _engine_model(model: ModelLike) -> Model:
-    return model if isinstance(model, Model) else load(model)
+def _engine_model(model: ModelLike):
+    """A loaded Model; drafters (speculant.drafters) pass as they are."""
+    from .drafters import Drafter
+
+    return model if isinstance(model, (Model, Drafter)) else load(model)
 
 
 def _module_logits(model: ModelLike, name: str, encoder_input_ids=None) -> Logits:
-    """Next-token logits from the model itself, recomputed over the whole sequence at every call: a
-    TorchScript module's ``prefill`` (cached form) or ``forward``, a live transformers model's forward without
-    a cache, a .pt2 package's call at position 0; an encoder-decoder's source is encoded first, once, from
-    ``encoder_input_ids``. ``model`` is anything ``speculant.load`` takes (a path or a transformers model is
-    loaded with it), or the loaded handle."""
+    """Next-token logits [V] after a sequence, from ``sequence_logits``."""
+    logits = sequence_logits(model, name, encoder_input_ids)
+    return lambda ids: logits(ids)[-1]
+
+
+def sequence_logits(model: ModelLike, name: str, encoder_input_ids=None) -> Callable[[List[int]], torch.Tensor]:
+    """The model's logits [T, V] at every position of a sequence of T token ids (row i: the law of token i + 1),
+    from the model itself, recomputed over the whole sequence at every call without gradients: a TorchScript
+    module's ``prefill`` (cached form) or ``forward``, a live transformers model's forward without a cache
+    (padded with -inf to the handle's vocabulary), a .pt2 package's call at position 0; an encoder-decoder's
+    source is encoded first, once, from ``encoder_input_ids``. ``model`` is anything ``speculant.load`` takes
+    (a path or a transformers model is loaded with it), or the loaded handle; ``name`` names it in errors."""
     if isinstance(model, torch.jit.ScriptModule):
         return _script_logits(model, None, encoder_input_ids)
     handle = model if isinstance(model, Model) else load(model)
@@ -116,7 +126,7 @@ def _script_logits(module: torch.jit.ScriptModule, device, encoder_input_ids) ->
 
     def logits(ids: List[int]) -> torch.Tensor:
         with torch.no_grad():
-            return method(torch.tensor([ids], dtype=torch.long, device=device))[0, -1]  # [V]
+            return method(torch.tensor([ids], dtype=torch.long, device=device))[0]  # [T, V]
 
     return logits
 
@@ -140,8 +150,8 @@ def _live_logits(handle: Model, encoder_input_ids) -> Logits:
                              decoder_input_ids=tokens, use_cache=False)
             else:  # an explicit mask: a model with a pad id would otherwise look for it in the ids and warn
                 out = module(input_ids=tokens, attention_mask=torch.ones_like(tokens), use_cache=False)
-        row = out.logits[0, -1].float()  # [V_own]
-        return torch.nn.functional.pad(row, (0, vocab - row.numel()), value=float("-inf"))  # [V]
+        rows = out.logits[0].float()  # [T, V_own]
+        return torch.nn.functional.pad(rows, (0, vocab - rows.size(-1)), value=float("-inf"))  # [T, V]
 
     return logits
 
@@ -162,7 +172,7 @@ def _pt2_logits(handle: Model, encoder_input_ids) -> Logits:
     def logits(ids: List[int]) -> torch.Tensor:
         tokens = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
         with torch.no_grad():
-            return decoder(tokens, torch.arange(len(ids), device=device), *encoded)[0, -1]  # [V]
+            return decoder(tokens, torch.arange(len(ids), device=device), *encoded)[0]  # [T, V]
 
     return logits
 
@@ -289,7 +299,8 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
 
     target, draft: anything ``speculant.load`` takes (TorchScript files, .pt2 packages, transformers model
     objects, save_pretrained directories, ScriptModules) or the ``speculant.Model`` it returned; a path or
-    transformers model is loaded once, for the engine and for the reference.
+    transformers model is loaded once, for the engine and for the reference. draft may also be a drafter
+    (speculant.drafters, speculant.cross_tokenizer).
     Generation i uses seed ``seed + i`` and runs to max(k, gamma + 1) tokens, so the first iteration drafts the
     full gamma. ``generate_kwargs`` go to every generation: an encoder-decoder pair takes its source as
     ``encoder_input_ids`` there, and ``prompt_ids`` then defaults to the target's ``decoder_start_token_id``.

@@ -13,6 +13,7 @@ H = heads, D = head_dim, C = d_model, V = vocab, L = n_layer, M = max_length.
 """
 import copy
 import math
+import warnings
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -22,7 +23,7 @@ from torch import Tensor, nn
 
 from .export.cached import CachedDecoder, Step, cached_kv, single_step
 
-__all__ = ["TinyGPTConfig", "TinyGPT", "script_cached", "script_plain"]
+__all__ = ["TinyGPTConfig", "TinyGPT", "script_cached", "script_plain", "unscript"]
 
 
 @dataclass(frozen=True)
@@ -136,3 +137,22 @@ def script_cached(model: TinyGPT) -> torch.jit.ScriptModule:
 def script_plain(model: TinyGPT) -> torch.jit.ScriptModule:
     """The plain contract form, forward(input_ids[1, T]) -> [1, T, V], with `model`'s weights."""
     return torch.jit.script(_frozen_copy(model))
+
+
+def unscript(scripted, config: TinyGPTConfig) -> TinyGPT:
+    """The training form back from either contract form (a TorchScript module, or the path of its saved file),
+    with a copy of its weights: what `speculant.distill` trains. ValueError when the weights do not fit
+    `config`."""
+    if not isinstance(scripted, torch.jit.ScriptModule):
+        with warnings.catch_warnings():  # TorchScript's deprecation notice (torch >= 2.11), nothing else
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
+            scripted = torch.jit.load(str(scripted), map_location="cpu")
+    model = TinyGPT(config)
+    state = {key.removeprefix("core."): value.detach().clone() for key, value in scripted.state_dict().items()
+             if key not in ("cache", "row_cache")}  # the cached form's cache buffers are no weights
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        raise ValueError(f"unscript: the module's weights do not fit {config}: {error}") from None
+    like = next(iter(state.values()))
+    return model.to(device=like.device, dtype=like.dtype)

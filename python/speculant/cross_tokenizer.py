@@ -1,0 +1,105 @@
+"""A draft model with another tokenizer than the target's, drafting through text.
+
+The best small model for a target often has another vocabulary. ``CrossTokenizer`` proposes as transformers'
+universal assisted generation does: the target's sequence so far is decoded to text with the target's
+tokenizer, encoded with the draft's, continued greedily by the draft (through speculant's engine, any form
+``speculant.load`` takes), and the text it added is encoded back with the target's tokenizer; the first γ of
+those target tokens are the proposal. Tokens that split or merge differently at the boundary are handled by
+re-encoding the whole text: when its encoding starts with the sequence's own tokens, the rest is the
+proposal; otherwise the added text is encoded alone.
+
+Exactness: the proposal is a deterministic function of the sequence so far, so the law it was drawn from is the
+point mass on it, and that is the q the engine is given. Speculative sampling corrects for any q (§2.3), so the
+output law is exactly the target's at every temperature, top-k, top-p and lenience; at temperature 0 the output
+is the target's greedy decoding token for token. The cost is in α: with a point mass the acceptance of a
+proposed x is min(1, p(x)), so β = p(x) instead of Σ_x min(p(x), q(x)), as for prompt lookup (§3.6). At
+temperature 0 nothing is lost (β is 1 exactly when x is the target's argmax).
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from .drafters import PythonDrafter
+
+__all__ = ["CrossTokenizer"]
+
+
+def _encode(tokenizer, text: str) -> List[int]:
+    """Token ids of `text` without special tokens, for a transformers tokenizer or a tokenizers.Tokenizer."""
+    encoded = tokenizer.encode(text, add_special_tokens=False)
+    return list(encoded.ids if hasattr(encoded, "ids") else encoded)
+
+
+def _decode(tokenizer, ids: List[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _checked_tokenizer(value, name: str):
+    if not all(callable(getattr(value, m, None)) for m in ("encode", "decode")):
+        raise ValueError(f"{name} must be a transformers tokenizer or a tokenizers.Tokenizer (an object with encode "
+                         f"and decode), got {type(value).__name__}")
+    return value
+
+
+class CrossTokenizer(PythonDrafter):
+    """Proposals of a draft model whose tokenizer differs from the target's (see the module's docstring).
+
+    draft: anything ``speculant.load`` takes, or a loaded ``speculant.Model`` (decoder-only);
+    draft_tokenizer / target_tokenizer: transformers tokenizers or tokenizers.Tokenizer objects;
+    vocab_size: the target's. ``draft_tokens`` draft tokens are generated per iteration (default γ + 2: a draft
+    token is often shorter than a target token).
+    """
+
+    kind = "cross_tokenizer"
+
+    def __init__(self, draft, draft_tokenizer, target_tokenizer, vocab_size: int, device="cpu", *,
+                 draft_tokens: Optional[int] = None):
+        from .decoder import _model
+
+        self.draft = _model(draft, "draft")
+        if self.draft.encoder_decoder:
+            raise ValueError("draft: an encoder-decoder draft cannot continue the target's text; CrossTokenizer "
+                             "needs a decoder-only draft")
+        self.draft_tokenizer = _checked_tokenizer(draft_tokenizer, "draft_tokenizer")
+        self.target_tokenizer = _checked_tokenizer(target_tokenizer, "target_tokenizer")
+        if draft_tokens is not None and (isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int)
+                                         or draft_tokens < 1):
+            raise ValueError(f"draft_tokens must be an integer >= 1 or None, got {draft_tokens!r}")
+        self.draft_tokens = draft_tokens
+        super().__init__(self._propose, vocab_size, device)
+
+    def continuation(self, text: str, count: int) -> str:
+        """The text the draft adds to `text` in `count` greedy tokens ("" when it cannot: no tokens, no room)."""
+        from .decoder import generate
+
+        ids = _encode(self.draft_tokenizer, text)
+        room = count if self.draft.max_length is None else min(count, self.draft.max_length - len(ids))
+        if not ids or room < 1:
+            return ""
+        added = generate(self.draft, ids, max_new_tokens=room, temperature=0.0).tokens
+        before, after = _decode(self.draft_tokenizer, ids), _decode(self.draft_tokenizer, ids + list(added))
+        return after[len(before):] if after.startswith(before) else _decode(self.draft_tokenizer, list(added))
+
+    def proposal(self, context: List[int], gamma: int) -> List[int]:
+        """Up to gamma target tokens continuing `context` (target token ids), the deterministic proposal."""
+        text = _decode(self.target_tokenizer, context)
+        more = self.continuation(text, self.draft_tokens or gamma + 2)
+        if not more:
+            return []
+        whole = _encode(self.target_tokenizer, text + more)
+        tokens = whole[len(context):] if whole[:len(context)] == list(context) else _encode(self.target_tokenizer,
+                                                                                               more)
+        kept = []
+        for token in tokens[:gamma]:
+            if not 0 <= token < self.vocab_size:  # a tokenizer larger than the target's vocabulary
+                break
+            kept.append(token)
+        return kept
+
+    def _propose(self, context: List[int], gamma: int):
+        tokens = self.proposal(context, gamma)
+        if not tokens:
+            return [], None
+        return tokens, torch.nn.functional.one_hot(torch.tensor(tokens), self.vocab_size).float()  # point masses

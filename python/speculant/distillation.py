@@ -1,0 +1,479 @@
+"""Distillation: train a draft M_q for α against its target M_p (the paper's §3.6 and conclusion: "standard
+distillation with soft targets from M_p, or optimizing M_q for α directly"; DistillSpec, Zhou et al. 2024).
+
+α decides the speedup (Theorem 3.8), and α = 1 - E[D_LK(p, q)] (Corollary 3.6) with D_LK the total variation
+distance between the standardized laws (§2.2) at the sampling settings the decoder will use. So the natural loss
+is that distance itself, averaged over positions the decoder will meet:
+
+* ``loss="tv"``: D_LK(p, q) = sum_x |p(x) - q(x)| / 2 = 1 - sum_x min(p(x), q(x)), p the target's law as the
+  engine standardizes it (temperature, top-k, top-p) and q the draft's softmax at the temperature. Without
+  top-k / top-p that is 1 - β exactly, so the mean loss is 1 - α at those positions. With them the engine also
+  truncates the draft; the loss leaves that truncation out, because a draft whose kept tokens miss the target's
+  would get no gradient at all (its loss flat at 1), and a q that matches p is truncated to p. At temperature 0
+  the laws are point masses and α is argmax agreement, which has no gradient: p stays the target's argmax and
+  q is the draft at temperature 1, so the loss is 1 - q_1(argmax p).
+* ``loss="forward_kl"``: KL(p || q) = sum_x p (log p - log q), standard distillation with soft targets; the
+  laws at the temperature only (the truncations of top-k / top-p would make it infinite); at temperature 0
+  the cross-entropy to the target's argmax.
+* ``loss="reverse_kl"``: KL(q || p), at the temperature only; refused at temperature 0 (p is a point mass).
+
+The positions (DistillSpec's data choices): ``data="draft"`` continues the training prompts with the draft's
+own samples at the decoding settings, fresh every step (on-policy: where the decoder's drafts go);
+``data="target"`` with the target's samples (drawn by speculant's engine, so from the target's law exactly:
+the prefixes Corollary 3.6 averages over); ``data="corpus"`` takes windows of the given token corpus as they
+are. The loss covers every position after the prompt (the whole window for a corpus).
+
+α is measured before and after on held-out prompts, as Corollary 3.6 defines it: per held-out prompt one
+continuation sampled from the target (the same samples before and after, so the two are paired), β = sum_x
+min(p, q) at every generated position with both laws standardized by the engine's own function, averaged per
+prompt; the result reports the mean over prompts with its spread.
+
+The draft is a transformers model object (trained as a copy: the caller's object is left as it was), a
+save_pretrained directory (the result is written to ``save=`` and its path returned), or a plain torch module
+whose forward(input_ids [B, T]) returns logits [B, T, V] such as ``speculant.tiny_gpt.TinyGPT`` (a trained
+copy; with ``save=`` a TinyGPT is also written in the engine's cached TorchScript form). Decoder-only models;
+the target is anything ``speculant.load`` takes, with the draft's vocabulary.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import sampling
+from .decoder import _ids, _tokenizer, generate
+from .live import is_transformers_model
+from .model import Model, load
+from .testing import sequence_logits
+
+__all__ = ["AlphaEstimate", "Distillation", "distill", "heldout_alpha", "LOSSES", "DATA"]
+
+LOSSES = ("tv", "forward_kl", "reverse_kl")
+DATA = ("draft", "target", "corpus")
+HELDOUT_EVERY = 5  # without heldout=, every 5th prompt is held out for α
+
+
+@dataclass(frozen=True)
+class AlphaEstimate:
+    """α over held-out prompts: the mean of the per-prompt means of β, their standard deviation, the per-prompt
+    values and the number of positions pooled."""
+    mean: float
+    std: float
+    per_prompt: tuple
+    positions: int
+
+    @property
+    def sem(self) -> float:
+        """The standard error of the mean over prompts."""
+        return self.std / math.sqrt(len(self.per_prompt))
+
+    def __str__(self) -> str:
+        return f"{self.mean:.3f} ± {self.sem:.3f} (sd {self.std:.3f} over {len(self.per_prompt)} prompts)"
+
+
+@dataclass
+class Distillation:
+    """What ``distill`` returns: the trained draft (the kind it was given; a path for a directory), α before
+    and after on the held-out prompts, the loss of every step, the training seconds, and the files written."""
+    draft: Any
+    alpha_before: AlphaEstimate
+    alpha_after: AlphaEstimate
+    losses: List[float]
+    seconds: float
+    saved: Optional[str] = None
+    checkpoints: List[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------------------
+# The laws and the losses
+# ------------------------------------------------------------------------------------------------
+
+def target_law(logits: torch.Tensor, loss: str, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """p [n, V] that `loss` compares the draft with (float32, no gradient): the engine's standardization for
+    tv (at temperature 0 the argmax point mass, as for every loss), the temperature alone for the KLs."""
+    logits = logits.detach().float()
+    if loss == "tv" or temperature == 0.0:
+        return sampling.standardize(logits, temperature, top_k, top_p)
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def draft_log_law(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log q [n, V] with its gradient: the draft's log-softmax at the temperature (at temperature 0, at 1)."""
+    return F.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
+
+
+def position_losses(p: torch.Tensor, log_q: torch.Tensor, loss: str) -> torch.Tensor:
+    """The loss at each of n positions [n] (see the module's docstring)."""
+    q = log_q.exp()
+    if loss == "tv":
+        return 0.5 * (p - q).abs().sum(-1)
+    if loss == "forward_kl":
+        kept = p > 0
+        return torch.where(kept, p * (p.clamp_min(1e-30).log() - log_q.masked_fill(~kept, 0.0)), 0.0).sum(-1)
+    kept = q > 0  # reverse_kl
+    log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()  # a p that underflowed counts as the smallest float
+    return torch.where(kept, q * (log_q.masked_fill(~kept, 0.0) - log_p), 0.0).sum(-1)
+
+
+def beta(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float, top_k: int,
+         top_p: float) -> torch.Tensor:
+    """β [n] = sum_x min(p, q) with both laws standardized as the engine does (Corollary 3.6)."""
+    p = sampling.standardize(p_logits.detach().float(), temperature, top_k, top_p)
+    q = sampling.standardize(q_logits.detach().float(), temperature, top_k, top_p)
+    return torch.minimum(p, q).sum(-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# The draft being trained
+# ------------------------------------------------------------------------------------------------
+
+class _Draft:
+    """The trainable draft: its module, how to get logits [B, T, V] from it, and how to give it back."""
+
+    def __init__(self, draft, save: Optional[str]):
+        self.directory = None
+        if isinstance(draft, (str, os.PathLike)):
+            if not os.path.isdir(draft):
+                raise ValueError(f"draft: {os.fspath(draft)!r} is not a save_pretrained directory; distill trains "
+                                 "a transformers model object or directory, or a torch module returning logits "
+                                 "(exported TorchScript / .pt2 files cannot be trained)")
+            from .live import pretrained
+            self.directory = os.fspath(draft)
+            self.module = pretrained(self.directory, None)
+        elif isinstance(draft, torch.jit.ScriptModule):
+            raise ValueError("draft: a TorchScript module cannot be trained here; pass the module it was made from "
+                             "(a TinyGPT: speculant.tiny_gpt.unscript gives it back) or a transformers model")
+        elif isinstance(draft, torch.nn.Module):
+            self.module = copy.deepcopy(draft)
+        else:
+            raise ValueError(f"draft must be a transformers model, a save_pretrained directory or a torch module, "
+                             f"got {type(draft).__name__}")
+        self.transformers = is_transformers_model(self.module)
+        if self.transformers and getattr(self.module.config, "is_encoder_decoder", False):
+            raise ValueError("draft: encoder-decoder models are not distilled yet (decoder-only models only)")
+        from .tiny_gpt import TinyGPT
+        if save is not None and not (self.transformers or isinstance(self.module, TinyGPT)):
+            raise ValueError("save: only transformers models and TinyGPT modules can be written in a form "
+                             "speculant.load takes; leave save out and export the returned module")
+        self.module.requires_grad_(True)
+        parameter = next(self.module.parameters(), None)
+        if parameter is None:
+            raise ValueError("draft has no parameters to train")
+        self.device = parameter.device
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B, T, V] float logits for ids [B, T] (with the gradient when enabled)."""
+        if self.transformers:
+            out = self.module(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+        else:
+            out = self.module(ids)
+            out = getattr(out, "logits", out)
+        if not isinstance(out, torch.Tensor) or out.dim() != 3 or out.shape[:2] != ids.shape:
+            raise ValueError(f"draft: forward(input_ids {list(ids.shape)}) must return logits [B, T, V], got "
+                             f"{getattr(out, 'shape', type(out).__name__)}")
+        return out.float()
+
+    def result(self, save: Optional[str]):
+        """The trained draft in the kind it came, written to `save` when given; returns (draft, saved path)."""
+        self.module.eval().requires_grad_(False)
+        if save is None:
+            return self.module, None
+        save = os.fspath(save)
+        if self.transformers:
+            self.module.save_pretrained(save)
+        else:
+            from .tiny_gpt import script_cached
+            Path(save).parent.mkdir(parents=True, exist_ok=True)
+            torch.jit.save(script_cached(self.module), save)
+        return (save if self.directory is not None else self.module), save
+
+
+# ------------------------------------------------------------------------------------------------
+# Arguments
+# ------------------------------------------------------------------------------------------------
+
+def _choice(value, name: str, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+    return value
+
+
+def _count(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _positive(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _settings(temperature, top_k, top_p) -> tuple:
+    """(temperature, top_k, top_p) checked, as the engine's standardization takes them."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    return float(temperature), _count(top_k, "top_k", 0), float(top_p)
+
+
+def _sequences(values, name: str, tokenizer, vocab: int) -> List[List[int]]:
+    if values is None or isinstance(values, (str, bytes)) or len(values) == 0:
+        raise ValueError(f"{name} must be a non-empty list of prompts (token ids, or strings with tokenizer=)")
+    out = []
+    for i, value in enumerate(values):
+        ids = _ids(value, f"{name}[{i}]", tokenizer)
+        if not ids:
+            raise ValueError(f"{name}[{i}] is empty: a prompt needs at least one token")
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"{name}[{i}] has token {bad[0]} outside the vocabulary [0, {vocab})")
+        out.append(ids)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# distill
+# ------------------------------------------------------------------------------------------------
+
+def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float = 1.0, top_k: int = 0,
+            top_p: float = 1.0, loss: str = "tv", data: str = "draft", corpus=None, window: int = 64,
+            heldout=None, new_tokens: int = 32, batch_size: int = 8, lr: float = 3e-4, weight_decay: float = 0.0,
+            tokenizer=None, seed: int = 0, save: Optional[str] = None, checkpoint_dir: Optional[str] = None,
+            checkpoint_every: int = 0, resume: Optional[str] = None, progress: bool = True) -> Distillation:
+    """Trains ``draft`` for α against ``target`` at the sampling settings ``temperature``, ``top_k``, ``top_p``
+    the decoder will use (see the module's docstring for the losses, the data and α). Returns a Distillation.
+
+    prompts: training prompts (token ids, or strings with ``tokenizer=``), continued by ``new_tokens`` sampled
+    tokens (``data="draft"`` or ``"target"``); without ``heldout=`` every 5th is held out for α instead.
+    corpus: with ``data="corpus"``, token ids (one sequence or several) cut into random windows of ``window``
+    tokens; ``heldout=`` is then required. Each step: ``batch_size`` sequences, AdamW (``lr``,
+    ``weight_decay``), gradients clipped to norm 1. ``seed`` fixes the batches, the samples, dropout and the
+    held-out continuations. ``checkpoint_dir`` with ``checkpoint_every=n`` writes step-<n>.pt every n steps (weights,
+    optimizer, random state, losses); ``resume=`` one of them continues that run to ``steps`` as if it had not
+    stopped. ``save=``: where to write the trained draft in a form ``speculant.load`` takes (a directory for a
+    transformers model, a TorchScript file for a TinyGPT); required for a draft given as a directory.
+    """
+    loss = _choice(loss, "loss", LOSSES)
+    data = _choice(data, "data", DATA)
+    steps = _count(steps, "steps", 1)
+    settings = _settings(temperature, top_k, top_p)
+    temperature = settings[0]
+    if loss == "reverse_kl" and temperature == 0.0:
+        raise ValueError("loss='reverse_kl' is undefined at temperature 0 (the target's law is a point mass); use "
+                         "'tv' or 'forward_kl'")
+    new_tokens, batch_size = _count(new_tokens, "new_tokens", 1), _count(batch_size, "batch_size", 1)
+    lr = _positive(lr, "lr")
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < 1:
+        raise ValueError(f"weight_decay must be in [0, 1), got {weight_decay!r}")
+    checkpoint_every = _count(checkpoint_every, "checkpoint_every", 0)
+    if checkpoint_every and checkpoint_dir is None:
+        raise ValueError("checkpoint_every needs checkpoint_dir=, the directory to write the checkpoints to")
+    tokenizer = _tokenizer(tokenizer)
+
+    handle = target if isinstance(target, Model) else load(target)
+    if handle.encoder_decoder:
+        raise ValueError("target: encoder-decoder models are not distilled yet (decoder-only models only)")
+    vocab = handle.vocab_size
+    target_logits = sequence_logits(target if isinstance(target, torch.jit.ScriptModule) else handle, "target")
+    if isinstance(draft, (str, os.PathLike)) and os.path.isdir(draft) and save is None:
+        raise ValueError("save: a draft given as a directory needs save=, the directory to write the distilled "
+                         "draft to")
+    trainee = _Draft(draft, save)
+
+    if data == "corpus":
+        if corpus is None or heldout is None:
+            raise ValueError("data='corpus' needs corpus= (token ids) and heldout= (prompts to measure α on)")
+        window = _count(window, "window", 2)
+        pieces = [_ids(c, "corpus", tokenizer) for c in (corpus if _nested(corpus) else [corpus])]
+        pieces = [c for c in pieces if len(c) >= window]
+        if not pieces:
+            raise ValueError(f"corpus: no sequence has window={window} tokens")
+        train_prompts, held = [], _sequences(heldout, "heldout", tokenizer, vocab)
+    else:
+        if corpus is not None:
+            raise ValueError(f"corpus= is used with data='corpus' only, got data={data!r}")
+        everything = _sequences(prompts, "prompts", tokenizer, vocab)
+        if heldout is not None:
+            train_prompts, held = everything, _sequences(heldout, "heldout", tokenizer, vocab)
+        else:
+            if len(everything) < 2:
+                raise ValueError("prompts: give at least 2 (every 5th is held out for α) or pass heldout=")
+            held = everything[::HELDOUT_EVERY]
+            train_prompts = [p for i, p in enumerate(everything) if i % HELDOUT_EVERY]
+
+    references = _references(handle, target_logits, held, new_tokens, settings, seed)  # kept for α after
+    alpha_before = _alpha(trainee, references, settings, vocab)
+
+    generator = torch.Generator().manual_seed(seed)  # batches and samples
+    optimizer = torch.optim.AdamW(trainee.module.parameters(), lr=lr, weight_decay=weight_decay)
+    losses: List[float] = []
+    checkpoints: List[str] = []
+    start = 0
+    cuda = [trainee.device.index or 0] if trainee.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):  # dropout draws from the global generators: seeded, restored after
+        torch.manual_seed(seed)
+        if resume is not None:
+            state = torch.load(resume, map_location="cpu", weights_only=True)
+            trainee.module.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            generator.set_state(state["generator"])
+            torch.set_rng_state(state["global"])
+            if cuda:
+                torch.cuda.set_rng_state(state["global_cuda"], trainee.device)
+            losses, start = list(state["losses"]), int(state["step"])
+            if start > steps:
+                raise ValueError(f"resume: the checkpoint is at step {start}, past steps={steps}")
+
+        from tqdm.auto import tqdm
+        began = time.perf_counter()
+        bar = tqdm(total=steps, initial=start, desc="speculant distill", disable=not progress)
+        try:
+            for step in range(start, steps):
+                trainee.module.eval()  # sampling without dropout
+                if data == "corpus":
+                    batch = [_window(pieces, window, generator) for _ in range(batch_size)]
+                else:
+                    chosen = torch.randint(len(train_prompts), (batch_size,), generator=generator).tolist()
+                    batch = _continue([train_prompts[i] for i in chosen], data, trainee, handle, settings,
+                                      new_tokens, generator, vocab)
+                losses.append(_step(trainee, optimizer, batch, target_logits, loss, settings, vocab, step))
+                bar.update()
+                bar.set_postfix(loss=f"{losses[-1]:.4f}")
+                if checkpoint_every and (step + 1) % checkpoint_every == 0:
+                    path = Path(checkpoint_dir) / f"step-{step + 1:06d}.pt"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    torch.save({"model": trainee.module.state_dict(), "optimizer": optimizer.state_dict(),
+                                "generator": generator.get_state(), "global": torch.get_rng_state(),
+                                **({"global_cuda": torch.cuda.get_rng_state(trainee.device)} if cuda else {}),
+                                "losses": losses, "step": step + 1}, path)
+                    checkpoints.append(str(path))
+        finally:
+            bar.close()
+    seconds = time.perf_counter() - began
+    alpha_after = _alpha(trainee, references, settings, vocab)
+    result, saved = trainee.result(save)
+    return Distillation(result, alpha_before, alpha_after, losses, seconds, saved, checkpoints)
+
+
+def _step(trainee: _Draft, optimizer, batch, target_logits, loss: str, settings, vocab: int, step: int) -> float:
+    """One optimizer step on `batch` [(sequence, first loss position)], the draft called once per sequence
+    length; returns the batch's loss (the mean over sequences of each one's mean over positions)."""
+    trainee.module.train()
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for group in _by_length([sequence for sequence, _ in batch]):
+        ids = torch.tensor([batch[i][0] for i in group], dtype=torch.long, device=trainee.device)  # [g, T]
+        q_all = _padded(trainee.logits(ids), vocab)  # [g, T, V]
+        value = 0.0
+        for row, i in enumerate(group):
+            sequence, begin = batch[i]
+            p_logits = target_logits(sequence)[begin:].to(trainee.device)  # [n, V]
+            value = value + position_losses(target_law(p_logits, loss, *settings),
+                                            draft_log_law(q_all[row, begin:], settings[0]), loss).mean()
+        value = value / len(batch)
+        if not torch.isfinite(value):
+            raise FloatingPointError(f"distill: the {loss} loss became {value.item()} at step {step + 1} (lower lr=)")
+        value.backward()
+        total += value.item()
+    torch.nn.utils.clip_grad_norm_(trainee.module.parameters(), 1.0)
+    optimizer.step()
+    return total
+
+
+def _by_length(sequences: List[List[int]]) -> List[List[int]]:
+    """The indices of `sequences` grouped by length, in order of first appearance."""
+    groups: Dict[int, List[int]] = {}
+    for i, sequence in enumerate(sequences):
+        groups.setdefault(len(sequence), []).append(i)
+    return list(groups.values())
+
+
+def _nested(corpus) -> bool:
+    return isinstance(corpus, (list, tuple)) and len(corpus) > 0 and not isinstance(corpus[0], (int, np.integer))
+
+
+def _padded(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The draft's logits [n, V_own] on the target's vocabulary (extra rows masked, as load(vocab_size=) does)."""
+    if logits.size(-1) > vocab:
+        raise ValueError(f"draft: its vocabulary ({logits.size(-1)}) is larger than the target's ({vocab}); "
+                         "distill needs the target's tokenizer")
+    return F.pad(logits, (0, vocab - logits.size(-1)), value=float("-inf"))
+
+
+def _window(pieces: List[List[int]], window: int, generator: torch.Generator):
+    piece = pieces[torch.randint(len(pieces), (1,), generator=generator).item()]
+    start = torch.randint(len(piece) - window + 1, (1,), generator=generator).item()
+    return piece[start:start + window], 0
+
+
+def _continue(prompts: List[List[int]], data: str, trainee: _Draft, handle: Model, settings, new_tokens: int,
+              generator: torch.Generator, vocab: int) -> List[tuple]:
+    """[(sequence, first loss position)]: each prompt and new_tokens sampled from the target (the engine) or the
+    draft (one call per token for all prompts of a length)."""
+    seeds = torch.randint(1 << 62, (len(prompts),), generator=generator).tolist()
+    if data == "target":
+        return [(prompt + list(generate(handle, prompt, max_new_tokens=new_tokens, temperature=settings[0],
+                                        top_k=settings[1], top_p=settings[2], seed=seed).tokens), len(prompt) - 1)
+                for prompt, seed in zip(prompts, seeds)]
+    out: List[Optional[tuple]] = [None] * len(prompts)
+    with torch.no_grad():
+        for group in _by_length(prompts):
+            draws = torch.Generator().manual_seed(seeds[group[0]])
+            ids = torch.tensor([prompts[i] for i in group], dtype=torch.long, device=trainee.device)  # [g, P]
+            for _ in range(new_tokens):
+                law = sampling.standardize(_padded(trainee.logits(ids)[:, -1], vocab).cpu(), *settings)  # [g, V]
+                drawn = torch.multinomial(law.double(), 1, generator=draws)  # [g, 1]
+                ids = torch.cat([ids, drawn.to(ids.device)], dim=1)
+            for row, i in enumerate(group):
+                out[i] = (ids[row].tolist(), len(prompts[i]) - 1)
+    return out
+
+
+def heldout_alpha(target, draft, prompts, *, new_tokens: int = 32, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0, seed: int = 0, tokenizer=None) -> AlphaEstimate:
+    """α of ``draft`` (a kind ``distill`` takes) for ``target`` measured as ``distill`` reports it before and
+    after: on the target's continuations of ``prompts`` (prompt i drawn with seed + i), so two drafts measured
+    with the same arguments are compared on the same positions."""
+    handle = target if isinstance(target, Model) else load(target)
+    settings = _settings(temperature, top_k, top_p)
+    held = _sequences(prompts, "prompts", _tokenizer(tokenizer), handle.vocab_size)
+    target_logits = sequence_logits(target if isinstance(target, torch.jit.ScriptModule) else handle, "target")
+    references = _references(handle, target_logits, held, _count(new_tokens, "new_tokens", 1), settings, seed)
+    return _alpha(_Draft(draft, None), references, settings, handle.vocab_size)
+
+
+def _references(handle: Model, target_logits, held: List[List[int]], new_tokens: int, settings, seed: int):
+    """[(sequence, prompt length, the target's logits at the continuation's positions [new_tokens, V])]: each
+    held-out prompt continued by the target itself (the engine, prompt i with seed + i)."""
+    out = []
+    for i, prompt in enumerate(held):
+        sequence = prompt + list(generate(handle, prompt, max_new_tokens=new_tokens, temperature=settings[0],
+                                          top_k=settings[1], top_p=settings[2], seed=seed + i).tokens)
+        out.append((sequence, len(prompt), target_logits(sequence)[len(prompt) - 1:len(sequence) - 1]))
+    return out
+
+
+def _alpha(trainee: _Draft, references, settings, vocab: int) -> AlphaEstimate:
+    trainee.module.eval()
+    per_prompt, positions = [], 0
+    with torch.no_grad():
+        for sequence, begin, p_logits in references:
+            ids = torch.tensor([sequence], dtype=torch.long, device=trainee.device)
+            q_logits = _padded(trainee.logits(ids)[0, begin - 1:len(sequence) - 1], vocab)
+            values = beta(p_logits.to(q_logits.device), q_logits, *settings)
+            per_prompt.append(values.mean().item())
+            positions += values.numel()
+    mean = float(np.mean(per_prompt))
+    std = float(np.std(per_prompt, ddof=1)) if len(per_prompt) > 1 else 0.0
+    return AlphaEstimate(mean, std, tuple(per_prompt), positions)
