@@ -44,6 +44,7 @@ from .trace import _decoder
 
 MIN_EXPECTED = 5.0  # Pearson's rule of thumb: cells expected fewer times than this are pooled
 Logits = Callable[[List[int]], torch.Tensor]  # token ids -> next-token logits [V]
+SequenceLogits = Callable[[List[int]], torch.Tensor]  # T token ids -> the logits at every position [T, V]
 ModelLike = Union[Model, str, os.PathLike, torch.jit.ScriptModule, torch.nn.Module]  # what speculant.load takes
 Cell = Tuple[Any, ...]  # token ids; a trailing ("*", b): bin b of the continuations not given their own cell
 
@@ -88,7 +89,7 @@ def _module_logits(model: ModelLike, name: str, encoder_input_ids=None) -> Logit
     return lambda ids: logits(ids)[-1]
 
 
-def sequence_logits(model: ModelLike, name: str, encoder_input_ids=None) -> Callable[[List[int]], torch.Tensor]:
+def sequence_logits(model: ModelLike, name: str, encoder_input_ids=None) -> SequenceLogits:
     """The model's logits [T, V] at every position of a sequence of T token ids (row i: the law of token i + 1),
     from the model itself, recomputed over the whole sequence at every call without gradients: a TorchScript
     module's ``prefill`` (cached form) or ``forward``, a live transformers model's forward without a cache
@@ -115,7 +116,7 @@ def _source(encoder_input_ids, device) -> torch.Tensor:
     return torch.as_tensor(encoder_input_ids, dtype=torch.long, device=device).reshape(1, -1)  # [1, S]
 
 
-def _script_logits(module: torch.jit.ScriptModule, device, encoder_input_ids) -> Logits:
+def _script_logits(module: torch.jit.ScriptModule, device, encoder_input_ids) -> SequenceLogits:
     method = module.prefill if hasattr(module, "prefill") else module.forward
     if device is None:
         tensors = [*module.parameters(), *module.buffers()]
@@ -131,7 +132,7 @@ def _script_logits(module: torch.jit.ScriptModule, device, encoder_input_ids) ->
     return logits
 
 
-def _live_logits(handle: Model, encoder_input_ids) -> Logits:
+def _live_logits(handle: Model, encoder_input_ids) -> SequenceLogits:
     """The transformers model's own uncached forward; logits padded with -inf to the handle's vocabulary (a
     ``vocab_size=`` given to load), as the engine sees them."""
     module, vocab = handle.module, handle.vocab_size
@@ -156,7 +157,7 @@ def _live_logits(handle: Model, encoder_input_ids) -> Logits:
     return logits
 
 
-def _pt2_logits(handle: Model, encoder_input_ids) -> Logits:
+def _pt2_logits(handle: Model, encoder_input_ids) -> SequenceLogits:
     """A second copy of the .pt2 package, called as the engine's prefill: the whole sequence at position 0
     (export/pt2.py: run(input_ids [1, T], cache_position [T]) -> logits [1, T, V])."""
     from torch._inductor.package import load_package
