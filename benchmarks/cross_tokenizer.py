@@ -14,7 +14,9 @@ benchmark pairs. At temperature 0 on held-out prompts, each method generates --t
 
 Every output is checked equal to transformers' greedy output. After a warm-up round, --repeats rounds run the
 methods in turn (alternating their order); each method's time is the median over rounds with min-max, and each
-ratio is the median of the per-round ratios. Writes benchmarks/results/cross-tokenizer-cpu.json.
+ratio is the median of the per-round ratios. At T = 1 (γ = 4, no timing) it reports α and tokens per target call
+of both CrossTokenizer modes: greedy text (point masses) and sampling in the intersection. Writes
+benchmarks/results/cross-tokenizer-cpu.json.
 """
 import argparse
 import dataclasses
@@ -28,6 +30,7 @@ import torch
 
 import speculant
 import train_pairs
+from speculant.cross_tokenizer import CrossTokenizer
 
 TARGET = dataclasses.replace(
     train_pairs.GPT2_CPU, vocab_size=4096,
@@ -129,9 +132,21 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
                          "alpha": statistics.mean(r.stats.alpha for r in results)}
         print(f"gamma={g}: {stats[str(g)]['tokens_per_target_call']:.2f} tokens per target call, alpha "
               f"{stats[str(g)]['alpha']:.3f}")
+    sampled = {}  # T = 1: what each mode's q costs in α (no timing)
+    for mode in ("text", "intersection"):
+        drafter = CrossTokenizer(draft, tokenizers["draft"], tokenizers["target"], target.vocab_size, mode=mode)
+        decoder = speculant.SpeculativeDecoder(target, drafter, gamma=4, temperature=1.0)
+        results = [decoder.generate(p, max_new_tokens=args.tokens, eos_token_id=eos, seed=i)
+                   for i, p in enumerate(prompts)]
+        sampled[mode] = {"alpha": statistics.mean(r.stats.alpha for r in results),
+                         "tokens_per_target_call": sum(r.stats.new_tokens for r in results)
+                         / sum(r.stats.target_calls for r in results)}
+        print(f"T = 1, gamma = 4, {mode} mode: alpha {sampled[mode]['alpha']:.3f}, "
+              f"{sampled[mode]['tokens_per_target_call']:.2f} tokens per target call")
     record = {"machine": f"{platform.machine()} torch {torch.__version__}, {args.threads} threads",
               "args": vars(args), "target": str(target_root), "draft": str(draft_root), "tokens": tokens,
-              "rows": rows, "gammas": stats}
+              "rows": rows, "gammas": stats,
+              "temperature_1": sampled}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")
     return record

@@ -139,6 +139,31 @@ def test_the_output_law_is_the_targets(bytes_pair, pair, temperature):
     assert stats.alpha > 0.3 and stats.accepted_tokens > 5, stats  # the check saw acceptances, not only residuals
 
 
+# Significance 1e-3 for each of the two checks: a correct engine fails this test with probability <= 2e-3.
+def test_sampling_in_the_intersection_is_exact_and_keeps_alpha(bytes_pair):
+    target, draft, target_tokenizer, draft_tokenizer = bytes_pair
+    prompt = target_tokenizer.encode(TEXTS[0]).ids
+    other = CrossTokenizer(draft, draft_tokenizer, target_tokenizer, 128, mode="intersection", seed=1)
+    draft_ids, target_ids = other.pairs()
+    assert 90 <= len(target_ids) <= 128  # the draft's single-byte tokens (printable ASCII and more)
+    assert all(draft_tokenizer.decode([d]) == target_tokenizer.decode([t])
+               for d, t in zip(draft_ids.tolist(), target_ids.tolist()))
+    itself = CrossTokenizer(target, target_tokenizer, target_tokenizer, 128, mode="intersection", seed=2)
+    for name, drafter in {"draft": other, "target through the intersection": itself}.items():
+        check = testing.check_distribution(target, drafter, prompt, k=2, gamma=2, temperature=1.0, samples=1500,
+                                           significance=1e-3, seed=4)
+        assert check.passed, (name, check)
+    # The target as its own draft: q is p on every token, so every proposal is kept (β = 1 up to rounding),
+    # where the text mode only keeps a proposal with probability p(x).
+    sampled = speculant.SpeculativeDecoder(target, itself, gamma=3).generate(prompt, max_new_tokens=30, seed=0)
+    text = speculant.SpeculativeDecoder(
+        target, CrossTokenizer(target, target_tokenizer, target_tokenizer, 128), gamma=3).generate(
+        prompt, max_new_tokens=30, seed=0)
+    assert sampled.stats.alpha > 0.98 and sampled.stats.alpha > text.stats.alpha + 0.1, (sampled.stats, text.stats)
+    with pytest.raises(ValueError, match="mode must be one of 'text', 'intersection', got 'vocab'"):
+        CrossTokenizer(draft, draft_tokenizer, target_tokenizer, 128, mode="vocab")
+
+
 def test_refusals_name_what_is_wrong(pair):
     target, draft, target_tokenizer, draft_tokenizer = pair
     with pytest.raises(ValueError, match=r"vocabularies differ: .* A draft with another tokenizer: "

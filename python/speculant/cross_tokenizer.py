@@ -14,6 +14,14 @@ output law is exactly the target's at every temperature, top-k, top-p and lenien
 is the target's greedy decoding token for token. The cost is in α: with a point mass the acceptance of a
 proposed x is min(1, p(x)), so β = p(x) instead of Σ_x min(p(x), q(x)), as for prompt lookup (§3.6). At
 temperature 0 nothing is lost (β is 1 exactly when x is the target's argmax).
+
+``mode="intersection"`` samples instead, in the vocabularies' intersection (the idea of Timor et al., ICML 2025):
+the tokens whose text is the same in both vocabularies are paired; each proposed token is drawn from the
+draft's standardized law restricted to the paired tokens and renormalized, carried over to the target's ids,
+and that law is the q reported with it; the draft's context then grows by the paired draft token. Any pairing
+keeps the output exact, because each token is drawn from the q the engine is given (§2.3); the pairing decides
+α, which is Σ_x min(p(x), q(x)) again, so a draft whose law matches the target's on shared tokens gets its full
+α at every temperature, where the text mode gets only p(x). Tokens the intersection lacks are never proposed.
 """
 from __future__ import annotations
 
@@ -21,9 +29,12 @@ from typing import List, Optional
 
 import torch
 
+from . import sampling
 from .drafters import PythonDrafter
 
-__all__ = ["CrossTokenizer"]
+__all__ = ["CrossTokenizer", "MODES"]
+
+MODES = ("text", "intersection")
 
 
 def _encode(tokenizer, text: str) -> List[int]:
@@ -48,14 +59,18 @@ class CrossTokenizer(PythonDrafter):
 
     draft: anything ``speculant.load`` takes, or a loaded ``speculant.Model`` (decoder-only);
     draft_tokenizer / target_tokenizer: transformers tokenizers or tokenizers.Tokenizer objects;
-    vocab_size: the target's. ``draft_tokens`` draft tokens are generated per iteration (default γ + 2: a draft
-    token is often shorter than a target token).
+    vocab_size: the target's. ``mode``: "text" (greedy drafting through text, the default) or "intersection"
+    (sampling in the shared tokens at ``temperature``, ``top_k``, ``top_p``, from a generator seeded with ``seed``
+    when built; the draft's logits are recomputed over the whole sequence for each proposed token).
+    ``draft_tokens`` (text mode): draft tokens generated per iteration (default γ + 2: a draft token is often
+    shorter than a target token).
     """
 
     kind = "cross_tokenizer"
 
     def __init__(self, draft, draft_tokenizer, target_tokenizer, vocab_size: int, device="cpu", *,
-                 draft_tokens: Optional[int] = None):
+                 mode: str = "text", draft_tokens: Optional[int] = None, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0):
         from .decoder import _model
 
         self.draft = _model(draft, "draft")
@@ -68,6 +83,15 @@ class CrossTokenizer(PythonDrafter):
                                          or draft_tokens < 1):
             raise ValueError(f"draft_tokens must be an integer >= 1 or None, got {draft_tokens!r}")
         self.draft_tokens = draft_tokens
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
+        self.mode = mode
+        from .distillation import _settings  # the checks every sampling configuration gets
+
+        self.settings = _settings(temperature, top_k, top_p)
+        self._generator = torch.Generator().manual_seed(seed)
+        self._paired = None  # (draft ids [m], target ids [m], the draft id of each paired target id), at first use
+        self._draft_logits = None
         super().__init__(self._propose, vocab_size, device)
 
     def continuation(self, text: str, count: int) -> str:
@@ -98,7 +122,49 @@ class CrossTokenizer(PythonDrafter):
             kept.append(token)
         return kept
 
+    def pairs(self):
+        """(draft ids [m], target ids [m]): the tokens whose text is the same in both vocabularies (each decoded
+        alone; empty texts and cut characters, U+FFFD, left out), the first draft id for each text."""
+        if self._paired is None:
+            by_text = {}
+            for d in range(self.draft.vocab_size):
+                text = _decode(self.draft_tokenizer, [d])
+                if text and "\ufffd" not in text:
+                    by_text.setdefault(text, d)
+            pairs = [(by_text[text], t) for t in range(self.vocab_size)
+                     if (text := _decode(self.target_tokenizer, [t])) in by_text]
+            self._paired = (torch.tensor([d for d, _ in pairs], dtype=torch.long),
+                            torch.tensor([t for _, t in pairs], dtype=torch.long), {t: d for d, t in pairs})
+        return self._paired[0], self._paired[1]
+
+    def _sampled(self, context: List[int], gamma: int):
+        """Up to gamma target tokens drawn in the intersection, and the laws [k, V] they were drawn from."""
+        from .testing import sequence_logits
+
+        draft_ids, target_ids = self.pairs()
+        ids = _encode(self.draft_tokenizer, _decode(self.target_tokenizer, context))
+        if not ids or not len(draft_ids):
+            return [], None
+        if self._draft_logits is None:
+            self._draft_logits = sequence_logits(self.draft, "draft")
+        limit = self.draft.max_length or len(ids) + gamma
+        tokens, laws = [], []
+        while len(tokens) < gamma and len(ids) < limit:
+            law = sampling.standardize(self._draft_logits(ids)[-1:].float().cpu(), *self.settings)[0]  # [V_d]
+            shared = law[draft_ids]  # [m]
+            total = shared.sum()
+            if total <= 0:  # the draft puts no mass on a shared token here
+                break
+            q = torch.zeros(self.vocab_size).index_add_(0, target_ids, shared / total)  # [V]
+            token = int(torch.multinomial(q.double(), 1, generator=self._generator))
+            tokens.append(token)
+            laws.append(q)
+            ids.append(self._paired[2][token])
+        return tokens, (torch.stack(laws) if tokens else None)
+
     def _propose(self, context: List[int], gamma: int):
+        if self.mode == "intersection":
+            return self._sampled(context, gamma)
         tokens = self.proposal(context, gamma)
         if not tokens:
             return [], None
