@@ -10,7 +10,7 @@ import torch
 import markov
 import speculant
 from speculant import distillation
-from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
+from speculant.tiny_gpt import TinyGPT, TinyGPTConfig
 
 VOCAB = 16
 CONFIG = TinyGPTConfig(vocab_size=VOCAB, n_layer=1, n_head=2, d_model=32, max_length=96)
