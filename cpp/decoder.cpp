@@ -279,16 +279,9 @@ class Batch {
       Row& row = rows_[r];
       if (!row.running) continue;
       Verdict& verdict = verdicts[next++];
-      require(verdict.finite, "model returned NaN or +inf logits, or an all -inf row, at sequence position {}{} "
-              "(checked in every draft and target call)", row.sequence_length,
-              rows_.size() == 1 ? std::string() : fmt::format(" of row {}", r));
+      require_finite(row, r, verdict.finite);
       Iteration it = record(row, verdict);
-      if (emit(row, it)) {
-        row.out.trace.push_back(std::move(it));
-        row.running = false;
-        row.out.stats.total_seconds = seconds_since(start_);
-        continue;
-      }
+      if (emitted_last(row, it)) continue;
       roll_back(static_cast<int64_t>(r), verdict, it);
       row.out.trace.push_back(std::move(it));
     }
@@ -331,16 +324,9 @@ class Batch {
       Row& row = rows_[r];
       if (!row.running) continue;
       TreeVerdict& verdict = verdicts[next++];
-      require(verdict.finite, "model returned NaN or +inf logits, or an all -inf row, at sequence position {}{} "
-              "(checked in every draft and target call)", row.sequence_length,
-              rows_.size() == 1 ? std::string() : fmt::format(" of row {}", r));
+      require_finite(row, r, verdict.finite);
       Iteration it = record_tree(row, verdict);
-      if (emit(row, it)) {
-        row.out.trace.push_back(std::move(it));
-        row.running = false;
-        row.out.stats.total_seconds = seconds_since(start_);
-        continue;
-      }
+      if (emitted_last(row, it)) continue;
       std::vector<int64_t> kept{0};  // the root (the pending token) and the accepted path
       kept.insert(kept.end(), verdict.path.begin(), verdict.path.end());
       target_rows_->commit(static_cast<int64_t>(r), kept);
@@ -467,6 +453,23 @@ class Batch {
     for (const double beta : verdict.betas) stats.beta_sum += beta;
     stats.beta_count += static_cast<int64_t>(verdict.betas.size());
     return it;
+  }
+
+  // ValueError unless the verification of row r saw finite logits.
+  void require_finite(const Row& row, size_t r, bool finite) const {
+    require(finite, "model returned NaN or +inf logits, or an all -inf row, at sequence position {}{} "
+            "(checked in every draft and target call)", row.sequence_length,
+            rows_.size() == 1 ? std::string() : fmt::format(" of row {}", r));
+  }
+
+  // Emits the iteration's tokens; when that ends the row, records the iteration and the row's time and returns
+  // true (nothing to roll back).
+  bool emitted_last(Row& row, Iteration& it) {
+    if (!emit(row, it)) return false;
+    row.out.trace.push_back(std::move(it));
+    row.running = false;
+    row.out.stats.total_seconds = seconds_since(start_);
+    return true;
   }
 
   // Emits x_1 .. x_n, t, stopping at max_new_tokens or just after an EOS. Returns whether the row stopped.
