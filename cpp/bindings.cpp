@@ -250,6 +250,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("token", &Iteration::token)
       .def_readonly("bonus", &Iteration::bonus)
       .def_readonly("emitted", &Iteration::emitted)
+      .def_readonly("inner", &Iteration::inner)
       .def("__repr__", [](const Iteration& it) {
         return fmt::format("Iteration(drafted=[{}], accepted={}, token={}, bonus={})",
                            fmt::join(it.drafted, ", "), it.accepted, it.token, it.bonus ? "True" : "False");
@@ -263,6 +264,8 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("new_tokens", &Stats::new_tokens)
       .def_readonly("drafted_tokens", &Stats::drafted_tokens)
       .def_readonly("accepted_tokens", &Stats::accepted_tokens)
+      .def_readonly("beta_sum", &Stats::beta_sum)
+      .def_readonly("beta_count", &Stats::beta_count)
       .def_readonly("drafted_per_position", &Stats::drafted_per_position)
       .def_readonly("accepted_per_position", &Stats::accepted_per_position)
       .def_readonly("tree_visits", &Stats::tree_visits)
@@ -308,7 +311,8 @@ PYBIND11_MODULE(_core, m) {
   py::class_<Generation>(m, "Generation")
       .def_readonly("tokens", &Generation::tokens)
       .def_readonly("stats", &Generation::stats)
-      .def_readonly("trace", &Generation::trace);
+      .def_readonly("trace", &Generation::trace)
+      .def_readonly("levels", &Generation::levels);
 
   py::class_<Drafter, std::shared_ptr<Drafter>>(m, "Drafter")
       .def_property_readonly("vocab_size", &Drafter::vocab_size)
@@ -363,5 +367,11 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("prompts"), py::arg("sources"), py::arg("max_new_tokens"), py::arg("eos_token_ids"),
           py::arg("seed"), py::arg("profile") = false, py::arg("gamma_policy") = "fixed",
-          py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0);
+          py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0)
+      .def(
+          "as_draft",
+          [](const Decoder& decoder, const std::string& gamma_policy, std::optional<int64_t> max_gamma, double cost) {
+            return decoder.as_draft(GammaSchedule{gamma_policy, max_gamma, cost});
+          },
+          py::arg("gamma_policy") = "fixed", py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0);
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "batch.h"
 #include "drafter.h"
 #include "gamma_policy.h"
 #include "model.h"
@@ -18,19 +19,6 @@
 #include "tree.h"
 
 namespace speculant {
-
-struct Generation {
-  std::vector<int64_t> tokens;  // the new tokens (an EOS that stopped the run included)
-  Stats stats;
-  std::vector<Iteration> trace;
-};
-
-// How gamma evolves within a generation (gamma_policy.h); the decoder's gamma is the start (or the value).
-struct GammaSchedule {
-  std::string policy = "fixed";
-  std::optional<int64_t> max_gamma;  // default 2 * gamma
-  double cost = 0.0;                 // c, for the "alpha" policy
-};
 
 class Decoder {
  public:
@@ -61,6 +49,10 @@ class Decoder {
                                          const std::vector<std::vector<int64_t>>& sources, int64_t max_new_tokens,
                                          const std::vector<int64_t>& eos_token_ids, std::optional<uint64_t> seed,
                                          bool profile, const GammaSchedule& schedule = {}) const;
+
+  // This decoder as the draft of another (hierarchy.h): its target drafts with its drafter, gamma tokens per
+  // iteration as `schedule` evolves it. Needs a drafter, a chain (no tree) and lenience 1; ValueError otherwise.
+  std::shared_ptr<Drafter> as_draft(const GammaSchedule& schedule) const;
 
   int64_t gamma() const { return gamma_; }
   const SamplingConfig& config() const { return config_; }

@@ -258,6 +258,10 @@ class ModelDraftRows final : public DraftRows {
     pending_[row] = leaf ? at::cat({last_[row].narrow(0, path.back(), 1), t}) : t;
   }
 
+  void restart(int64_t row, int64_t length, const at::Tensor& t, int64_t) override {
+    pending_[row] = restart_row(*rows_, row, pending_[row], length, t);
+  }
+
   void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>&, int64_t) override {
     const int64_t proposed = proposed_[row];
     if (proposed == 0) {  // the model ran on nothing: it is fed the old pending tokens and t next time
@@ -325,6 +329,9 @@ class SequenceRows final : public DraftRows {
   void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>& accepted_host,
                int64_t t_host) override {
     drafters_[row]->advance(accepted, t, accepted_host, t_host);
+  }
+  void restart(int64_t row, int64_t length, const at::Tensor& t, int64_t t_host) override {
+    drafters_[row]->restart(length, t, t_host);
   }
   std::vector<TreeProposal> propose_tree(const std::vector<const Tree*>& trees, const SamplingConfig& config,
                                          Siblings siblings, std::vector<at::Generator>& generators,
@@ -396,6 +403,7 @@ class TableDrafter final : public SequenceDrafter {
   }
 
   void advance(int64_t, const at::Tensor&, const std::vector<int64_t>&, int64_t t_host) override { last_ = t_host; }
+  void restart(int64_t, const at::Tensor&, int64_t t_host) override { last_ = t_host; }
   std::shared_ptr<SequenceDrafter> replica() const override { return std::make_shared<TableDrafter>(*this); }
 
   // A table scores any continuation: its row after the path's last token, standardized as a draft model's.

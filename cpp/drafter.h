@@ -6,7 +6,9 @@
 // Protocol, per sequence and generation: begin(prompt) (after encode(source) for encoder-decoders), then per iteration
 // propose(gamma) -> k <= gamma tokens, then advance(accepted, t): the sequence grew by the first `accepted`
 // proposed tokens and t. A drafter may propose fewer than gamma tokens (k = 0: the iteration runs the target
-// alone), for example when prompt lookup finds no match.
+// alone), for example when prompt lookup finds no match. Between iterations, restart(length, t) cuts the
+// sequence to its first `length` tokens and appends t: how a hierarchical draft (hierarchy.h) takes back the
+// drafts its own target rejected.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -20,6 +22,7 @@
 #include "model.h"
 #include "rows.h"
 #include "sampling.h"
+#include "stats.h"
 #include "tree.h"
 
 namespace speculant {
@@ -31,6 +34,7 @@ struct Proposal {
   bool finite = true;  // the raw logits checked on the host were finite
   double seconds = 0.0;  // time inside model calls (the rest of propose counts as the engine's)
   int64_t calls = 0;     // draft model calls made
+  std::vector<Iteration> inner;  // a hierarchical draft's iterations that made these tokens (hierarchy.h)
 };
 
 // A tree of drafts for one row (tree.h).
@@ -55,6 +59,13 @@ class DraftRows {
   // Row r's target kept the first `accepted` proposed tokens and appended t (on the device and on the host).
   virtual void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>& accepted_host,
                        int64_t t_host) = 0;
+  // Row r's sequence is now its first `length` tokens (1 <= length <= its length) followed by t.
+  virtual void restart(int64_t row, int64_t length, const at::Tensor& t, int64_t t_host) = 0;
+  // A hierarchical draft's statistics of row r at each level below (hierarchy.h); empty for other drafters.
+  virtual std::vector<Stats> levels(int64_t row) const {
+    (void)row;
+    return {};
+  }
 
   // Token trees (drafters with Drafter::tree_obstacle() empty): a tree of the shape trees[r] for each row
   // (nullptr: the row drafts nothing), each node's children drawn from the draft's q at it by draw_children
@@ -82,8 +93,11 @@ class Drafter {
   virtual std::optional<int64_t> max_length() const { return std::nullopt; }
   virtual std::optional<int64_t> max_source_length() const { return std::nullopt; }
   virtual std::string name() const = 0;
-  // The model (if any) whose cache this drafter owns: the decoder locks it for a generation.
+  // The model (if any) that drafts: the decoder checks its shapes and kind against the target's.
   virtual Model* model() { return nullptr; }
+  // What the decoder locks for a generation: the mutex of each model whose cache this drafter uses (a
+  // hierarchical draft has several), or the drafter's own.
+  virtual std::vector<std::mutex*> locks() { return {model() ? &model()->in_use() : &in_use_}; }
   // Why this drafter cannot propose token trees, or "" when it can; tree_rows: rows that can (ValueError).
   virtual std::string tree_obstacle() const {
     return fmt::format("the {} drafter proposes chains only; a tree of drafts needs a draft model", name());
@@ -107,6 +121,7 @@ class SequenceDrafter : public Drafter {
   virtual Proposal propose(int64_t gamma, const SamplingConfig& config, at::Generator& generator, bool profile) = 0;
   virtual void advance(int64_t accepted, const at::Tensor& t, const std::vector<int64_t>& accepted_host,
                        int64_t t_host) = 0;
+  virtual void restart(int64_t length, const at::Tensor& t, int64_t t_host) = 0;
   // An independent drafter of the same kind and parameters.
   virtual std::shared_ptr<SequenceDrafter> replica() const = 0;
 
@@ -138,6 +153,10 @@ class HostHistoryDrafter : public SequenceDrafter {
   void begin(const at::Tensor&, const std::vector<int64_t>& host_prompt) override { history_ = host_prompt; }
   void advance(int64_t, const at::Tensor&, const std::vector<int64_t>& accepted_host, int64_t t_host) override {
     history_.insert(history_.end(), accepted_host.begin(), accepted_host.end());
+    history_.push_back(t_host);
+  }
+  void restart(int64_t length, const at::Tensor&, int64_t t_host) override {
+    history_.resize(length);
     history_.push_back(t_host);
   }
 

@@ -4,9 +4,17 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace speculant {
+
+// How gamma evolves within a generation; the decoder's gamma is the start (or the value).
+struct GammaSchedule {
+  std::string policy = "fixed";
+  std::optional<int64_t> max_gamma;  // default 2 * gamma
+  double cost = 0.0;                 // c, for the "alpha" policy
+};
 
 class GammaPolicy {
  public:

@@ -132,4 +132,15 @@ std::unique_ptr<ModelRows> Model::rows(int64_t count, Shapes shapes) {
   return replica_rows(std::move(models));
 }
 
+at::Tensor restart_row(ModelRows& rows, int64_t row, const at::Tensor& pending, int64_t length, const at::Tensor& t) {
+  const int64_t cached = rows.length(row);
+  require(length >= 1 && length <= cached + pending.numel(), "restart: length {} is outside [1, {}]", length,
+          cached + pending.numel());
+  if (length <= cached) {
+    rows.truncate(row, length);
+    return t;
+  }
+  return at::cat({pending.narrow(0, 0, length - cached), t});
+}
+
 }  // namespace speculant

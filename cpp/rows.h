@@ -73,6 +73,11 @@ class TentativeTree {
   std::vector<int64_t> parents_;
 };
 
+// A row whose model has cached its sequence except `pending` (its last tokens, [m] int64 on the device): keeps
+// the sequence's first `length` tokens (1 <= length <= cached + m) and appends t ([1]); returns the new pending
+// tokens (t, after whatever of the old pending ones the cut keeps).
+at::Tensor restart_row(ModelRows& rows, int64_t row, const at::Tensor& pending, int64_t length, const at::Tensor& t);
+
 // Row r is models[r] (all distinct, each with its own cache); one call per row that takes part. With tree
 // calls where the models have them (Model::extend_masked and keep).
 std::unique_ptr<ModelRows> replica_rows(std::vector<Model*> models);

@@ -16,6 +16,7 @@ struct Iteration {
   int64_t token = 0;
   bool bonus = false;
   int64_t emitted = 0;  // tokens this iteration added to the output (accepted + 1 unless cut)
+  std::vector<Iteration> inner;  // a hierarchical draft's iterations that drafted `drafted` (hierarchy.h)
 };
 
 struct Stats {

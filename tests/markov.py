@@ -20,7 +20,7 @@ first k tokens produced by Algorithm 1 (any lenience), memoised on the Markov st
 """
 
 import itertools
-from typing import Callable, List
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
@@ -284,6 +284,7 @@ def speculative_law(
     lenience: float = 1.0,
     verify: VerifyFn = reference.verify,
     clamp_gamma: bool = True,
+    draft_block: Optional[Callable[[List[int], int], Tensor]] = None,
 ) -> Tensor:
     """Exact law [V] * k of the first k tokens produced by repeated Algorithm 1 steps.
 
@@ -295,6 +296,10 @@ def speculative_law(
     clamp_gamma: draft min(γ, tokens still due - 1) tokens, as the engine does (a longer draft is
     wasted work). With lenience 1 the law is the target's either way; with lenience < 1 the law of
     the last tokens depends on this schedule.
+
+    draft_block(context, n): the joint law [V] * n of the n draft tokens after ``context`` when they are not
+    drawn one by one from the draft's q (a hierarchical draft: see hierarchical_law); the verification still
+    takes the draft table's standardized rows as q.
     """
     vocab = int(target.shape[-1])
     q_table = standardized_table(draft, temperature, top_k, top_p)  # [2, V+1, V, V]
@@ -311,12 +316,18 @@ def speculative_law(
         # Probability of each emitted block (accepted drafts + one token, cut at `remaining`).
         emitted_prob: dict[tuple[int, ...], float] = {}
         block = min(gamma, remaining - 1) if clamp_gamma else gamma
+        block_law = draft_block(list(seq), block).tolist() if draft_block is not None and block > 0 else None
         for xs in itertools.product(range(vocab), repeat=block):
             ctx = list(seq)
             q_rows, p_logits, weight = [], [], 1.0
+            if block_law is not None:
+                weight = block_law
+                for x in xs:
+                    weight = weight[x]
             for x in xs:
                 q_row = q_list[len(ctx) % 2][ctx[-2] if len(ctx) >= 2 else vocab][ctx[-1]]
-                weight *= q_row[x]
+                if block_law is None:
+                    weight *= q_row[x]
                 q_rows.append(q_row)
                 p_logits.append(row_logits(target, ctx))
                 ctx.append(x)
@@ -352,3 +363,29 @@ def speculative_law(
         return out
 
     return law_after(tuple(prompt), k)
+
+
+def hierarchical_law(
+    tables: Sequence[Tensor],
+    prompt: list[int],
+    k: int,
+    gammas: Sequence[int],
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    lenience: float = 1.0,
+    verify: VerifyFn = reference.verify,
+) -> Tensor:
+    """Exact law [V] * k of the first k tokens of a hierarchical draft (cpp/hierarchy.h): tables[0] verifies
+    gammas[0] tokens per iteration drafted by a speculative decoder of tables[1] with tables[2] (gammas[1]
+    tokens per iteration), and so on down; the last table drafts alone. Each level below the top emits exactly
+    the tokens asked of it (its drafts clamped to the tokens still due - 1) at lenience 1, and reports the
+    standardized rows of its own target as q."""
+    if len(tables) < 2 or len(gammas) != len(tables) - 1:
+        raise ValueError("hierarchical_law needs at least two tables and one gamma per level")
+    below = None
+    if len(tables) > 2:
+        def below(context: List[int], n: int) -> Tensor:
+            return hierarchical_law(tables[1:], context, n, gammas[1:], temperature, top_k, top_p, 1.0, verify)
+    return speculative_law(tables[0], tables[1], prompt, k, gammas[0], temperature, top_k, top_p, lenience, verify,
+                           draft_block=below)

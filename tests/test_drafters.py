@@ -117,7 +117,7 @@ def test_python_drafter_output_is_checked(target, bad, message):
 def test_drafter_must_match_the_target(target):
     with pytest.raises(ValueError, match="vocabularies differ"):
         speculant.SpeculativeDecoder(target, drafters.PromptLookup(VOCAB + 1), gamma=2)
-    with pytest.raises(ValueError, match="draft must be a model .* or a drafter from speculant.drafters, got int"):
+    with pytest.raises(ValueError, match="draft must be a model .*, a drafter from speculant.drafters or a SpeculativeDecoder .*got int"):
         speculant.SpeculativeDecoder(target, 3, gamma=2)
     with pytest.raises(FileNotFoundError, match="no such file or directory: draft.pt"):  # paths load as models
         speculant.SpeculativeDecoder(target, "draft.pt", gamma=2)

@@ -5,10 +5,12 @@
 * Sampling: the joint law of the first two generated tokens, sampled through speculative decoding, matches
   the target's law computed from transformers' logits (standardized by the pure-torch reference: temperature,
   then top-k, then top-p). Pearson chi-square with cells of expected count < 5 pooled, at SIGNIFICANCE = 1e-3
-  per test: 13 tests, so a correct engine fails one of them by chance with probability at most 1.3% for a
+  per test: 16 tests, so a correct engine fails one of them by chance with probability at most 1.6% for a
   fresh draw of seeds; the seeds are fixed, so the outcome is deterministic.
 * Token trees (decoder-only exports): greedy trees give transformers' greedy output token for token, and the
-  first two tokens' law with trees drawn with and without replacement is the target's (4 of the 13 tests).
+  first two tokens' law with trees drawn with and without replacement is the target's (4 of the 16 tests).
+* Hierarchical drafts (a bigram table drafting for the draft model, which drafts for the target): greedy output
+  token for token and the first two tokens' law, for every architecture (3 of the 16 tests).
 """
 
 import numpy as np
@@ -160,6 +162,29 @@ def test_tree_two_token_law_matches_transformers(pairs, arch, replacement):
     batch = 500
     samples = np.array([r.tokens[:2] for b in range(N_SAMPLES // batch)
                         for r in decoder.generate([PROMPTS[0]] * batch, max_new_tokens=3, seed=5000 + b * batch)])
+    pvalue = chi_square_pvalue(law, samples)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_hierarchical_draft_is_greedy_exact_and_keeps_the_law(pairs, arch):
+    """A three-level stack on the exports: the target, its draft model, and a bigram table drafting for the draft
+    model (cpp/hierarchy.h). Greedy: transformers' output token for token; T = 1: the first two tokens' law."""
+    model, target, draft = pairs[arch]
+    vocab = target.vocab_size
+    bigram = speculant.drafters.Bigram.fit(np.random.default_rng(3).integers(0, vocab, 4000), vocab)
+    decoder = speculant.SpeculativeDecoder(target, speculant.SpeculativeDecoder(draft, bigram, gamma=2,
+                                                                                temperature=0), gamma=3, temperature=0)
+    for index in range(len(PROMPTS)):
+        assert decoder.generate(**inputs(arch, index), max_new_tokens=MAX_NEW).tokens == hf_greedy(
+            model, arch, index, eos=None)
+    start = [0] if arch == "t5" else PROMPTS[0]
+    law = two_token_law(model, arch, start, SOURCES[0], 1.0, 0, 1.0)
+    sampled = decoder.with_sampling(1.0)
+    batch = 500
+    extra = {"encoder_input_ids": [SOURCES[0]] * batch} if arch == "t5" else {}
+    samples = np.array([r.tokens for b in range(N_SAMPLES // batch)
+                        for r in sampled.generate([start] * batch, max_new_tokens=2, seed=7000 + b * batch, **extra)])
     pvalue = chi_square_pvalue(law, samples)
     assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
 

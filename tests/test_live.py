@@ -86,6 +86,20 @@ def test_greedy_equals_transformers_plain_and_assisted(zoo, family):
     assert 0 < accepted < drafted  # both paths of Algorithm 1: kept drafts and corrections
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hierarchical_draft_of_live_models_is_greedy_exact(zoo, family):
+    """Live models at two levels with a bigram table under the draft (cpp/hierarchy.h): transformers' greedy
+    output token for token, in a batch with a row of its own too."""
+    model, draft_model = zoo[family]
+    expected = hf_greedy(model, family)
+    bigram = speculant.drafters.Bigram.fit(np.random.default_rng(4).integers(0, hf_families.VOCAB, 3000),
+                                           hf_families.VOCAB)
+    level = speculant.SpeculativeDecoder(draft_model, bigram, gamma=2, temperature=0)
+    decoder = speculant.SpeculativeDecoder(model, level, gamma=3, temperature=0)
+    result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
+    assert result.tokens == expected and result.levels[0].target_calls > 0
+
+
 @pytest.mark.parametrize("target_family, draft_family", hf_families.CROSS_FAMILY)
 def test_draft_of_another_family(zoo, target_family, draft_family):
     """A target and a draft of different architectures that share the vocabulary, passed as transformers

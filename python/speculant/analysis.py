@@ -745,3 +745,64 @@ def acceptance_from_counts(accepted, visits) -> List[List[float]]:
                              f"most one child")
         table.append([h / n for h in hits])
     return table
+
+
+# --------------------------------------------------------------------------------------------------
+# Hierarchical drafts (cpp/hierarchy.h): Theorem 3.8 composed over levels
+# --------------------------------------------------------------------------------------------------
+
+
+def _levels(alphas, gammas, costs) -> List[Tuple[float, int, float]]:
+    alphas, gammas, costs = list(alphas), list(gammas), list(costs)
+    if not alphas or not len(alphas) == len(gammas) == len(costs):
+        raise ValueError(f"alphas, gammas and costs need one entry per level (at least one), got {len(alphas)}, "
+                         f"{len(gammas)} and {len(costs)}")
+    return [(float(_alpha(a)), int(_gamma(g, minimum=1)), float(_cost(c, f"costs[{i}]")))
+            for i, (a, g, c) in enumerate(zip(alphas, gammas, costs))]
+
+
+def _production_costs(levels: List[Tuple[float, int, float]], tokens: int) -> List[float]:
+    """F(n) for n = 0 .. tokens: the expected cost, in calls of levels[0]'s target, of that level emitting exactly
+    n tokens, each iteration drafting min(gamma, n - 1) tokens (what a level below the top does)."""
+    alpha, gamma, c = levels[0]
+    drafts = [0.0] * tokens  # the cost of drafting g tokens, g = 0 .. tokens - 1
+    if len(levels) > 1 and tokens > 1:
+        below = _production_costs(levels[1:], tokens - 1)
+        drafts = [c * below[g] for g in range(tokens)]
+    elif tokens > 1:
+        drafts = [c * g for g in range(tokens)]
+    out = [0.0]
+    for n in range(1, tokens + 1):
+        g = min(gamma, n - 1)
+        cost = drafts[g] + 1.0
+        for k in range(1, g + 2):  # k tokens emitted: k - 1 accepted, then the correction or the bonus
+            p = alpha ** (k - 1) * (1.0 - alpha) if k <= g else alpha ** g
+            cost += p * out[n - k]
+        out.append(cost)
+    return out
+
+
+def hierarchical_draft_cost(alphas: Sequence[float], gammas: Sequence[int], costs: Sequence[float]) -> float:
+    """The expected cost, in target calls, of drafting gamma_0 tokens per iteration with a hierarchical draft.
+
+    Level i (0 = the top) verifies with model M_i the drafts of M_{i+1}: alphas[i] is their acceptance, gammas[i]
+    the draft length, costs[i] = T(M_{i+1}) / T(M_i) (Definition 3.7 between neighbouring levels). The last level's
+    drafter runs alone: g tokens cost g * costs[-1]. Every level below the top emits exactly the tokens asked of it,
+    drafting min(gamma_i, tokens still due - 1) per iteration; its expected cost F(n) of n tokens follows from
+    F(n) = D(g) + 1 + sum_k P(k tokens emitted) F(n - k), with Equation (1)'s capped geometric law of k (i.i.d.
+    acceptances, as in Theorem 3.8). One level gives gamma * c, Theorem 3.8's draft cost."""
+    levels = _levels(alphas, gammas, costs)
+    alpha, gamma, c = levels[0]
+    if len(levels) == 1:
+        return gamma * c
+    return c * _production_costs(levels[1:], gamma)[gamma]
+
+
+def hierarchical_improvement(alphas: Sequence[float], gammas: Sequence[int], costs: Sequence[float]) -> float:
+    """Theorem 3.8 composed over the levels of a hierarchical draft: E[tokens per target call] (Equation (1) at
+    the top's alpha and gamma) over 1 + hierarchical_draft_cost, the top's target call plus its drafting. With one
+    level this is walltime_improvement. The lower levels' speedup lowers the top's c: its effective c is
+    hierarchical_draft_cost / gamma_0 (a drafted token's cost in target calls)."""
+    levels = _levels(alphas, gammas, costs)
+    alpha, gamma, _ = levels[0]
+    return float(expected_tokens(alpha, gamma)) / (1.0 + hierarchical_draft_cost(alphas, gammas, costs))

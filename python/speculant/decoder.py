@@ -34,6 +34,9 @@ class Result:
     stats: _core.Stats
     trace: Trace
     text: Optional[str] = None  # the tokens decoded, when generate was given a tokenizer
+    # A hierarchical draft's levels below the top (levels[0]: the draft decoder's own statistics, its target
+    # being the top's draft model; then the next level's); empty otherwise.
+    levels: Tuple[_core.Stats, ...] = ()
 
 
 INT64_MAX = 2**63 - 1  # the engine's integers are int64 (a seed is uint64)
@@ -117,14 +120,16 @@ def _model(value, name: str, device=None, dtype=None) -> Model:
         raise ValueError(f"{name}: {error}") from None
 
 
-def _draft(value, device=None, dtype=None) -> Union[Model, Drafter]:
-    """A drafter, or a speculant.Model from anything speculant.load takes."""
-    if isinstance(value, (Drafter, Model)):
+def _draft(value, device=None, dtype=None) -> Union[Model, Drafter, "SpeculativeDecoder"]:
+    """A drafter, a SpeculativeDecoder (a hierarchical draft), or a speculant.Model from anything
+    speculant.load takes."""
+    if isinstance(value, (Drafter, Model, SpeculativeDecoder)):
         return value
     if isinstance(value, (str, os.PathLike, torch.nn.Module)):
         return _model(value, "draft", device, dtype)
-    raise ValueError("draft must be a model (a speculant.Model, a transformers model, a model path) or a drafter "
-                     f"from speculant.drafters, got {type(value).__name__}")
+    raise ValueError("draft must be a model (a speculant.Model, a transformers model, a model path), a drafter "
+                     "from speculant.drafters or a SpeculativeDecoder (a hierarchical draft), got "
+                     f"{type(value).__name__}")
 
 
 def _cross_tokenizer(draft: Union[Model, Drafter], draft_tokenizer, target_tokenizer, target: Model) -> Drafter:
@@ -134,14 +139,31 @@ def _cross_tokenizer(draft: Union[Model, Drafter], draft_tokenizer, target_token
     if draft_tokenizer is None or target_tokenizer is None:
         raise ValueError("draft_tokenizer and target_tokenizer go together: a draft with another tokenizer needs "
                          "both (the target's to decode the sequence, the draft's to encode it)")
-    if isinstance(draft, Drafter):
-        raise ValueError("draft_tokenizer: the draft must be a model (a drafter already proposes the target's "
-                         f"tokens), got {type(draft).__name__}")
+    if not isinstance(draft, Model):
+        raise ValueError("draft_tokenizer: the draft must be a model (a drafter or a SpeculativeDecoder already "
+                         f"proposes the target's tokens), got {type(draft).__name__}")
     return CrossTokenizer(draft, draft_tokenizer, target_tokenizer, target.vocab_size, device=target.device)
 
 
-def _drafter(value: Union[Model, Drafter]) -> _core.Drafter:
+def _drafter(value: Union[Model, Drafter, "SpeculativeDecoder"]) -> _core.Drafter:
+    if isinstance(value, SpeculativeDecoder):
+        return value._core.as_draft(**value._schedule)
     return value._core if isinstance(value, Drafter) else _core.model_drafter(value._core)
+
+
+def _check_level(draft: "SpeculativeDecoder", sampling: dict) -> None:
+    """A SpeculativeDecoder used as the draft samples at the outer call's settings (one standardization for every
+    level, §2.2): refuses one built with other settings, which would otherwise be ignored."""
+    for name in ("temperature", "top_k", "top_p"):
+        if draft._sampling[name] != sampling[name]:
+            raise ValueError(f"draft: a SpeculativeDecoder used as the draft samples at the outer decoder's settings "
+                             f"(one standardization for every level, §2.2), but its {name} is "
+                             f"{draft._sampling[name]!r} and the outer decoder's {sampling[name]!r}: build both "
+                             "with the same temperature, top_k and top_p (generate's overrides apply to every level)")
+    if draft._sampling["lenience"] != 1.0:
+        raise ValueError(f"draft: a SpeculativeDecoder used as the draft must be exact (lenience 1), so that its "
+                         f"output law is its model's own, got lenience {draft._sampling['lenience']!r} (lenience "
+                         "is allowed at the top level only)")
 
 
 GAMMA_POLICIES = ("fixed", "heuristic", "alpha")
@@ -336,7 +358,8 @@ def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, m
     for generation in generations:
         tokens = list(generation.tokens)
         text = None if tokenizer is None else tokenizer.decode(tokens)
-        results.append(Result(tokens=tokens, stats=generation.stats, trace=Trace(generation.trace), text=text))
+        results.append(Result(tokens=tokens, stats=generation.stats, trace=Trace(generation.trace), text=text,
+                              levels=tuple(generation.levels)))
     return results if batch else results[0]
 
 
@@ -386,9 +409,11 @@ class SpeculativeDecoder:
     def __init__(self, target, draft, *, gamma: Optional[int] = None, tree: Optional[Sequence[int]] = None,
                  replacement: bool = False, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "off",
-                 draft_tokenizer=None, target_tokenizer=None):
+                 draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
+                 max_gamma: Optional[int] = None, cost: Optional[float] = None):
         self.target = _model(target, "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
+        self._schedule = _schedule(gamma_policy, max_gamma, cost)
         if draft_tokenizer is not None or target_tokenizer is not None:
             self.draft = _cross_tokenizer(self.draft, draft_tokenizer, target_tokenizer, self.target)
         self._tree = _tree(tree)
@@ -400,8 +425,10 @@ class SpeculativeDecoder:
         self._replacement = _flag(replacement, "replacement")
         self._sampling = {"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
                           "top_p": _real(top_p, "top_p"), "lenience": _real(lenience, "lenience")}
+        if isinstance(self.draft, SpeculativeDecoder):
+            _check_level(self.draft, self._sampling)
         self._drafter = _drafter(self.draft)
-        mode = graphs.check_mode(cuda_graphs)
+        mode = self._mode = graphs.check_mode(cuda_graphs)
         if self._tree and mode in ("on", "fixed"):
             raise ValueError(f"cuda_graphs={mode!r} with tree=: trees run dynamic shapes only (CUDA graphs of tree "
                              "calls are not built yet); use cuda_graphs='off'")
@@ -410,6 +437,9 @@ class SpeculativeDecoder:
         self._models = [self.target] + ([self.draft] if isinstance(self.draft, Model) else [])
         chosen = [graphs.shapes(model._core, mode, role) for model, role in zip(self._models, ("target", "draft"))]
         self._shapes = [shape for shape, _ in chosen] + ["dynamic"] * (2 - len(chosen))
+        if isinstance(self.draft, SpeculativeDecoder):  # its model runs as that decoder chose (and warned)
+            self._shapes[1] = self.draft.shapes[0]
+            self._models += self.draft._models
         self._core = self._decoder(self._sampling)
         graphs.warn(why for _, why in chosen)
 
@@ -417,6 +447,16 @@ class SpeculativeDecoder:
         return _core.Decoder(self.target._core, self._drafter, self._gamma, sampling["temperature"],
                              sampling["top_k"], sampling["top_p"], sampling["lenience"], *self._shapes,
                              tree=self._tree, replacement=self._replacement)
+
+    def with_sampling(self, temperature: float, top_k: int = 0, top_p: float = 1.0) -> "SpeculativeDecoder":
+        """This decoder (its models, drafter, gamma, tree, lenience, gamma policy and CUDA graphs mode) at other
+        sampling settings, its draft levels too when the draft is a SpeculativeDecoder: what a sweep's settings
+        need of a hierarchical draft."""
+        draft = self.draft.with_sampling(temperature, top_k, top_p) if isinstance(self.draft, SpeculativeDecoder) \
+            else self.draft
+        return SpeculativeDecoder(self.target, draft, gamma=self._gamma, tree=self._tree or None,
+                                  replacement=self._replacement, temperature=temperature, top_k=top_k, top_p=top_p,
+                                  lenience=self._sampling["lenience"], cuda_graphs=self._mode, **self._schedule)
 
     @property
     def shapes(self) -> Tuple[str, str]:
@@ -431,7 +471,7 @@ class SpeculativeDecoder:
     def generate(self, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
                  input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
                  eos_token_id: Union[int, Sequence[int], None] = None, seed: Optional[int] = None,
-                 profile: bool = False, gamma_policy: str = "fixed", max_gamma: Optional[int] = None,
+                 profile: bool = False, gamma_policy: Optional[str] = None, max_gamma: Optional[int] = None,
                  cost: Optional[float] = None,
                  do_sample: Optional[bool] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, tokenizer: Any = None,
@@ -479,9 +519,13 @@ class SpeculativeDecoder:
         core = self._core if all(v is None for v in overrides) else self._decoder(
             _sampling(self._sampling, *overrides))
         try:
+            schedule = self._schedule if gamma_policy is None and max_gamma is None and cost is None else _schedule(
+                self._schedule["gamma_policy"] if gamma_policy is None else gamma_policy,
+                self._schedule["max_gamma"] if max_gamma is None else max_gamma,
+                (self._schedule["cost"] if gamma_policy is None or gamma_policy == self._schedule["gamma_policy"]
+                 else None) if cost is None else cost)
             return _run(core, self.target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
-                        eos_token_id, seed, profile, _schedule(gamma_policy, max_gamma, cost), tokenizer,
-                        attention_mask)
+                        eos_token_id, seed, profile, schedule, tokenizer, attention_mask)
         finally:
             graphs.warn_failures(self._models)
 

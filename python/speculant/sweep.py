@@ -46,13 +46,21 @@ def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mappi
     """One row of a sweep: speculative decoding at ``setting`` (the ``SETTING`` columns) timed against plain
     decoding of the target at the same sampling settings (``timing.timed_rounds``), then ``timing.summarize``.
     calls: one dict of ``generate`` keyword arguments per prompt (``analysis.generation_kwargs``)."""
-    decoder = SpeculativeDecoder(target, draft, **setting)
+    decoder = SpeculativeDecoder(target, _level(draft, setting), **setting)
     baseline = functools.partial(generate, target, temperature=setting["temperature"], top_k=setting["top_k"],
                                  top_p=setting["top_p"])
     rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=max_new_tokens, seed=seed,
                                  repeats=repeats, batch_size=batch_size)
     return {**setting, **timing.summarize(rounds, gamma=setting["gamma"], lenience=setting["lenience"],
                                           spread_threshold=spread_threshold, tree=setting["tree"])}
+
+
+def _level(draft, setting: Mapping[str, Any]):
+    """The draft for a setting: a hierarchical draft (a SpeculativeDecoder) at the setting's sampling settings,
+    since every level samples at the top's (SpeculativeDecoder); any other draft as it is."""
+    if isinstance(draft, SpeculativeDecoder):
+        return draft.with_sampling(setting["temperature"], setting["top_k"], setting["top_p"])
+    return draft
 
 
 def task(target: workers.Spec, draft: workers.Spec, setting: Dict[str, Any], calls: List[Dict[str, Any]],
@@ -129,7 +137,9 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     per setting (columns in ``COLUMNS``).
 
     target, draft: ``speculant.Model`` handles or anything ``speculant.load`` takes (loaded once); draft may be
-    a drafter from ``speculant.drafters``. prompts: one prompt or a sequence of them; each is token ids, or a
+    a drafter from ``speculant.drafters`` or a SpeculativeDecoder (a hierarchical draft, rebuilt at each
+    setting's sampling settings; its rows add the ``levels`` column and Theorem 3.8 composed over the levels as
+    ``predicted_speedup``). prompts: one prompt or a sequence of them; each is token ids, or a
     mapping of ``generate`` keyword arguments (see ``speculant.analysis.generation_kwargs``). ``generate_kwargs``
     go to every generation, speculative and plain (``eos_token_id``, ...).
 
@@ -211,14 +221,18 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
                  for t, k, p in itertools.product(*sampling) for shape in shapes]
     # Every decoder built first, so that a bad value anywhere in the grids raises before anything runs; the
     # first one loads target and draft (once) when they are paths or transformers objects.
-    first = SpeculativeDecoder(target, draft, **settings[0])
-    target, draft = first.target, first.draft
+    first = SpeculativeDecoder(target, _level(draft, settings[0]), **settings[0])
+    target = first.target
+    draft = draft if isinstance(draft, SpeculativeDecoder) else first.draft
     for setting in settings[1:]:
-        SpeculativeDecoder(target, draft, **setting)
+        SpeculativeDecoder(target, _level(draft, setting), **setting)
     calls = analysis.generation_kwargs(prompts, generate_kwargs)
     options = {"max_new_tokens": max_new_tokens, "seed": seed, "repeats": repeats,
                "spread_threshold": spread_threshold, "batch_size": batch_size}
     # what travels to the workers; ValueError for a model or drafter that cannot, before anything runs
+    if executor is not None and isinstance(draft, SpeculativeDecoder):
+        raise ValueError("executor=: a hierarchical draft (a SpeculativeDecoder) does not travel to workers; sweep "
+                         "it with executor=None")
     specs = None if executor is None else (workers.spec(target, "target"), workers.spec(draft, "draft"))
 
     results: Dict[int, Dict[str, Any]] = {}

@@ -28,7 +28,7 @@ SPREAD_THRESHOLD = 0.25  # a (max - min) / median of the rounds' speedups above 
 COLUMNS = [
     "alpha", "acceptance", "tokens_per_target_call", "expected_tokens",
     "new_tokens", "target_calls", "draft_calls", "seconds", "plain_seconds", "c", "speedup", "speedup_min",
-    "speedup_max", "spread", "predicted_speedup", "flag",
+    "speedup_max", "spread", "predicted_speedup", "flag", "levels",
 ]
 
 
@@ -116,6 +116,46 @@ def tree_table(results) -> List[List[float]]:
     return analysis.acceptance_from_counts(accepted, visits)
 
 
+def _per_call(seconds: float, calls: float) -> float:
+    return seconds / calls if calls else math.nan
+
+
+def level_table(rounds: Sequence[Round], plain_target_calls: Sequence[float]) -> List[Dict[str, float]]:
+    """A hierarchical draft's levels below the top (Result.levels), one dict each: gamma, alpha (pooled over the
+    prompts), tokens_per_target_call, and c: the median over the rounds of the level's model time per call over
+    the time per call of the model above it (the top's target: plain_target_calls[r], its seconds per call in
+    round r's plain decoding); the lowest level's drafter counts per call, or per drafted token when it calls no
+    model. Empty without levels."""
+    first = rounds[0].speculative
+    depth = len(first[0].levels) if first and getattr(first[0], "levels", ()) else 0
+    out = []
+    for i in range(depth):
+        stats = [r.levels[i] for r in first]
+        beta_count = sum(s.beta_count for s in stats)
+        calls = sum(s.target_calls for s in stats)
+        costs = []
+        for r, round_ in enumerate(rounds):
+            level = [x.levels[i] for x in round_.speculative]
+            above = [x.levels[i - 1] for x in round_.speculative] if i else None
+            above_call = plain_target_calls[r] if i == 0 else _per_call(
+                sum(s.target_seconds for s in above), sum(s.target_calls for s in above))
+            costs.append(_per_call(sum(s.target_seconds for s in level), sum(s.target_calls for s in level))
+                         / above_call)
+        out.append({"gamma": stats[0].gamma, "alpha": sum(s.beta_sum for s in stats) / beta_count if beta_count
+                    else math.nan, "tokens_per_target_call": sum(s.new_tokens for s in stats) / calls if calls
+                    else math.nan, "c": float(np.median(costs))})
+    if out:  # the lowest level's drafter, against that level's model
+        bottom, costs = len(out) - 1, []
+        for round_ in rounds:
+            level = [x.levels[bottom] for x in round_.speculative]
+            per = sum(s.draft_calls for s in level) or sum(s.drafted_tokens for s in level)
+            costs.append(_per_call(sum(s.draft_seconds for s in level), per)
+                         / _per_call(sum(s.target_seconds for s in level), sum(s.target_calls for s in level)))
+        out.append({"gamma": math.nan, "alpha": math.nan, "tokens_per_target_call": math.nan,
+                    "c": float(np.median(costs))})
+    return out
+
+
 def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
               spread_threshold: float = SPREAD_THRESHOLD, tree: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     """The ``COLUMNS`` of one setting from its timed rounds: counts and alpha from the first round (every round
@@ -131,7 +171,10 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     speedup_max and spread = (max - min) / median; predicted_speedup: Theorem 3.8 at acceptance, gamma and c
     (it assumes a verification call costs what a one-token call does, which a CPU does not grant); flag:
     "noisy" when spread > spread_threshold, "off theory" when the speedup lies outside a factor THEORY_FACTOR
-    of the prediction.
+    of the prediction. A hierarchical draft (Result.levels): c is the top's cost per drafted token, ``levels``
+    lists each level below the top (level_table: gamma, alpha, tokens per call, c against the model above; the
+    last entry is the lowest drafter's c), and predicted_speedup is Theorem 3.8 composed over the levels
+    (analysis.hierarchical_improvement); ``levels`` is None otherwise.
 
     tree: the shape of a token-tree setting (SpeculativeDecoder's tree=; gamma is its depth). Then
     expected_tokens and predicted_speedup come from the tree theory at the acceptance table the generations
@@ -166,6 +209,17 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     known = not (math.isnan(acceptance) or math.isnan(c))
     expected = analysis.expected_tokens(acceptance, gamma) if verified else nan
     predicted = analysis.walltime_improvement(acceptance, gamma, c) if known else nan
+    plain_calls = []
+    for _, plain_results, _, _ in rounds:
+        plain = totals(plain_results)
+        plain_calls.append(_per_call(plain["target_seconds"], plain["target_calls"]))
+    levels = level_table(rounds, plain_calls)
+    if levels:  # Theorem 3.8 composed over the levels (analysis.hierarchical_improvement)
+        alphas = [acceptance] + [level["alpha"] for level in levels[:-1]]
+        gammas = [gamma] + [level["gamma"] for level in levels[:-1]]
+        costs = [level["c"] for level in levels]
+        known = all(not math.isnan(x) for x in alphas + costs)
+        predicted = analysis.hierarchical_improvement(alphas, gammas, costs) if known else nan
     if tree:
         table = tree_table(results)
         known = bool(table) and not math.isnan(c)
@@ -183,5 +237,5 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
         "new_tokens": spec["new_tokens"], "target_calls": spec["target_calls"], "draft_calls": spec["draft_calls"],
         "seconds": float(np.median(seconds)), "plain_seconds": float(np.median(plain_seconds)), "c": c,
         "speedup": speedup, "speedup_min": speedup_min, "speedup_max": speedup_max, "spread": spread,
-        "predicted_speedup": predicted, "flag": ", ".join(flags),
+        "predicted_speedup": predicted, "flag": ", ".join(flags), "levels": levels or None,
     }

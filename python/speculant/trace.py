@@ -116,42 +116,55 @@ class Trace(Sequence[Iteration]):
 
     with_decoder = with_tokenizer  # the same, named for a bare ids -> str function
 
-    def _lines(self, decode: Optional[Decode]) -> List[Tuple[str, List[Tuple[str, str]]]]:
-        """Per iteration: the output's text before it, and its (kind, text) pieces."""
-        lines, output = [], []
-        for it in self._iterations:
-            pieces, context = [], list(output)
-            for kind, tokens in _segments(it):
-                pieces.append((kind, _visible(_piece(decode, context, tokens))))
-                if kind == "accepted":
-                    context += tokens
-            lines.append((_visible(_text(decode, output)), pieces))
-            output += _emitted(it)
+    def _lines(self, decode: Optional[Decode], levels: bool = True) -> List[Tuple[str, str, List[Tuple[str, str]]]]:
+        """Per iteration: its label, the output's text before it, and its (kind, text) pieces. With ``levels``, a
+        hierarchical draft's iterations (Iteration.inner) follow the iteration they drafted for, labelled
+        "1.1", "1.2", ... after the output plus what that level emitted before them."""
+        lines = []
+
+        def walk(iterations: Sequence[Iteration], output: List[int], label: str) -> None:
+            for i, it in enumerate(iterations):
+                name, pieces, context = f"{label}{i + 1}", [], list(output)
+                for kind, tokens in _segments(it):
+                    pieces.append((kind, _visible(_piece(decode, context, tokens))))
+                    if kind == "accepted":
+                        context += tokens
+                lines.append((name, _visible(_text(decode, output)), pieces))
+                inner = getattr(it, "inner", None)  # hand-made iterations (tests, notebooks) may have none
+                if levels and inner:
+                    walk(inner, list(output), name + ".")
+                output += _emitted(it)
+
+        walk(self._iterations, [], "")
         return lines
 
     def render(self, color: Optional[bool] = None, prefix: str = "", context: Optional[int] = 60,
-               tokenizer: Optional[Tokenizer] = None) -> str:
+               tokenizer: Optional[Tokenizer] = None, levels: bool = True) -> str:
         """One line per iteration (one target call), as in Figure 1: the text so far (its last ``context``
         characters; None for all of it), then this iteration's accepted drafts, the rejected draft and the
         target's correction or bonus token, in ANSI colours or, without colour, with the kinds spelled out.
         ``color`` None (the default) colours when sys.stdout is a terminal and NO_COLOR is unset (use_color);
-        True / False decide outright. ``prefix`` is the prompt's text; ``tokenizer`` overrides the trace's own."""
+        True / False decide outright. ``prefix`` is the prompt's text; ``tokenizer`` overrides the trace's own.
+        A hierarchical draft's iterations follow, indented and labelled "i.j", the iteration i they drafted
+        for (``levels=False`` leaves them out)."""
         color = use_color(None, color)
         decode = self._decode if tokenizer is None else _decoder(tokenizer)
         lines = []
-        for i, (output, pieces) in enumerate(self._lines(decode)):
+        for name, output, pieces in self._lines(decode, levels):
             shown = "".join(f"{_ANSI[kind]}{text}{_ANSI['reset']}" if color else f"[{kind}:{text}]"
                             for kind, text in pieces)
             so_far = _visible(prefix) + output
             tail = so_far if context is None or len(so_far) <= context else "\u2026" + so_far[-context:]
-            lines.append(f"{i + 1:>3} | {tail}{shown}")
+            indent = "    " * name.count(".")
+            lines.append(f"{indent}{name:>3} | {tail}{shown}")
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
         rows = []
-        for i, (output, pieces) in enumerate(self._lines(self._decode)):
+        for name, output, pieces in self._lines(self._decode):
             shown = "".join(f'<span style="{_CSS[kind]}">{html.escape(text)}</span>' for kind, text in pieces)
-            rows.append(f"<div style='font-family:monospace;white-space:pre-wrap'>{i + 1:>3} | "
+            indent = "&nbsp;" * (4 * name.count("."))
+            rows.append(f"<div style='font-family:monospace;white-space:pre-wrap'>{indent}{name:>3} | "
                         f"{html.escape(output)}{shown}</div>")
         return "".join(rows)
 

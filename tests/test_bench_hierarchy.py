@@ -1,0 +1,32 @@
+"""benchmarks/hierarchy.py end to end on the smoke-sized demo pair: two- and three-level settings timed against
+plain decoding, each with its levels and its prediction, written to its record."""
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import hierarchy as bench  # noqa: E402
+
+from speculant import analysis, demo_pair  # noqa: E402
+
+
+def test_hierarchy_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
+    out = tmp_path / "hierarchy.json"
+    bench.main(["--quick", "--repeats", "1", "--tokens", "8", "--prompts", "1", "--temperatures", "1",
+                "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["depth"] for r in rows] == [2, 2, 3, 3]
+    assert [r["levels"] is None for r in rows] == [True, True, False, False]
+    for row in rows:
+        assert row["speedup_min"] <= row["speedup"] <= row["speedup_max"]
+        if len(row["gammas"]) == 2:
+            assert row["draft_calls"] == 0  # the top's drafter calls no model itself: its level does
+    three = rows[2]  # the prediction is Theorem 3.8 composed at the row's own alphas and costs
+    assert three["gammas"] == [4, 2]
+    alphas = [three["alpha"], three["levels"][0]["alpha"]]
+    costs = [level["c"] for level in three["levels"]]
+    assert three["predicted_speedup"] == pytest.approx(analysis.hierarchical_improvement(alphas, [4, 2], costs))
+    assert "measured/predicted" in capsys.readouterr().out
