@@ -16,8 +16,10 @@ def test_hierarchy_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
     out = tmp_path / "hierarchy.json"
     bench.main(["--quick", "--repeats", "1", "--tokens", "8", "--prompts", "1", "--temperatures", "1",
-                "--out", str(out)])
-    rows = json.loads(out.read_text())["rows"]
+                "--calls", "3", "--out", str(out)])
+    record = json.loads(out.read_text())
+    rows = record["rows"]
+    assert len(record["target_widths"]) == len(record["draft_widths"]) == 8 and record["target_widths"][0] == 1.0
     assert [r["depth"] for r in rows] == [2, 2, 3, 3]
     assert [r["levels"] is None for r in rows] == [True, True, False, False]
     for row in rows:
@@ -29,4 +31,7 @@ def test_hierarchy_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
     alphas = [three["alpha"], three["levels"][0]["alpha"]]
     costs = [level["c"] for level in three["levels"]]
     assert three["predicted_speedup"] == pytest.approx(analysis.hierarchical_improvement(alphas, [4, 2], costs))
-    assert "measured/predicted" in capsys.readouterr().out
+    assert three["predicted_width_aware"] == pytest.approx(analysis.hierarchical_improvement(
+        alphas, [4, 2], [record["c"], costs[1] * costs[0] / record["c"]],
+        verify_costs=[record["target_widths"], record["draft_widths"]]))
+    assert "measured/width-aware" in capsys.readouterr().out

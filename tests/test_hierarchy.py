@@ -319,6 +319,14 @@ def test_composed_improvement_reduces_to_theorem_3_8():
     # a perfect, free lowest drafter: the draft level makes ceil(gamma / (g + 1)) calls for gamma tokens
     assert analysis.hierarchical_draft_cost([0.8, 1.0], [5, 2], [0.2, 0.0]) == pytest.approx(0.2 * 2)
     assert analysis.hierarchical_improvement([0.8, 0.7], [4, 2], [0.2, 0.05]) > analysis.walltime_improvement(0.8, 4, 0.2)
+    # the cost of wide calls: one level is tree_speedup of the chain; a draft level's own verification counts too
+    wide = [1.0 + 0.1 * w for w in range(12)]
+    assert analysis.hierarchical_improvement([0.8], [4], [0.2], verify_costs=[wide]) == pytest.approx(
+        analysis.tree_speedup([1] * 4, [[0.8]] * 4, 0.2, verify_cost=wide))
+    assert analysis.hierarchical_draft_cost([0.8, 1.0], [5, 2], [0.2, 0.0], verify_costs=[None, wide]) == \
+        pytest.approx(0.2 * (wide[2] + wide[1]))  # widths 3 (3 tokens kept), then 2 (the last 2)
+    with pytest.raises(ValueError, match="one entry per level"):
+        analysis.hierarchical_improvement([0.8, 0.7], [4, 2], [0.2, 0.1], verify_costs=[None])
     with pytest.raises(ValueError, match="one entry per level"):
         analysis.hierarchical_improvement([0.8, 0.7], [4], [0.2, 0.1])
     with pytest.raises(ValueError, match="alpha"):

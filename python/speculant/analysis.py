@@ -761,20 +761,22 @@ def _levels(alphas, gammas, costs) -> List[Tuple[float, int, float]]:
             for i, (a, g, c) in enumerate(zip(alphas, gammas, costs))]
 
 
-def _production_costs(levels: List[Tuple[float, int, float]], tokens: int) -> List[float]:
-    """F(n) for n = 0 .. tokens: the expected cost, in calls of levels[0]'s target, of that level emitting exactly
-    n tokens, each iteration drafting min(gamma, n - 1) tokens (what a level below the top does)."""
+def _production_costs(levels: List[Tuple[float, int, float]], tokens: int,
+                      widths: List[Callable[[int], float]]) -> List[float]:
+    """F(n) for n = 0 .. tokens: the expected cost, in one-token calls of levels[0]'s target, of that level
+    emitting exactly n tokens, each iteration drafting min(gamma, n - 1) tokens (what a level below the top does)
+    and verifying them in one call of width g + 1 (widths[0](g + 1) one-token calls)."""
     alpha, gamma, c = levels[0]
     drafts = [0.0] * tokens  # the cost of drafting g tokens, g = 0 .. tokens - 1
     if len(levels) > 1 and tokens > 1:
-        below = _production_costs(levels[1:], tokens - 1)
+        below = _production_costs(levels[1:], tokens - 1, widths[1:])
         drafts = [c * below[g] for g in range(tokens)]
     elif tokens > 1:
         drafts = [c * g for g in range(tokens)]
     out = [0.0]
     for n in range(1, tokens + 1):
         g = min(gamma, n - 1)
-        cost = drafts[g] + 1.0
+        cost = drafts[g] + widths[0](g + 1)
         for k in range(1, g + 2):  # k tokens emitted: k - 1 accepted, then the correction or the bonus
             p = alpha ** (k - 1) * (1.0 - alpha) if k <= g else alpha ** g
             cost += p * out[n - k]
@@ -782,27 +784,46 @@ def _production_costs(levels: List[Tuple[float, int, float]], tokens: int) -> Li
     return out
 
 
-def hierarchical_draft_cost(alphas: Sequence[float], gammas: Sequence[int], costs: Sequence[float]) -> float:
-    """The expected cost, in target calls, of drafting gamma_0 tokens per iteration with a hierarchical draft.
+def _widths(verify_costs, levels: int) -> List[Callable[[int], float]]:
+    if verify_costs is None:
+        return [_verify_cost(None)] * levels
+    verify_costs = list(verify_costs)
+    if len(verify_costs) != levels:
+        raise ValueError(f"verify_costs needs one entry per level ({levels}), got {len(verify_costs)}")
+    return [_verify_cost(v) for v in verify_costs]
+
+
+def hierarchical_draft_cost(alphas: Sequence[float], gammas: Sequence[int], costs: Sequence[float],
+                            verify_costs=None) -> float:
+    """The expected cost, in one-token target calls, of drafting gamma_0 tokens per iteration with a hierarchical
+    draft.
 
     Level i (0 = the top) verifies with model M_i the drafts of M_{i+1}: alphas[i] is their acceptance, gammas[i]
-    the draft length, costs[i] = T(M_{i+1}) / T(M_i) (Definition 3.7 between neighbouring levels). The last level's
-    drafter runs alone: g tokens cost g * costs[-1]. Every level below the top emits exactly the tokens asked of it,
-    drafting min(gamma_i, tokens still due - 1) per iteration; its expected cost F(n) of n tokens follows from
-    F(n) = D(g) + 1 + sum_k P(k tokens emitted) F(n - k), with Equation (1)'s capped geometric law of k (i.i.d.
-    acceptances, as in Theorem 3.8). One level gives gamma * c, Theorem 3.8's draft cost."""
+    the draft length, costs[i] = T(M_{i+1}) / T(M_i) (Definition 3.7 between neighbouring levels, one-token
+    calls). The last level's drafter runs alone: g tokens cost g * costs[-1]. Every level below the top emits
+    exactly the tokens asked of it, drafting min(gamma_i, tokens still due - 1) per iteration; its expected cost
+    F(n) of n tokens follows from F(n) = D(g) + v(g + 1) + sum_k P(k tokens emitted) F(n - k), with Equation
+    (1)'s capped geometric law of k (i.i.d. acceptances, as in Theorem 3.8). verify_costs: None (the paper's
+    assumption that a call of w tokens costs one call), or one entry per level, level i's target call of width w
+    over its one-token call (as tree_speedup's verify_cost: a function, a mapping or a sequence; entry 0, the
+    top's target, does not enter the draft cost). One level gives gamma * c, Theorem 3.8's draft cost."""
     levels = _levels(alphas, gammas, costs)
+    widths = _widths(verify_costs, len(levels))
     alpha, gamma, c = levels[0]
     if len(levels) == 1:
         return gamma * c
-    return c * _production_costs(levels[1:], gamma)[gamma]
+    return c * _production_costs(levels[1:], gamma, widths[1:])[gamma]
 
 
-def hierarchical_improvement(alphas: Sequence[float], gammas: Sequence[int], costs: Sequence[float]) -> float:
+def hierarchical_improvement(alphas: Sequence[float], gammas: Sequence[int], costs: Sequence[float],
+                             verify_costs=None) -> float:
     """Theorem 3.8 composed over the levels of a hierarchical draft: E[tokens per target call] (Equation (1) at
-    the top's alpha and gamma) over 1 + hierarchical_draft_cost, the top's target call plus its drafting. With one
-    level this is walltime_improvement. The lower levels' speedup lowers the top's c: its effective c is
-    hierarchical_draft_cost / gamma_0 (a drafted token's cost in target calls)."""
+    the top's alpha and gamma) over the top's verification call (verify_costs[0](gamma_0 + 1), 1 without
+    verify_costs) plus hierarchical_draft_cost. With one level and no verify_costs this is walltime_improvement.
+    The lower levels' speedup lowers the top's c: its effective c is hierarchical_draft_cost / gamma_0 (a drafted
+    token's cost in target calls)."""
     levels = _levels(alphas, gammas, costs)
     alpha, gamma, _ = levels[0]
-    return float(expected_tokens(alpha, gamma)) / (1.0 + hierarchical_draft_cost(alphas, gammas, costs))
+    verify = _widths(verify_costs, len(levels))[0](gamma + 1)
+    return float(expected_tokens(alpha, gamma)) / (verify + hierarchical_draft_cost(alphas, gammas, costs,
+                                                                                     verify_costs))
