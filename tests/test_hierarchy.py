@@ -381,3 +381,15 @@ def test_with_sampling_rebuilds_every_level():
     cold = decoder.with_sampling(0.5, top_k=2)
     assert cold.draft._sampling["temperature"] == 0.5 and cold.draft._sampling["top_k"] == 2
     assert cold.draft.gamma == 3 and cold._sampling["lenience"] == 0.5 and cold.gamma == 2
+
+
+def test_short_and_empty_generations():
+    """max_new_tokens 0 and 1 (nothing to draft: the level is asked for no token), and a level whose gamma exceeds
+    what the top ever asks of it."""
+    models = loaded(tables(79))
+    decoder = hierarchy(models, [2, 5])
+    assert decoder.generate(PROMPT, max_new_tokens=0, seed=1).tokens == []
+    one = decoder.generate([PROMPT, [1]], max_new_tokens=1, seed=1)
+    assert [len(r.tokens) for r in one] == [1, 1] and all(r.levels[0].target_calls == 0 for r in one)
+    plain = speculant.generate(models[0], PROMPT, max_new_tokens=9, temperature=0)
+    assert hierarchy(models, [2, 5], temperature=0).generate(PROMPT, max_new_tokens=9).tokens == plain.tokens

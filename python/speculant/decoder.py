@@ -400,6 +400,17 @@ class SpeculativeDecoder:
     calls uncaptured ("fixed"); the law is the target's. "auto" and "on" have never been executed on a GPU
     (issue 21 runs them), which is why they are not the default.
 
+    ``draft`` may itself be a SpeculativeDecoder, to any depth (a hierarchical draft, cpp/hierarchy.h):
+    ``SpeculativeDecoder(target, SpeculativeDecoder(draft, smaller, gamma=2), gamma=4)``. Each iteration asks the
+    draft level for exactly gamma tokens, which it produces by speculative decoding of its own pair, reporting its
+    model's standardized law at each token as q: the output law stays exactly the target's. Every level samples
+    at this decoder's settings (and generate's overrides), so a level built with another temperature, top_k or
+    top_p is refused, as is one with lenience below 1 or a tree. A level keeps its own gamma and gamma policy.
+    ``Result.levels`` holds each level's statistics; the trace shows each level's iterations.
+
+    ``gamma_policy``, ``max_gamma``, ``cost``: the defaults of ``generate``'s (see there), and the schedule this
+    decoder's gamma follows when it is another decoder's draft level.
+
     ``draft_tokenizer`` with ``target_tokenizer``: a draft model whose vocabulary differs from the target's
     drafts through text (speculant.cross_tokenizer.CrossTokenizer: deterministic proposals with point-mass q,
     so the law stays exactly the target's at every setting, and at temperature 0 the output is the target's
@@ -513,7 +524,7 @@ class SpeculativeDecoder:
         iteration that kept every draft and removes 1 otherwise, within [1, max_gamma]; ``"alpha"`` tracks
         alpha by a moving average of beta and drafts the gamma <= max_gamma that maximizes Theorem 3.8's
         improvement for the given ``cost`` c. max_gamma defaults to 2 * gamma. A policy sees only earlier
-        iterations, so the output law stays exact.
+        iterations, so the output law stays exact. Left out, the three are the decoder's (its constructor's).
         """
         overrides = (do_sample, temperature, top_k, top_p)
         core = self._core if all(v is None for v in overrides) else self._decoder(
