@@ -188,7 +188,11 @@ void Batch::accept(std::vector<Verdict>& verdicts) {
     require_finite(row, r, verdict.finite);
     Iteration it = record(row, verdict);
     const bool stopped = emit(row, it);
-    if (s_.laws) row.laws.push_back(standardize(row.logits.narrow(0, 0, it.emitted), s_.config));
+    if (s_.laws) {
+      row.emitted.push_back(it.emitted > it.accepted ? at::cat({row.drafted.narrow(0, 0, it.accepted), verdict.token})
+                                                     : row.drafted.narrow(0, 0, it.emitted));
+      row.laws.push_back(standardize(row.logits.narrow(0, 0, it.emitted), s_.config));
+    }
     const auto index = static_cast<int64_t>(r);
     target_rows_->truncate(index, row.sequence_length + it.accepted);
     if (draft_rows_) {

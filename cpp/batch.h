@@ -39,8 +39,9 @@ struct Row {
   int64_t sequence_length = 0;  // tokens in the sequence, pending ones included
   int64_t stop_at = 0;          // the row stops when out.stats.new_tokens reaches this (or after an EOS)
   bool running = true;
-  // Batch::Setup::laws: the target's standardized law at each token emitted since it was last cleared [n, V]
-  std::vector<at::Tensor> laws;
+  // Batch::Setup::laws: the tokens emitted since they were last cleared (int64 [n] on the device, never read
+  // back) and the target's standardized law at each of them [n, V]
+  std::vector<at::Tensor> emitted, laws;
   // the current iteration
   int64_t limit = 0;            // most tokens to draft (a tree's depth)
   Proposal proposal;
@@ -64,7 +65,7 @@ class Batch {
     bool profile;
     const std::vector<Tree>* trees;  // token trees (trees[i]: depth i); null for chains
     Siblings siblings;
-    bool laws = false;  // keep each emitted token's standardized target law (Row::laws; chains only)
+    bool laws = false;  // keep each emitted token on the device with its standardized target law (Row::laws)
   };
 
   Batch(Setup setup, std::vector<Row>& rows, std::unique_ptr<ModelRows> target_rows,

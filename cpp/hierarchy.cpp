@@ -57,8 +57,8 @@ class HierarchyRows final : public DraftRows {
       row.running = gammas[r] > 0;
       row.stop_at = row.out.stats.new_tokens + gammas[r];
       row.generator = generators[r];
+      row.emitted.clear();
       row.laws.clear();
-      row.out.tokens.clear();
       start_length_[r] = row.sequence_length;
       before[r] = row.out.stats.total_seconds;
       traced[r] = row.out.trace.size();
@@ -73,8 +73,9 @@ class HierarchyRows final : public DraftRows {
       row.out.stats.total_seconds = before[r] + (gammas[r] > 0 ? seconds : 0.0);
       if (gammas[r] == 0) continue;
       Proposal& proposal = out[r];
-      proposal.tokens = at::tensor(row.out.tokens, at::TensorOptions(device_).dtype(at::kLong));  // [gamma]
-      proposal.q = at::cat(row.laws);                                                            // [gamma, V]
+      proposal.tokens = at::cat(row.emitted);  // [gamma], on the device: no host copy
+      proposal.q = at::cat(row.laws);          // [gamma, V]
+      row.out.tokens.clear();                  // the level's sequence lives in its caches, not here
       proposal.seconds = seconds;
       auto first = row.out.trace.begin() + static_cast<std::ptrdiff_t>(traced[r]);
       proposal.inner.assign(std::make_move_iterator(first), std::make_move_iterator(row.out.trace.end()));
