@@ -5,6 +5,7 @@
 #include <string>
 
 #include "aoti_model.h"
+#include "beam.h"
 #include "cpu_kernels.h"
 #include "decoder.h"
 #include "drafter.h"
@@ -339,6 +340,41 @@ PYBIND11_MODULE(_core, m) {
           return python_drafter(std::move(propose), vocab, at::Device(device), std::move(score));
         },
         py::arg("propose"), py::arg("vocab_size"), py::arg("device"), py::arg("score") = py::none());
+
+  py::class_<BeamSearch>(m, "BeamSearch")
+      .def_readonly("sequences", &BeamSearch::sequences)
+      .def_readonly("scores", &BeamSearch::scores)
+      .def_readonly("steps", &BeamSearch::steps)
+      .def_readonly("target_calls", &BeamSearch::target_calls)
+      .def_readonly("draft_calls", &BeamSearch::draft_calls)
+      .def_readonly("target_tokens", &BeamSearch::target_tokens)
+      .def_readonly("draft_tokens", &BeamSearch::draft_tokens)
+      .def_readonly("steps_per_call", &BeamSearch::steps_per_call)
+      .def_readonly("seconds", &BeamSearch::seconds);
+  m.def(
+      "beam_search",
+      [](const std::shared_ptr<Model>& target, const std::shared_ptr<Model>& draft,
+         const std::vector<int64_t>& prompt, int64_t beams, int64_t draft_beams, int64_t gamma,
+         double length_penalty, const std::string& early_stopping, int64_t return_sequences, int64_t max_new_tokens,
+         const std::vector<int64_t>& eos_token_ids) {
+        require(target != nullptr, "target must be a model");
+        BeamConfig config{beams, draft_beams, gamma, length_penalty, EarlyStopping::heuristic, return_sequences,
+                          max_new_tokens, eos_token_ids};
+        if (early_stopping == "true") {
+          config.early_stopping = EarlyStopping::at_num_beams;
+        } else if (early_stopping == "never") {
+          config.early_stopping = EarlyStopping::never;
+        } else {
+          require(early_stopping == "false", "early_stopping must be False, True or 'never', got '{}'",
+                  early_stopping);
+        }
+        InterruptScope interruptible(signal_check());
+        py::gil_scoped_release release;
+        return beam_search(*target, draft.get(), prompt, config);
+      },
+      py::arg("target"), py::arg("draft"), py::arg("prompt"), py::arg("beams"), py::arg("draft_beams"),
+      py::arg("gamma"), py::arg("length_penalty"), py::arg("early_stopping"), py::arg("return_sequences"),
+      py::arg("max_new_tokens"), py::arg("eos_token_ids"));
 
   py::class_<Decoder>(m, "Decoder")
       .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma,

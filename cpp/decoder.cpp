@@ -116,9 +116,13 @@ std::string row_name(const char* name, size_t row, size_t rows) {
   return rows == 1 ? std::string(name) : fmt::format("{}[{}]", name, row);
 }
 
+}  // namespace
+
 // Locks every mutex, none while blocking on another (std::lock's scheme for a list: block on one, try the
 // rest; on a busy one release all and start again from it).
-std::vector<std::unique_lock<std::mutex>> lock_all(const std::vector<std::mutex*>& mutexes) {
+std::vector<std::unique_lock<std::mutex>> lock_all(std::vector<std::mutex*> mutexes) {
+  std::sort(mutexes.begin(), mutexes.end());  // one lock per mutex, however often it is listed
+  mutexes.erase(std::unique(mutexes.begin(), mutexes.end()), mutexes.end());
   size_t first = 0;
   for (;;) {
     std::vector<std::unique_lock<std::mutex>> held;
@@ -138,8 +142,6 @@ std::vector<std::unique_lock<std::mutex>> lock_all(const std::vector<std::mutex*
     std::this_thread::yield();
   }
 }
-
-}  // namespace
 
 std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<int64_t>>& prompts,
                                                 const std::vector<std::vector<int64_t>>& sources,

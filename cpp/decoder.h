@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -74,5 +75,8 @@ class Decoder {
   // that merely share a model wait for it instead: the model's lock).
   std::shared_ptr<std::atomic<bool>> busy_ = std::make_shared<std::atomic<bool>>(false);
 };
+
+// Locks every mutex (each once, however often listed), none while blocking on another: no hold-and-wait.
+std::vector<std::unique_lock<std::mutex>> lock_all(std::vector<std::mutex*> mutexes);
 
 }  // namespace speculant

@@ -86,31 +86,41 @@ class NativeRows final : public ModelRows {
 
   void commit(int64_t row, const std::vector<int64_t>& path) override {
     tentative_[row].check_path(path, row);
-    const int64_t length = lengths_[row];
-    std::vector<int64_t> moves;  // the path's indices whose node is not already in place
-    for (size_t i = 0; i < path.size(); ++i) {
-      if (path[i] != static_cast<int64_t>(i)) moves.push_back(static_cast<int64_t>(i));
-    }
-    if (!moves.empty()) {
-      require(static_cast<bool>(tree_.copy), "model {}: has no tree calls (copy_slots)", source_);
-      const auto m = static_cast<int64_t>(moves.size());
-      at::Tensor layout = at::empty({2 * m + 1}, at::TensorOptions().dtype(at::kLong).pinned_memory(
-                                                     device_.is_cuda()));
-      int64_t* cell = layout.data_ptr<int64_t>();
-      for (int64_t j = 0; j < m; ++j) {
-        cell[j] = length + path[moves[j]];
-        cell[m + j] = length + moves[j];
-      }
-      cell[2 * m] = row;
-      const at::Tensor on_device = layout.to(device_, /*non_blocking=*/true);
-      tree_.copy(on_device.narrow(0, 2 * m, 1), on_device.narrow(0, 0, m).view({1, m}),
-                 on_device.narrow(0, m, m).view({1, m}));
-    }
-    lengths_[row] = length + static_cast<int64_t>(path.size());
+    gather(row, path);
+    lengths_[row] += static_cast<int64_t>(path.size());
     tentative_[row].clear();
   }
 
+  void prune(int64_t row, const std::vector<int64_t>& nodes) override {
+    tentative_[row].keep(nodes, row);
+    gather(row, nodes);
+  }
+
  private:
+  // Moves row `row`'s tentative nodes `nodes` (ascending) to tentative places 0, 1, ... with one copy_slots call
+  // for those not already in place.
+  void gather(int64_t row, const std::vector<int64_t>& nodes) {
+    const int64_t length = lengths_[row];
+    std::vector<int64_t> moves;  // the indices whose node is not already in place
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (nodes[i] != static_cast<int64_t>(i)) moves.push_back(static_cast<int64_t>(i));
+    }
+    if (moves.empty()) return;
+    require(static_cast<bool>(tree_.copy), "model {}: has no tree calls (copy_slots)", source_);
+    const auto m = static_cast<int64_t>(moves.size());
+    at::Tensor layout =
+        at::empty({2 * m + 1}, at::TensorOptions().dtype(at::kLong).pinned_memory(device_.is_cuda()));
+    int64_t* cell = layout.data_ptr<int64_t>();
+    for (int64_t j = 0; j < m; ++j) {
+      cell[j] = length + nodes[moves[j]];
+      cell[m + j] = length + moves[j];
+    }
+    cell[2 * m] = row;
+    const at::Tensor on_device = layout.to(device_, /*non_blocking=*/true);
+    tree_.copy(on_device.narrow(0, 2 * m, 1), on_device.narrow(0, 0, m).view({1, m}),
+               on_device.narrow(0, m, m).view({1, m}));
+  }
+
   // One call for the rows with tokens (every row with fixed shapes); `step`: a decoding step (graphed shapes
   // replay it), not a prefill.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& tokens, bool step) {

@@ -68,6 +68,16 @@ class ReplicaRows final : public ModelRows {
     models_[row]->keep(entries.to(models_[row]->device()));
     tentative_[row].clear();
   }
+  // The committed entries, then the kept nodes', in one keep call.
+  void prune(int64_t row, const std::vector<int64_t>& nodes) override {
+    const int64_t length = this->length(row);
+    tentative_[row].keep(nodes, row);
+    at::Tensor entries = at::empty({length + static_cast<int64_t>(nodes.size())}, at::kLong);
+    int64_t* cell = entries.data_ptr<int64_t>();
+    for (int64_t e = 0; e < length; ++e) cell[e] = e;
+    for (size_t i = 0; i < nodes.size(); ++i) cell[length + static_cast<int64_t>(i)] = length + nodes[i];
+    models_[row]->keep(entries.to(models_[row]->device()));
+  }
 
  private:
   std::vector<Model*> models_;
@@ -97,6 +107,21 @@ void TentativeTree::check_path(const std::vector<int64_t>& path, int64_t row) co
   }
 }
 
+void TentativeTree::keep(const std::vector<int64_t>& nodes, int64_t row) {
+  std::vector<int64_t> renumbered(parents_.size(), -1), parents;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const int64_t node = nodes[i];
+    require(node >= 0 && node < size() && (i == 0 || node > nodes[i - 1]),
+            "prune: row {}'s nodes must be ascending tentative nodes (0 .. {}), got {} at {}", row, size() - 1, node, i);
+    const int64_t parent = parents_[node];
+    require(parent == -1 || renumbered[parent] >= 0, "prune: row {} keeps node {} but not its parent {}", row, node,
+            parent);
+    renumbered[node] = static_cast<int64_t>(i);
+    parents.push_back(parent == -1 ? -1 : renumbered[parent]);
+  }
+  parents_ = std::move(parents);
+}
+
 at::Tensor Model::extend_masked(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
   fail("model ({} form): {}", form(), tree_obstacle());
 }
@@ -108,6 +133,10 @@ std::vector<at::Tensor> ModelRows::extend_tree(const std::vector<at::Tensor>&, c
 }
 
 void ModelRows::commit(int64_t, const std::vector<int64_t>&) {
+  fail("this model's rows have no tree calls (Model::tree_obstacle says why)");
+}
+
+void ModelRows::prune(int64_t, const std::vector<int64_t>&) {
   fail("this model's rows have no tree calls (Model::tree_obstacle says why)");
 }
 

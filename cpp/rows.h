@@ -52,6 +52,10 @@ class ModelRows {
   // Row r keeps the tentative nodes `path` (a chain down the tree, in order) at positions length(r),
   // length(r) + 1, ..., their cache entries moved there without recomputing a token; the others are dropped.
   virtual void commit(int64_t row, const std::vector<int64_t>& path);
+  // Row r keeps the tentative nodes `nodes` (ascending, each one's parent kept too or -1) as its tentative
+  // nodes 0 .. M - 1, in that order, their cache entries moved there without recomputing a token; the others
+  // are dropped. Beam search (beam.h) keeps its beams' ancestors this way, a tree of them, uncommitted.
+  virtual void prune(int64_t row, const std::vector<int64_t>& nodes);
 };
 
 // A row's tentative tree nodes (ModelRows::extend_tree), numbered in the order they were appended: node n is
@@ -65,6 +69,8 @@ class TentativeTree {
   void append(const ModelRows::TreeNodes& nodes, int64_t length, int64_t* positions, bool* visible, int64_t stride);
   // ValueError unless `path` goes down the tree from a root (path[0]'s parent -1, each next node a child).
   void check_path(const std::vector<int64_t>& path, int64_t row) const;
+  // Keeps `nodes` (prune's argument, checked: ValueError otherwise) renumbered 0 .. M - 1.
+  void keep(const std::vector<int64_t>& nodes, int64_t row);
   int64_t size() const { return static_cast<int64_t>(parents_.size()); }
   bool empty() const { return parents_.empty(); }
   void clear() { parents_.clear(); }

@@ -24,9 +24,10 @@ except ImportError:  # a source tree that was never built
                       "speculant> (or bash scripts/run.sh demo)") from None
 check_torch(_BUILT_TORCH, torch.__version__)
 
-from . import analysis, drafters, graphs, sampling
+from . import analysis, beams, drafters, graphs, sampling
 from . import testing
 from ._core import Iteration, Stats
+from .beams import BeamResult
 from .decoder import Result, SpeculativeDecoder, generate
 from .distillation import distill
 from .export import export  # the function; the subpackage stays importable as speculant.export.<arch>
@@ -35,6 +36,7 @@ from .sweep import sweep
 from .trace import Trace
 
 __all__ = [
+    "BeamResult",
     "Iteration",
     "Model",
     "Result",
@@ -42,6 +44,7 @@ __all__ = [
     "Stats",
     "Trace",
     "analysis",
+    "beams",
     "distill",
     "drafters",
     "export",

@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from . import _core, graphs
+from . import _core, beams, graphs
 from .drafters import Drafter
 from .model import Model, load
 from .trace import Trace
@@ -363,6 +363,35 @@ def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, m
     return results if batch else results[0]
 
 
+def _beam_options(num_beams, draft_beams, length_penalty, early_stopping, num_return_sequences) -> Optional[dict]:
+    """Beam search's checked options (speculant.beams), or None without num_beams >= 2 (then the others must be
+    left at their defaults)."""
+    if num_beams is None or (isinstance(num_beams, numbers.Integral) and not isinstance(num_beams, bool)
+                             and num_beams == 1):
+        for name, value, default in (("draft_beams", draft_beams, None), ("length_penalty", length_penalty, 1.0),
+                                     ("early_stopping", early_stopping, False),
+                                     ("num_return_sequences", num_return_sequences, 1)):
+            if value is not default and not (type(value) is type(default) and value == default):
+                raise ValueError(f"{name}={value!r} applies to beam search: pass num_beams >= 2 too")
+        return None
+    return beams.options(num_beams, draft_beams, length_penalty, early_stopping, num_return_sequences)
+
+
+def _beam_search(target: Model, draft: Optional[Model], gamma: int, beam: dict, prompt_ids, encoder_input_ids,
+                 max_new_tokens, eos_token_id, tokenizer, attention_mask):
+    if encoder_input_ids is not None:
+        raise ValueError("encoder_input_ids: beam search runs decoder-only models here (an encoder-decoder's "
+                         "decoder has no tree calls to hold every beam in one cache)")
+    if prompt_ids is None:
+        raise ValueError("prompt_ids is required for beam search")
+    tokenizer = _tokenizer(tokenizer)
+    prompts, batch = _rows(prompt_ids, "prompt_ids", tokenizer, attention_mask, _pad_id(tokenizer, target))
+    longest = max(len(p) for p in prompts)
+    max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 1, INT64_MAX - longest)
+    return beams.search(target._core, None if draft is None else draft._core, gamma, prompts, batch, max_new_tokens,
+                        _eos_ids(eos_token_id), tokenizer, beam)
+
+
 def _start(target: Model) -> int:
     start = target.decoder_start_token_id
     if start is None:
@@ -486,7 +515,11 @@ class SpeculativeDecoder:
                  cost: Optional[float] = None,
                  do_sample: Optional[bool] = None, temperature: Optional[float] = None,
                  top_k: Optional[int] = None, top_p: Optional[float] = None, tokenizer: Any = None,
-                 attention_mask: Optional[PromptIds] = None) -> Union[Result, List[Result]]:
+                 attention_mask: Optional[PromptIds] = None, num_beams: Optional[int] = None,
+                 draft_beams: Optional[int] = None, length_penalty: float = 1.0,
+                 early_stopping: Union[bool, str] = False,
+                 num_return_sequences: int = 1) -> Union[Result, List[Result], beams.BeamResult,
+                                                         List[beams.BeamResult]]:
         """Generates up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after ``eos_token_id`` (one
         id, or several: a row stops just after any of them, as with Llama 3's several end tokens).
 
@@ -525,7 +558,33 @@ class SpeculativeDecoder:
         alpha by a moving average of beta and drafts the gamma <= max_gamma that maximizes Theorem 3.8's
         improvement for the given ``cost`` c. max_gamma defaults to 2 * gamma. A policy sees only earlier
         iterations, so the output law stays exact. Left out, the three are the decoder's (its constructor's).
+
+        Speculative beam search (A.4): ``num_beams=w`` (>= 2) returns the target's beam search, exactly
+        transformers' ``generate(num_beams=w, do_sample=False)`` with the same ``length_penalty``,
+        ``early_stopping`` (False, True or "never"), ``eos_token_id`` and ``num_return_sequences``, as a
+        speculant.beams.BeamResult (one per prompt of a batch). The draft model runs its own beam search of width
+        ``draft_beams`` (default w) for gamma levels from the target's beams, one target call scores every
+        candidate, and the target's steps run on those scores for as long as its beams stay among the
+        candidates. The draft decides only how many steps a target call serves, never the result. It ranks the
+        raw log-probabilities (the decoder's temperature, top_k and top_p do not apply; overriding them, seed,
+        profile and the gamma policy are refused), needs a draft model (not a drafter or a hierarchical draft),
+        no tree, lenience 1, decoder-only models with tree calls (``Model.tree_obstacle``).
         """
+        beam = _beam_options(num_beams, draft_beams, length_penalty, early_stopping, num_return_sequences)
+        if beam is not None:
+            for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed),
+                                ("gamma_policy", gamma_policy), ("max_gamma", max_gamma), ("cost", cost)):
+                beams.refuse(name, value)
+            beams.refuse("do_sample", do_sample, allowed=False)
+            beams.refuse("profile", profile, allowed=False)
+            if not isinstance(self.draft, Model):
+                raise ValueError(f"num_beams: speculative beam search needs a draft model, not a "
+                                 f"{type(self.draft).__name__} (the draft runs beam search of its own)")
+            if self._tree or self._sampling["lenience"] != 1.0:
+                raise ValueError("num_beams: beam search is built with neither tree= nor lenience below 1 (it "
+                                 "is exact and drafts its own candidate tree): use a decoder without them")
+            return _beam_search(self.target, self.draft, self._gamma, beam, _prompt(prompt_ids, input_ids),
+                                encoder_input_ids, max_new_tokens, eos_token_id, tokenizer, attention_mask)
         overrides = (do_sample, temperature, top_k, top_p)
         core = self._core if all(v is None for v in overrides) else self._decoder(
             _sampling(self._sampling, *overrides))
@@ -546,10 +605,24 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, do_sample: Optional[bool] = None,
              eos_token_id: Union[int, Sequence[int], None] = None, seed: Optional[int] = None, profile: bool = False,
              tokenizer: Any = None, attention_mask: Optional[PromptIds] = None,
-             cuda_graphs: str = "off") -> Union[Result, List[Result]]:
+             cuda_graphs: str = "off", num_beams: Optional[int] = None, length_penalty: float = 1.0,
+             early_stopping: Union[bool, str] = False,
+             num_return_sequences: int = 1) -> Union[Result, List[Result], beams.BeamResult, List[beams.BeamResult]]:
     """Plain autoregressive decoding of ``target`` through the same engine (gamma = 0): the baseline.
-    Arguments as in SpeculativeDecoder.generate, and ``cuda_graphs`` as in SpeculativeDecoder."""
+    Arguments as in SpeculativeDecoder.generate, and ``cuda_graphs`` as in SpeculativeDecoder. ``num_beams``
+    >= 2 runs the target's beam search alone (one target call per step), the baseline of speculative beam
+    search."""
     target = _model(target, "target")
+    beam = _beam_options(num_beams, None, length_penalty, early_stopping, num_return_sequences)
+    if beam is not None:
+        beams.refuse("do_sample", do_sample, allowed=False)
+        beams.refuse("seed", seed)
+        beams.refuse("profile", profile, allowed=False)
+        beams.refuse("cuda_graphs", cuda_graphs, allowed="off")
+        for name, value, default in (("temperature", temperature, 1.0), ("top_k", top_k, 0), ("top_p", top_p, 1.0)):
+            beams.refuse(name, None if value == default else value)
+        return _beam_search(target, None, 0, beam, _prompt(prompt_ids, input_ids), encoder_input_ids,
+                            max_new_tokens, eos_token_id, tokenizer, attention_mask)
     sampling = _sampling({"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
                           "top_p": _real(top_p, "top_p"), "lenience": 1.0}, do_sample, None, None, None)
     shapes, why = graphs.shapes(target._core, graphs.check_mode(cuda_graphs), "target")

@@ -258,6 +258,11 @@ class LiveModel:
             return "an encoder-decoder live model verifies chains only (its decoder's tree mask is not built)"
         if "position_ids" not in self._params:
             return f"{type(self.model).__name__}.forward takes no position_ids (a tree's nodes share positions)"
+        config = self.model.config.get_text_config()
+        window, layers = getattr(config, "sliding_window", None), getattr(config, "layer_types", None) or []
+        if window and (not layers or "sliding_attention" in layers):
+            return (f"its attention has a sliding window of {window} tokens, which transformers drops when it is given "
+                    "a tree's 4-D attention mask")
         from transformers.cache_utils import DynamicLayer
         self.reset(torch.tensor([1 % self.model.config.vocab_size], device=self.model.device))
         kinds = {type(layer).__name__ for layer in getattr(self._cache, "layers", [])}

@@ -1,0 +1,196 @@
+"""Beam search, plain and speculative (A.4; cpp/beam.h), equals transformers' beam search.
+
+* Exports (GPT-2, Llama) and live transformers objects of every decoder-only family with tree calls: the
+  sequences and scores of ``generate(num_beams=w)``, with a draft (several w, draft_beams u and gamma) and
+  without, equal transformers' ``generate(num_beams=w, do_sample=False, num_return_sequences=w)`` token for
+  token (its padding aside) and score for score (to 1e-4), over length penalties, every early_stopping value,
+  EOS sets that end beams early, and prompts.
+* The draft decides how many steps a target call serves, never the result: the target as its own draft keeps
+  every level (gamma + 1 steps per call), and the counts add up.
+* Batches, the model's max_length, and every refusal by name.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import hf_families
+import hf_models
+import speculant
+from speculant.tiny_gpt import script_plain
+from test_greedy import TARGET
+
+PROMPTS = [[1, 5, 9], [7], [3, 3, 12, 40, 8, 21, 2, 17]]
+MAX_NEW = 12
+# (num_beams w, draft_beams u, gamma): gamma 0 is plain beam search (speculant.generate)
+SEARCHES = [(2, None, 0), (2, None, 3), (2, 4, 2), (4, None, 4), (3, 5, 1)]
+# (length_penalty, early_stopping, eos_token_id): EOS sets with tokens that the tiny GPT-2 and Llama emit within
+# MAX_NEW tokens, several per set (Llama 3 style), and one that never comes
+OPTIONS = [(1.0, False, [37, 28]), (-0.5, True, [44, 62, 19]), (2.0, "never", [51, 23]), (1.0, True, [38, 29, 17]),
+           (0.0, False, None), (1.0, False, [2])]
+
+
+def transformers_beams(model, prompt, w, length_penalty, early_stopping, eos):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, num_beams=w, num_return_sequences=w, max_new_tokens=MAX_NEW,
+                             eos_token_id=eos, pad_token_id=0, length_penalty=length_penalty,
+                             early_stopping=early_stopping, return_dict_in_generate=True, output_scores=True,
+                             top_k=None, top_p=None, temperature=None)
+    return [row[len(prompt):].tolist() for row in out.sequences], out.sequences_scores.tolist()
+
+
+def assert_equal_beams(result, expected, eos, label):
+    sequences, scores = expected
+    assert len(result.sequences) == len(sequences), label
+    # transformers pads a shorter finished beam with pad_token_id, or eos_token_id[0] where the pad id is 0
+    fill = {0} | ({eos[0]} if eos else set())
+    for i, (ours, theirs) in enumerate(zip(result.sequences, sequences)):
+        assert ours == theirs[:len(ours)] and set(theirs[len(ours):]) <= fill, f"{label}: beam {i}"
+        assert result.scores[i] == pytest.approx(scores[i], abs=1e-4), f"{label}: score {i}"
+
+
+def run(target, draft, prompt, w, u, gamma, length_penalty, early_stopping, eos):
+    options = dict(max_new_tokens=MAX_NEW, num_beams=w, num_return_sequences=w, length_penalty=length_penalty,
+                   early_stopping=early_stopping, eos_token_id=eos)
+    if gamma == 0:
+        return speculant.generate(target, prompt, **options)
+    return speculant.SpeculativeDecoder(target, draft, gamma=gamma).generate(prompt, draft_beams=u, **options)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """arch -> (transformers target, exported target, exported draft: the target with noise on its weights,
+    the exported target loaded again: a perfect draft)."""
+    root = tmp_path_factory.mktemp("beams")
+    out = {}
+    for arch in ("gpt2", "llama"):
+        model = hf_models.make(arch, seed=10)
+        speculant.export(model, root / f"{arch}_target.pt", max_length=96)
+        speculant.export(hf_models.drafted(model, noise=0.005, seed=11), root / f"{arch}_draft.pt", max_length=96)
+        out[arch] = (model, speculant.load(root / f"{arch}_target.pt"), speculant.load(root / f"{arch}_draft.pt"),
+                     speculant.load(root / f"{arch}_target.pt"))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("search", SEARCHES, ids=lambda s: f"w{s[0]}-u{s[1]}-g{s[2]}")
+def test_exports_equal_transformers_beam_search(exports, arch, search):
+    model, target, draft, _ = exports[arch]
+    w, u, gamma = search
+    finished_early = 0
+    for prompt, (length_penalty, early_stopping, eos) in itertools.product(PROMPTS, OPTIONS):
+        expected = transformers_beams(model, prompt, w, length_penalty, early_stopping, eos)
+        result = run(target, draft, prompt, w, u, gamma, length_penalty, early_stopping, eos)
+        assert_equal_beams(result, expected, eos, f"{arch} {prompt} {length_penalty} {early_stopping} {eos}")
+        finished_early += any(len(s) < MAX_NEW for s in result.sequences)
+        assert result.stats.steps == sum(result.stats.steps_per_call) <= MAX_NEW
+        assert result.stats.target_calls == len(result.stats.steps_per_call)
+        assert min(result.stats.steps_per_call) >= 1
+        if gamma == 0:
+            assert result.stats.draft_calls == 0 and max(result.stats.steps_per_call) == 1
+    assert finished_early >= 3, "the EOS sets must end some beams early, or EOS handling goes untested"
+
+
+def test_drafts_serve_several_steps_per_call(exports):
+    """The target as its own draft (draft_beams = num_beams): every level holds the target's beams, so each
+    call but the last serves gamma + 1 steps. A noisy draft serves more than one step per call on average."""
+    _, target, draft, same = exports["gpt2"]
+    for gamma in (2, 4):
+        result = speculant.SpeculativeDecoder(target, same, gamma=gamma).generate(
+            PROMPTS[0], max_new_tokens=MAX_NEW, num_beams=3)
+        calls = result.stats.steps_per_call
+        assert list(calls[:-1]) == [gamma + 1] * (len(calls) - 1), calls
+        assert result.sequences == speculant.generate(target, PROMPTS[0], max_new_tokens=MAX_NEW,
+                                                      num_beams=3).sequences
+        assert result.stats.target_tokens < 3 * MAX_NEW + 3 * gamma * len(calls)
+    noisy = speculant.SpeculativeDecoder(target, draft, gamma=3).generate(PROMPTS, max_new_tokens=MAX_NEW,
+                                                                          num_beams=2)
+    assert sum(r.stats.steps for r in noisy) / sum(r.stats.target_calls for r in noisy) > 1.2
+
+
+@pytest.fixture(scope="module")
+def live_families():
+    """family -> (transformers model, live target, live draft) for every decoder-only family with tree calls."""
+    out = {}
+    for family in hf_families.FAMILIES:
+        if family in hf_families.ENCODER_DECODER:
+            continue
+        model = hf_families.make(family, seed=10)
+        target = speculant.load(model)
+        if target.tree_obstacle:
+            continue
+        out[family] = model, target, speculant.load(hf_families.drafted(model, hf_families.NOISE[family], seed=11))
+    assert {"gpt2", "llama", "qwen2"} <= set(out), sorted(out)
+    return out
+
+
+def test_live_models_equal_transformers_beam_search(live_families):
+    for family, (model, target, draft) in live_families.items():
+        for prompt, (w, u, gamma), (length_penalty, early_stopping, eos) in [
+                (PROMPTS[0], (2, None, 3), OPTIONS[0]), (PROMPTS[2], (3, 4, 2), OPTIONS[1]),
+                (PROMPTS[1], (2, None, 0), OPTIONS[2])]:
+            expected = transformers_beams(model, prompt, w, length_penalty, early_stopping, eos)
+            result = run(target, draft, prompt, w, u, gamma, length_penalty, early_stopping, eos)
+            assert_equal_beams(result, expected, eos, f"{family} w={w} u={u} gamma={gamma}")
+
+
+def test_batches_are_rows_searched_alone(exports):
+    _, target, draft, _ = exports["llama"]
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=2)
+    batch = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW, num_beams=2, num_return_sequences=2, eos_token_id=9)
+    assert isinstance(batch, list) and len(batch) == len(PROMPTS)
+    for prompt, result in zip(PROMPTS, batch):
+        alone = decoder.generate(prompt, max_new_tokens=MAX_NEW, num_beams=2, num_return_sequences=2,
+                                 eos_token_id=9)
+        assert (result.sequences, result.scores) == (alone.sequences, alone.scores)
+        assert result.tokens == result.sequences[0] and result.text is None
+
+
+def test_a_search_beyond_max_length_is_refused(tmp_path):
+    speculant.export(hf_models.make("gpt2", seed=10), tmp_path / "short.pt", max_length=16)
+    short = speculant.load(tmp_path / "short.pt")
+    with pytest.raises(ValueError, match="max_length = 16"):
+        speculant.generate(short, PROMPTS[0], max_new_tokens=12, num_beams=4)
+
+
+def test_refusals_name_the_parameter(exports, tmp_path):
+    _, target, draft, _ = exports["gpt2"]
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=2)
+    cases = [
+        (dict(num_beams=2, do_sample=True), "do_sample=True does not apply to beam search"),
+        (dict(num_beams=2, temperature=0.5), "temperature=0.5 does not apply"),
+        (dict(num_beams=2, seed=3), "seed=3 does not apply"),
+        (dict(num_beams=2, gamma_policy="heuristic"), "gamma_policy='heuristic' does not apply"),
+        (dict(draft_beams=3), "draft_beams=3 applies to beam search: pass num_beams >= 2"),
+        (dict(length_penalty=2.0), "length_penalty=2.0 applies to beam search"),
+        (dict(num_beams=3, draft_beams=2), "draft_beams must be an integer >= 3"),
+        (dict(num_beams=2, early_stopping="sometimes"), "early_stopping must be False, True or 'never'"),
+        (dict(num_beams=2, num_return_sequences=3), "num_return_sequences must be <= num_beams = 2"),
+        (dict(num_beams=2, length_penalty=float("inf")), "length_penalty must be a finite real number"),
+        (dict(num_beams=True), "num_beams must be an integer >= 1"),
+        (dict(num_beams=2, max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
+    ]
+    for kwargs, message in cases:
+        kwargs = {"max_new_tokens": 4, **kwargs}
+        with pytest.raises(ValueError, match=message):
+            decoder.generate(PROMPTS[0], **kwargs)
+    with pytest.raises(ValueError, match="needs a draft model, not a Bigram"):
+        speculant.SpeculativeDecoder(target, speculant.drafters.Bigram.fit([PROMPTS[2]], vocab_size=64)).generate(
+            PROMPTS[0], max_new_tokens=4, num_beams=2)
+    with pytest.raises(ValueError, match="neither tree= nor lenience below 1"):
+        speculant.SpeculativeDecoder(target, draft, tree=[2, 1]).generate(PROMPTS[0], max_new_tokens=4, num_beams=2)
+    with pytest.raises(ValueError, match="neither tree= nor lenience below 1"):
+        speculant.SpeculativeDecoder(target, draft, lenience=0.5).generate(PROMPTS[0], max_new_tokens=4, num_beams=2)
+    t5 = speculant.load(hf_models.make("t5", seed=0))
+    with pytest.raises(ValueError, match="encoder_input_ids: beam search runs decoder-only models"):
+        speculant.generate(t5, encoder_input_ids=[4, 8], max_new_tokens=4, num_beams=2)
+    with pytest.raises(ValueError, match="beam search runs decoder-only models"):
+        speculant.generate(t5, [0], max_new_tokens=4, num_beams=2)
+    plain = speculant.load(script_plain(TARGET))  # the forward-only form: no cache to hold beams in
+    with pytest.raises(ValueError, match="beam search needs tree calls .* the target \\(plain form\\)"):
+        speculant.generate(plain, [1, 2], max_new_tokens=4, num_beams=2)
+    other = hf_models.make("gpt2", seed=12, vocab_size=80)
+    with pytest.raises(ValueError, match="vocabularies differ"):  # refused when the decoder is built
+        speculant.SpeculativeDecoder(target, speculant.load(other), gamma=2)
