@@ -56,8 +56,9 @@ class Nodes {
 // as tentative tree nodes (each attending to its ancestors), with their logits.
 class NodeCache {
  public:
-  NodeCache(Model& model, const char* role, const std::vector<int64_t>& prompt)
+  NodeCache(Model& model, const char* role, const std::vector<int64_t>& prompt, const at::Tensor& source)
       : model_(model), role_(role), rows_(model.tree_rows(1)) {
+    if (source.defined()) rows_->encode({source.to(model.device())});
     const auto head = static_cast<int64_t>(prompt.size()) - 1;
     rows_->reset({at::tensor(std::vector<int64_t>(prompt.begin(), prompt.begin() + head), at::kLong)
                       .to(model.device())});
@@ -245,8 +246,15 @@ class Search {
   bool improvable_ = true, done_ = false;
 };
 
-void check_config(const BeamConfig& config, const Model& target, const Model* draft, size_t prompt) {
+void check_config(const BeamConfig& config, const Model& target, const Model* draft, size_t prompt, size_t source) {
   require(prompt >= 1, "prompt_ids is empty: beam search needs at least one prompt token");
+  require(!target.encoder_decoder() || source >= 1,
+          "the target is an encoder-decoder model: pass encoder_input_ids (the source, at least one token)");
+  require(target.encoder_decoder() || source == 0,
+          "encoder_input_ids is only for encoder-decoder models; the target is decoder-only");
+  if (auto longest = target.max_source_length(); longest && static_cast<int64_t>(source) > *longest) {
+    fail("encoder_input_ids holds {} tokens, more than the target's max_source_length = {}", source, *longest);
+  }
   require(config.beams >= 1, "num_beams must be >= 1, got {}", config.beams);
   require(config.draft_beams == 0 || config.draft_beams >= config.beams,
           "draft_beams must be >= num_beams = {} (A.4's u >= w), got {}", config.beams, config.draft_beams);
@@ -255,16 +263,19 @@ void check_config(const BeamConfig& config, const Model& target, const Model* dr
           "num_return_sequences must be in [1, num_beams = {}], got {}", config.beams, config.return_sequences);
   require(config.max_new_tokens >= 1, "max_new_tokens must be >= 1 for beam search, got {}", config.max_new_tokens);
   require(std::isfinite(config.length_penalty), "length_penalty must be finite, got {}", config.length_penalty);
-  require(!target.encoder_decoder(), "beam search runs decoder-only models: an encoder-decoder's decoder has no "
-          "tree calls to hold several beams in one cache (Model.tree_obstacle)");
-  const std::string target_why = target.tree_obstacle();
+  const std::string target_why = target.beam_obstacle();
   require(target_why.empty(), "beam search needs tree calls (every beam in one cache): the target ({} form): {}",
           target.form(), target_why);
   if (config.gamma == 0) return;
   require(draft != nullptr, "speculative beam search (gamma = {}) needs a draft model", config.gamma);
-  const std::string draft_why = draft->tree_obstacle();
+  const std::string draft_why = draft->beam_obstacle();
   require(draft_why.empty(), "beam search needs tree calls (every beam in one cache): the draft ({} form): {}",
           draft->form(), draft_why);
+  require(draft->encoder_decoder() == target.encoder_decoder(), "the target is {} and the draft is not: both must be "
+          "encoder-decoder models or both decoder-only", target.encoder_decoder() ? "an encoder-decoder" : "decoder-only");
+  if (auto longest = draft->max_source_length(); longest && static_cast<int64_t>(source) > *longest) {
+    fail("encoder_input_ids holds {} tokens, more than the draft's max_source_length = {}", source, *longest);
+  }
   require(draft->vocab_size() == target.vocab_size(), "the draft's vocabulary ({} tokens) differs from the "
           "target's ({}): speculative beam search compares their tokens", draft->vocab_size(), target.vocab_size());
   require(draft->device() == target.device(), "the draft is on {} and the target on {}: put both on one device",
@@ -273,8 +284,9 @@ void check_config(const BeamConfig& config, const Model& target, const Model* dr
 
 }  // namespace
 
-BeamSearch beam_search(Model& target, Model* draft, const std::vector<int64_t>& prompt, const BeamConfig& config) {
-  check_config(config, target, draft, prompt.size());
+BeamSearch beam_search(Model& target, Model* draft, const std::vector<int64_t>& prompt,
+                       const std::vector<int64_t>& source, const BeamConfig& config) {
+  check_config(config, target, draft, prompt.size(), source.size());
   const auto started = std::chrono::steady_clock::now();
   std::vector<std::mutex*> mutexes{&target.in_use()};
   if (config.gamma > 0) mutexes.push_back(&draft->in_use());
@@ -285,10 +297,15 @@ BeamSearch beam_search(Model& target, Model* draft, const std::vector<int64_t>& 
   for (int64_t token : prompt) {
     require(token >= 0 && token < vocab, "prompt_ids holds token {}, outside the vocabulary [0, {})", token, vocab);
   }
+  for (int64_t token : source) {
+    require(token >= 0 && token < vocab, "encoder_input_ids holds token {}, outside the vocabulary [0, {})", token,
+            vocab);
+  }
+  const at::Tensor encoded = source.empty() ? at::Tensor() : at::tensor(source, at::kLong);
   Nodes nodes(prompt.back());
-  NodeCache verifier(target, "target", prompt);
+  NodeCache verifier(target, "target", prompt, encoded);
   std::unique_ptr<NodeCache> drafter =
-      config.gamma > 0 ? std::make_unique<NodeCache>(*draft, "draft", prompt) : nullptr;
+      config.gamma > 0 ? std::make_unique<NodeCache>(*draft, "draft", prompt, encoded) : nullptr;
   Search search(config, static_cast<int64_t>(prompt.size()), vocab, target.device());
   std::vector<int64_t> running(w, 0);  // each running beam's last node
   BeamSearch out;

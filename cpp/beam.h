@@ -27,7 +27,8 @@
 //
 // Caches: each model's cache holds the prompt and, as tentative tree nodes (rows.h), the tokens of every beam
 // still running (the ancestors of the running beams, shared prefixes once), pruned after every target call;
-// a beam's next token attends to its own ancestors only. Both models need tree calls (Model::tree_obstacle).
+// a beam's next token attends to its own ancestors only. Both models need tree calls (Model::beam_obstacle); an
+// encoder-decoder's hold one row over the source it encoded, which every beam attends to.
 #pragma once
 
 #include <cstdint>
@@ -67,8 +68,10 @@ struct BeamSearch {
 };
 
 // The beam search of `target` (with `draft` when config.gamma > 0, else draft may be null) after `prompt`
-// (decoder-only, >= 1 token). ValueError for a model without tree calls, a bad config, or a search that
-// outgrows a model's max_length. Locks both models while it runs.
-BeamSearch beam_search(Model& target, Model* draft, const std::vector<int64_t>& prompt, const BeamConfig& config);
+// (>= 1 token; an encoder-decoder's decoder prompt, its source in `source`, empty for decoder-only models).
+// ValueError for a model without tree calls (Model::beam_obstacle), a bad config, or a search that outgrows a
+// model's max_length. Locks both models while it runs.
+BeamSearch beam_search(Model& target, Model* draft, const std::vector<int64_t>& prompt,
+                       const std::vector<int64_t>& source, const BeamConfig& config);
 
 }  // namespace speculant

@@ -81,6 +81,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("graph_failure", &Model::graph_failure)
       .def_property_readonly("graphs_captured", &Model::graphs_captured)
       .def_property_readonly("tree_obstacle", &Model::tree_obstacle)
+      .def_property_readonly("beam_obstacle", &Model::beam_obstacle)
       .def_property_readonly("encoder_decoder", &Model::encoder_decoder)
       .def_property_readonly("max_source_length", &Model::max_source_length)
       .def_property_readonly("metadata", [](const Model& model) { return py::bytes(model.metadata()); });
@@ -354,7 +355,8 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "beam_search",
       [](const std::shared_ptr<Model>& target, const std::shared_ptr<Model>& draft,
-         const std::vector<int64_t>& prompt, int64_t beams, int64_t draft_beams, int64_t gamma,
+         const std::vector<int64_t>& prompt, const std::vector<int64_t>& source, int64_t beams, int64_t draft_beams,
+         int64_t gamma,
          double length_penalty, const std::string& early_stopping, int64_t return_sequences, int64_t max_new_tokens,
          const std::vector<int64_t>& eos_token_ids) {
         require(target != nullptr, "target must be a model");
@@ -370,9 +372,9 @@ PYBIND11_MODULE(_core, m) {
         }
         InterruptScope interruptible(signal_check());
         py::gil_scoped_release release;
-        return beam_search(*target, draft.get(), prompt, config);
+        return beam_search(*target, draft.get(), prompt, source, config);
       },
-      py::arg("target"), py::arg("draft"), py::arg("prompt"), py::arg("beams"), py::arg("draft_beams"),
+      py::arg("target"), py::arg("draft"), py::arg("prompt"), py::arg("source"), py::arg("beams"), py::arg("draft_beams"),
       py::arg("gamma"), py::arg("length_penalty"), py::arg("early_stopping"), py::arg("return_sequences"),
       py::arg("max_new_tokens"), py::arg("eos_token_ids"));
 

@@ -100,6 +100,9 @@ class Model {
     return fmt::format("the {} form has no tree calls (the batched cached form's extend_rows_masked and "
                        "copy_slots, which speculant.export writes)", form());
   }
+  // Why this model cannot hold several beams in one cache (beam.h): tree calls of one row, which for an
+  // encoder-decoder model attend to the source ModelRows::encode gave it; "" when it can.
+  virtual std::string beam_obstacle() const { return tree_obstacle(); }
   // A batch of `count` rows with tree calls (ModelRows::extend_tree / commit); ValueError with tree_obstacle().
   // The default runs row replicas through the two calls below.
   virtual std::unique_ptr<ModelRows> tree_rows(int64_t count);

@@ -16,8 +16,12 @@ class NativeRows final : public ModelRows {
         source_(std::move(source)), shapes_(shapes), graphs_(graphs), tree_(std::move(tree)), tentative_(count) {}
 
   int64_t count() const override { return static_cast<int64_t>(lengths_.size()); }
-  void encode(const std::vector<at::Tensor>&) override {
-    fail("model {}: batched calls of an encoder-decoder module are not supported", source_);
+  void encode(const std::vector<at::Tensor>& sources) override {
+    require(static_cast<bool>(tree_.encode) && sources.size() == 1, "model {}: batched calls of an "
+            "encoder-decoder module are not supported (one row's tree calls over one source are)", source_);
+    tree_.encode(sources[0]);
+    lengths_[0] = 0;
+    tentative_[0].clear();
   }
   void reset(const std::vector<at::Tensor>& tokens) override {
     std::fill(lengths_.begin(), lengths_.end(), 0);

@@ -32,6 +32,8 @@ struct TreeCalls {
                            const at::Tensor& slots, const at::Tensor& mask)>
       masked;
   std::function<void(const at::Tensor& rows, const at::Tensor& sources, const at::Tensor& targets)> copy;
+  // Encoder-decoder modules (one row): encodes the source (int64 [S]) the row's calls attend to.
+  std::function<void(const at::Tensor& source)> encode;
 };
 
 // `count` rows of a cache of max_length slots (+ the scratch one) on `device`. `graphs` (fixed and graphed

@@ -70,7 +70,10 @@ class CachedScriptModel final : public Model {
     device_ = module_device(module_);
     batched_ = !encoder_decoder_ && has_method(module_, "start_rows") && has_method(module_, "extend_rows") &&
                max_length_.has_value();
-    tree_ = batched_ && has_method(module_, "extend_rows_masked") && has_method(module_, "copy_slots");
+    const bool masked = has_method(module_, "extend_rows_masked") && has_method(module_, "copy_slots");
+    tree_ = batched_ && masked;
+    source_tree_ = encoder_decoder_ && masked && has_method(module_, "start_rows") &&
+                   has_method(module_, "extend_rows") && max_length_.has_value();
   }
 
   bool batched() const override { return batched_; }
@@ -84,12 +87,23 @@ class CachedScriptModel final : public Model {
   }
   std::string tree_obstacle() const override {
     if (tree_) return "";
+    if (source_tree_) {
+      return "an encoder-decoder module's tree calls hold one row over one encoded source: they serve beam search "
+             "(num_beams), not tree= decoding";
+    }
     if (!batched_) return fixed_shapes_obstacle();
     return "the module has no extend_rows_masked / copy_slots methods (model.h); re-export it with this version "
            "of speculant.export, which writes them";
   }
+  std::string beam_obstacle() const override {
+    if (!encoder_decoder_ || source_tree_) return encoder_decoder_ ? "" : tree_obstacle();
+    return "the module has no start_rows / extend_rows / extend_rows_masked / copy_slots methods (model.h); "
+           "re-export it with this version of speculant.export, which writes them";
+  }
   std::unique_ptr<ModelRows> tree_rows(int64_t count) override {
-    if (!tree_) return Model::tree_rows(count);
+    if (!tree_ && !source_tree_) return Model::tree_rows(count);
+    require(tree_ || count == 1, "model {}: an encoder-decoder module's tree calls hold one row, not {}", source_,
+            count);
     start_rows(count);
     TreeCalls calls;
     calls.masked = [this](const at::Tensor& ids, const at::Tensor& rows, const at::Tensor& positions,
@@ -100,6 +114,7 @@ class CachedScriptModel final : public Model {
     calls.copy = [this](const at::Tensor& rows, const at::Tensor& sources, const at::Tensor& targets) {
       module_.get_method("copy_slots")({rows, sources, targets});
     };
+    if (source_tree_) calls.encode = [this](const at::Tensor& source) { encode(source); };
     return native_rows(rows_call(), count, *max_length_, device_, source_, Shapes::dynamic, &fixed_,
                        std::move(calls));
   }
@@ -169,6 +184,7 @@ class CachedScriptModel final : public Model {
   int64_t length_ = 0;
   bool batched_ = false;
   bool tree_ = false;  // extend_rows_masked and copy_slots too
+  bool source_tree_ = false;  // an encoder-decoder module's tree calls of one row (beam search)
   int64_t rows_started_ = 0;  // the row cache's batch size (0: none yet)
   // The fixed-shape calls' buffers, without and with CUDA graphs; what they must not move: every tensor the
   // module holds (its cache among them).

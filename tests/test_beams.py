@@ -1,6 +1,7 @@
 """Beam search, plain and speculative (A.4; cpp/beam.h), equals transformers' beam search.
 
-* Exports (GPT-2, Llama) and live transformers objects of every decoder-only family with tree calls: the
+* Exports (GPT-2, Llama, T5: a prompt is its source, the decoder starting at decoder_start_token_id) and live
+  transformers objects of every decoder-only family with tree calls: the
   sequences and scores of ``generate(num_beams=w)``, with a draft (several w, draft_beams u and gamma) and
   without, equal transformers' ``generate(num_beams=w, do_sample=False, num_return_sequences=w)`` token for
   token (its padding aside) and score for score (to 1e-4), over length penalties, every early_stopping value,
@@ -25,20 +26,21 @@ PROMPTS = [[1, 5, 9], [7], [3, 3, 12, 40, 8, 21, 2, 17]]
 MAX_NEW = 12
 # (num_beams w, draft_beams u, gamma): gamma 0 is plain beam search (speculant.generate)
 SEARCHES = [(2, None, 0), (2, None, 3), (2, 4, 2), (4, None, 4), (3, 5, 1)]
-# (length_penalty, early_stopping, eos_token_id): EOS sets with tokens that the tiny GPT-2 and Llama emit within
-# MAX_NEW tokens, several per set (Llama 3 style), and one that never comes
-OPTIONS = [(1.0, False, [37, 28]), (-0.5, True, [44, 62, 19]), (2.0, "never", [51, 23]), (1.0, True, [38, 29, 17]),
-           (0.0, False, None), (1.0, False, [2])]
+# (length_penalty, early_stopping, eos_token_id): EOS sets with tokens that the tiny GPT-2, Llama and T5 emit
+# within MAX_NEW tokens, several per set (Llama 3 style), and one that never comes
+OPTIONS = [(1.0, False, [37, 28, 58]), (-0.5, True, [44, 62, 19, 52]), (2.0, "never", [51, 23, 12]),
+           (1.0, True, [38, 29, 17]), (0.0, False, None), (1.0, False, [2])]
 
 
 def transformers_beams(model, prompt, w, length_penalty, early_stopping, eos):
+    skip = 1 if model.config.is_encoder_decoder else len(prompt)  # the decoder start, or the prompt
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                              do_sample=False, num_beams=w, num_return_sequences=w, max_new_tokens=MAX_NEW,
                              eos_token_id=eos, pad_token_id=0, length_penalty=length_penalty,
                              early_stopping=early_stopping, return_dict_in_generate=True, output_scores=True,
                              top_k=None, top_p=None, temperature=None)
-    return [row[len(prompt):].tolist() for row in out.sequences], out.sequences_scores.tolist()
+    return [row[skip:].tolist() for row in out.sequences], out.sequences_scores.tolist()
 
 
 def assert_equal_beams(result, expected, eos, label):
@@ -54,9 +56,10 @@ def assert_equal_beams(result, expected, eos, label):
 def run(target, draft, prompt, w, u, gamma, length_penalty, early_stopping, eos):
     options = dict(max_new_tokens=MAX_NEW, num_beams=w, num_return_sequences=w, length_penalty=length_penalty,
                    early_stopping=early_stopping, eos_token_id=eos)
+    options["encoder_input_ids" if target.encoder_decoder else "prompt_ids"] = prompt
     if gamma == 0:
-        return speculant.generate(target, prompt, **options)
-    return speculant.SpeculativeDecoder(target, draft, gamma=gamma).generate(prompt, draft_beams=u, **options)
+        return speculant.generate(target, **options)
+    return speculant.SpeculativeDecoder(target, draft, gamma=gamma).generate(draft_beams=u, **options)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +68,7 @@ def exports(tmp_path_factory):
     the exported target loaded again: a perfect draft)."""
     root = tmp_path_factory.mktemp("beams")
     out = {}
-    for arch in ("gpt2", "llama"):
+    for arch in ("gpt2", "llama", "t5"):
         model = hf_models.make(arch, seed=10)
         speculant.export(model, root / f"{arch}_target.pt", max_length=96)
         speculant.export(hf_models.drafted(model, noise=0.005, seed=11), root / f"{arch}_draft.pt", max_length=96)
@@ -74,7 +77,7 @@ def exports(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "t5"])
 @pytest.mark.parametrize("search", SEARCHES, ids=lambda s: f"w{s[0]}-u{s[1]}-g{s[2]}")
 def test_exports_equal_transformers_beam_search(exports, arch, search):
     model, target, draft, _ = exports[arch]
@@ -183,11 +186,17 @@ def test_refusals_name_the_parameter(exports, tmp_path):
         speculant.SpeculativeDecoder(target, draft, tree=[2, 1]).generate(PROMPTS[0], max_new_tokens=4, num_beams=2)
     with pytest.raises(ValueError, match="neither tree= nor lenience below 1"):
         speculant.SpeculativeDecoder(target, draft, lenience=0.5).generate(PROMPTS[0], max_new_tokens=4, num_beams=2)
-    t5 = speculant.load(hf_models.make("t5", seed=0))
-    with pytest.raises(ValueError, match="encoder_input_ids: beam search runs decoder-only models"):
-        speculant.generate(t5, encoder_input_ids=[4, 8], max_new_tokens=4, num_beams=2)
-    with pytest.raises(ValueError, match="beam search runs decoder-only models"):
+    with pytest.raises(ValueError, match="encoder_input_ids is only for encoder-decoder models"):
+        decoder.generate(PROMPTS[0], encoder_input_ids=[4, 8], max_new_tokens=4, num_beams=2)
+    _, t5, t5_draft, _ = exports["t5"]
+    with pytest.raises(ValueError, match="the target is an encoder-decoder model: pass encoder_input_ids"):
         speculant.generate(t5, [0], max_new_tokens=4, num_beams=2)
+    with pytest.raises(ValueError, match="tree calls hold one row over one encoded source: they serve beam search"):
+        speculant.SpeculativeDecoder(t5, t5_draft, tree=[2])  # one row, one source: beam search only
+    live_t5 = speculant.load(hf_models.make("t5", seed=0))  # its relative position bias follows cache positions
+    assert target.beam_obstacle == t5.beam_obstacle == "" and "verifies chains only" in live_t5.beam_obstacle
+    with pytest.raises(ValueError, match="the target \\(live form\\): an encoder-decoder live model verifies chains"):
+        speculant.generate(live_t5, encoder_input_ids=[4, 8], max_new_tokens=4, num_beams=2)
     plain = speculant.load(script_plain(TARGET))  # the forward-only form: no cache to hold beams in
     with pytest.raises(ValueError, match="beam search needs tree calls .* the target \\(plain form\\)"):
         speculant.generate(plain, [1, 2], max_new_tokens=4, num_beams=2)

@@ -239,6 +239,39 @@ def test_save_load_roundtrip(tmp_path):
     close(loaded.extend(dec[:, 2:]), expected[:, 2:])
 
 
+def test_tree_calls_of_one_row_equal_each_nodes_path(pair):
+    """A prefix through extend_rows, then a tree (root c: children d, e; d: child f) through extend_rows_masked,
+    nodes in slots after the prefix; each node's logits are HF's for its own path; then copy_slots keeps the path
+    c, e (its entries moved to consecutive slots) and a token after it is HF's for the kept sequence. Far
+    positions (past the exact buckets) reach the log-spaced relative buckets."""
+    model, scripted = pair
+    vocab = model.config.vocab_size
+    src, prefix = ids(9, vocab, 30), ids(20, vocab, 31)  # [1, 9], [1, 20]
+    c, d, e, f, x = ids(5, vocab, 32)[0].tolist()
+    scripted.encode(src)
+    scripted.start_rows(1)
+    row = torch.zeros(1, dtype=torch.long)
+    n = prefix.size(1)
+    at = torch.arange(n)[None]
+    close(scripted.extend_rows(prefix, row, at, at, n), hf_logits(model, src, prefix))
+    tree = torch.tensor([[c, d, e, f]])
+    positions = torch.tensor([[n, n + 1, n + 1, n + 2]])
+    slots = torch.arange(n, n + 4)[None]
+    mask = torch.zeros(1, 4, n + 4, dtype=torch.bool)
+    mask[0, :, :n] = True
+    for node, path in enumerate([[0], [0, 1], [0, 2], [0, 1, 3]]):
+        mask[0, node, [n + p for p in path]] = True
+    logits = scripted.extend_rows_masked(tree, row, positions, slots, mask)
+    for node, path in enumerate([[c], [c, d], [c, e], [c, d, f]]):
+        expected = hf_logits(model, src, torch.cat([prefix, torch.tensor([path])], 1))[:, -1]
+        close(logits[:, node], expected)
+    scripted.copy_slots(row, torch.tensor([[n + 2]]), torch.tensor([[n + 1]]))  # e into the slot after c
+    after = scripted.extend_rows(torch.tensor([[x]]), row, torch.tensor([[n + 2]]), torch.tensor([[n + 2]]), n + 3)
+    close(after[:, 0], hf_logits(model, src, torch.cat([prefix, torch.tensor([[c, e, x]])], 1))[:, -1])
+    with pytest.raises(torch.jit.Error, match="rows share the one encoded source, so batch must be 1, got 2"):
+        scripted.start_rows(2)
+
+
 def test_bad_calls_raise_clear_errors():
     model = build(seed=5, vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4)
     scripted = t5.script(model, max_length=6, max_source_length=5)

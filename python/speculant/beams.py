@@ -83,13 +83,15 @@ def refuse(name: str, value, allowed=None) -> None:
                          "log-probabilities deterministically (transformers' do_sample=False): leave it out")
 
 
-def search(target: _core.Model, draft: Optional[_core.Model], gamma: int, prompts: List[List[int]], batch: bool,
-           max_new_tokens: int, eos: List[int], tokenizer, beam: dict) -> Union[BeamResult, List[BeamResult]]:
-    """Runs each prompt's beam search (with the draft when gamma > 0); one BeamResult per prompt."""
+def search(target: _core.Model, draft: Optional[_core.Model], gamma: int, prompts: List[List[int]],
+           sources: Optional[List[List[int]]], batch: bool, max_new_tokens: int, eos: List[int], tokenizer,
+           beam: dict) -> Union[BeamResult, List[BeamResult]]:
+    """Runs each prompt's beam search (with the draft when gamma > 0; an encoder-decoder's over sources[i]);
+    one BeamResult per prompt."""
     results = []
-    for prompt in prompts:
-        found = _core.beam_search(target, draft, prompt, gamma=gamma, max_new_tokens=max_new_tokens,
-                                  eos_token_ids=eos, **beam)
+    for i, prompt in enumerate(prompts):
+        found = _core.beam_search(target, draft, prompt, [] if sources is None else sources[i], gamma=gamma,
+                                  max_new_tokens=max_new_tokens, eos_token_ids=eos, **beam)
         sequences = [list(s) for s in found.sequences]
         texts = None if tokenizer is None else [tokenizer.decode(s) for s in sequences]
         results.append(BeamResult(sequences=sequences, scores=list(found.scores), stats=found, texts=texts))

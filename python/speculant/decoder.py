@@ -333,20 +333,7 @@ def _eos_ids(value) -> List[int]:
 def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id,
          seed, profile, schedule=None, tokenizer=None, attention_mask=None) -> Union[Result, List[Result]]:
     tokenizer = _tokenizer(tokenizer)
-    encoder_decoder = encoder_input_ids is not None
-    pad_id = _pad_id(tokenizer, target)
-    sources, source_batch = ([], False) if not encoder_decoder else _rows(  # an encoder-decoder's mask: its source's
-        encoder_input_ids, "encoder_input_ids", tokenizer, attention_mask, pad_id)
-    if prompt_ids is None:
-        prompts, batch = [[_start(target)]] * max(len(sources), 1), source_batch
-    else:
-        prompts, batch = _rows(prompt_ids, "prompt_ids", tokenizer, None if encoder_decoder else attention_mask,
-                               pad_id)
-        if encoder_decoder and not batch and source_batch:  # one decoder start for every source
-            prompts, batch = prompts * len(sources), True
-    if encoder_decoder and len(sources) != len(prompts):
-        raise ValueError(f"prompt_ids holds {len(prompts)} prompts and encoder_input_ids {len(sources)} sources: "
-                         "pass one source per prompt (or one decoder start for every source)")
+    prompts, sources, batch = _prompts_and_sources(target, prompt_ids, encoder_input_ids, tokenizer, attention_mask)
     # The engine adds the prompt's length to max_new_tokens in int64.
     longest = max(len(p) for p in prompts)
     max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0, INT64_MAX - longest)
@@ -361,6 +348,26 @@ def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, m
         results.append(Result(tokens=tokens, stats=generation.stats, trace=Trace(generation.trace), text=text,
                               levels=tuple(generation.levels)))
     return results if batch else results[0]
+
+
+def _prompts_and_sources(target: Model, prompt_ids, encoder_input_ids, tokenizer, attention_mask):
+    """(prompts, sources, batch): the rows of prompt_ids and encoder_input_ids (sources [] for decoder-only
+    models; an encoder-decoder's prompts default to its decoder start, one for every source), checked."""
+    encoder_decoder = encoder_input_ids is not None
+    pad_id = _pad_id(tokenizer, target)
+    sources, source_batch = ([], False) if not encoder_decoder else _rows(  # an encoder-decoder's mask: its source's
+        encoder_input_ids, "encoder_input_ids", tokenizer, attention_mask, pad_id)
+    if prompt_ids is None:
+        prompts, batch = [[_start(target)]] * max(len(sources), 1), source_batch
+    else:
+        prompts, batch = _rows(prompt_ids, "prompt_ids", tokenizer, None if encoder_decoder else attention_mask,
+                               pad_id)
+        if encoder_decoder and not batch and source_batch:  # one decoder start for every source
+            prompts, batch = prompts * len(sources), True
+    if encoder_decoder and len(sources) != len(prompts):
+        raise ValueError(f"prompt_ids holds {len(prompts)} prompts and encoder_input_ids {len(sources)} sources: "
+                         "pass one source per prompt (or one decoder start for every source)")
+    return prompts, sources, batch
 
 
 def _beam_options(num_beams, draft_beams, length_penalty, early_stopping, num_return_sequences) -> Optional[dict]:
@@ -379,17 +386,12 @@ def _beam_options(num_beams, draft_beams, length_penalty, early_stopping, num_re
 
 def _beam_search(target: Model, draft: Optional[Model], gamma: int, beam: dict, prompt_ids, encoder_input_ids,
                  max_new_tokens, eos_token_id, tokenizer, attention_mask):
-    if encoder_input_ids is not None:
-        raise ValueError("encoder_input_ids: beam search runs decoder-only models here (an encoder-decoder's "
-                         "decoder has no tree calls to hold every beam in one cache)")
-    if prompt_ids is None:
-        raise ValueError("prompt_ids is required for beam search")
     tokenizer = _tokenizer(tokenizer)
-    prompts, batch = _rows(prompt_ids, "prompt_ids", tokenizer, attention_mask, _pad_id(tokenizer, target))
+    prompts, sources, batch = _prompts_and_sources(target, prompt_ids, encoder_input_ids, tokenizer, attention_mask)
     longest = max(len(p) for p in prompts)
     max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 1, INT64_MAX - longest)
-    return beams.search(target._core, None if draft is None else draft._core, gamma, prompts, batch, max_new_tokens,
-                        _eos_ids(eos_token_id), tokenizer, beam)
+    return beams.search(target._core, None if draft is None else draft._core, gamma, prompts, sources or None,
+                        batch, max_new_tokens, _eos_ids(eos_token_id), tokenizer, beam)
 
 
 def _start(target: Model) -> int:
@@ -568,7 +570,8 @@ class SpeculativeDecoder:
         candidates. The draft decides only how many steps a target call serves, never the result. It ranks the
         raw log-probabilities (the decoder's temperature, top_k and top_p do not apply; overriding them, seed,
         profile and the gamma policy are refused), needs a draft model (not a drafter or a hierarchical draft),
-        no tree, lenience 1, decoder-only models with tree calls (``Model.tree_obstacle``).
+        no tree, lenience 1, and models that hold several beams in one cache (``Model.beam_obstacle``). An
+        encoder-decoder's beams share the source (``encoder_input_ids``), each decoder starting at its start token.
         """
         beam = _beam_options(num_beams, draft_beams, length_penalty, early_stopping, num_return_sequences)
         if beam is not None:

@@ -90,6 +90,12 @@ class Model:
         models that honour a 4-D attention mask (probed once, on first use) can."""
         return self._core.tree_obstacle
 
+    @property
+    def beam_obstacle(self) -> str:
+        """Why this model cannot hold several beams in one cache (beam search, ``num_beams``), or "" when it can:
+        models with tree calls, and speculant.export's T5 files (tree calls of one row over the encoded source)."""
+        return self._core.beam_obstacle
+
     def __repr__(self) -> str:
         return (f"speculant.Model({self.source!r}, form={self.form!r}, vocab_size={self.vocab_size}, "
                 f"device={str(self.device)!r})")

@@ -198,14 +198,9 @@ class CachedDecoder(nn.Module):
     def copy_slots(self, rows: Tensor, sources: Tensor, targets: Tensor) -> None:
         """Copies row rows[r]'s keys and values at slot sources[r, m] to slot targets[r, m], in place, every read
         before any write (token trees: the accepted path moves into consecutive slots)."""
-        if rows.dim() != 1 or sources.dim() != 2 or targets.shape != sources.shape or sources.size(0) != rows.size(0):
-            raise ValueError(f"copy_slots: expected rows [R] and sources, targets [R, M], got {rows.shape}, "
-                             f"{sources.shape}, {targets.shape}")
         if self.row_cache.numel() == 0:
             raise ValueError("copy_slots: call start_rows first (the batch's cache is allocated there)")
-        index = rows.unsqueeze(1).expand_as(sources)  # [R, M]
-        moved = self.row_cache[:, :, index, sources]  # [2, L, R, M, H_kv, D], a copy
-        self.row_cache[:, :, index, targets] = moved
+        copy_row_slots(self.row_cache, rows, sources, targets)
 
     @torch.jit.export
     def truncate(self, length: int) -> None:
@@ -216,6 +211,16 @@ class CachedDecoder(nn.Module):
     @torch.jit.export
     def cache_length(self) -> int:
         return self.length
+
+
+def copy_row_slots(row_cache: Tensor, rows: Tensor, sources: Tensor, targets: Tensor) -> None:
+    """copy_slots on a rows cache [2, L, B, M + 1, H_kv, D]: row rows[r]'s slot sources[r, m] to targets[r, m]."""
+    if rows.dim() != 1 or sources.dim() != 2 or targets.shape != sources.shape or sources.size(0) != rows.size(0):
+        raise ValueError(f"copy_slots: expected rows [R] and sources, targets [R, M], got {rows.shape}, "
+                         f"{sources.shape}, {targets.shape}")
+    index = rows.unsqueeze(1).expand_as(sources)  # [R, M]
+    moved = row_cache[:, :, index, sources]  # [2, L, R, M, H_kv, D], a copy
+    row_cache[:, :, index, targets] = moved
 
 
 def write_cache(k: Tensor, v: Tensor, cache_k: Tensor, cache_v: Tensor, start: int) -> Tuple[Tensor, Tensor]:

@@ -25,6 +25,13 @@ Encoder-decoder cached contract of the scripted module (batch 1):
     truncate(length) -> None, cache_length() -> int
     forward(input_ids[1, S], decoder_input_ids[1, T]) -> [1, T, V]   stateless, leaves the caches alone
 
+and the tree calls of one row over the encoded source (cpp/model.h; beam search holds every beam in them):
+start_rows(1), extend_rows, extend_rows_masked and copy_slots as decoder-only exports have them
+(export/cached.py), the row's cache [2, L, 1, M + 1, H, D] apart from the batch-1 cache. A tree node's relative
+position bias needs each attended key's position, which a slot does not tell (tree nodes sit after the row's
+length in the order they came): it is the number of keys the query sees before it, as every query sees exactly
+its own path.
+
 Row j of the logits is the next-token distribution after decoder token j; generation starts the decoder
 with `decoder_start_token_id`.
 
@@ -38,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import ACTIVATIONS, activate, write_cache
+from .cached import ACTIVATIONS, Step, activate, cached_kv, copy_row_slots, single_step
 
 __all__ = ["check_config", "script", "T5Cached", "relative_position_bucket"]
 
@@ -185,15 +192,14 @@ class DecoderBlock(nn.Module):
         self.ff_norm = RMSNorm(hf_block.layer[2].layer_norm)
         self.ff = _feed_forward(hf_block.layer[2], act, gated)
 
-    def forward(self, x: Tensor, bias: Tensor, cache: Optional[Tuple[Tensor, Tensor]], start: int,
+    def forward(self, x: Tensor, bias: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step,
                 cross_k: Tensor, cross_v: Tensor) -> Tensor:
-        # x [1, T, C] at decoder positions [start, start + T); bias [1, H, T, start + T] (causal, -inf);
-        # cache: (keys, values) [H, M, D] of this layer or None (stateless); cross_k, cross_v [1, H, S, D]
-        T = x.size(1)
+        # x [R, T, C] where `step` puts it; bias [R or 1, H, T, K] (-inf = masked); cache: this layer's (keys,
+        # values), [H, M, D] (batch 1) or [1, M + 1, H, D] (the row), or None (stateless); cross_k, cross_v
+        # [1, H, S, D]
         h = self.self_norm(x)
-        k, v = self.self_attn.keys_values(h)  # [1, H, T, D]
-        if cache is not None:  # write the new positions, then attend to everything cached so far
-            k, v = write_cache(k, v, cache[0], cache[1], start)  # [1, H, K, D], K = start + T
+        k, v = self.self_attn.keys_values(h)  # [R, H, T, D]
+        k, v = cached_kv(k, v, cache, step)  # the new positions written, everything attended: [R, H, K, D]
         x = _clamp_half(x + self.self_attn(h, k, v, bias))
         x = _clamp_half(x + self.cross_attn(self.cross_norm(x), cross_k, cross_v, None))
         return _clamp_half(x + self.ff(self.ff_norm(x)))  # [1, T, C]
@@ -239,6 +245,7 @@ class T5Cached(nn.Module):
         self.register_buffer("self_kv", like.new_zeros(0), persistent=False)  # [2, L, H, M, D] keys, values
         self.register_buffer("cross_k", like.new_zeros(0), persistent=False)  # [L, H, S, D] of the source
         self.register_buffer("cross_v", like.new_zeros(0), persistent=False)  # [L, H, S, D]
+        self.register_buffer("row_kv", like.new_zeros(0), persistent=False)  # [2, L, 1, M + 1, H, D], start_rows
 
     # -- building blocks --------------------------------------------------------------------------------
     def _position_bias(self, table: Tensor, start: int, T: int, K: int, decoder: bool) -> Tensor:
@@ -275,13 +282,18 @@ class T5Cached(nn.Module):
         T = input_ids.size(1)
         x = F.embedding(input_ids, self.decoder_embed)  # [1, T, C]
         bias = self._position_bias(self.decoder_bias, start, T, start + T, True)  # [1, H, T, start + T]
+        step = single_step(T, start, input_ids.device)
         for i, block in enumerate(self.decoder_blocks):
             cache = (self.self_kv[0, i], self.self_kv[1, i]) if use_cache else None  # [H, M, D] views
-            x = block(x, bias, cache, start, cross_k[i].unsqueeze(0), cross_v[i].unsqueeze(0))
-        x = self.decoder_norm(x)  # [1, T, C]
+            x = block(x, bias, cache, step, cross_k[i].unsqueeze(0), cross_v[i].unsqueeze(0))
+        return self._head(x)
+
+    def _head(self, x: Tensor) -> Tensor:
+        # the decoder's output [R, T, C] -> logits [R, T, V]
+        x = self.decoder_norm(x)
         if self.scale_output:
             x = x * self.output_scale
-        return F.linear(x, self.lm_head)  # [1, T, V]
+        return F.linear(x, self.lm_head)
 
     def _check_ids(self, input_ids: Tensor, what: str) -> None:
         if input_ids.dim() != 2 or input_ids.size(0) != 1 or input_ids.size(1) < 1:
@@ -355,6 +367,61 @@ class T5Cached(nn.Module):
     @torch.jit.export
     def cache_length(self) -> int:
         return self.length
+
+    # -- tree calls of one row over the encoded source ------------------------------------------------------
+    @torch.jit.export
+    def start_rows(self, batch: int) -> None:
+        """One row (its old contents stale): every row would attend to the one source encode() stored."""
+        if batch != 1:
+            raise ValueError(f"start_rows: a T5 module's rows share the one encoded source, so batch must be 1, "
+                             f"got {batch}")
+        like = self.decoder_embed
+        shape = [2, self.n_decoder_layers, 1, self.max_length + 1, self.n_heads, self.d_kv]
+        if list(self.row_kv.shape) != shape:
+            self.row_kv = torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+    @torch.jit.export
+    def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
+        """input_ids [1, T] -> logits [1, T, V] as in export/cached.py: each query sees the slots up to its
+        position among [0, keys)."""
+        if keys < 1 or keys > self.max_length:
+            raise ValueError(f"extend_rows: keys must be in [1, max_length={self.max_length}], got {keys}")
+        mask = torch.arange(keys, device=input_ids.device) <= positions.unsqueeze(2)  # [1, T, K]
+        return self.extend_rows_masked(input_ids, rows, positions, slots, mask)
+
+    @torch.jit.export
+    def extend_rows_masked(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor,
+                           mask: Tensor) -> Tensor:
+        """input_ids [1, T] -> logits [1, T, V]: token j sits at positions[0, j], is written to slot slots[0, j]
+        and sees exactly the slots s where mask[0, j, s] (its own path), and the whole encoded source."""
+        if self.source_length == 0 or self.row_kv.numel() == 0:
+            raise ValueError("extend_rows_masked: call encode and start_rows first")
+        if input_ids.dim() != 2 or input_ids.size(0) != 1 or positions.shape != input_ids.shape or \
+                slots.shape != input_ids.shape or rows.dim() != 1 or rows.size(0) != 1 or mask.dim() != 3 or \
+                mask.shape[:2] != input_ids.shape:
+            raise ValueError(f"extend_rows_masked: expected input_ids, positions, slots [1, T], rows [1] and mask "
+                             f"[1, T, K], got {input_ids.shape}, {positions.shape}, {slots.shape}, {rows.shape}, "
+                             f"{mask.shape}")
+        if mask.dtype != torch.bool or mask.size(2) < 1 or mask.size(2) > self.max_length:
+            raise ValueError(f"extend_rows_masked: mask must be bool with 1 <= K <= max_length={self.max_length}, "
+                             f"got {mask.dtype} with K = {mask.size(2)}")
+        relative = mask.long().cumsum(2) - 1 - positions.unsqueeze(2)  # [1, T, K]: key position - query's
+        buckets = relative_position_bucket(relative, False, self.num_buckets, self.max_distance)
+        bias = F.embedding(buckets, self.decoder_bias).permute(0, 3, 1, 2)  # [1, H, T, K]
+        bias = bias.masked_fill(~mask.unsqueeze(1), float("-inf")).contiguous()
+        step = Step(positions, mask.unsqueeze(1), -1, rows, slots, mask.size(2))
+        x = F.embedding(input_ids, self.decoder_embed)  # [1, T, C]
+        for i, block in enumerate(self.decoder_blocks):
+            x = block(x, bias, (self.row_kv[0, i], self.row_kv[1, i]), step, self.cross_k[i].unsqueeze(0),
+                      self.cross_v[i].unsqueeze(0))
+        return self._head(x)  # [1, T, V]
+
+    @torch.jit.export
+    def copy_slots(self, rows: Tensor, sources: Tensor, targets: Tensor) -> None:
+        """As export/cached.py's: the row's slots sources[0, m] copied to targets[0, m], every read first."""
+        if self.row_kv.numel() == 0:
+            raise ValueError("copy_slots: call start_rows first (the row's cache is allocated there)")
+        copy_row_slots(self.row_kv, rows, sources, targets)
 
 
 def _scales_decoder_output(config: Any) -> bool:
