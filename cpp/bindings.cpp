@@ -356,9 +356,8 @@ PYBIND11_MODULE(_core, m) {
       "beam_search",
       [](const std::shared_ptr<Model>& target, const std::shared_ptr<Model>& draft,
          const std::vector<int64_t>& prompt, const std::vector<int64_t>& source, int64_t beams, int64_t draft_beams,
-         int64_t gamma,
-         double length_penalty, const std::string& early_stopping, int64_t return_sequences, int64_t max_new_tokens,
-         const std::vector<int64_t>& eos_token_ids) {
+         int64_t gamma, double length_penalty, const std::string& early_stopping, int64_t return_sequences,
+         int64_t max_new_tokens, const std::vector<int64_t>& eos_token_ids) {
         require(target != nullptr, "target must be a model");
         BeamConfig config{beams, draft_beams, gamma, length_penalty, EarlyStopping::heuristic, return_sequences,
                           max_new_tokens, eos_token_ids};
@@ -374,8 +373,8 @@ PYBIND11_MODULE(_core, m) {
         py::gil_scoped_release release;
         return beam_search(*target, draft.get(), prompt, source, config);
       },
-      py::arg("target"), py::arg("draft"), py::arg("prompt"), py::arg("source"), py::arg("beams"), py::arg("draft_beams"),
-      py::arg("gamma"), py::arg("length_penalty"), py::arg("early_stopping"), py::arg("return_sequences"),
+      py::arg("target"), py::arg("draft"), py::arg("prompt"), py::arg("source"), py::arg("beams"),
+      py::arg("draft_beams"), py::arg("gamma"), py::arg("length_penalty"), py::arg("early_stopping"), py::arg("return_sequences"),
       py::arg("max_new_tokens"), py::arg("eos_token_ids"));
 
   py::class_<Decoder>(m, "Decoder")

@@ -96,7 +96,8 @@ class CachedScriptModel final : public Model {
            "of speculant.export, which writes them";
   }
   std::string beam_obstacle() const override {
-    if (!encoder_decoder_ || source_tree_) return encoder_decoder_ ? "" : tree_obstacle();
+    if (!encoder_decoder_) return tree_obstacle();
+    if (source_tree_) return "";
     return "the module has no start_rows / extend_rows / extend_rows_masked / copy_slots methods (model.h); "
            "re-export it with this version of speculant.export, which writes them";
   }
