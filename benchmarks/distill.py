@@ -165,7 +165,7 @@ def main(argv=None) -> None:
                                 **{**options, "lr": 3e-3})
     ordinary_alpha = distillation.heldout_alpha(setup.target, ordinary, setup.heldout, new_tokens=args.tokens)
     print(f"from random init, {args.steps} steps: distilled alpha {scratch.alpha_before} -> {scratch.alpha_after} "
-          f"({scratch.seconds:.0f} s); ordinary next-byte training {ordinary_alpha} ({ordinary_seconds:.0f} s)")
+          f"({scratch.seconds:.0f} s); ordinary training {ordinary_alpha} ({ordinary_seconds:.0f} s)")
 
     record = {
         "machine": f"{platform.machine()} {platform.processor() or ''} torch {torch.__version__}, "
