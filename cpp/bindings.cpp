@@ -6,6 +6,7 @@
 
 #include "aoti_model.h"
 #include "beam.h"
+#include "continuation.h"
 #include "cpu_kernels.h"
 #include "decoder.h"
 #include "drafter.h"
@@ -341,6 +342,18 @@ PYBIND11_MODULE(_core, m) {
           return python_drafter(std::move(propose), vocab, at::Device(device), std::move(score));
         },
         py::arg("propose"), py::arg("vocab_size"), py::arg("device"), py::arg("score") = py::none());
+
+  py::class_<GreedyContinuation>(m, "GreedyContinuation")
+      .def(py::init<std::shared_ptr<Model>>(), py::arg("model"))
+      .def(
+          "__call__",
+          [](GreedyContinuation& self, const std::vector<int64_t>& ids, int64_t count) {
+            InterruptScope interruptible(signal_check());
+            py::gil_scoped_release release;
+            return self(ids, count);
+          },
+          py::arg("ids"), py::arg("count"))
+      .def_property_readonly("reused", &GreedyContinuation::reused);
 
   py::class_<BeamSearch>(m, "BeamSearch")
       .def_readonly("sequences", &BeamSearch::sequences)

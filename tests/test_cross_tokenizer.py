@@ -118,6 +118,30 @@ def test_proposals_are_the_target_tokenizers_encoding_of_the_drafts_text(pair):
     assert all(t < 40 for t in small.proposal(context, 8))
 
 
+def test_the_drafts_cache_is_kept_between_continuations(pair, tmp_path):
+    """_core.GreedyContinuation (the text mode's draft calls) gives generate(temperature=0)'s tokens whatever the
+    previous call was: sequences extending it (the cache reused), diverging from it, shorter; and after another
+    generation changed the model's cache; for an export and a live model."""
+    _, draft, _, _ = pair
+    speculant.export(draft, tmp_path / "draft.pt", max_length=64)
+    start = [5, 9, 14, 2, 33]
+    calls = [start, start + [7, 8], start + [7, 8, 1], start[:3] + [40], [6], start + [7, 8, 1, 12]]
+    for load in (lambda: speculant.load(tmp_path / "draft.pt"), lambda: speculant.load(draft)):
+        model, reference = load(), load()
+        expected = [speculant.generate(reference, ids, max_new_tokens=6, temperature=0).tokens for ids in calls]
+        greedy = speculant._core.GreedyContinuation(model._core)
+        assert [greedy(ids, 6) for ids in calls] == expected
+        assert 5 + 7 + 3 <= greedy.reused <= 6 + 7 + 3  # the positions each call shares with the previous one
+        speculant.generate(model, [50, 51], max_new_tokens=3, temperature=0)  # the cache changes hands
+        assert greedy(calls[-1], 6) == expected[-1]
+        assert greedy(calls[-1][:-1] + [13], 6) == speculant.generate(
+            reference, calls[-1][:-1] + [13], max_new_tokens=6, temperature=0).tokens
+    bounded = speculant._core.GreedyContinuation(speculant.load(tmp_path / "draft.pt")._core)
+    assert len(bounded(list(range(60)), 10)) == 4  # max_length 64: 4 more tokens fit
+    with pytest.raises(ValueError, match="ids is empty"):
+        bounded([], 3)
+
+
 # Significance 1e-3 for each of the three checks: a correct engine fails this test with probability <= 3e-3.
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_the_output_law_is_the_targets(bytes_pair, pair, temperature):

@@ -15,6 +15,11 @@ is the target's greedy decoding token for token. The cost is in α: with a point
 proposed x is min(1, p(x)), so β = p(x) instead of Σ_x min(p(x), q(x)), as for prompt lookup (§3.6). At
 temperature 0 nothing is lost (β is 1 exactly when x is the target's argmax).
 
+The draft keeps its KV cache between proposals: the re-encoded text mostly extends the previous one, so only the
+draft tokens after the prefix it shares with the last call's are run (``_core.GreedyContinuation``). If another
+generation ran on the same draft model in between, its cache length tells, and the whole sequence is run again;
+a stale cache that slipped through would change only the proposals, which the target verifies, never the output.
+
 ``mode="intersection"`` samples instead, in the vocabularies' intersection (the idea of Timor et al., ICML 2025):
 the tokens whose text is the same in both vocabularies are paired; each proposed token is drawn from the
 draft's standardized law restricted to the paired tokens and renormalized, carried over to the target's ids,
@@ -29,7 +34,7 @@ from typing import List, Optional
 
 import torch
 
-from . import sampling
+from . import _core, sampling
 from .drafters import PythonDrafter
 
 __all__ = ["CrossTokenizer", "MODES"]
@@ -92,17 +97,18 @@ class CrossTokenizer(PythonDrafter):
         self._generator = torch.Generator().manual_seed(seed)
         self._paired = None  # (draft ids [m], target ids [m], the draft id of each paired target id), at first use
         self._draft_logits = None
+        self._greedy = _core.GreedyContinuation(self.draft._core)
         super().__init__(self._propose, vocab_size, device)
 
     def continuation(self, text: str, count: int) -> str:
-        """The text the draft adds to `text` in `count` greedy tokens ("" when it cannot: no tokens, no room)."""
-        from .decoder import generate
-
+        """The text the draft adds to `text` in `count` greedy tokens ("" when it cannot: no tokens, no room).
+        The draft's cache is kept between calls (_core.GreedyContinuation): only the tokens after the longest
+        prefix this call's draft tokens share with the last call's are run."""
         ids = _encode(self.draft_tokenizer, text)
         room = count if self.draft.max_length is None else min(count, self.draft.max_length - len(ids))
         if not ids or room < 1:
             return ""
-        added = generate(self.draft, ids, max_new_tokens=room, temperature=0.0).tokens
+        added = self._greedy(ids, room)
         before, after = _decode(self.draft_tokenizer, ids), _decode(self.draft_tokenizer, ids + list(added))
         return after[len(before):] if after.startswith(before) else _decode(self.draft_tokenizer, list(added))
 
