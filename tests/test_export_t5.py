@@ -270,6 +270,11 @@ def test_tree_calls_of_one_row_equal_each_nodes_path(pair):
     close(after[:, 0], hf_logits(model, src, torch.cat([prefix, torch.tensor([[c, e, x]])], 1))[:, -1])
     with pytest.raises(torch.jit.Error, match="rows share the one encoded source, so batch must be 1, got 2"):
         scripted.start_rows(2)
+    two = torch.zeros(2, 1, dtype=torch.long)
+    with pytest.raises(torch.jit.Error, match="a T5 module has one row"):
+        scripted.extend_rows_masked(two, torch.zeros(2, dtype=torch.long), two, two, torch.ones(2, 1, 3).bool())
+    with pytest.raises(torch.jit.Error, match="mask must be bool"):
+        scripted.extend_rows_masked(tree[:, :1], row, positions[:, :1], slots[:, :1], mask[:, :1].float())
 
 
 def test_bad_calls_raise_clear_errors():

@@ -181,15 +181,7 @@ class CachedDecoder(nn.Module):
         exactly the slots s < S of row rows[r] where mask[r, j, s]; its own slot must be among them."""
         if self.row_cache.numel() == 0:
             raise ValueError("extend_rows_masked: call start_rows first (the batch's cache is allocated there)")
-        if input_ids.dim() != 2 or positions.shape != input_ids.shape or slots.shape != input_ids.shape or \
-                rows.dim() != 1 or rows.size(0) != input_ids.size(0) or mask.dim() != 3 or \
-                mask.shape[:2] != input_ids.shape:
-            raise ValueError(f"extend_rows_masked: expected input_ids, positions, slots [R, T], rows [R] and mask "
-                             f"[R, T, S], got {input_ids.shape}, {positions.shape}, {slots.shape}, {rows.shape}, "
-                             f"{mask.shape}")
-        if mask.dtype != torch.bool or mask.size(2) < 1 or mask.size(2) > self.max_length:
-            raise ValueError(f"extend_rows_masked: mask must be bool with 1 <= S <= max_length={self.max_length}, "
-                             f"got {mask.dtype} with S = {mask.size(2)}")
+        check_masked_call(input_ids, rows, positions, slots, mask, self.max_length)
         caches = [(self.row_cache[0, i], self.row_cache[1, i]) for i in range(self.row_cache.size(1))]
         step = Step(positions, mask.unsqueeze(1), -1, rows, slots, mask.size(2))
         return self.core.run(input_ids, caches, step)  # [R, T, V]
@@ -211,6 +203,21 @@ class CachedDecoder(nn.Module):
     @torch.jit.export
     def cache_length(self) -> int:
         return self.length
+
+
+def check_masked_call(input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
+                      max_length: int) -> None:
+    """ValueError unless extend_rows_masked's arguments have their shapes: input_ids, positions, slots [R, T],
+    rows [R] and mask [R, T, S] bool with 1 <= S <= max_length."""
+    if input_ids.dim() != 2 or positions.shape != input_ids.shape or slots.shape != input_ids.shape or \
+            rows.dim() != 1 or rows.size(0) != input_ids.size(0) or mask.dim() != 3 or \
+            mask.shape[:2] != input_ids.shape:
+        raise ValueError(f"extend_rows_masked: expected input_ids, positions, slots [R, T], rows [R] and mask "
+                         f"[R, T, S], got {input_ids.shape}, {positions.shape}, {slots.shape}, {rows.shape}, "
+                         f"{mask.shape}")
+    if mask.dtype != torch.bool or mask.size(2) < 1 or mask.size(2) > max_length:
+        raise ValueError(f"extend_rows_masked: mask must be bool with 1 <= S <= max_length={max_length}, "
+                         f"got {mask.dtype} with S = {mask.size(2)}")
 
 
 def copy_row_slots(row_cache: Tensor, rows: Tensor, sources: Tensor, targets: Tensor) -> None:

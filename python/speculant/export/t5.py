@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import ACTIVATIONS, Step, activate, cached_kv, copy_row_slots, single_step
+from .cached import ACTIVATIONS, Step, activate, cached_kv, check_masked_call, copy_row_slots, single_step
 
 __all__ = ["check_config", "script", "T5Cached", "relative_position_bucket"]
 
@@ -396,15 +396,9 @@ class T5Cached(nn.Module):
         and sees exactly the slots s where mask[0, j, s] (its own path), and the whole encoded source."""
         if self.source_length == 0 or self.row_kv.numel() == 0:
             raise ValueError("extend_rows_masked: call encode and start_rows first")
-        if input_ids.dim() != 2 or input_ids.size(0) != 1 or positions.shape != input_ids.shape or \
-                slots.shape != input_ids.shape or rows.dim() != 1 or rows.size(0) != 1 or mask.dim() != 3 or \
-                mask.shape[:2] != input_ids.shape:
-            raise ValueError(f"extend_rows_masked: expected input_ids, positions, slots [1, T], rows [1] and mask "
-                             f"[1, T, K], got {input_ids.shape}, {positions.shape}, {slots.shape}, {rows.shape}, "
-                             f"{mask.shape}")
-        if mask.dtype != torch.bool or mask.size(2) < 1 or mask.size(2) > self.max_length:
-            raise ValueError(f"extend_rows_masked: mask must be bool with 1 <= K <= max_length={self.max_length}, "
-                             f"got {mask.dtype} with K = {mask.size(2)}")
+        check_masked_call(input_ids, rows, positions, slots, mask, self.max_length)
+        if input_ids.size(0) != 1:
+            raise ValueError(f"extend_rows_masked: a T5 module has one row, got input_ids {input_ids.shape}")
         relative = mask.long().cumsum(2) - 1 - positions.unsqueeze(2)  # [1, T, K]: key position - query's
         buckets = relative_position_bucket(relative, False, self.num_buckets, self.max_distance)
         bias = F.embedding(buckets, self.decoder_bias).permute(0, 3, 1, 2)  # [1, H, T, K]
