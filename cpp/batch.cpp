@@ -213,7 +213,7 @@ std::vector<TreeVerdict> Batch::verify_trees() {
   for (size_t r = 0; r < rows_.size(); ++r) {
     Row& row = rows_[r];
     if (!row.running) continue;
-    const Tree& tree = *row.tree;
+    const Tree& tree = row.tree_proposal.tree;
     const int64_t size = tree.size();
     inputs[r] = size > 1 ? at::cat({row.pending, row.tree_proposal.tokens.narrow(0, 1, size - 1)}) : row.pending;
     for (int64_t v = 0; v < size; ++v) {
@@ -229,7 +229,7 @@ std::vector<TreeVerdict> Batch::verify_trees() {
     Row& row = rows_[r];
     if (!row.running) continue;
     const at::Tensor q = row.tree_proposal.q.defined() ? row.tree_proposal.q : at::zeros_like(logits[r]);
-    verdicts.push_back(verify_tree(*row.tree, logits[r], q, inputs[r], s_.config, s_.siblings, row.generator,
+    verdicts.push_back(verify_tree(row.tree_proposal.tree, logits[r], q, inputs[r], s_.config, s_.siblings, row.generator,
                                    row.tree_proposal.maxima));
   }
   return verdicts;
@@ -313,31 +313,30 @@ Iteration Batch::record(Row& row, Verdict& verdict) {
   return it;
 }
 
-// Token trees: each running row's tree (its first `limit` depths), drafted level by level for all rows at once.
+// Token trees: each running row's tree (at most `limit` deep), drafted level by level for all rows at once.
 // Every node of a tree takes a cache slot until the accepted path is kept, so near max_length a row's tree
-// loses depths until its nodes fit beside the cached tokens (any tree chosen before drawing keeps the law
-// exact); the root alone always fits (Decoder::check_inputs).
+// shrinks until its nodes fit beside the cached tokens (any tree chosen before drawing keeps the law exact);
+// the root alone always fits (Decoder::check_inputs).
 void Batch::draft_trees() {
-  std::vector<const Tree*> trees(rows_.size(), nullptr);
-  bool drafting = false;
+  std::vector<std::optional<TreeDraft>> drafts(rows_.size());
+  std::vector<TreeDraft*> drafting(rows_.size(), nullptr);
+  bool any = false;
   for (size_t r = 0; r < rows_.size(); ++r) {
     Row& row = rows_[r];
-    while (row.running && row.limit > 0 && !fits(row.sequence_length - 1 + (*s_.trees)[row.limit].size())) {
-      row.limit -= 1;
-    }
-    row.tree = row.running ? &(*s_.trees)[row.limit] : nullptr;
     row.tree_proposal = TreeProposal{};
-    if (row.running && row.limit > 0) trees[r] = row.tree;
-    drafting = drafting || trees[r] != nullptr;
+    if (!row.running || row.limit == 0) continue;
+    drafts[r].emplace(s_.trees->draft(row.limit, room(row)));
+    drafting[r] = &*drafts[r];
+    any = true;
   }
-  if (!drafting) return;
+  if (!any) return;
   check_interrupt();
   std::vector<at::Generator> generators;
   for (Row& row : rows_) generators.push_back(row.generator);
-  std::vector<TreeProposal> proposals = draft_rows_->propose_tree(trees, s_.config, s_.siblings, generators,
+  std::vector<TreeProposal> proposals = draft_rows_->propose_tree(drafting, s_.config, s_.siblings, generators,
                                                                   s_.profile);
   for (size_t r = 0; r < rows_.size(); ++r) {
-    if (!trees[r]) continue;
+    if (!drafting[r]) continue;
     Row& row = rows_[r];
     row.tree_proposal = std::move(proposals[r]);
     row.out.stats.draft_seconds += row.tree_proposal.seconds;
@@ -345,24 +344,28 @@ void Batch::draft_trees() {
   }
 }
 
-// Whether both models' caches hold this many positions.
-bool Batch::fits(int64_t positions) const {
-  const std::optional<int64_t> target = s_.target.max_length();
-  const std::optional<int64_t> draft = s_.draft ? s_.draft->max_length() : std::nullopt;
-  return (!target || positions <= *target) && (!draft || positions <= *draft);
+// How many tree nodes (the root included) both models' caches hold beside the row's cached tokens.
+int64_t Batch::room(const Row& row) const {
+  int64_t most = std::numeric_limits<int64_t>::max();
+  for (const std::optional<int64_t> limit : {s_.target.max_length(), s_.draft ? s_.draft->max_length()
+                                                                               : std::optional<int64_t>()}) {
+    if (limit) most = std::min(most, *limit - (row.sequence_length - 1));
+  }
+  return most;
 }
 
 // A tree iteration's statistics: the path as the accepted drafts, every node as drafted, the depths and
 // ranks of the acceptances (Stats::tree_visits / tree_accepted), the betas of the path's nodes.
 Iteration Batch::record_tree(Row& row, TreeVerdict& verdict) {
   Stats& stats = row.out.stats;
-  const Tree& tree = *row.tree;
+  const Tree& tree = row.tree_proposal.tree;
   const auto accepted = static_cast<int64_t>(verdict.path.size());
   Iteration it;
   it.drafted = verdict.path_tokens;
   it.accepted = accepted;
   it.token = verdict.host_token;
   it.bonus = accepted == tree.depth() && tree.depth() > 0;
+  it.tree = tree.parents();
   stats.target_calls += 1;
   stats.iterations += 1;
   stats.drafted_tokens += tree.size() - 1;

@@ -17,6 +17,7 @@
 #include "stats.h"
 #include "step.h"
 #include "tree.h"
+#include "tree_growth.h"
 
 namespace speculant {
 
@@ -47,8 +48,7 @@ struct Row {
   Proposal proposal;
   at::Tensor drafted;           // int64 [gamma] on the device
   at::Tensor logits;            // Setup::laws: the target's logits at the verified positions [gamma + 1, V]
-  const Tree* tree = nullptr;   // token trees: this iteration's tree and its drafts
-  TreeProposal tree_proposal;
+  TreeProposal tree_proposal;   // token trees: this iteration's tree and its drafts
 };
 
 // A row's gamma policy (none without a drafter), statistics sized for it and for `tree_shape`, and generator.
@@ -63,7 +63,7 @@ class Batch {
     SamplingConfig config;
     std::vector<int64_t> eos_token_ids;
     bool profile;
-    const std::vector<Tree>* trees;  // token trees (trees[i]: depth i); null for chains
+    const TreePlan* trees;  // token trees; null for chains
     Siblings siblings;
     bool laws = false;  // keep each emitted token on the device with its standardized target law (Row::laws)
   };
@@ -102,7 +102,7 @@ class Batch {
   void timed(double Stats::*field, const Phase& phase);
   Iteration record(Row& row, Verdict& verdict);
   Iteration record_tree(Row& row, TreeVerdict& verdict);
-  bool fits(int64_t positions) const;
+  int64_t room(const Row& row) const;
   void require_finite(const Row& row, size_t r, bool finite) const;
   bool emit(Row& row, Iteration& it);
   void end(Row& row, Iteration& it, bool stopped);

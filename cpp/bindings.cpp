@@ -254,6 +254,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("bonus", &Iteration::bonus)
       .def_readonly("emitted", &Iteration::emitted)
       .def_readonly("inner", &Iteration::inner)
+      .def_readonly("tree", &Iteration::tree)
       .def("__repr__", [](const Iteration& it) {
         return fmt::format("Iteration(drafted=[{}], accepted={}, token={}, bonus={})",
                            fmt::join(it.drafted, ", "), it.accepted, it.token, it.bonus ? "True" : "False");
@@ -394,16 +395,19 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma,
                        double temperature, int64_t top_k, double top_p, double lenience,
                        const std::string& target_shapes, const std::string& draft_shapes,
-                       const std::vector<int64_t>& tree, bool replacement) {
+                       const std::vector<int64_t>& tree, bool replacement,
+                       std::optional<std::array<int64_t, 4>> growth) {
+             std::optional<TreeGrowth> grown;
+             if (growth) grown = TreeGrowth{(*growth)[0], (*growth)[1], (*growth)[2], (*growth)[3]};
              return Decoder(std::move(target), std::move(draft), gamma,
                             SamplingConfig{temperature, top_k, top_p, lenience},
                             parse_shapes(target_shapes, "target_shapes"), parse_shapes(draft_shapes, "draft_shapes"),
-                            tree, replacement ? Siblings::with_replacement : Siblings::without_replacement);
+                            tree, replacement ? Siblings::with_replacement : Siblings::without_replacement, grown);
            }),
            py::arg("target"), py::arg("draft"), py::arg("gamma"), py::arg("temperature"), py::arg("top_k"),
            py::arg("top_p"), py::arg("lenience"), py::arg("target_shapes") = "dynamic",
            py::arg("draft_shapes") = "dynamic", py::arg("tree") = std::vector<int64_t>{},
-           py::arg("replacement") = true)
+           py::arg("replacement") = true, py::arg("growth") = std::nullopt)
       .def(
           "generate_batch",
           [](const Decoder& decoder, const std::vector<std::vector<int64_t>>& prompts,

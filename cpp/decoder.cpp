@@ -57,7 +57,7 @@ void check_shapes(const Model* model, Shapes shapes, const char* role) {
 
 Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma,
                  SamplingConfig config, Shapes target_shapes, Shapes draft_shapes, std::vector<int64_t> tree,
-                 Siblings siblings)
+                 Siblings siblings, std::optional<TreeGrowth> growth)
     : target_(std::move(target)), draft_(std::move(draft)), gamma_(gamma), config_(config),
       target_shapes_(target_shapes), draft_shapes_(draft_shapes), siblings_(siblings) {
   require(target_ != nullptr, "target must be a model");
@@ -92,9 +92,10 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
           draft_->encoder_decoder() ? "encoder-decoder" : "decoder-only");
   require(draft_->device() == target_->device(), "target and draft must be on the same device: target on {}, "
           "draft on {}", target_->device().str(), draft_->device().str());
-  if (tree.empty()) return;
-  require(static_cast<int64_t>(tree.size()) == gamma_, "gamma must be the tree's depth {}, got {}", tree.size(),
-          gamma_);
+  if (tree.empty() && !growth) return;
+  require(tree.empty() || !growth, "tree: give a shape or a grown tree, not both");
+  const auto depth = growth ? growth->depth : static_cast<int64_t>(tree.size());
+  require(depth == gamma_, "gamma must be the tree's depth {}, got {}", depth, gamma_);
   require(config_.lenience == 1.0, "lenience must be 1 with tree= (A.5's bound is proven for one draft per "
           "position, not for trees), got {}", config_.lenience);
   require(target_shapes_ == Shapes::dynamic && draft_shapes_ == Shapes::dynamic,
@@ -103,9 +104,20 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
   require(draft_why.empty(), "tree=: the draft cannot propose trees: {}", draft_why);
   require(target_why.empty(), "tree=: the target ({} form) cannot verify a tree in one call: {}", target_->form(),
           target_why);
-  for (size_t depth = 0; depth <= tree.size(); ++depth) {
-    trees_.push_back(Tree::from_shape(std::vector<int64_t>(tree.begin(), tree.begin() + depth)));
+  TreePlan plan;
+  if (growth) {
+    require(growth->budget >= 1 && growth->budget <= 4096 && growth->depth >= 1 && growth->children >= 1 &&
+                growth->width >= 1,
+            "a grown tree needs 1 <= budget <= 4096 and depth, children, width >= 1; got budget {}, depth {}, "
+            "children {}, width {}", growth->budget, growth->depth, growth->children, growth->width);
+    plan.growth = growth;
+    tree.assign(growth->depth, growth->children);  // the ranks any depth may hold
+  } else {
+    for (size_t d = 0; d <= tree.size(); ++d) {
+      plan.by_depth.push_back(Tree::from_shape(std::vector<int64_t>(tree.begin(), tree.begin() + d)));
+    }
   }
+  trees_ = std::move(plan);
   tree_shape_ = std::move(tree);
 }
 
@@ -157,7 +169,7 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
     ~Release() { flag = false; }
   } release{*busy_};
   check_inputs(prompts, sources, max_new_tokens, eos_token_ids);
-  require(trees_.empty() || schedule.policy == "fixed", "gamma_policy must be \"fixed\" with tree= (the tree's "
+  require(!trees_ || schedule.policy == "fixed", "gamma_policy must be \"fixed\" with tree= (the tree's "
           "shape is the draft's), got \"{}\"", schedule.policy);
   const size_t count = prompts.size();
 
@@ -184,8 +196,8 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
   }
   const std::vector<std::unique_lock<std::mutex>> locks = lock_all(mutexes);
 
-  const bool trees = !trees_.empty();
-  Batch::Setup setup{*target_, draft_.get(), config_, eos_token_ids, profile, trees ? &trees_ : nullptr, siblings_};
+  const bool trees = trees_.has_value();
+  Batch::Setup setup{*target_, draft_.get(), config_, eos_token_ids, profile, trees ? &*trees_ : nullptr, siblings_};
   const auto rows_count = static_cast<int64_t>(count);
   std::unique_ptr<ModelRows> target_rows =
       trees ? target_->tree_rows(rows_count) : target_->rows(rows_count, target_shapes_);
@@ -205,7 +217,7 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
 std::shared_ptr<Drafter> Decoder::as_draft(const GammaSchedule& schedule) const {
   require(draft_ != nullptr, "a decoder without a draft (plain decoding) cannot be a draft level: use its model "
                              "as the draft");
-  require(trees_.empty(), "a decoder with tree= cannot be a draft level: a level below the top drafts chains "
+  require(!trees_, "a decoder with tree= cannot be a draft level: a level below the top drafts chains "
                           "(its output must be one sequence)");
   require(config_.lenience == 1.0, "a draft level must be exact (lenience 1), so that its output law is its "
           "model's own and the q it reports is the law its tokens were drawn from; got lenience {}",

@@ -18,6 +18,7 @@
 #include "sampling.h"
 #include "stats.h"
 #include "tree.h"
+#include "tree_growth.h"
 
 namespace speculant {
 
@@ -27,11 +28,13 @@ class Decoder {
   // model's calls (rows.h): anything but dynamic needs a backend with fixed-shape calls
   // (Model::fixed_shapes_obstacle) and graphed a CUDA model.
   // `tree` (tree.h): a shape [k_1 .. k_d] drafts a tree of depth d = gamma per iteration, its children drawn
-  // per `siblings`, verified in one target call; empty: a chain of gamma drafts. Trees need both models'
-  // tree calls, lenience 1 and dynamic shapes.
+  // per `siblings`, verified in one target call; `growth` instead grows one by the draft's confidence
+  // (tree_growth.h; its depth = gamma); neither: a chain of gamma drafts. Trees need both models' tree calls,
+  // lenience 1 and dynamic shapes.
   Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma, SamplingConfig config,
           Shapes target_shapes = Shapes::dynamic, Shapes draft_shapes = Shapes::dynamic,
-          std::vector<int64_t> tree = {}, Siblings siblings = Siblings::with_replacement);
+          std::vector<int64_t> tree = {}, Siblings siblings = Siblings::with_replacement,
+          std::optional<TreeGrowth> growth = std::nullopt);
 
   // A batch: row r generates up to max_new_tokens after prompts[r] (token ids, at least one; for an
   // encoder-decoder pair the decoder's start, usually its decoder_start_token_id). sources[r] is row r's
@@ -68,8 +71,8 @@ class Decoder {
   int64_t gamma_;
   SamplingConfig config_;
   Shapes target_shapes_, draft_shapes_;
-  std::vector<int64_t> tree_shape_;
-  std::vector<Tree> trees_;  // trees_[i]: the tree's first i depths (empty for chains)
+  std::vector<int64_t> tree_shape_;  // the ranks the statistics count per depth (empty for chains)
+  std::optional<TreePlan> trees_;    // none for chains
   Siblings siblings_;
   // Set while a generate call runs: a second call from another thread at the same time is refused (decoders
   // that merely share a model wait for it instead: the model's lock).

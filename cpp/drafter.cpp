@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <numeric>
+#include <optional>
 #include <chrono>
 
 #include "errors.h"
@@ -14,7 +15,7 @@
 
 namespace speculant {
 
-std::vector<TreeProposal> DraftRows::propose_tree(const std::vector<const Tree*>&, const SamplingConfig&, Siblings,
+std::vector<TreeProposal> DraftRows::propose_tree(const std::vector<TreeDraft*>&, const SamplingConfig&, Siblings,
                                                   std::vector<at::Generator>&, bool) {
   fail("these draft rows propose chains only");
 }
@@ -38,44 +39,44 @@ std::unique_ptr<DraftRows> SequenceDrafter::tree_rows(int64_t count) {
   return rows(count, Shapes::dynamic);
 }
 
-TreeProposal SequenceDrafter::propose_tree(const Tree& tree, const SamplingConfig& config, Siblings siblings,
+TreeProposal SequenceDrafter::propose_tree(TreeDraft& draft, const SamplingConfig& config, Siblings siblings,
                                            at::Generator& generator) {
-  const int64_t size = tree.size();
-  std::vector<int64_t> tokens(size, root_token());
-  std::vector<std::vector<int64_t>> paths(size);  // each node's tokens after the root
-  std::vector<at::Tensor> qs(size);
-  for (int64_t level = 0; level < tree.depth(); ++level) {
-    std::vector<int64_t> nodes;
+  std::vector<std::vector<int64_t>> paths{{}};  // each node's tokens after the root
+  std::vector<at::Tensor> qs{at::Tensor()};
+  while (!draft.expand().empty()) {
     std::vector<std::vector<int64_t>> level_paths;
-    for (int64_t v = 0; v < size; ++v) {
-      if (tree.depth(v) == level && tree.children(v) > 0) {
-        nodes.push_back(v);
-        level_paths.push_back(paths[v]);
-      }
-    }
+    for (const int64_t v : draft.expand()) level_paths.push_back(paths[v]);
     at::Tensor scores;
     const at::Tensor q = tree_laws(level_paths, config, &scores);  // [n, V]
-    std::vector<at::Tensor> drawn;
-    for (size_t i = 0; i < nodes.size(); ++i) {
+    std::vector<at::Tensor> drawn, values;
+    for (size_t i = 0; i < draft.expand().size(); ++i) {
       const auto row = static_cast<int64_t>(i);
-      qs[nodes[i]] = q.narrow(0, row, 1);
-      drawn.push_back(draw_children(config.greedy() ? scores[row] : q[row], tree.children(nodes[i]), siblings,
+      qs[draft.expand()[i]] = q.narrow(0, row, 1);
+      drawn.push_back(draw_children(config.greedy() ? scores[row] : q[row], draft.counts()[i], siblings,
                                     config.greedy(), generator));
+      if (draft.values()) values.push_back(child_log_values(q[row], scores[row], drawn.back(), config.greedy()));
     }
     const at::Tensor children = at::cat(drawn).to(at::kCPU);  // host ids: the next level's paths need them
-    const int64_t* id = children.data_ptr<int64_t>();
-    for (const int64_t v : nodes) {
-      for (int64_t j = 0; j < tree.children(v); ++j, ++id) {
-        const int64_t child = tree.first_child(v) + j;
-        tokens[child] = *id;
-        paths[child] = paths[v];
-        paths[child].push_back(*id);
-      }
+    std::vector<int64_t> ids(children.data_ptr<int64_t>(), children.data_ptr<int64_t>() + children.numel());
+    std::vector<double> log_q;
+    if (draft.values()) {
+      const at::Tensor host = at::cat(values).to(at::kCPU);
+      log_q.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+    }
+    const int64_t first = draft.size();
+    draft.grow(ids, log_q);
+    for (int64_t child = first; child < draft.size(); ++child) {
+      paths.push_back(paths[draft.parent(child)]);
+      paths.back().push_back(draft.token(child));
+      qs.emplace_back();
     }
   }
   TreeProposal out;
+  out.tree = draft.tree();
+  std::vector<int64_t> tokens{root_token()};
+  for (int64_t v = 1; v < draft.size(); ++v) tokens.push_back(draft.token(v));
   out.tokens = at::tensor(tokens, at::TensorOptions(device()).dtype(at::kLong));
-  if (tree.depth() == 0) return out;
+  if (draft.size() == 1) return out;
   const at::Tensor zeros = at::zeros_like(qs[0]);  // leaves: no children, no law
   for (auto& q : qs) {
     if (!q.defined()) q = zeros;
@@ -100,7 +101,7 @@ class ModelDraftRows final : public DraftRows {
  public:
   ModelDraftRows(std::unique_ptr<ModelRows> rows, at::Device device)
       : rows_(std::move(rows)), device_(device), pending_(rows_->count()), last_(rows_->count()),
-        proposed_(rows_->count(), 0), tree_(rows_->count(), nullptr) {}
+        proposed_(rows_->count(), 0), tree_(rows_->count()), fed_(rows_->count()), tentative_(rows_->count(), 0) {}
 
   void encode(const std::vector<at::Tensor>& sources) override { rows_->encode(sources); }
   void begin(const std::vector<at::Tensor>& prompts, const std::vector<std::vector<int64_t>>&) override {
@@ -156,78 +157,91 @@ class ModelDraftRows final : public DraftRows {
     return out;
   }
 
-  // Level 0 feeds each row's pending tokens (they join the cache) and expands the root; level i >= 1 feeds
-  // the nodes of depth i as tentative nodes (rows.h: extend_tree; node v is tentative node v - 1, breadth-first)
-  // and expands them. Leaves are never fed.
-  std::vector<TreeProposal> propose_tree(const std::vector<const Tree*>& trees, const SamplingConfig& config,
+  // Level 0 feeds each row's pending tokens (they join the cache) and expands the root; each later level feeds
+  // the nodes its draft expands as tentative nodes (rows.h: extend_tree, numbered in the order they are fed) and
+  // draws their children. Nodes that are never expanded (leaves) are never fed.
+  std::vector<TreeProposal> propose_tree(const std::vector<TreeDraft*>& drafts, const SamplingConfig& config,
                                          Siblings siblings, std::vector<at::Generator>& generators,
                                          bool profile) override {
-    const size_t count = trees.size();
+    const size_t count = drafts.size();
     std::vector<TreeProposal> out(count);
     std::vector<std::vector<at::Tensor>> tokens(count), qs(count), maxima(count);
-    int64_t depth = 0;
     for (size_t r = 0; r < count; ++r) {
-      tree_[r] = trees[r];
-      proposed_[r] = trees[r] ? trees[r]->depth() : 0;
-      depth = std::max(depth, proposed_[r]);
-      if (!trees[r]) continue;
-      tokens[r].assign(trees[r]->size(), at::Tensor());
-      qs[r].assign(trees[r]->size(), at::Tensor());
-      tokens[r][0] = pending_[r].narrow(0, pending_[r].numel() - 1, 1);
+      tree_[r].reset();
+      fed_[r].clear();
+      tentative_[r] = 0;
+      if (drafts[r]) tokens[r].push_back(pending_[r].narrow(0, pending_[r].numel() - 1, 1));
     }
     const bool sync = profile && device_.is_cuda();
-    for (int64_t level = 0; level < depth; ++level) {
-      if (level > 0) check_interrupt();  // the decoder checked before the first
+    for (bool first = true;; first = false) {
       std::vector<at::Tensor> feed(count);
       std::vector<ModelRows::TreeNodes> nodes(count);
-      std::vector<int64_t> begin(count, 0);
+      bool any = false;
       for (size_t r = 0; r < count; ++r) {
-        if (level >= proposed_[r]) continue;
-        if (level == 0) {
+        if (!drafts[r] || drafts[r]->expand().empty()) continue;
+        any = true;
+        if (first) {
           feed[r] = pending_[r];
           continue;
         }
-        const Tree& tree = *trees[r];
         std::vector<at::Tensor> level_tokens;
-        for (int64_t v = 1; v < tree.size() && tree.depth(v) <= level; ++v) {
-          if (tree.depth(v) < level) continue;
-          if (level_tokens.empty()) begin[r] = v;
+        for (const int64_t v : drafts[r]->expand()) {
           level_tokens.push_back(tokens[r][v]);
-          nodes[r].offsets.push_back(level - 1);
-          const int64_t parent = tree.parent(v);
-          nodes[r].parents.push_back(tree.depth(parent) == 0 ? -1 : parent - 1);
+          nodes[r].offsets.push_back(drafts[r]->depth(v) - 1);
+          const int64_t parent = drafts[r]->parent(v);
+          nodes[r].parents.push_back(parent == 0 ? -1 : fed_[r][parent]);
+          fed_[r][v] = static_cast<int64_t>(nodes[r].parents.size()) - 1 + tentative_[r];
         }
         feed[r] = at::cat(level_tokens);
       }
+      if (!any) break;
+      if (!first) check_interrupt();  // the decoder checked before the first
       const auto start = Clock::now();
-      std::vector<at::Tensor> logits = level == 0 ? rows_->extend(feed) : rows_->extend_tree(feed, nodes);
+      std::vector<at::Tensor> logits = first ? rows_->extend(feed) : rows_->extend_tree(feed, nodes);
       if (sync) torch::cuda::synchronize();
       const double seconds = seconds_since(start);
       for (size_t r = 0; r < count; ++r) {
         if (!feed[r].defined()) continue;
         out[r].seconds += seconds;
         out[r].calls += 1;
-        const Tree& tree = *trees[r];
-        const int64_t fed = feed[r].numel();
-        for (int64_t i = 0; i < (level == 0 ? 1 : fed); ++i) {
-          const int64_t v = level == 0 ? 0 : begin[r] + i;
-          if (tree.children(v) == 0) continue;
-          const at::Tensor row = logits[r].narrow(0, level == 0 ? fed - 1 : i, 1);  // [1, V]
+        if (!first) tentative_[r] += feed[r].numel();
+        TreeDraft& draft = *drafts[r];
+        std::vector<at::Tensor> drawn, values;
+        for (size_t i = 0; i < draft.expand().size(); ++i) {
+          const int64_t v = draft.expand()[i];
+          const at::Tensor row = logits[r].narrow(0, first ? feed[r].numel() - 1 : static_cast<int64_t>(i), 1);
           at::Tensor maximum;
+          qs[r].resize(draft.size());
           qs[r][v] = standardize(row, config, &maximum);  // [1, V]
           maxima[r].push_back(maximum);
-          const at::Tensor children = draw_children(config.greedy() ? row[0] : qs[r][v][0], tree.children(v),
-                                                    siblings, config.greedy(), generators[r]);
-          for (int64_t j = 0; j < tree.children(v); ++j) tokens[r][tree.first_child(v) + j] = children.narrow(0, j, 1);
+          drawn.push_back(draw_children(config.greedy() ? row[0] : qs[r][v][0], draft.counts()[i], siblings,
+                                        config.greedy(), generators[r]));
+          if (draft.values()) values.push_back(child_log_values(qs[r][v][0], row[0], drawn.back(), config.greedy()));
         }
+        const at::Tensor children = at::cat(drawn);  // [k] on the device
+        for (int64_t j = 0; j < children.numel(); ++j) tokens[r].push_back(children.narrow(0, j, 1));
+        // A fixed shape needs no host copy of its tokens; a grown one reads the level's tokens and values.
+        std::vector<int64_t> ids(children.numel(), -1);
+        std::vector<double> log_q;
+        if (draft.values()) {
+          const at::Tensor host = at::cat({children.to(at::kDouble), at::cat(values)}).to(at::kCPU);
+          const double* h = host.const_data_ptr<double>();
+          for (int64_t j = 0; j < children.numel(); ++j) ids[j] = static_cast<int64_t>(h[j]);
+          log_q.assign(h + children.numel(), h + 2 * children.numel());
+        }
+        draft.grow(ids, log_q);
+        fed_[r].resize(draft.size(), -1);
       }
     }
     for (size_t r = 0; r < count; ++r) {
-      if (!trees[r]) continue;
-      if (trees[r]->depth() == 0) {
+      if (!drafts[r]) continue;
+      out[r].tree = drafts[r]->tree();
+      tree_[r] = out[r].tree;
+      if (out[r].tree.size() == 1) {
         out[r].tokens = tokens[r][0];
         continue;
       }
+      qs[r].resize(out[r].tree.size());
       const at::Tensor like = qs[r][0];  // the root always has children here
       for (auto& q : qs[r]) {
         if (!q.defined()) q = at::zeros_like(like);
@@ -242,19 +256,20 @@ class ModelDraftRows final : public DraftRows {
 
   void advance_tree(int64_t row, const std::vector<int64_t>& path, const at::Tensor& t, const std::vector<int64_t>&,
                     int64_t) override {
-    const Tree* tree = tree_[row];
-    tree_[row] = nullptr;
-    if (!tree || tree->depth() == 0) {  // the model ran on nothing: the old pending tokens and t next time
+    const std::optional<Tree> tree = std::move(tree_[row]);
+    tree_[row].reset();
+    if (!tree || tree->size() == 1) {  // the model ran on nothing: the old pending tokens and t next time
       pending_[row] = at::cat({pending_[row], t});
       return;
     }
-    // It ran on the pending tokens and on every node above the deepest level: keep the fed part of the path.
+    // It ran on the pending tokens and on every expanded node: keep the fed part of the path (all of it but
+    // perhaps its last node, a leaf).
     std::vector<int64_t> fed;
     for (const int64_t v : path) {
-      if (tree->depth(v) < tree->depth()) fed.push_back(v - 1);
+      if (fed_[row][v] >= 0) fed.push_back(fed_[row][v]);
     }
     rows_->commit(row, fed);
-    const bool leaf = !path.empty() && tree->depth(path.back()) == tree->depth();
+    const bool leaf = !path.empty() && fed_[row][path.back()] < 0;
     pending_[row] = leaf ? at::cat({last_[row].narrow(0, path.back(), 1), t}) : t;
   }
 
@@ -280,8 +295,10 @@ class ModelDraftRows final : public DraftRows {
   at::Device device_;
   std::vector<at::Tensor> pending_;  // [m] int64 on the device, per row
   std::vector<at::Tensor> last_;     // [k] the row's last proposal (a tree's: [N + 1], by node)
-  std::vector<int64_t> proposed_;    // its length (a tree's: its depth)
-  std::vector<const Tree*> tree_;    // the row's last tree (null: a chain, or none)
+  std::vector<int64_t> proposed_;    // its length (chains)
+  std::vector<std::optional<Tree>> tree_;   // the row's last tree (none: a chain, or no tree)
+  std::vector<std::vector<int64_t>> fed_;   // per node of that tree: its tentative node, -1 if never fed
+  std::vector<int64_t> tentative_;          // tentative nodes fed so far in the row's current tree
 };
 
 class ModelDrafter final : public Drafter {
@@ -333,14 +350,14 @@ class SequenceRows final : public DraftRows {
   void restart(int64_t row, int64_t length, const at::Tensor& t, int64_t t_host) override {
     drafters_[row]->restart(length, t, t_host);
   }
-  std::vector<TreeProposal> propose_tree(const std::vector<const Tree*>& trees, const SamplingConfig& config,
+  std::vector<TreeProposal> propose_tree(const std::vector<TreeDraft*>& drafts, const SamplingConfig& config,
                                          Siblings siblings, std::vector<at::Generator>& generators,
                                          bool) override {
     std::vector<TreeProposal> out(drafters_.size());
     for (size_t r = 0; r < drafters_.size(); ++r) {
-      if (!trees[r]) continue;
+      if (!drafts[r]) continue;
       const auto start = Clock::now();
-      out[r] = drafters_[r]->propose_tree(*trees[r], config, siblings, generators[r]);
+      out[r] = drafters_[r]->propose_tree(*drafts[r], config, siblings, generators[r]);
       out[r].seconds = seconds_since(start);  // a drafter without a model: its time per drafted token is c
     }
     return out;

@@ -24,6 +24,7 @@
 #include "sampling.h"
 #include "stats.h"
 #include "tree.h"
+#include "tree_growth.h"
 
 namespace speculant {
 
@@ -39,6 +40,7 @@ struct Proposal {
 
 // A tree of drafts for one row (tree.h).
 struct TreeProposal {
+  Tree tree;          // the tree drafted (the root alone when the row drafted nothing)
   at::Tensor tokens;  // int64 [N + 1] on the device: node i's token; node 0 is the root, the row's last token
   at::Tensor q;       // [N + 1, V] row i: the standardized law node i's children were drawn from (leaves: zeros)
   at::Tensor maxima;  // row maxima of the raw logits, still to check for NaN / +inf (may be undefined)
@@ -67,11 +69,12 @@ class DraftRows {
     return {};
   }
 
-  // Token trees (drafters with Drafter::tree_obstacle() empty): a tree of the shape trees[r] for each row
-  // (nullptr: the row drafts nothing), each node's children drawn from the draft's q at it by draw_children
-  // (greedy: the top k of its raw logits), row r with generators[r]. Then advance_tree(row, path, t, ...): row
-  // r's target kept the tree nodes `path` (root excluded, by depth), whose tokens are path_tokens, and appended t.
-  virtual std::vector<TreeProposal> propose_tree(const std::vector<const Tree*>& trees, const SamplingConfig& config,
+  // Token trees (drafters with Drafter::tree_obstacle() empty): for each row the tree drafts[r] lays out, level
+  // by level (tree_growth.h; nullptr: the row drafts nothing), each node's children drawn from the draft's q at
+  // it by draw_children (greedy: the top k of its raw logits), row r with generators[r]. Then advance_tree(row,
+  // path, t, ...): row r's target kept the tree nodes `path` (root excluded, by depth), whose tokens are
+  // path_tokens, and appended t.
+  virtual std::vector<TreeProposal> propose_tree(const std::vector<TreeDraft*>& drafts, const SamplingConfig& config,
                                                  Siblings siblings, std::vector<at::Generator>& generators,
                                                  bool profile);
   virtual void advance_tree(int64_t row, const std::vector<int64_t>& path, const at::Tensor& t,
@@ -130,11 +133,12 @@ class SequenceDrafter : public Drafter {
   // Token trees, for drafters that give a law after any continuation (tree_obstacle() empty): tree_laws(paths)
   // is, for each path (the tokens after the sequence's last one, root_token()), the law q [n, V] (rows sum to
   // 1, on the device) a node's children are drawn from there, and *scores [n, V] the values whose top k are its
-  // children at temperature 0. propose_tree grows a tree of `tree`'s shape from them, level by level.
+  // children at temperature 0 (their log_softmax: a grown tree's values there). propose_tree drafts the tree
+  // `draft` lays out from them, level by level.
   virtual at::Tensor tree_laws(const std::vector<std::vector<int64_t>>& paths, const SamplingConfig& config,
                                at::Tensor* scores);
   virtual int64_t root_token() const;
-  TreeProposal propose_tree(const Tree& tree, const SamplingConfig& config, Siblings siblings,
+  TreeProposal propose_tree(TreeDraft& draft, const SamplingConfig& config, Siblings siblings,
                             at::Generator& generator);
   void advance_tree(const std::vector<int64_t>& path_tokens, int64_t t_host) {
     advance(static_cast<int64_t>(path_tokens.size()), at::Tensor(), path_tokens, t_host);

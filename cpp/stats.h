@@ -17,6 +17,7 @@ struct Iteration {
   bool bonus = false;
   int64_t emitted = 0;  // tokens this iteration added to the output (accepted + 1 unless cut)
   std::vector<Iteration> inner;  // a hierarchical draft's iterations that drafted `drafted` (hierarchy.h)
+  std::vector<int64_t> tree;     // token trees: the iteration's tree as breadth-first parents (tree.h)
 };
 
 struct Stats {

@@ -42,6 +42,7 @@ class Tree {
  public:
   // parent[0] = -1; the rest as above (ValueError otherwise).
   explicit Tree(std::vector<int64_t> parent);
+  Tree() : Tree(std::vector<int64_t>{-1}) {}  // the root alone
   // Every node of depth i < d has shape[i] children (each >= 1): 1 + k1 + k1 k2 + ... nodes; [1] * gamma is
   // the chain of gamma drafts.
   static Tree from_shape(const std::vector<int64_t>& shape);

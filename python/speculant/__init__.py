@@ -28,7 +28,7 @@ from . import analysis, beams, drafters, graphs, sampling
 from . import testing
 from ._core import Iteration, Stats
 from .beams import BeamResult
-from .decoder import Result, SpeculativeDecoder, generate
+from .decoder import DynamicTree, Result, SpeculativeDecoder, generate
 from .distillation import distill
 from .export import export  # the function; the subpackage stays importable as speculant.export.<arch>
 from .model import Model, load
@@ -37,6 +37,7 @@ from .trace import Trace
 
 __all__ = [
     "BeamResult",
+    "DynamicTree",
     "Iteration",
     "Model",
     "Result",

@@ -304,14 +304,42 @@ def _rows(value, name: str, tokenizer=None, attention_mask=None,
     return out, len(rows) > 1
 
 
-def _tree(value) -> List[int]:
-    """tree= as the engine takes it: [] (a chain), or [k_1 .. k_d], each >= 1 (cpp/tree.h)."""
+@dataclass(frozen=True)
+class DynamicTree:
+    """``tree=`` for a token tree grown while it is drafted, by the draft's confidence under a node budget
+    (EAGLE-2, Li et al. 2024; cpp/tree_growth.h). A node's value is its path's draft log probability (at
+    temperature 0 under the softmax of the draft's raw logits). Level by level, the ``width`` nodes of the newest
+    depth with the highest values each get ``children`` children, drawn as a fixed tree's are (sampled with or
+    without replacement; the draft's top ``children`` at temperature 0), until ``budget`` drafts are placed or
+    the tree is ``depth`` deep (the decoder's gamma). Exact at every setting: each level's shape is chosen from
+    the nodes drawn before it, never by dropping drawn children, which is why EAGLE-2's final reranking of the
+    tree is left out. Each iteration's tree is in the trace (``Iteration.tree``, breadth-first parents)."""
+
+    budget: int = 16
+    depth: int = 6
+    children: int = 2
+    width: int = 4
+
+    def __post_init__(self):
+        _integer(self.budget, "DynamicTree budget", 1, 4096)
+        for name in ("depth", "children", "width"):
+            _integer(getattr(self, name), f"DynamicTree {name}", 1, 4096)
+
+
+def _tree(value) -> Union[List[int], DynamicTree]:
+    """tree= as the engine takes it: [] (a chain), [k_1 .. k_d], each >= 1 (cpp/tree.h), or a DynamicTree."""
     if value is None:
         return []
+    if isinstance(value, DynamicTree):
+        return value
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
         raise ValueError(f"tree must be a non-empty list of children per depth [k_1, ..., k_d] (each >= 1; "
-                         f"[1] * gamma is the chain), got {value!r}")
+                         f"[1] * gamma is the chain) or a speculant.DynamicTree, got {value!r}")
     return [_integer(k, f"tree[{i}]", 1, 64) for i, k in enumerate(value)]
+
+
+def _tree_depth(tree) -> int:
+    return tree.depth if isinstance(tree, DynamicTree) else len(tree)
 
 
 def _eos_ids(value) -> List[int]:
@@ -418,7 +446,9 @@ class SpeculativeDecoder:
     children from the draft's q there, drawn without replacement (``replacement=False``, the default: distinct
     siblings, recursive rejection sampling) or independently (``replacement=True``); at temperature 0 they are
     the draft's top k_i. The whole tree is verified in one target call with multi-draft speculative sampling,
-    which keeps the output law exactly the target's. gamma is then the depth d. Trees need models with tree
+    which keeps the output law exactly the target's. gamma is then the depth d. ``tree=speculant.DynamicTree(
+    budget, depth, children, width)`` grows each iteration's tree by the draft's confidence instead (EAGLE-2's
+    expansion, exact: see DynamicTree). Trees need models with tree
     calls (speculant.export's files, live decoder-only transformers models; ``Model.tree_obstacle`` says why
     not), a draft model, a Unigram / Bigram table or a PythonDrafter with ``score`` (``tree_obstacle`` on
     drafters too), lenience 1, the fixed gamma policy and cuda_graphs "off" or "auto" (they run uncaptured).
@@ -459,10 +489,10 @@ class SpeculativeDecoder:
         if draft_tokenizer is not None or target_tokenizer is not None:
             self.draft = _cross_tokenizer(self.draft, draft_tokenizer, target_tokenizer, self.target)
         self._tree = _tree(tree)
-        if self._tree and gamma is not None and gamma != len(self._tree):
-            raise ValueError(f"gamma must be the tree's depth {len(self._tree)} with tree={self._tree} (or left out), "
-                             f"got {gamma!r}")
-        gamma = len(self._tree) if self._tree else DEFAULT_GAMMA if gamma is None else gamma
+        if self._tree and gamma is not None and gamma != _tree_depth(self._tree):
+            raise ValueError(f"gamma must be the tree's depth {_tree_depth(self._tree)} with tree={self._tree} (or "
+                             f"left out), got {gamma!r}")
+        gamma = _tree_depth(self._tree) if self._tree else DEFAULT_GAMMA if gamma is None else gamma
         self._gamma = _integer(gamma, "gamma", 1)
         self._replacement = _flag(replacement, "replacement")
         self._sampling = {"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
@@ -486,9 +516,11 @@ class SpeculativeDecoder:
         graphs.warn(why for _, why in chosen)
 
     def _decoder(self, sampling: dict) -> _core.Decoder:
+        grown = self._tree if isinstance(self._tree, DynamicTree) else None
         return _core.Decoder(self.target._core, self._drafter, self._gamma, sampling["temperature"],
                              sampling["top_k"], sampling["top_p"], sampling["lenience"], *self._shapes,
-                             tree=self._tree, replacement=self._replacement)
+                             tree=[] if grown else self._tree, replacement=self._replacement,
+                             growth=(grown.budget, grown.depth, grown.children, grown.width) if grown else None)
 
     def with_sampling(self, temperature: float, top_k: int = 0, top_p: float = 1.0) -> "SpeculativeDecoder":
         """This decoder (its models, drafter, gamma, tree, lenience, gamma policy and CUDA graphs mode) at other

@@ -50,6 +50,8 @@ def _split(frame) -> tuple:
 
 
 def _shape(tree) -> str:
+    if not isinstance(tree, Sequence):  # a DynamicTree
+        return f"grown {tree.budget}"
     return "[" + ", ".join(str(int(k)) for k in tree) + "]"
 
 

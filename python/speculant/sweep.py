@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import analysis, timing, workers
-from .decoder import SpeculativeDecoder, generate
+from .decoder import DynamicTree, SpeculativeDecoder, generate
 from .model import Model
 
 Grid = Union[float, Sequence[float]]
@@ -117,15 +117,16 @@ def _run_on(executor, specs, settings: List[Dict[str, Any]], calls, options: Dic
         raise
 
 
-def _trees(trees) -> List[List[int]]:
-    """trees= as a list of shapes (each checked by SpeculativeDecoder)."""
+def _trees(trees) -> list:
+    """trees= as a list of shapes and DynamicTrees (each checked by SpeculativeDecoder)."""
     if trees is None:
         return []
     if isinstance(trees, (str, bytes)) or not isinstance(trees, Sequence) or \
-            not all(isinstance(t, Sequence) and not isinstance(t, (str, bytes)) for t in trees):
-        raise ValueError(f"trees must be a list of tree shapes [k_1, ..., k_d] (e.g. [[2, 2], [3, 1, 1]]), "
-                         f"got {trees!r}")
-    return [list(t) for t in trees]  # checked by SpeculativeDecoder
+            not all(isinstance(t, DynamicTree) or (isinstance(t, Sequence) and not isinstance(t, (str, bytes)))
+                    for t in trees):
+        raise ValueError(f"trees must be a list of tree shapes [k_1, ..., k_d] or speculant.DynamicTree (e.g. "
+                         f"[[2, 2], [3, 1, 1], DynamicTree(budget=16)]), got {trees!r}")
+    return [t if isinstance(t, DynamicTree) else tuple(t) for t in trees]  # checked by SpeculativeDecoder
 
 
 def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees=None,
@@ -157,7 +158,7 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     times and the speedup are those of batched decoding against batched plain decoding. 1 (the default) is
     the paper's setting. Times are the wall time of each round's calls.
 
-    trees: token-tree shapes [k_1, ..., k_d] (``SpeculativeDecoder``'s tree=) to run beside the chains of
+    trees: token-tree shapes [k_1, ..., k_d] or ``speculant.DynamicTree`` (``SpeculativeDecoder``'s tree=) to run beside the chains of
     ``gammas`` (give either or both), each at every temperature, top_k and top_p, with lenience 1 (trees have no
     lenience; other lenience values apply to the chains). A tree's row has gamma = its depth and its shape in
     ``tree`` (None for chains); its ``expected_tokens`` and ``predicted_speedup`` come from the tree theory at
@@ -217,7 +218,8 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     chains = [] if gammas is None else [_grid(gammas, "gammas"), _grid(lenience, "lenience")]
     settings = [{"gamma": g, "tree": None, "temperature": t, "top_k": k, "top_p": p, "lenience": leniency}
                 for t, k, p, g, leniency in itertools.product(*sampling, *chains)] if chains else []
-    settings += [{"gamma": len(shape), "tree": tuple(shape), "temperature": t, "top_k": k, "top_p": p, "lenience": 1.0}
+    settings += [{"gamma": shape.depth if isinstance(shape, DynamicTree) else len(shape), "tree": shape,
+                  "temperature": t, "top_k": k, "top_p": p, "lenience": 1.0}
                  for t, k, p in itertools.product(*sampling) for shape in shapes]
     # Every decoder built first, so that a bad value anywhere in the grids raises before anything runs; the
     # first one loads target and draft (once) when they are paths or transformers objects.

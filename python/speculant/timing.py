@@ -116,6 +116,43 @@ def tree_table(results) -> List[List[float]]:
     return analysis.acceptance_from_counts(accepted, visits)
 
 
+def tree_prediction(results, tree, c: float, verify_cost=None) -> Tuple[float, float]:
+    """(expected tokens per target call, predicted speedup) by the tree theory at the acceptance table the
+    generations `results` measured (``tree_table``); verify_cost as analysis.tree_speedup's (None: a wide call
+    costs one target call). A shape: its own (analysis.tree_expected_tokens, analysis.tree_speedup); NaN if a
+    depth was never visited. A grown tree (speculant.DynamicTree), whose shape changes every iteration: the mean
+    over the iterations of the expected tokens of the tree each drafted (Iteration.tree), over the mean of its
+    cost (one draft call per depth times c, plus verify_cost of its width); the table stops at the first depth
+    the accepted paths never reached with children to try, and each tree is cut there (what lies deeper was never
+    reached, so it adds nothing measurable)."""
+    nan = math.nan
+    if isinstance(tree, Sequence):
+        table = tree_table(results)
+        if not table:
+            return nan, nan
+        speedup = nan if math.isnan(c) else analysis.tree_speedup(list(tree), table, c, verify_cost)
+        return float(analysis.tree_expected_tokens(list(tree), table)), speedup
+    visits = [sum(v) for v in zip(*(r.stats.tree_visits for r in results))]
+    reached = next((i for i, v in enumerate(visits) if v == 0), len(visits))
+    accepted = [[sum(c) for c in zip(*rows)] for rows in zip(*(r.stats.tree_accepted for r in results))]
+    drafted = [_cut(it.tree, reached) for r in results for it in r.trace if len(it.tree) > 1]
+    if reached == 0 or not drafted:
+        return nan, nan
+    table = analysis.acceptance_from_counts(accepted[:reached], visits[:reached])
+    tokens = float(np.mean([float(analysis.tree_expected_tokens(t, table)) for t in drafted]))
+    width = analysis._verify_cost(verify_cost)
+    cost = float(np.mean([analysis.tree_depth(t) * c + width(len(t)) for t in drafted]))
+    return tokens, tokens / cost
+
+
+def _cut(parents: Sequence[int], depth: int) -> List[int]:
+    """A tree's breadth-first parents without its nodes deeper than `depth`."""
+    depths = [0]
+    for v in range(1, len(parents)):
+        depths.append(depths[parents[v]] + 1)
+    return [parents[v] for v in range(len(parents)) if depths[v] <= depth]
+
+
 def _per_call(seconds: float, calls: float) -> float:
     return seconds / calls if calls else math.nan
 
@@ -176,10 +213,11 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     last entry is the lowest drafter's c), and predicted_speedup is Theorem 3.8 composed over the levels
     (analysis.hierarchical_improvement); ``levels`` is None otherwise.
 
-    tree: the shape of a token-tree setting (SpeculativeDecoder's tree=; gamma is its depth). Then
-    expected_tokens and predicted_speedup come from the tree theory at the acceptance table the generations
-    measured (``tree_table``): analysis.tree_expected_tokens and analysis.tree_speedup (one draft call per depth,
-    a verification call costing one target call, as Theorem 3.8 assumes); NaN if a depth was never visited.
+    tree: the shape of a token-tree setting (SpeculativeDecoder's tree=; gamma is its depth), or a
+    speculant.DynamicTree. Then expected_tokens and predicted_speedup come from the tree theory at the acceptance
+    table the generations measured (``tree_table``): analysis.tree_expected_tokens and analysis.tree_speedup (one
+    draft call per depth, a verification call costing one target call, as Theorem 3.8 assumes); for a grown tree
+    at the trees its iterations drafted (``tree_prediction``); NaN if a depth was never visited.
     """
     spread_threshold = check_spread_threshold(spread_threshold)
     if not rounds:
@@ -221,10 +259,9 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
         known = all(not math.isnan(x) for x in alphas + costs)
         predicted = analysis.hierarchical_improvement(alphas, gammas, costs) if known else nan
     if tree:
-        table = tree_table(results)
-        known = bool(table) and not math.isnan(c)
-        expected = float(analysis.tree_expected_tokens(list(tree), table)) if table else nan
-        predicted = analysis.tree_speedup(list(tree), table, c) if known else nan
+        expected, predicted = tree_prediction(results, tree, c)
+        known = not (math.isnan(expected) or math.isnan(c))
+        predicted = predicted if known else nan
     flags = []
     if spread > spread_threshold:
         flags.append("noisy")
