@@ -49,7 +49,12 @@ class AotiModel final : public Model {
     device_ = device;
     auto json = metadata.find("speculant.json");
     if (json != metadata.end()) metadata_ = json->second;
+    auto trees = metadata.find("tree_calls");
+    trees_ = trees != metadata.end() && trees->second == "1";
     positions_ = at::arange(*max_length_, at::TensorOptions(device_).dtype(at::kLong));  // [M]
+    no_move_ = positions_.narrow(0, 0, 1);                                               // [1] slot 0 to itself
+    origin_ = std::vector<int64_t>(static_cast<size_t>(*max_length_));
+    for (size_t i = 0; i < origin_.size(); ++i) origin_[i] = static_cast<int64_t>(i);
   }
 
   void encode(const at::Tensor& source) override {
@@ -65,10 +70,50 @@ class AotiModel final : public Model {
   }
   void reset(const at::Tensor& tokens) override {
     length_ = 0;  // stale slots are masked: nothing to clear
+    forget_moves(0);
     if (tokens.numel() > 0) run(tokens);
   }
   at::Tensor extend(const at::Tensor& tokens) override { return run(tokens); }
-  void truncate(int64_t length) override { length_ = length; }
+  void truncate(int64_t length) override {
+    length_ = length;
+    forget_moves(length);
+  }
+
+  // Tree calls (packages with tree_calls = 1): the mask covers the cache's slots in use; the package's call
+  // takes all M, the rest hidden.
+  std::string tree_obstacle() const override {
+    if (encoder_decoder_) return "an encoder-decoder .pt2 package verifies chains only (its decoder has no tree calls)";
+    return trees_ ? "" : "this .pt2 package has no tree calls: its model has a sliding window (transformers applies "
+                         "none to a given mask), or it was exported before tree calls existed (export it again)";
+  }
+  at::Tensor extend_masked(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& mask) override {
+    require(trees_ && !encoder_decoder_, "model {}: {}", path_, tree_obstacle());
+    const int64_t k = tokens.numel();
+    require(positions.numel() == k && mask.dim() == 2 && mask.size(0) == k && mask.size(1) == length_ + k,
+            "model {}: extend_masked needs positions [{}] and mask [{}, {}]", path_, k, k, length_ + k);
+    require(length_ + k <= *max_length_, "model {}: {} cached + {} new positions exceed max_length = {}", path_,
+            length_, k, *max_length_);
+    at::Tensor full = at::zeros({k, *max_length_}, mask.options().dtype(at::kBool));  // [k, M]
+    full.narrow(1, 0, length_ + k).copy_(mask);
+    return call(tokens, positions.to(at::kLong), full);
+  }
+  // Moves are recorded here and made by the next call, before it writes (the package has no other entry).
+  void keep(const at::Tensor& entries) override {
+    const at::Tensor host = entries.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* e = host.const_data_ptr<int64_t>();
+    const int64_t kept = host.numel();
+    require(kept <= length_ && (kept == 0 || e[kept - 1] < length_), "model {}: keep: entries past the {} cached",
+            path_, length_);
+    std::vector<int64_t> origin(static_cast<size_t>(kept));
+    for (int64_t i = 0; i < kept; ++i) origin[i] = origin_[e[i]];  // what slot e[i] will hold, moves made
+    forget_moves(0);
+    for (int64_t i = 0; i < kept; ++i) {
+      if (origin[i] == i) continue;
+      origin_[i] = origin[i];
+      moved_.push_back(i);
+    }
+    length_ = kept;
+  }
   int64_t length() const override { return length_; }
   std::string form() const override { return "pt2"; }
   // Each call's shapes depend on its token count alone (the cache is static, cache_position a slice): fixed
@@ -99,7 +144,26 @@ class AotiModel final : public Model {
     const int64_t k = tokens.numel();
     require(length_ + k <= *max_length_, "model {}: {} cached + {} new positions exceed max_length = {}", path_,
             length_, k, *max_length_);
+    if (!trees_) return call(tokens, at::Tensor(), at::Tensor());
+    const at::Tensor slots = positions_.narrow(0, length_, k);
+    return call(tokens, slots, slots.unsqueeze(1) >= positions_.unsqueeze(0));  // causal over the slots [k, M]
+  }
+
+  // One call of the package at slots length_ .. length_ + k - 1: the chain form (position_ids undefined), or
+  // the tree form with position_ids [k], mask [k, M] and the pending moves.
+  at::Tensor call(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& mask) {
+    const int64_t k = tokens.numel();
     std::vector<at::Tensor> inputs{tokens.view({1, k}), positions_.narrow(0, length_, k)};
+    if (trees_) {
+      at::Tensor source = no_move_, dest = no_move_;
+      if (!moved_.empty()) {
+        std::vector<int64_t> from;
+        for (const int64_t slot : moved_) from.push_back(origin_[slot]);
+        source = at::tensor(from, positions_.options());
+        dest = at::tensor(moved_, positions_.options());
+      }
+      inputs.insert(inputs.end(), {position_ids, mask, source, dest});
+    }
     inputs.insert(inputs.end(), encoded_.begin(), encoded_.end());  // encoder-decoder: the cross inputs
     std::vector<at::Tensor> outputs;
     try {
@@ -114,8 +178,22 @@ class AotiModel final : public Model {
     require(logits.dim() == 3 && logits.size(0) == 1 && logits.size(1) == k && logits.size(2) == vocab_size_,
             "model {}: on {} token(s) the .pt2 model must return logits [1, {}, {}], got [{}]", path_, k, k,
             vocab_size_, fmt::join(logits.sizes(), ", "));
+    forget_moves(0);  // made
     length_ += k;
     return logits.squeeze(0);  // [k, V]
+  }
+
+  // Drops the recorded moves into slots >= from (all of them: 0).
+  void forget_moves(int64_t from) {
+    std::vector<int64_t> still;
+    for (const int64_t slot : moved_) {
+      if (slot < from) {
+        still.push_back(slot);
+      } else {
+        origin_[slot] = slot;
+      }
+    }
+    moved_ = std::move(still);
   }
 
   std::unique_ptr<Loader> loader_;
@@ -125,6 +203,10 @@ class AotiModel final : public Model {
   Metadata package_metadata_;
   at::Tensor positions_;  // [max_length] 0, 1, ...: cache_position is a slice, no allocation per call
   int64_t length_ = 0;
+  bool trees_ = false;             // the package's model has the tree form (pt2.py)
+  at::Tensor no_move_;             // [1] slot 0: the move that moves nothing
+  std::vector<int64_t> origin_;    // per slot: the slot whose entry it will hold once the moves are made
+  std::vector<int64_t> moved_;     // the slots whose origin is another
 };
 
 }  // namespace

@@ -5,8 +5,11 @@ Python at call time: GPT-2, Llama, Qwen2 and T5 from tests/hf_families.py, compi
 * Greedy: plain and speculative decoding (γ ∈ {1, 4}; the draft is a live transformers model, so backends mix)
   give transformers' own `generate(do_sample=False)` output token for token, with and without an EOS stop.
 * Sampling: the joint law of the first two tokens against the target's exact law from transformers' logits,
-  Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 4 tests, so a correct engine fails one by chance with
-  probability at most 0.4% for a fresh draw of seeds; the seeds are fixed.
+  Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 5 tests (one with a token tree), so a correct engine
+  fails one by chance with probability at most 0.5% for a fresh draw of seeds; the seeds are fixed.
+* Tree calls: token trees (fixed shapes and DynamicTree) with .pt2 targets and drafts give transformers' greedy
+  output; plain and speculative beam search its beams and scores; packages without tree calls (T5, sliding
+  windows) say why and still decode chains.
 * A package for another torch is refused with both versions named.
 """
 
@@ -116,3 +119,67 @@ def test_check_distribution_takes_pt2_packages(pt2_zoo, family):
     extra = {"generate_kwargs": {"encoder_input_ids": source}} if source else {}
     check = testing.check_distribution(path, draft, start, k=2, gamma=2, samples=200, seed=1, **extra)
     assert check.passed and check.impossible == 0 and check.dof >= 3, check.report
+
+
+# ------------------------------------------------------------------------------------------------
+# Tree calls (packages of decoder-only models without a sliding window: metadata tree_calls = "1")
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+def test_trees_and_beams_equal_transformers(pt2_zoo, family):
+    """Token trees (fixed and grown) with a .pt2 target, and with .pt2 target and draft, give transformers' greedy
+    generate token for token (a cache entry moved to the wrong slot would change later argmaxes); beam search
+    and speculative beam search give transformers' beams and scores."""
+    from test_beams import assert_equal_beams, transformers_beams
+
+    model, path = pt2_zoo(family)
+    target = speculant.load(path)
+    assert target.tree_obstacle == "" and target.beam_obstacle == ""
+    expected = hf_greedy(model, family)
+    live_draft = speculant.load(hf_families.drafted(model, noise=4 * hf_families.NOISE[family], seed=11))
+    for draft in (live_draft, speculant.load(path)):
+        for tree in ([2, 2], [3, 1, 1], speculant.DynamicTree(budget=6, depth=3)):
+            decoder = speculant.SpeculativeDecoder(target, draft, tree=tree, temperature=0)
+            result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
+            assert result.tokens == expected, f"{draft.form} draft, tree {tree}"
+            assert [r.tokens for r in decoder.generate([_start(model, family)] * 2, max_new_tokens=MAX_NEW)] == \
+                [expected] * 2
+    same = speculant.SpeculativeDecoder(target, speculant.load(path), tree=[1, 1, 1], temperature=0)
+    assert same.generate(max_new_tokens=MAX_NEW, **_inputs(family)).stats.tokens_per_target_call > 3
+    prompt = _start(model, family)
+    for w, gamma in ((2, 0), (3, 2)):
+        beams = transformers_beams(model, prompt, w, 1.0, False, None)
+        options = dict(max_new_tokens=12, num_beams=w, num_return_sequences=w)
+        got = speculant.generate(target, prompt, **options) if gamma == 0 else \
+            speculant.SpeculativeDecoder(target, live_draft, gamma=gamma).generate(prompt, **options)
+        assert_equal_beams(got, beams, None, f"w={w} gamma={gamma}")
+
+
+def test_tree_law_with_a_pt2_target(pt2_zoo):
+    """The first two tokens' law with a tree verified by a .pt2 target is the target's (chi-square at
+    SIGNIFICANCE, fixed seeds: one more test under the module's family-wise bound, at most 0.5% in all)."""
+    model, path = pt2_zoo("llama")
+    target = speculant.load(path)
+    draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE["llama"], seed=12))
+    start = _start(model, "llama")
+    law = two_token_law(model, "llama", start, 1.0, 0)
+    decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], temperature=1.0)
+    samples = np.array([r.tokens for b in range(5)
+                        for r in decoder.generate([start] * 200, max_new_tokens=2, seed=5000 + 200 * b)])
+    pvalue = chi_square_pvalue(law, samples)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+def test_packages_without_tree_calls_say_why(pt2_zoo, tmp_path):
+    _, t5 = pt2_zoo("t5")
+    assert "encoder-decoder .pt2 package verifies chains only" in speculant.load(t5).tree_obstacle
+    windowed = hf_families.make("mistral", seed=0)
+    path = tmp_path / "mistral.pt2"
+    speculant.export(windowed, path, max_length=32)
+    package = speculant.load(path)
+    assert "has no tree calls: its model has a sliding window" in package.tree_obstacle
+    with pytest.raises(ValueError, match="has no tree calls"):
+        speculant.SpeculativeDecoder(package, package, tree=[2])
+    expected = hf_greedy(windowed, "mistral")  # the chain form still decodes as transformers does
+    assert speculant.generate(package, max_new_tokens=MAX_NEW, temperature=0, **_inputs("mistral")).tokens == expected

@@ -1,9 +1,10 @@
 """speculant.export.pt2: transformers LMs as AOTInductor packages (.pt2) with a static KV cache.
 
 Each package is loaded in Python (torch._inductor.aoti_load_package, the C++ AOTIModelPackageLoader
-underneath) and called as the C++ engine will: model(input_ids int64 [1, k], cache_position int64 [k]) ->
-logits float32 [1, k, V], T5's decoder with the encoder's outputs appended; the logits must equal
-transformers' own full-sequence forward after a prefill, extends and a rollback. AOTInductor compiles C++
+underneath) and called as the C++ engine will: model(input_ids int64 [1, k], cache_position int64 [k],
+position_ids, mask, source, dest) -> logits float32 [1, k, V] (the tree form; T5's decoder in the chain form
+with the encoder's outputs appended); the logits must equal transformers' own full-sequence forward after a
+prefill, extends, a rollback, a tree call and the move of a kept path. AOTInductor compiles C++
 for a few tens of seconds per model on a CPU, so each package is built once per session, with a small cache.
 """
 import json
@@ -45,8 +46,16 @@ def tokens(length, seed=1):
     return torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(seed))
 
 
+NO_MOVE = torch.zeros(1, dtype=torch.long)  # the tree form's moves: slot 0 to itself
+
+
 def run(package, ids, start):  # ids [1, k] at positions start .. start + k - 1 -> logits [1, k, V]
-    return package(ids, torch.arange(start, start + ids.shape[1]))
+    slots = torch.arange(start, start + ids.shape[1])
+    metadata = package.get_metadata()
+    if metadata["tree_calls"] == "1":  # a chain call of the tree form: causal over the slots
+        mask = slots.unsqueeze(1) >= torch.arange(int(metadata["max_length"])).unsqueeze(0)
+        return package(ids, slots, slots, mask, NO_MOVE, NO_MOVE)
+    return package(ids, slots)
 
 
 def reference(model, ids):  # transformers' logits for the whole sequence [1, T] -> [1, T, V]
@@ -90,12 +99,43 @@ def test_rollback(exported, name):
 
 
 @pytest.mark.parametrize("name", DECODERS)
+def test_tree_call_and_moves(exported, name):
+    """The tree form: nodes attend to the prefix, their ancestors and themselves at positions by depth; then a
+    kept path's entries are moved into place by the next call, which sees them as a plain sequence."""
+    model, package = exported(name)
+    assert package.get_metadata()["tree_calls"] == "1"
+    prefix = tokens(5)
+    run(package, prefix, 0)
+    nodes = tokens(4, seed=3)  # a, then b and c children of a, then d child of b: slots 5 .. 8
+    parents, depths = [-1, 0, 0, 1], [0, 1, 1, 2]
+    mask = torch.zeros(4, PT2_MAX_LENGTH, dtype=torch.bool)
+    mask[:, :5] = True
+    for j in range(4):
+        up = j
+        while up >= 0:
+            mask[j, 5 + up] = True
+            up = parents[up]
+    slots = torch.arange(5, 9)
+    logits = package(nodes, slots, 5 + torch.tensor(depths), mask, NO_MOVE, NO_MOVE)
+    paths = [[0], [0, 1], [0, 2], [0, 1, 3]]
+    for j, path in enumerate(paths):
+        ids = torch.cat([prefix, nodes[:, path]], dim=1)
+        close(logits[:, j], reference(model, ids)[:, -1])
+    # keep a, b, d: d's entry moves from slot 8 to slot 7 within the next call, a token x at slot 8
+    x = tokens(1, seed=4)
+    got = package(x, torch.tensor([8]), torch.tensor([8]), torch.arange(PT2_MAX_LENGTH).unsqueeze(0) <= 8,
+                  torch.tensor([8]), torch.tensor([7]))
+    close(got, reference(model, torch.cat([prefix, nodes[:, [0, 1, 3]], x], dim=1))[:, -1:])
+
+
+@pytest.mark.parametrize("name", DECODERS)
 def test_metadata(exported, name):
     model, package = exported(name)
     metadata = package.get_metadata()
     assert json.loads(metadata[pt2.METADATA_KEY])["architecture"] == type(model).__name__
     assert metadata["vocab_size"] == "64" and metadata["max_length"] == str(PT2_MAX_LENGTH)
     assert metadata["torch_version"] == torch.__version__.split("+")[0]
+    assert metadata["tree_calls"] == "1"
 
 
 def test_half_precision_logits_are_float32(tmp_path):

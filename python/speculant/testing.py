@@ -159,7 +159,8 @@ def _live_logits(handle: Model, encoder_input_ids) -> SequenceLogits:
 
 def _pt2_logits(handle: Model, encoder_input_ids) -> SequenceLogits:
     """A second copy of the .pt2 package, called as the engine's prefill: the whole sequence at position 0
-    (export/pt2.py: run(input_ids [1, T], cache_position [T]) -> logits [1, T, V])."""
+    (export/pt2.py: run(input_ids [1, T], cache_position [T]) -> logits [1, T, V]; the tree form with positions
+    equal to the slots, a causal mask and no move)."""
     from torch._inductor.package import load_package
 
     device = handle.device
@@ -170,10 +171,18 @@ def _pt2_logits(handle: Model, encoder_input_ids) -> SequenceLogits:
         encoded = tuple(load_package(handle.source, "encoder", device_index=index)(
             _source(encoder_input_ids, device)))
 
+    metadata = decoder.get_metadata()
+    width = int(metadata["max_length"])
+
     def logits(ids: List[int]) -> torch.Tensor:
         tokens = torch.tensor([ids], dtype=torch.long, device=device)  # [1, T]
+        slots = torch.arange(len(ids), device=device)
+        tree = ()
+        if metadata.get("tree_calls") == "1":
+            no_move = slots[:1]
+            tree = (slots, slots.unsqueeze(1) >= torch.arange(width, device=device), no_move, no_move)
         with torch.no_grad():
-            return decoder(tokens, torch.arange(len(ids), device=device), *encoded)[0]  # [T, V]
+            return decoder(tokens, slots, *tree, *encoded)[0]  # [T, V]
 
     return logits
 

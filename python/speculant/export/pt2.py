@@ -4,15 +4,25 @@
     export_pt2(model, "out.pt2", max_length=None, max_source_length=None, metadata_json="{...}")
 
 Decoder-only causal LMs: the package holds one model, "model", with a preallocated static KV cache of
-`max_length` positions in its own buffers, mutated in place and kept inside the loaded model across calls:
+`max_length` (M) slots in its own buffers, mutated in place and kept inside the loaded model across calls.
+Models whose attention has no sliding window get tree calls (metadata "tree_calls" = "1"):
+
+    "model": run([input_ids int64 [1, k], cache_position int64 [k], position_ids int64 [k], mask bool [k, M],
+                  source int64 [n], dest int64 [n]]) -> [logits float32 [1, k, V]]
+
+First every layer's cache slots source[i] are copied to dest[i] (n >= 1; all read before any is written: how
+the engine moves a kept path of tree nodes into place; source = dest = [0] moves nothing). Then the k tokens'
+keys and values are written at the slots cache_position = start, start + 1, ..., start + k - 1 (contiguous,
+k >= 1, start + k <= M), token j at position position_ids[j] attending to exactly the slots s with mask[j, s].
+A chain call has position_ids = cache_position and mask[j, s] = s <= start + j. Models with a sliding window
+(which transformers does not apply to a given mask) keep the chain form, without tree calls:
 
     "model": run([input_ids int64 [1, k], cache_position int64 [k]]) -> [logits float32 [1, k, V]]
 
-with cache_position = start, start + 1, ..., start + k - 1 (contiguous), k >= 1 and start + k <= max_length.
-The call writes the k tokens' keys and values at those positions, and query j attends to cached positions
-<= start + j only, so slots past the newest position are masked: prefill of T tokens is a call at start 0,
-appending is a call at start = cached length, and a rollback is simply a later call with a smaller start.
-Row j of the logits is the next-token distribution after token j (float32 whatever the model's dtype).
+where query j attends to cached slots <= start + j only (and the model's own window). Either way slots past the
+newest position are masked: prefill of T tokens is a call at start 0, appending is a call at start = cached
+length, and a rollback is simply a later call with a smaller start. Row j of the logits is the next-token
+distribution after token j (float32 whatever the model's dtype).
 
 Encoder-decoder (T5ForConditionalGeneration): two models. "encoder" runs the source once and returns what
 every decoder call needs; "model" is the decoder in the form above, with the encoder's outputs appended:
@@ -31,8 +41,8 @@ The package checks neither dtypes nor that the two inputs agree on k; on CPU, po
 Metadata of every model in the package (AOTIModelPackageLoader::get_metadata() or the static
 load_metadata_from_package(path, model_name), a map<string, string>, filled from the inductor config
 "aot_inductor.metadata"): "speculant.json" (the caller's JSON string), "vocab_size", "max_length",
-"torch_version" (the release that compiled it, without its local suffix) and, for
-encoder-decoder packages, "max_source_length" (decimal strings).
+"torch_version" (the release that compiled it, without its local suffix), "tree_calls" ("1" for the tree form
+above, "0" otherwise) and, for encoder-decoder packages, "max_source_length" (decimal strings).
 
 This module imports only torch, transformers and the standard library (not speculant's C++ extension).
 """
@@ -76,7 +86,7 @@ class _StaticKV(torch.nn.Module):
 
 
 class _DecoderOnly(_StaticKV):
-    """forward(input_ids [1, k], cache_position [k]) -> logits float32 [1, k, V]."""
+    """forward(input_ids [1, k], cache_position [k]) -> logits float32 [1, k, V]: the chain form."""
 
     def __init__(self, model, max_length: int):
         from transformers.cache_utils import StaticCache, StaticLayer, StaticSlidingWindowLayer
@@ -94,11 +104,36 @@ class _DecoderOnly(_StaticKV):
                                  f"export supports attention layers with a static KV cache only")
         super().__init__(cache, *get_head_shapes(config), model.dtype, model.device)
         self.model = model
+        self.max_length = max_length
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0),  # [1, k]
                          past_key_values=self._at(cache_position), use_cache=True)
         return out.logits.float()  # [1, k, V]
+
+
+class _DecoderOnlyTree(_DecoderOnly):
+    """forward(input_ids [1, k], cache_position [k], position_ids [k], mask [k, M], source [n], dest [n]) ->
+    logits float32 [1, k, V]: the tree form (the module docstring)."""
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, position_ids: torch.Tensor,
+                mask: torch.Tensor, source: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
+        for i in range(len(self.cache.layers)):
+            for kind in ("keys", "values"):
+                slots = getattr(self, f"{kind}_{i}")  # [1, H, M, D]
+                slots.index_copy_(2, dest, slots.index_select(2, source))
+        k = input_ids.size(1)
+        out = self.model(input_ids=input_ids, position_ids=position_ids.unsqueeze(0),  # [1, k]
+                         attention_mask=mask.view(1, 1, k, self.max_length),
+                         past_key_values=self._at(cache_position), use_cache=True)
+        return out.logits.float()  # [1, k, V]
+
+
+def _sliding(config) -> bool:
+    """Whether some attention layer of the model has a sliding window (transformers applies none to a given
+    4-D mask, so such a model keeps the chain form)."""
+    window, layers = getattr(config, "sliding_window", None), getattr(config, "layer_types", None) or []
+    return bool(window) and (not layers or "sliding_attention" in layers)
 
 
 class _T5Encoder(torch.nn.Module):
@@ -236,8 +271,21 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
                 "torch_version": torch.__version__.split("+")[0]}
     ids, positions_example, tokens = _tokens("tokens", max_length, 2, model.device)
     programs: Dict[str, torch.export.ExportedProgram] = {}
+    trees = not encoder_decoder and not _sliding(text) and max_length >= 2
+    metadata["tree_calls"] = "1" if trees else "0"
     with torch.no_grad():
-        if not encoder_decoder:
+        if trees:
+            k = ids.size(1)
+            mask = torch.ones(k, max_length, dtype=torch.bool, device=model.device).tril()
+            moves, move_dim = torch.tensor([0, 1], device=model.device), torch.export.Dim("moves", min=1,
+                                                                                           max=max_length)
+            # distinct example tensors: torch.export traces inputs given as one tensor as one input
+            programs["model"] = _export(name, _DecoderOnlyTree(model, max_length),
+                                        (ids, positions_example, positions_example.clone(), mask, moves,
+                                         moves.clone()),
+                                        ({1: tokens}, {0: tokens}, {0: tokens}, {0: tokens}, {0: move_dim},
+                                         {0: move_dim}))
+        elif not encoder_decoder:
             programs["model"] = _export(name, _DecoderOnly(model, max_length), (ids, positions_example),
                                         ({1: tokens}, {0: tokens}))
         else:
