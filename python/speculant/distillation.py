@@ -31,8 +31,13 @@ prompt; the result reports the mean over prompts with its spread.
 The draft is a transformers model object (trained as a copy: the caller's object is left as it was), a
 save_pretrained directory (the result is written to ``save=`` and its path returned), or a plain torch module
 whose forward(input_ids [B, T]) returns logits [B, T, V] such as ``speculant.tiny_gpt.TinyGPT`` (a trained
-copy; with ``save=`` a TinyGPT is also written in the engine's cached TorchScript form). Decoder-only models;
-the target is anything ``speculant.load`` takes, with the draft's vocabulary.
+copy; with ``save=`` a TinyGPT is also written in the engine's cached TorchScript form). The target is anything
+``speculant.load`` takes, with the draft's vocabulary.
+
+Encoder-decoders (T5): target and draft both encoder-decoders, the prompts their sources (encoder inputs), each
+continued from the target's decoder_start_token_id; the loss and α cover every decoder position after the start.
+The target's logits are recomputed per source: its TorchScript export or transformers model (a .pt2 package
+would be loaded again for every source, so it is refused by name); data="corpus" is decoder-only.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ import copy
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -157,8 +163,7 @@ class _Draft:
             raise ValueError(f"draft must be a transformers model, a save_pretrained directory or a torch module, "
                              f"got {type(draft).__name__}")
         self.transformers = is_transformers_model(self.module)
-        if self.transformers and getattr(self.module.config, "is_encoder_decoder", False):
-            raise ValueError("draft: encoder-decoder models are not distilled yet (decoder-only models only)")
+        self.encoder_decoder = self.transformers and bool(getattr(self.module.config, "is_encoder_decoder", False))
         from .tiny_gpt import TinyGPT
         if save is not None and not (self.transformers or isinstance(self.module, TinyGPT)):
             raise ValueError("save: only transformers models and TinyGPT modules can be written in a form "
@@ -169,9 +174,13 @@ class _Draft:
             raise ValueError("draft has no parameters to train")
         self.device = parameter.device
 
-    def logits(self, ids: torch.Tensor) -> torch.Tensor:
-        """[B, T, V] float logits for ids [B, T] (with the gradient when enabled)."""
-        if self.transformers:
+    def logits(self, ids: torch.Tensor, sources: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """[B, T, V] float logits for ids [B, T] (with the gradient when enabled); an encoder-decoder's decoder
+        ids after its sources [B, S]."""
+        if self.encoder_decoder:
+            out = self.module(input_ids=sources, attention_mask=torch.ones_like(sources), decoder_input_ids=ids,
+                              use_cache=False).logits
+        elif self.transformers:
             out = self.module(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
         else:
             out = self.module(ids)
@@ -194,6 +203,45 @@ class _Draft:
             Path(save).parent.mkdir(parents=True, exist_ok=True)
             torch.jit.save(script_cached(self.module), save)
         return (save if self.directory is not None else self.module), save
+
+
+class _Target:
+    """The target: its handle for sampling (the engine), its logits [T, V] over a whole sequence (row i: the law
+    of token i + 1; an encoder-decoder's after a source, recomputed per source), and where a decoder starts."""
+
+    def __init__(self, target, name: str = "target"):
+        self.handle = target if isinstance(target, Model) else load(target)
+        self.encoder_decoder = self.handle.encoder_decoder
+        if not self.encoder_decoder:
+            bound = sequence_logits(target if isinstance(target, torch.jit.ScriptModule) else self.handle, name)
+            self._logits = lambda sequence, source: bound(sequence)
+            return
+        self.start = self.handle.decoder_start_token_id
+        if self.start is None:
+            raise ValueError(f"{name}: an encoder-decoder needs a decoder_start_token_id (in its config or export "
+                             "metadata) to start each source's continuation from")
+        if self.handle.form == "pt2":
+            raise ValueError(f"{name}: an encoder-decoder .pt2 package would be loaded again for every source; "
+                             "distill it with the TorchScript export or the transformers model")
+        model = target if isinstance(target, torch.jit.ScriptModule) else self.handle
+        if self.handle.module is None and not isinstance(target, torch.jit.ScriptModule):
+            with warnings.catch_warnings():  # TorchScript's deprecation notice (torch >= 2.11), nothing else
+                warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
+                model = torch.jit.load(self.handle.source, map_location=self.handle.device)  # encoded per source
+        self._logits = lambda sequence, source: sequence_logits(model, name, source)(sequence)
+
+    def logits(self, sequence: List[int], source: Optional[List[int]] = None) -> torch.Tensor:
+        return self._logits(sequence, source)
+
+    def sample(self, prompt: List[int], new_tokens: int, settings, seed: int) -> tuple:
+        """(sequence, first loss position): the prompt continued by the target (the engine) with this seed; an
+        encoder-decoder's prompt is its source, continued from the decoder start."""
+        options = dict(max_new_tokens=new_tokens, temperature=settings[0], top_k=settings[1], top_p=settings[2],
+                       seed=seed)
+        if self.encoder_decoder:
+            return [self.start] + list(generate(self.handle, [self.start], encoder_input_ids=prompt,
+                                                **options).tokens), 0
+        return prompt + list(generate(self.handle, prompt, **options).tokens), len(prompt) - 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -281,17 +329,18 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
         raise ValueError("checkpoint_every needs checkpoint_dir=, the directory to write the checkpoints to")
     tokenizer = _tokenizer(tokenizer)
 
-    handle = target if isinstance(target, Model) else load(target)
-    if handle.encoder_decoder:
-        raise ValueError("target: encoder-decoder models are not distilled yet (decoder-only models only)")
-    vocab = handle.vocab_size
-    target_logits = sequence_logits(target if isinstance(target, torch.jit.ScriptModule) else handle, "target")
+    teacher = _Target(target)
+    vocab = teacher.handle.vocab_size
     if isinstance(draft, (str, os.PathLike)) and os.path.isdir(draft) and save is None:
         raise ValueError("save: a draft given as a directory needs save=, the directory to write the distilled "
                          "draft to")
     trainee = _Draft(draft, save)
+    _same_kind(teacher, trainee)
 
     if data == "corpus":
+        if teacher.encoder_decoder:
+            raise ValueError("data='corpus' takes decoder-only pairs; an encoder-decoder pair learns from its "
+                             "sources: pass them as prompts= with data='target' or 'draft'")
         if corpus is None or heldout is None:
             raise ValueError("data='corpus' needs corpus= (token ids) and heldout= (prompts to measure α on)")
         window = _count(window, "window", 2)
@@ -312,7 +361,7 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
             held = everything[::HELDOUT_EVERY]
             train_prompts = [p for i, p in enumerate(everything) if i % HELDOUT_EVERY]
 
-    references = _references(handle, target_logits, held, new_tokens, settings, seed)  # kept for α after
+    references = _references(teacher, held, new_tokens, settings, seed)  # kept for α after
     alpha_before = _alpha(trainee, references, settings, vocab)
 
     generator = torch.Generator().manual_seed(seed)  # batches and samples
@@ -345,9 +394,9 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
                     batch = [_window(pieces, window, generator) for _ in range(batch_size)]
                 else:
                     chosen = torch.randint(len(train_prompts), (batch_size,), generator=generator).tolist()
-                    batch = _continue([train_prompts[i] for i in chosen], data, trainee, handle, settings,
+                    batch = _continue([train_prompts[i] for i in chosen], data, trainee, teacher, settings,
                                       new_tokens, generator, vocab)
-                losses.append(_step(trainee, optimizer, batch, target_logits, loss, settings, vocab, step))
+                losses.append(_step(trainee, optimizer, batch, teacher, loss, settings, vocab, step))
                 bar.update()
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
                 if checkpoint_every and (step + 1) % checkpoint_every == 0:
@@ -366,19 +415,20 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
     return Distillation(result, alpha_before, alpha_after, losses, seconds, saved, checkpoints)
 
 
-def _step(trainee: _Draft, optimizer, batch, target_logits, loss: str, settings, vocab: int, step: int) -> float:
-    """One optimizer step on `batch` [(sequence, first loss position)], the draft called once per sequence
-    length; returns the batch's loss (the mean over sequences of each one's mean over positions)."""
+def _step(trainee: _Draft, optimizer, batch, teacher: _Target, loss: str, settings, vocab: int, step: int) -> float:
+    """One optimizer step on `batch` [(sequence, first loss position, source or None)], the draft called once
+    per sequence (and source) length; returns the batch's loss (the mean over sequences of each one's mean over
+    positions)."""
     trainee.module.train()
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
-    for group in _by_length([sequence for sequence, _ in batch]):
-        ids = torch.tensor([batch[i][0] for i in group], dtype=torch.long, device=trainee.device)  # [g, T]
-        q_all = _padded(trainee.logits(ids), vocab)  # [g, T, V]
+    for group in _by_length([(sequence, source) for sequence, _, source in batch]):
+        ids, sources = _tensors([batch[i] for i in group], trainee.device)
+        q_all = _padded(trainee.logits(ids, sources), vocab)  # [g, T, V]
         value = 0.0
         for row, i in enumerate(group):
-            sequence, begin = batch[i]
-            p_logits = target_logits(sequence)[begin:].to(trainee.device)  # [n, V]
+            sequence, begin, source = batch[i]
+            p_logits = teacher.logits(sequence, source)[begin:].to(trainee.device)  # [n, V]
             value = value + position_losses(target_law(p_logits, loss, *settings),
                                             draft_log_law(q_all[row, begin:], settings[0]), loss).mean()
         value = value / len(batch)
@@ -391,12 +441,29 @@ def _step(trainee: _Draft, optimizer, batch, target_logits, loss: str, settings,
     return total
 
 
-def _by_length(sequences: List[List[int]]) -> List[List[int]]:
-    """The indices of `sequences` grouped by length, in order of first appearance."""
-    groups: Dict[int, List[int]] = {}
-    for i, sequence in enumerate(sequences):
-        groups.setdefault(len(sequence), []).append(i)
+def _by_length(items) -> List[List[int]]:
+    """The indices of `items` (sequences, or (sequence, source or None) pairs) grouped by their lengths, in order
+    of first appearance."""
+    groups: Dict[Any, List[int]] = {}
+    for i, item in enumerate(items):
+        key = (len(item[0]), -1 if item[1] is None else len(item[1])) if isinstance(item, tuple) else len(item)
+        groups.setdefault(key, []).append(i)
     return list(groups.values())
+
+
+def _tensors(examples, device) -> tuple:
+    """(ids [g, T], sources [g, S] or None) of examples [(sequence, begin, source or None)] of equal lengths."""
+    ids = torch.tensor([sequence for sequence, _, _ in examples], dtype=torch.long, device=device)
+    if examples[0][2] is None:
+        return ids, None
+    return ids, torch.tensor([source for _, _, source in examples], dtype=torch.long, device=device)
+
+
+def _same_kind(teacher: _Target, trainee: _Draft) -> None:
+    if teacher.encoder_decoder != trainee.encoder_decoder:
+        kinds = {True: "an encoder-decoder", False: "decoder-only"}
+        raise ValueError(f"target and draft must both be encoder-decoders or both decoder-only: the target is "
+                         f"{kinds[teacher.encoder_decoder]}, the draft {kinds[trainee.encoder_decoder]}")
 
 
 def _nested(corpus) -> bool:
@@ -414,29 +481,31 @@ def _padded(logits: torch.Tensor, vocab: int) -> torch.Tensor:
 def _window(pieces: List[List[int]], window: int, generator: torch.Generator):
     piece = pieces[torch.randint(len(pieces), (1,), generator=generator).item()]
     start = torch.randint(len(piece) - window + 1, (1,), generator=generator).item()
-    return piece[start:start + window], 0
+    return piece[start:start + window], 0, None
 
 
-def _continue(prompts: List[List[int]], data: str, trainee: _Draft, handle: Model, settings, new_tokens: int,
+def _continue(prompts: List[List[int]], data: str, trainee: _Draft, teacher: _Target, settings, new_tokens: int,
               generator: torch.Generator, vocab: int) -> List[tuple]:
-    """[(sequence, first loss position)]: each prompt and new_tokens sampled from the target (the engine) or the
-    draft (one call per token for all prompts of a length)."""
+    """[(sequence, first loss position, source or None)]: each prompt (an encoder-decoder's source, its sequence
+    starting at the decoder start) and new_tokens sampled from the target (the engine) or the draft (one call
+    per token for all prompts of a length)."""
     seeds = torch.randint(1 << 62, (len(prompts),), generator=generator).tolist()
+    source = (lambda prompt: prompt) if teacher.encoder_decoder else (lambda prompt: None)
     if data == "target":
-        return [(prompt + list(generate(handle, prompt, max_new_tokens=new_tokens, temperature=settings[0],
-                                        top_k=settings[1], top_p=settings[2], seed=seed).tokens), len(prompt) - 1)
+        return [(*teacher.sample(prompt, new_tokens, settings, seed), source(prompt))
                 for prompt, seed in zip(prompts, seeds)]
+    starts = [[teacher.start] if teacher.encoder_decoder else prompt for prompt in prompts]
     out: List[Optional[tuple]] = [None] * len(prompts)
     with torch.no_grad():
-        for group in _by_length(prompts):
+        for group in _by_length([(starts[i], source(prompts[i])) for i in range(len(prompts))]):
             draws = torch.Generator().manual_seed(seeds[group[0]])
-            ids = torch.tensor([prompts[i] for i in group], dtype=torch.long, device=trainee.device)  # [g, P]
+            ids, sources = _tensors([(starts[i], 0, source(prompts[i])) for i in group], trainee.device)
             for _ in range(new_tokens):
-                law = sampling.standardize(_padded(trainee.logits(ids)[:, -1], vocab).cpu(), *settings)  # [g, V]
+                law = sampling.standardize(_padded(trainee.logits(ids, sources)[:, -1], vocab).cpu(), *settings)
                 drawn = torch.multinomial(law.double(), 1, generator=draws)  # [g, 1]
                 ids = torch.cat([ids, drawn.to(ids.device)], dim=1)
             for row, i in enumerate(group):
-                out[i] = (ids[row].tolist(), len(prompts[i]) - 1)
+                out[i] = (ids[row].tolist(), len(starts[i]) - 1, source(prompts[i]))
     return out
 
 
@@ -445,22 +514,24 @@ def heldout_alpha(target, draft, prompts, *, new_tokens: int = 32, temperature: 
     """α of ``draft`` (a kind ``distill`` takes) for ``target`` measured as ``distill`` reports it before and
     after: on the target's continuations of ``prompts`` (prompt i drawn with seed + i), so two drafts measured
     with the same arguments are compared on the same positions."""
-    handle = target if isinstance(target, Model) else load(target)
+    teacher = _Target(target)
     settings = _settings(temperature, top_k, top_p)
-    held = _sequences(prompts, "prompts", _tokenizer(tokenizer), handle.vocab_size)
-    target_logits = sequence_logits(target if isinstance(target, torch.jit.ScriptModule) else handle, "target")
-    references = _references(handle, target_logits, held, _count(new_tokens, "new_tokens", 1), settings, seed)
-    return _alpha(_Draft(draft, None), references, settings, handle.vocab_size)
+    held = _sequences(prompts, "prompts", _tokenizer(tokenizer), teacher.handle.vocab_size)
+    trainee = _Draft(draft, None)
+    _same_kind(teacher, trainee)
+    references = _references(teacher, held, _count(new_tokens, "new_tokens", 1), settings, seed)
+    return _alpha(trainee, references, settings, teacher.handle.vocab_size)
 
 
-def _references(handle: Model, target_logits, held: List[List[int]], new_tokens: int, settings, seed: int):
-    """[(sequence, prompt length, the target's logits at the continuation's positions [new_tokens, V])]: each
-    held-out prompt continued by the target itself (the engine, prompt i with seed + i)."""
+def _references(teacher: _Target, held: List[List[int]], new_tokens: int, settings, seed: int):
+    """[(sequence, first continuation position, source or None, the target's logits at the continuation's
+    positions [new_tokens, V])]: each held-out prompt (source) continued by the target itself (the engine,
+    prompt i with seed + i)."""
     out = []
     for i, prompt in enumerate(held):
-        sequence = prompt + list(generate(handle, prompt, max_new_tokens=new_tokens, temperature=settings[0],
-                                          top_k=settings[1], top_p=settings[2], seed=seed + i).tokens)
-        out.append((sequence, len(prompt), target_logits(sequence)[len(prompt) - 1:len(sequence) - 1]))
+        sequence, begin = teacher.sample(prompt, new_tokens, settings, seed + i)
+        source = prompt if teacher.encoder_decoder else None
+        out.append((sequence, begin, source, teacher.logits(sequence, source)[begin:len(sequence) - 1]))
     return out
 
 
@@ -468,9 +539,9 @@ def _alpha(trainee: _Draft, references, settings, vocab: int) -> AlphaEstimate:
     trainee.module.eval()
     per_prompt, positions = [], 0
     with torch.no_grad():
-        for sequence, begin, p_logits in references:
-            ids = torch.tensor([sequence], dtype=torch.long, device=trainee.device)
-            q_logits = _padded(trainee.logits(ids)[0, begin - 1:len(sequence) - 1], vocab)
+        for sequence, begin, source, p_logits in references:
+            ids, sources = _tensors([(sequence, begin, source)], trainee.device)
+            q_logits = _padded(trainee.logits(ids, sources)[0, begin:len(sequence) - 1], vocab)
             values = beta(p_logits.to(q_logits.device), q_logits, *settings)
             per_prompt.append(values.mean().item())
             positions += values.numel()
