@@ -1,9 +1,11 @@
-"""Token trees against chains on the demo pair, with the tree theory of speculant.analysis next to the measurement.
+"""Token trees against chains, with the tree theory of speculant.analysis next to the measurement.
 
     python benchmarks/trees.py [--threads 1] [--tokens 128] [--prompts 8] [--repeats 5] [--temperatures 0 1]
+    python benchmarks/train_pairs.py --stage gpt2 && python benchmarks/trees.py --pair gpt2
 
-For the demo pair (speculant.demo_pair: byte-level TinyGPTs, 4 layers d128 target and 1 layer d64 draft) on
-held-out prompts, batch 1, each temperature:
+For the demo pair (speculant.demo_pair: byte-level TinyGPTs, 4 layers d128 target and 1 layer d64 draft) or the
+trained GPT-2 pair (train_pairs.GPT2_CPU: a 12.3M target, a 0.76M draft, one BPE vocabulary) on held-out
+prompts, batch 1, each temperature:
 
 1. Costs, timed directly at a cached prefix of 48 tokens, each a ratio of medians of --calls calls of two kinds
    made alternately: verify_cost(w), the target's masked tree call of width w over its width-1 call (w = 1 .. 64),
@@ -12,11 +14,18 @@ held-out prompts, batch 1, each temperature:
    (analysis.acceptance_from_counts of stats.tree_visits / tree_accepted).
 3. For every chain gamma = 1 .. 5 (Algorithm 1's loop) and every shape in SHAPES: tokens per target call
    measured and predicted
-   (analysis.tree_expected_tokens at the probe's table), and the speedup over plain decoding of the same target
+   (analysis.tree_expected_tokens at the probe's table; and, as speculant.sweep predicts, from the setting's own
+   measured acceptance: Equation (1) for chains, the tree theory at its own table for trees, timing.summarize),
+   and the speedup over plain decoding of the same target
    measured (speculant.timing: warm-up, then --repeats rounds interleaved ABBA; median with min-max) and
    predicted (analysis.tree_speedup at the table, c and the measured verify_cost; one draft call per depth).
    Each setting (and the probe, and each width of step 1) runs on freshly loaded models: see fresh().
    The shape the analysis ranks first among them is marked.
+4. Grown trees (speculant.DynamicTree in GROWN: EAGLE-2's expansion by draft confidence, kept exact), each
+   iteration's shape its own: timing.tree_prediction, the mean over the iterations of the expected tokens of the
+   tree each drafted (Iteration.tree) at the acceptance table the setting's own first round measured (the probe
+   has one rank at depths 3 and 4), and the predicted speedup that mean over the mean of (depth c +
+   verify_cost(width)).
 
 At temperature 0 the children of a node are the draft's top k (ranks by draft probability); at temperature 1 they
 are drawn without replacement (replacement=False, the better rule of cpp/tree.h's two).
@@ -41,6 +50,11 @@ from drafters import demo_prompts  # noqa: E402  (benchmarks/drafters.py, beside
 
 SHAPES = [[2, 1], [2, 2], [3, 1], [4, 1], [2, 1, 1], [2, 2, 1], [3, 2, 1], [4, 2, 1], [2, 2, 2], [3, 1, 1, 1],
           [4, 2, 2, 1]]
+# Grown trees of at most 16 drafts.
+GROWN = [speculant.DynamicTree(budget=8, depth=4, children=2, width=2),
+         speculant.DynamicTree(budget=12, depth=5, children=2, width=2),
+         speculant.DynamicTree(budget=16, depth=5, children=2, width=4),
+         speculant.DynamicTree(budget=16, depth=5, children=4, width=1)]
 PROBE = [4, 2, 2, 1, 1]  # the ranks of every setting below, 60 drafts (it fits beside 48 + 128 tokens in 256)
 PREFIX = 48
 MAX_WIDTH = 64
@@ -71,14 +85,28 @@ def fresh(target_path, draft_path):
     return speculant.load(target_path), speculant.load(draft_path)
 
 
+def pair_paths(name: str):
+    """(target path, draft path, prompt ids): the demo pair's, or the trained GPT-2 pair's (train_pairs)."""
+    if name == "demo":
+        target_path, draft_path = demo_pair.default_pair()
+        return target_path, draft_path, lambda count: demo_prompts(count)
+    import train_pairs
+    out = train_pairs.pair_dir(train_pairs.GPT2_CPU)
+    if not (out / "pair.json").exists():
+        raise SystemExit(f"{out}/pair.json: train the pair first (python benchmarks/train_pairs.py --stage gpt2)")
+    return (out / "target.pt", out / "draft.pt",
+            lambda count: [p["prompt_ids"] for p in train_pairs.heldout_prompts(train_pairs.GPT2_CPU, out, count)])
+
+
 def costs(target_path, draft_path, calls: int):
     """(verify_cost [w - 1] for w = 1 .. MAX_WIDTH, c, the target's one-token seconds, its width-1 tree call's):
     the target's tree call of width w (a chain mask, as wide as a tree of w nodes) over its tree call of width 1,
     timed alternately on a module loaded anew for each w (see fresh()); c, the draft's one-token extend over the
     target's, timed alternately."""
     torch.manual_seed(0)
-    prefix = torch.randint(0, 256, (1, PREFIX))
-    one = torch.randint(0, 256, (1, 1))
+    vocab = speculant.load(target_path).vocab_size
+    prefix = torch.randint(0, vocab, (1, PREFIX))
+    one = torch.randint(0, vocab, (1, 1))
     target, draft = (torch.jit.load(str(path)) for path in (target_path, draft_path))
     for module in (target, draft):
         module.prefill(prefix)
@@ -92,7 +120,7 @@ def costs(target_path, draft_path, calls: int):
         module.extend_rows(prefix, torch.tensor([0]), positions, positions, PREFIX)
 
         def tree_call(width):
-            ids = torch.randint(0, 256, (1, width))
+            ids = torch.randint(0, vocab, (1, width))
             at = torch.arange(PREFIX, PREFIX + width).unsqueeze(0)
             mask = torch.ones(1, width, PREFIX + width, dtype=torch.bool).tril(PREFIX)
             return lambda: module.extend_rows_masked(ids, torch.tensor([0]), at, at, mask), lambda: None
@@ -111,13 +139,17 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "trees-demo-cpu.json")
+    parser.add_argument("--pair", choices=["demo", "gpt2"], default="demo")
+    parser.add_argument("--shapes", type=lambda s: [int(k) for k in s.split(",")], nargs="+", default=SHAPES,
+                        help="tree shapes besides the chains, each as k1,k2,... (default: SHAPES)")
+    parser.add_argument("--json", type=Path, default=None, help="default: results/trees-<pair>-cpu.json")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message=r".*TorchScript.*")
     torch.set_num_threads(args.threads)
+    args.json = args.json or Path(__file__).parent / "results" / f"trees-{args.pair}-cpu.json"
 
-    target_path, draft_path = demo_pair.default_pair()
-    prompts = demo_prompts(args.prompts)
+    target_path, draft_path, make_prompts = pair_paths(args.pair)
+    prompts = make_prompts(args.prompts)
     calls = [{"prompt_ids": p} for p in prompts]
     verify, c, target_call, tree_one = costs(target_path, draft_path, args.calls)
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s); "
@@ -125,7 +157,7 @@ def main(argv=None) -> None:
     print(f"# target one-token call {target_call * 1e3:.3f} ms (tree call of width 1: {tree_one * 1e3:.3f} ms); "
           f"c = {c:.3f}; verify_cost(w) for w = 2, 4, 8, 16, 32, 64: "
           + ", ".join(f"{verify[w - 1]:.2f}" for w in (2, 4, 8, 16, 32, 64)))
-    report = {"machine": platform.platform(), "torch": torch.__version__, "threads": args.threads,
+    report = {"pair": args.pair, "machine": platform.platform(), "torch": torch.__version__, "threads": args.threads,
               "tokens": args.tokens, "prompts": len(prompts), "repeats": args.repeats, "c": c,
               "verify_cost": verify, "temperatures": {}}
 
@@ -138,11 +170,13 @@ def main(argv=None) -> None:
         table = analysis.acceptance_from_counts(accepted, visits)
         print(f"\n## temperature {temperature}\n\nacceptance by depth (rows) and rank (columns), from the {PROBE} "
               f"probe: " + "; ".join("[" + ", ".join(f"{a:.3f}" for a in row) + "]" for row in table) + "\n")
-        print("| draft | drafts | tokens / target call (predicted) | speedup [min-max] | predicted speedup |")
-        print("|---|---|---|---|---|")
-        settings = [(f"chain gamma = {g}", [1] * g) for g in range(1, 6)] + [(str(s), s) for s in SHAPES]
+        print("| draft | drafts | tokens / target call (probe's prediction) | own prediction | speedup [min-max] | "
+              "predicted speedup |")
+        print("|---|---|---|---|---|---|")
+        settings = [(f"chain gamma = {g}", [1] * g) for g in range(1, 6)] + [(str(s), s) for s in args.shapes]
         predicted = {name: analysis.tree_speedup(shape, table, c, verify) for name, shape in settings}
         pick = max(predicted, key=predicted.get)
+        settings += [(f"grown {g.budget}, depth {g.depth}, {g.children} x {g.width}", g) for g in GROWN]
         rows = []
         for name, shape in settings:
             chain = name.startswith("chain")  # Algorithm 1's own loop, not a tree of one child per node
@@ -157,12 +191,23 @@ def main(argv=None) -> None:
             median, low, high = timing.median_range(speedups)
             spec = timing.totals(rounds[0].speculative)
             per_call = spec["new_tokens"] / spec["target_calls"]
-            expected = analysis.tree_expected_tokens(shape, table)
-            rows.append({"draft": name, "shape": shape, "drafts": analysis.tree_size(shape),
-                         "tokens_per_target_call": per_call, "expected_tokens": expected, "speedup": median,
-                         "speedup_min": low, "speedup_max": high, "predicted_speedup": predicted[name]})
+            # the sweep's prediction: from this setting's own measured acceptance (Equation (1) for chains)
+            depth = shape.depth if isinstance(shape, speculant.DynamicTree) else len(shape)
+            own = timing.summarize(rounds, gamma=depth, lenience=1.0, tree=None if chain else shape)["expected_tokens"]
+            if isinstance(shape, speculant.DynamicTree):
+                expected, predicted[name] = timing.tree_prediction(rounds[0].speculative, shape, c, verify)
+                drafts = spec["drafted_tokens"] / spec["target_calls"]
+                shape = vars(shape)
+                probe = "-"
+            else:
+                expected, drafts = analysis.tree_expected_tokens(shape, table), analysis.tree_size(shape)
+                probe = f"{expected:.2f}"
+            rows.append({"draft": name, "shape": shape, "drafts": drafts,
+                         "tokens_per_target_call": per_call, "expected_tokens": expected, "own_expected": own,
+                         "speedup": median, "speedup_min": low, "speedup_max": high,
+                         "predicted_speedup": predicted[name]})
             mark = " (analysis's pick)" if name == pick else ""
-            print(f"| {name}{mark} | {analysis.tree_size(shape)} | {per_call:.2f} ({expected:.2f}) | "
+            print(f"| {name}{mark} | {drafts:.3g} | {per_call:.2f} ({probe}) | {own:.2f} | "
                   f"{median:.2f}x [{low:.2f}-{high:.2f}] | {predicted[name]:.2f}x |", flush=True)
         report["temperatures"][str(temperature)] = {"table": table, "rows": rows, "pick": pick}
 
