@@ -229,8 +229,8 @@ std::vector<TreeVerdict> Batch::verify_trees() {
     Row& row = rows_[r];
     if (!row.running) continue;
     const at::Tensor q = row.tree_proposal.q.defined() ? row.tree_proposal.q : at::zeros_like(logits[r]);
-    verdicts.push_back(verify_tree(row.tree_proposal.tree, logits[r], q, inputs[r], s_.config, s_.siblings, row.generator,
-                                   row.tree_proposal.maxima));
+    verdicts.push_back(verify_tree(row.tree_proposal.tree, logits[r], q, inputs[r], s_.config, s_.siblings,
+                                   row.generator, row.tree_proposal.maxima));
   }
   return verdicts;
 }

@@ -180,6 +180,6 @@ def test_packages_without_tree_calls_say_why(pt2_zoo, tmp_path):
     package = speculant.load(path)
     assert "has no tree calls: its model has a sliding window" in package.tree_obstacle
     with pytest.raises(ValueError, match="has no tree calls"):
-        speculant.SpeculativeDecoder(package, package, tree=[2])
+        speculant.SpeculativeDecoder(package, speculant.load(path), tree=[2])
     expected = hf_greedy(windowed, "mistral")  # the chain form still decodes as transformers does
     assert speculant.generate(package, max_new_tokens=MAX_NEW, temperature=0, **_inputs("mistral")).tokens == expected

@@ -158,11 +158,12 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     times and the speedup are those of batched decoding against batched plain decoding. 1 (the default) is
     the paper's setting. Times are the wall time of each round's calls.
 
-    trees: token-tree shapes [k_1, ..., k_d] or ``speculant.DynamicTree`` (``SpeculativeDecoder``'s tree=) to run beside the chains of
-    ``gammas`` (give either or both), each at every temperature, top_k and top_p, with lenience 1 (trees have no
-    lenience; other lenience values apply to the chains). A tree's row has gamma = its depth and its shape in
-    ``tree`` (None for chains); its ``expected_tokens`` and ``predicted_speedup`` come from the tree theory at
-    the acceptance table its generations measured (``speculant.timing.summarize``, ``speculant.analysis``).
+    trees: token-tree shapes [k_1, ..., k_d] or ``speculant.DynamicTree`` (``SpeculativeDecoder``'s tree=) to run
+    beside the chains of ``gammas`` (give either or both), each at every temperature, top_k and top_p, with
+    lenience 1 (trees have no lenience; other lenience values apply to the chains). A tree's row has gamma = its
+    depth and its shape in ``tree`` (None for chains); its ``expected_tokens`` and ``predicted_speedup`` come
+    from the tree theory at the acceptance table its generations measured (``speculant.timing.summarize``,
+    ``speculant.analysis``; for a grown tree, over the trees its iterations drafted).
 
     Columns: the setting (gamma, tree, temperature, top_k, top_p, lenience), then ``timing.COLUMNS``, defined in
     ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend on lenience), ``acceptance``
