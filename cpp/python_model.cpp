@@ -64,6 +64,12 @@ class PythonModel final : public Model {
     if (!py::hasattr(impl_, "tree_obstacle")) return Model::tree_obstacle();
     return impl_.attr("tree_obstacle")().cast<std::string>();
   }
+  // An encoder-decoder's tree calls hold one row over one source: beam search, not tree= (live.py says which).
+  std::string beam_obstacle() const override {
+    py::gil_scoped_acquire gil;
+    if (!py::hasattr(impl_, "beam_obstacle")) return tree_obstacle();
+    return impl_.attr("beam_obstacle")().cast<std::string>();
+  }
   at::Tensor extend_masked(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& mask) override {
     const int64_t k = tokens.numel();
     at::Tensor logits = checked(k, [&] { return impl_.attr("extend_masked")(tokens, positions, mask); },

@@ -145,7 +145,8 @@ std::unique_ptr<ModelRows> replica_rows(std::vector<Model*> models) {
 }
 
 std::unique_ptr<ModelRows> Model::tree_rows(int64_t count) {
-  const std::string why = tree_obstacle();
+  // An encoder-decoder's tree calls serve beam search (one row over one source); tree= checks tree_obstacle first.
+  const std::string why = encoder_decoder() ? beam_obstacle() : tree_obstacle();
   require(why.empty(), "model ({} form): {}", form(), why);
   return rows(count, Shapes::dynamic);  // row replicas with extend_masked / keep
 }

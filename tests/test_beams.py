@@ -139,6 +139,22 @@ def test_live_models_equal_transformers_beam_search(live_families):
             assert_equal_beams(result, expected, eos, f"{family} w={w} u={u} gamma={gamma}")
 
 
+def test_live_encoder_decoder_equals_transformers_beam_search():
+    """A live T5 pair: its tree calls carry the relative position bias of each node's own path
+    (live.py: _relative_tree_call); every search and option set against transformers' beam search."""
+    model = hf_models.make("t5", seed=10)
+    target = speculant.load(model)
+    draft = speculant.load(hf_models.drafted(model, noise=0.005, seed=11))
+    assert target.beam_obstacle == draft.beam_obstacle == ""
+    for (w, u, gamma), prompt, (length_penalty, early_stopping, eos) in zip(
+            SEARCHES, itertools.cycle(PROMPTS), [OPTIONS[0], OPTIONS[1], OPTIONS[2], OPTIONS[3], OPTIONS[5]]):
+        expected = transformers_beams(model, prompt, w, length_penalty, early_stopping, eos)
+        result = run(target, draft, prompt, w, u, gamma, length_penalty, early_stopping, eos)
+        assert_equal_beams(result, expected, eos, f"live t5 w={w} u={u} gamma={gamma}")
+        if gamma:
+            assert result.stats.draft_calls > 0
+
+
 def test_batches_are_rows_searched_alone(exports):
     _, target, draft, _ = exports["llama"]
     decoder = speculant.SpeculativeDecoder(target, draft, gamma=2)
@@ -193,10 +209,15 @@ def test_refusals_name_the_parameter(exports, tmp_path):
         speculant.generate(t5, [0], max_new_tokens=4, num_beams=2)
     with pytest.raises(ValueError, match="tree calls hold one row over one encoded source: they serve beam search"):
         speculant.SpeculativeDecoder(t5, t5_draft, tree=[2])  # one row, one source: beam search only
-    live_t5 = speculant.load(hf_models.make("t5", seed=0))  # its relative position bias follows cache positions
-    assert target.beam_obstacle == t5.beam_obstacle == "" and "verifies chains only" in live_t5.beam_obstacle
-    with pytest.raises(ValueError, match="the target \\(live form\\): an encoder-decoder live model verifies chains"):
-        speculant.generate(live_t5, encoder_input_ids=[4, 8], max_new_tokens=4, num_beams=2)
+    t5_model = hf_models.make("t5", seed=0)
+    live_t5 = speculant.load(t5_model)
+    assert target.beam_obstacle == t5.beam_obstacle == live_t5.beam_obstacle == ""
+    with pytest.raises(ValueError, match="live model's tree calls hold one row over one encoded source: they serve"):
+        speculant.SpeculativeDecoder(live_t5, speculant.load(t5_model), tree=[2])
+    bart = speculant.load(hf_families.make("bart", seed=0))  # learned absolute positions: no tree calls built
+    assert "verifies trees only with T5's decoder" in bart.beam_obstacle
+    with pytest.raises(ValueError, match="the target \\(live form\\): an encoder-decoder live model verifies trees"):
+        speculant.generate(bart, encoder_input_ids=[4, 8], max_new_tokens=4, num_beams=2)
     plain = speculant.load(script_plain(TARGET))  # the forward-only form: no cache to hold beams in
     with pytest.raises(ValueError, match="beam search needs tree calls .* the target \\(plain form\\)"):
         speculant.generate(plain, [1, 2], max_new_tokens=4, num_beams=2)

@@ -231,7 +231,7 @@ def test_live_models_that_cannot_run_trees_are_refused_by_name():
     with pytest.raises(ValueError, match="does not honour a 4-D attention mask"):
         speculant.SpeculativeDecoder(broken, speculant.load(hf_models.make("gpt2", seed=4)), tree=[2])
     t5 = speculant.load(hf_models.make("t5", seed=0))
-    assert "encoder-decoder live model verifies chains only" in t5.tree_obstacle
+    assert "they serve beam search (num_beams), not tree= decoding" in t5.tree_obstacle and t5.beam_obstacle == ""
     import hf_families
     for family in ("mistral", "gemma3"):  # sliding windows: transformers applies no window to a given 4-D mask
         windowed = speculant.load(hf_families.make(family, seed=0))

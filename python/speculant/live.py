@@ -241,22 +241,34 @@ class LiveModel:
 
     def keep(self, entries: torch.Tensor) -> None:
         """Keeps the cache entries at `entries` (int64 [M], ascending), in that order, as entries 0 .. M - 1."""
-        for layer in self._cache.layers:
+        cache = self._cache.self_attention_cache if self.encoder_decoder else self._cache
+        for layer in cache.layers:  # an encoder-decoder's cross-attention entries stay: they are the source's
             layer.keys = layer.keys.index_select(-2, entries)
             layer.values = layer.values.index_select(-2, entries)
         self._length = entries.numel()
 
-    def tree_obstacle(self) -> str:
-        """Why this model cannot verify a token tree in one call, or "" (probed once: a tree call against
+    def beam_obstacle(self) -> str:
+        """Why this model cannot hold beams as a token tree in one cache, or "" (probed once: a tree call against
         uncached forwards of each node's path, then a kept path against a forward of the whole sequence)."""
         if self._tree_obstacle is None:
             self._tree_obstacle = self._tree_probe()
         return self._tree_obstacle
 
+    def tree_obstacle(self) -> str:
+        """Why this model cannot verify tree= drafts in one call, or "". An encoder-decoder's tree calls hold one
+        row over one encoded source, as its exports' do: they serve beam search only."""
+        why = self.beam_obstacle()
+        if why or not self.encoder_decoder:
+            return why
+        return ("an encoder-decoder live model's tree calls hold one row over one encoded source: they serve beam "
+                "search (num_beams), not tree= decoding")
+
     def _tree_probe(self) -> str:
         if self.encoder_decoder:
-            return "an encoder-decoder live model verifies chains only (its decoder's tree mask is not built)"
-        if "position_ids" not in self._params:
+            why = self._relative_obstacle()
+            if why:
+                return why
+        elif "position_ids" not in self._params:
             return f"{type(self.model).__name__}.forward takes no position_ids (a tree's nodes share positions)"
         config = self.model.config.get_text_config()
         window, layers = getattr(config, "sliding_window", None), getattr(config, "layer_types", None) or []
@@ -264,14 +276,19 @@ class LiveModel:
             return (f"its attention has a sliding window of {window} tokens, which transformers drops when it is given "
                     "a tree's 4-D attention mask")
         from transformers.cache_utils import DynamicLayer
+        if self.encoder_decoder:
+            self.encode(torch.tensor([1 % self.model.config.vocab_size], device=self.model.device))
         self.reset(torch.tensor([1 % self.model.config.vocab_size], device=self.model.device))
-        kinds = {type(layer).__name__ for layer in getattr(self._cache, "layers", [])}
+        cache = self._cache.self_attention_cache if self.encoder_decoder else self._cache
+        kinds = {type(layer).__name__ for layer in getattr(cache, "layers", [])}
         if kinds != {DynamicLayer.__name__}:
             return (f"its cache layers ({', '.join(sorted(kinds)) or 'none'}) are not plain DynamicLayers (sliding "
                     "windows and other kinds cannot keep an arbitrary path of entries)")
         device = self.model.device
         a, b, c, d, e, x = (i % self.model.config.vocab_size for i in (1, 2, 3, 4, 5, 6))
         ids = functools.partial(torch.tensor, device=device)
+        if self.encoder_decoder:
+            self.encode(ids([d, e, x]))
         try:
             self.reset(ids([a, b]))
             mask = ids([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], dtype=torch.bool)  # root c: d, e
@@ -292,6 +309,48 @@ class LiveModel:
             return (f"it does not honour a 4-D attention mask: a tree node's logits differ from its path's by "
                     f"{worst:.3g} (relative; allowed {tolerance:g})")
         return ""
+
+    def _relative_obstacle(self) -> str:
+        """Why this encoder-decoder's decoder is not T5's (relative position buckets in block 0's self-attention,
+        shared by every block), or "": only that decoder's tree calls are built (_relative_tree_call)."""
+        decoder = self.model.get_decoder()
+        blocks = getattr(decoder, "block", None)
+        cls = type(self.model).__name__
+        try:
+            attentions = [block.layer[0].SelfAttention for block in blocks]
+        except (TypeError, AttributeError, IndexError):
+            return (f"an encoder-decoder live model verifies trees only with T5's decoder (relative position buckets);"
+                    f" {cls}'s decoder is not built that way")
+        first = attentions[0]
+        if not (getattr(first, "has_relative_attention_bias", False) and hasattr(first, "_relative_position_bucket")
+                and not any(getattr(a, "has_relative_attention_bias", False) for a in attentions[1:])):
+            return (f"{cls}'s decoder does not share one relative position bias from its first block, as T5's does: "
+                    "its tree calls are not built")
+        return ""
+
+    def _relative_tree_call(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """T5's decoder on a token tree: ids [1, T] at positions [T], attending where mask [T, K] -> logits [1, T, V].
+        transformers computes the relative position bias from cache slots, but a tree node's ancestors are not the
+        slots before it: an attended key's position is its rank among the keys its query attends (each query sees
+        exactly its own path, as export/t5.py's tree calls do)."""
+        decoder = self.model.get_decoder()
+        attention = decoder.block[0].layer[0].SelfAttention
+        keys = mask.to(torch.long).cumsum(-1) - 1  # [T, K]: an attended key's position on its query's path
+        buckets = attention._relative_position_bucket(
+            keys - positions.view(-1, 1), bidirectional=False, num_buckets=attention.relative_attention_num_buckets,
+            max_distance=attention.relative_attention_max_distance)  # [T, K]
+        bias = attention.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # [1, H, T, K]
+        hidden = decoder.embed_tokens(ids)  # [1, T, C]
+        blocked = torch.zeros(mask.shape, dtype=hidden.dtype, device=hidden.device)
+        blocked = blocked.masked_fill(~mask, torch.finfo(hidden.dtype).min).view(1, 1, *mask.shape)  # additive
+        source = self._encoder_outputs[0]  # [1, S, C]
+        for block in decoder.block:
+            hidden = block(hidden, attention_mask=blocked, position_bias=bias, encoder_hidden_states=source,
+                           past_key_values=self._cache)[0]
+        hidden = decoder.final_layer_norm(hidden)
+        if getattr(self.model.config, "scale_decoder_outputs", True):
+            hidden = hidden * self.model.model_dim ** -0.5
+        return self.model.lm_head(hidden)
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _new_cache(self):
@@ -318,6 +377,10 @@ class LiveModel:
         if positions is None:
             positions = self._positions[start:start + k]  # [k]
         kwargs = {"past_key_values": self._cache, "use_cache": True}
+        if self.encoder_decoder and mask is not None:
+            with torch.inference_mode():
+                tree = self._relative_tree_call(ids, positions, mask)
+            return self._finish(tree, start + k)
         if self.encoder_decoder:
             kwargs.update(decoder_input_ids=ids, encoder_outputs=self._encoder_outputs,
                           attention_mask=self._source_mask)
@@ -333,10 +396,14 @@ class LiveModel:
             kwargs["logits_to_keep"] = 1
         with torch.inference_mode():
             out = self.model(**kwargs)
-        self._length = start + k
-        if not logits:
+        return self._finish(out.logits if logits else None, start + k)
+
+    def _finish(self, logits: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:
+        """logits [1, k, V] of a call that left `length` cache entries (None: not wanted) -> [k, V], padded."""
+        self._length = length
+        if logits is None:
             return None
-        result = out.logits[0]  # [k, V]
+        result = logits[0]  # [k, V]
         if self.pad_to is not None and self.pad_to > result.size(-1):
             result = F.pad(result, (0, self.pad_to - result.size(-1)), value=float("-inf"))
         return result
