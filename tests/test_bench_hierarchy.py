@@ -19,7 +19,7 @@ def test_hierarchy_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
                 "--calls", "3", "--out", str(out)])
     record = json.loads(out.read_text())
     rows = record["rows"]
-    assert len(record["target_widths"]) == len(record["draft_widths"]) == 8 and record["target_widths"][0] == 1.0
+    assert len(record["target_widths"]) == len(record["draft_widths"]) == 6 and record["target_widths"][0] == 1.0
     assert [r["depth"] for r in rows] == [2, 2, 3, 3]
     assert [r["levels"] is None for r in rows] == [True, True, False, False]
     for row in rows:
@@ -34,4 +34,15 @@ def test_hierarchy_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
     assert three["predicted_width_aware"] == pytest.approx(analysis.hierarchical_improvement(
         alphas, [4, 2], [record["c"], costs[1] * costs[0] / record["c"]],
         verify_costs=[record["target_widths"], record["draft_widths"]]))
-    assert "measured/width-aware" in capsys.readouterr().out
+    # the cost model: the same composition at the costs the engine timed in the row's rounds
+    costs = three["costs"]
+    assert costs["c"] > 0 and costs["bottom_c"] > 0 and costs["overhead"] >= 0 and costs["level_overhead"] >= 0
+    assert three["predicted_cost_model"] == pytest.approx(analysis.hierarchical_improvement(
+        alphas, [4, 2], [costs["c"], costs["bottom_c"]],
+        verify_costs=[lambda w: 1 + costs["slope"] * (w - 1), lambda w: 1 + costs["level_slope"] * (w - 1)],
+        overheads=[costs["overhead"], costs["level_overhead"]], plain_overhead=costs["plain_overhead"]))
+    two = rows[0]["costs"]
+    assert rows[0]["predicted_cost_model"] == pytest.approx(analysis.hierarchical_improvement(
+        [rows[0]["acceptance"]], rows[0]["gammas"], [two["c"]], verify_costs=[lambda w: 1 + two["slope"] * (w - 1)],
+        overheads=[two["overhead"]], plain_overhead=two["plain_overhead"]))
+    assert "measured/cost model" in capsys.readouterr().out

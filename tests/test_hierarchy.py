@@ -327,6 +327,18 @@ def test_composed_improvement_reduces_to_theorem_3_8():
         pytest.approx(0.2 * (wide[2] + wide[1]))  # widths 3 (3 tokens kept), then 2 (the last 2)
     with pytest.raises(ValueError, match="one entry per level"):
         analysis.hierarchical_improvement([0.8, 0.7], [4, 2], [0.2, 0.1], verify_costs=[None])
+    # the engine's own time: per top iteration and per plain token, in target calls
+    assert analysis.hierarchical_improvement([0.8], [4], [0.2], overheads=[0.3], plain_overhead=0.1) == \
+        pytest.approx(analysis.expected_tokens(0.8, 4) * 1.1 / (1 + 0.3 + 4 * 0.2))
+    # a draft level's overhead is paid once per draft-level iteration: a perfect, free drafter gives 2 of them
+    assert analysis.hierarchical_draft_cost([0.8, 1.0], [5, 2], [0.2, 0.0], overheads=[9.0, 0.25]) == \
+        pytest.approx(0.2 * 2 * 1.25)
+    with pytest.raises(ValueError, match="overheads needs one entry per level"):
+        analysis.hierarchical_improvement([0.8, 0.7], [4, 2], [0.2, 0.1], overheads=[0.1])
+    with pytest.raises(ValueError, match="overheads\\[1\\] must be a finite number >= 0"):
+        analysis.hierarchical_improvement([0.8, 0.7], [4, 2], [0.2, 0.1], overheads=[0.1, -1])
+    with pytest.raises(ValueError, match="plain_overhead must be a finite number >= 0"):
+        analysis.hierarchical_improvement([0.8], [4], [0.2], plain_overhead=float("nan"))
     with pytest.raises(ValueError, match="one entry per level"):
         analysis.hierarchical_improvement([0.8, 0.7], [4], [0.2, 0.1])
     with pytest.raises(ValueError, match="alpha"):
@@ -336,21 +348,22 @@ def test_composed_improvement_reduces_to_theorem_3_8():
 def test_composed_cost_matches_a_simulation_of_the_draft_level():
     """hierarchical_draft_cost's recurrence against a Monte Carlo run of the capped draft-level schedule."""
     rng = np.random.default_rng(0)
-    alpha, gamma_in, c_in, gamma = 0.6, 2, 0.1, 5
+    alpha, gamma_in, c_in, gamma, slope, overhead = 0.6, 2, 0.1, 5, 0.2, 0.15
     total = 0.0
     runs = 20000
     for _ in range(runs):
         due, cost = gamma, 0.0
         while due > 0:
             g = min(gamma_in, due - 1)
-            cost += 1.0 + g * c_in
+            cost += 1.0 + slope * g + overhead + g * c_in  # a call of g + 1 tokens, the engine's work, the drafts
             accepted = 0
             while accepted < g and rng.random() < alpha:
                 accepted += 1
             due -= accepted + 1
         total += cost
     simulated = total / runs
-    assert analysis.hierarchical_draft_cost([0.9, alpha], [gamma, gamma_in], [1.0, c_in]) == pytest.approx(
+    assert analysis.hierarchical_draft_cost([0.9, alpha], [gamma, gamma_in], [1.0, c_in], overheads=[0.0, overhead],
+                                            verify_costs=[None, lambda w: 1.0 + slope * (w - 1)]) == pytest.approx(
         simulated, rel=0.01)
 
 

@@ -762,21 +762,22 @@ def _levels(alphas, gammas, costs) -> List[Tuple[float, int, float]]:
 
 
 def _production_costs(levels: List[Tuple[float, int, float]], tokens: int,
-                      widths: List[Callable[[int], float]]) -> List[float]:
+                      widths: List[Callable[[int], float]], overheads: List[float]) -> List[float]:
     """F(n) for n = 0 .. tokens: the expected cost, in one-token calls of levels[0]'s target, of that level
-    emitting exactly n tokens, each iteration drafting min(gamma, n - 1) tokens (what a level below the top does)
-    and verifying them in one call of width g + 1 (widths[0](g + 1) one-token calls)."""
+    emitting exactly n tokens, each iteration drafting min(gamma, n - 1) tokens (what a level below the top does),
+    verifying them in one call of width g + 1 (widths[0](g + 1) one-token calls) and spending overheads[0] on
+    its own work."""
     alpha, gamma, c = levels[0]
     drafts = [0.0] * tokens  # the cost of drafting g tokens, g = 0 .. tokens - 1
     if len(levels) > 1 and tokens > 1:
-        below = _production_costs(levels[1:], tokens - 1, widths[1:])
+        below = _production_costs(levels[1:], tokens - 1, widths[1:], overheads[1:])
         drafts = [c * below[g] for g in range(tokens)]
     elif tokens > 1:
         drafts = [c * g for g in range(tokens)]
     out = [0.0]
     for n in range(1, tokens + 1):
         g = min(gamma, n - 1)
-        cost = drafts[g] + widths[0](g + 1)
+        cost = drafts[g] + widths[0](g + 1) + overheads[0]
         for k in range(1, g + 2):  # k tokens emitted: k - 1 accepted, then the correction or the bonus
             p = alpha ** (k - 1) * (1.0 - alpha) if k <= g else alpha ** g
             cost += p * out[n - k]
@@ -793,8 +794,17 @@ def _widths(verify_costs, levels: int) -> List[Callable[[int], float]]:
     return [_verify_cost(v) for v in verify_costs]
 
 
+def _overheads(overheads, levels: int) -> List[float]:
+    if overheads is None:
+        return [0.0] * levels
+    overheads = list(overheads)
+    if len(overheads) != levels:
+        raise ValueError(f"overheads needs one entry per level ({levels}), got {len(overheads)}")
+    return [_nonnegative(o, f"overheads[{i}]") for i, o in enumerate(overheads)]
+
+
 def hierarchical_draft_cost(alphas: Sequence[float], gammas: Sequence[int], costs: Sequence[float],
-                            verify_costs=None) -> float:
+                            verify_costs=None, overheads=None) -> float:
     """The expected cost, in one-token target calls, of drafting gamma_0 tokens per iteration with a hierarchical
     draft.
 
@@ -806,24 +816,34 @@ def hierarchical_draft_cost(alphas: Sequence[float], gammas: Sequence[int], cost
     (1)'s capped geometric law of k (i.i.d. acceptances, as in Theorem 3.8). verify_costs: None (the paper's
     assumption that a call of w tokens costs one call), or one entry per level, level i's target call of width w
     over its one-token call (as tree_speedup's verify_cost: a function, a mapping or a sequence; entry 0, the
-    top's target, does not enter the draft cost). One level gives gamma * c, Theorem 3.8's draft cost."""
+    top's target, does not enter the draft cost). overheads: None (the paper's assumption that only model calls
+    cost time), or one entry per level, the engine's own time per iteration of level i (sampling, verification,
+    bookkeeping, rollback) in one-token calls of level i's target; entry 0, the top's, does not enter the draft
+    cost. One level gives gamma * c, Theorem 3.8's draft cost."""
     levels = _levels(alphas, gammas, costs)
     widths = _widths(verify_costs, len(levels))
+    spent = _overheads(overheads, len(levels))
     alpha, gamma, c = levels[0]
     if len(levels) == 1:
         return gamma * c
-    return c * _production_costs(levels[1:], gamma, widths[1:])[gamma]
+    return c * _production_costs(levels[1:], gamma, widths[1:], spent[1:])[gamma]
 
 
 def hierarchical_improvement(alphas: Sequence[float], gammas: Sequence[int], costs: Sequence[float],
-                             verify_costs=None) -> float:
+                             verify_costs=None, overheads=None, plain_overhead: float = 0.0) -> float:
     """Theorem 3.8 composed over the levels of a hierarchical draft: E[tokens per target call] (Equation (1) at
     the top's alpha and gamma) over the top's verification call (verify_costs[0](gamma_0 + 1), 1 without
-    verify_costs) plus hierarchical_draft_cost. With one level and no verify_costs this is walltime_improvement.
-    The lower levels' speedup lowers the top's c: its effective c is hierarchical_draft_cost / gamma_0 (a drafted
-    token's cost in target calls)."""
+    verify_costs) plus overheads[0] plus hierarchical_draft_cost, times the cost of a plain decoding step (1 +
+    plain_overhead: its engine time per token in target calls). With one level and no verify_costs or overheads
+    this is walltime_improvement. The lower levels' speedup lowers the top's c: its effective c is
+    hierarchical_draft_cost / gamma_0 (a drafted token's cost in target calls).
+
+    With every cost measured (verify_costs, costs, overheads and plain_overhead, each in one-token calls), this
+    is a cost model of the whole loop: what is predicted is only how many iterations each level runs per token
+    (Equation (1) and the recurrence of hierarchical_draft_cost, from alpha and gamma)."""
     levels = _levels(alphas, gammas, costs)
     alpha, gamma, _ = levels[0]
-    verify = _widths(verify_costs, len(levels))[0](gamma + 1)
-    return float(expected_tokens(alpha, gamma)) / (verify + hierarchical_draft_cost(alphas, gammas, costs,
-                                                                                     verify_costs))
+    verify = _widths(verify_costs, len(levels))[0](gamma + 1) + _overheads(overheads, len(levels))[0]
+    step = 1.0 + _nonnegative(plain_overhead, "plain_overhead")
+    return float(expected_tokens(alpha, gamma)) * step / (
+        verify + hierarchical_draft_cost(alphas, gammas, costs, verify_costs, overheads))
