@@ -441,9 +441,22 @@ class TableDrafter final : public SequenceDrafter {
  private:
   bool bigram() const { return row_ptr_.defined(); }
 
-  // log q(. | previous) [1, V] on the device
-  at::Tensor logits_after(int64_t previous) const {
+  // log q(. | previous) [1, V] on the device, kept once built (a row costs about ten tensor operations, more than
+  // the draw from it) while the kept rows hold at most kCachedFloats values
+  at::Tensor logits_after(int64_t previous) {
     if (!bigram()) return log_unigram_;
+    if (rows_.empty()) rows_.resize(unigram_.numel());
+    at::Tensor& kept = rows_[previous];
+    if (kept.defined()) return kept;
+    at::Tensor row = build_row(previous);
+    if (cached_ + row.numel() <= kCachedFloats) {
+      kept = row;
+      cached_ += row.numel();
+    }
+    return row;
+  }
+
+  at::Tensor build_row(int64_t previous) const {
     // host tensors: read through pointers, not with per-element tensor ops
     const int64_t* row_ptr = row_ptr_.data_ptr<int64_t>();
     const int64_t begin = row_ptr[previous], end = row_ptr[previous + 1];
@@ -456,8 +469,12 @@ class TableDrafter final : public SequenceDrafter {
     return (row / (total + distinct)).log().to(at::kFloat).to(device_).view({1, -1});
   }
 
+  static constexpr int64_t kCachedFloats = int64_t{1} << 24;  // 64 MB of float rows
+
   at::Device device_;
   at::Tensor unigram_, log_unigram_, row_ptr_, followers_, counts_;
+  std::vector<at::Tensor> rows_;  // [V] the rows built so far (undefined: not yet, or past the budget)
+  int64_t cached_ = 0;            // floats held in rows_
   int64_t last_ = 0;
 };
 

@@ -85,6 +85,32 @@ def test_bigram_rows_are_witten_bell():
     assert np.abs(counts / 400 - expected).max() < 0.08  # about 3.5 standard errors
 
 
+def test_bigram_rows_after_every_token():
+    """Against a target whose law after each token is the bigram's Witten-Bell row for it (and the unigram after
+    a token never followed), beta = 1 at every verified position of long drafts: each of the rows the drafter
+    builds, and keeps for reuse, is the row of the token before it."""
+    corpus = [0, 1, 0, 1, 2, 2, 1, 3, 0, 2]
+    bigram = drafters.Bigram.fit(corpus, 5)  # token 4 never occurs: its row is the unigram
+    u = bigram.unigram.numpy()
+    rows = np.tile(u, (5, 1))
+    for a in range(5):
+        followers = np.zeros(5)
+        for x, y in zip(corpus, corpus[1:]):
+            followers[y] += x == a
+        distinct = (followers > 0).sum()
+        if distinct:
+            rows[a] = (distinct * u + followers) / (followers.sum() + distinct)
+    table = torch.tensor(np.log(rows)).expand(2, 6, 5, 5).clone()  # [parity, prev2, prev1] -> the row of prev1
+    model = speculant.load(markov.cached_model(table))
+    decoder = speculant.SpeculativeDecoder(model, bigram, gamma=4)
+    seen = set()
+    for seed in range(40):
+        result = decoder.generate([seed % 5], max_new_tokens=24, seed=seed)
+        assert result.stats.alpha == pytest.approx(1.0, abs=1e-6) and result.stats.accepted_tokens > 0
+        seen.update(result.tokens)
+    assert seen == set(range(5))
+
+
 def test_prompt_lookup_copies_the_latest_longest_match(target):
     lookup = drafters.PromptLookup(VOCAB, min_ngram=1, max_ngram=2)
     decoder = speculant.SpeculativeDecoder(target, lookup, gamma=3, temperature=0)
