@@ -22,14 +22,16 @@ counts the engine's own work, and a call timed from Python carries Python's call
 calls from C++ do not. So each row also has the cost model: the same composition with every cost as the engine
 timed it in the row's own rounds (engine_costs: its verification calls by width, its time per iteration outside
 the models at each level and per plain token, the draft model's call in the engine's plain decoding), which
-leaves only the number of calls per token at each level to the theory. The issue's goals: the measured speedup
-within 15% of the composed prediction, and on a pair with c >= 0.2 three levels ahead of the best two-level
-setting. Results: --out (JSON).
+leaves only the number of calls per token at each level to the theory. Last, at each temperature, the best
+three-level setting and the best two-level one are timed against each other directly (head_to_head). The issue's
+goals: the measured speedup within 15% of the composed prediction, and on a pair with c >= 0.2 three levels
+ahead of the best two-level setting. Results: --out (JSON).
 """
 import argparse
 import functools
 import json
 import platform
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -49,20 +51,25 @@ TWO_LEVEL = [2, 3, 4, 6, 8]
 THREE_LEVEL = [(2, 1), (3, 1), (3, 2), (4, 1), (4, 2), (6, 2), (8, 2), (8, 3)]
 
 
-def run(target, draft, levels, temperature, calls, args, draft_call: float) -> dict:
+def build(paths, bigram, gammas, temperature):
+    """(target, decoder): freshly loaded models; gammas [g] is SpeculativeDecoder(target, draft, gamma=g), [g, h]
+    SpeculativeDecoder(target, SpeculativeDecoder(draft, bigram, gamma=h), gamma=g)."""
+    target, draft = speculant.load(paths[0]), speculant.load(paths[1])
+    if len(gammas) == 2:
+        draft = speculant.SpeculativeDecoder(draft, bigram, gamma=gammas[1], temperature=temperature)
+    return target, speculant.SpeculativeDecoder(target, draft, gamma=gammas[0], temperature=temperature)
+
+
+def run(paths, bigram, gammas, temperature, calls, args, draft_call: float) -> dict:
     """One setting timed against plain decoding (speculant.timing), with its levels' statistics and the engine's
     own measurement of its costs (engine_costs; draft_call: the draft model's one-token call in seconds)."""
-    options = {"temperature": temperature}
-    inner = draft
-    for model, gamma in levels[1:]:
-        inner = speculant.SpeculativeDecoder(model, inner, gamma=gamma, **options)
-    decoder = speculant.SpeculativeDecoder(target, inner, gamma=levels[0][1], **options)
-    baseline = functools.partial(speculant.generate, target, **options)
+    target, decoder = build(paths, bigram, gammas, temperature)
+    baseline = functools.partial(speculant.generate, target, temperature=temperature)
     rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=args.tokens, seed=0,
                                  repeats=args.repeats)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        summary = timing.summarize(rounds, gamma=levels[0][1], lenience=1.0)
+        summary = timing.summarize(rounds, gamma=gammas[0], lenience=1.0)
     return {**summary, "costs": engine_costs(rounds, draft_call)}
 
 
@@ -136,7 +143,8 @@ def draft_call_seconds(draft_path, temperature: float, calls, args) -> float:
 
 def width_costs(path, widths: int, calls: int):
     """(seconds of the model's one-token extend at a cached prefix of PREFIX tokens, [its w-token extend over
-    its one-token extend for w = 1 .. widths]), each a ratio of medians of `calls` alternating calls."""
+    its one-token extend for w = 1 .. widths]), each ratio one of medians of `calls` alternating calls; the
+    one-token seconds the median of those pairs' one-token medians."""
     torch.manual_seed(0)
     module = torch.jit.load(str(path))
     module.prefill(torch.randint(0, 256, (1, PREFIX)))
@@ -145,12 +153,12 @@ def width_costs(path, widths: int, calls: int):
         ids = torch.randint(0, 256, (1, width))
         return lambda: module.extend(ids), lambda: module.truncate(PREFIX)
 
-    one, costs = None, [1.0]
+    ones, costs = [], [1.0]
     for w in range(2, widths + 1):
         base, wide = paired(extend(1), extend(w), calls)
-        one = base if one is None else one
+        ones.append(base)
         costs.append(wide / base)
-    return one, costs
+    return statistics.median(ones), costs  # the one-token call: the median over the pairs, robust to a slow spell
 
 
 def width_aware(row: dict, c: float, target_widths: list, draft_widths: list) -> float:
@@ -165,6 +173,23 @@ def width_aware(row: dict, c: float, target_widths: list, draft_widths: list) ->
     alphas = [row["acceptance"], level["alpha"]]
     return analysis.hierarchical_improvement(alphas, row["gammas"], [c, bottom["c"] * level["c"] / c],
                                              verify_costs=[target_widths, draft_widths])
+
+
+def head_to_head(rows, paths, bigram, temperature, calls, args) -> dict:
+    """The best three-level setting of the temperature against its best two-level one (by median speedup), timed
+    against each other directly: 2 * --repeats rounds interleaved ABBA after a warm-up; the ratio is two-level
+    seconds per token over three-level seconds per token, median with min-max over the rounds."""
+    best = {depth: max((r for r in rows if r["temperature"] == temperature and r["depth"] == depth),
+                       key=lambda r: r["speedup"])["gammas"] for depth in (2, 3)}
+    _, three = build(paths, bigram, best[3], temperature)
+    _, two = build(paths, bigram, best[2], temperature)
+    rounds = timing.timed_rounds(three.generate, two.generate, calls, max_new_tokens=args.tokens, seed=0,
+                                 repeats=2 * args.repeats)
+    ratios = [(r.plain_seconds / timing.totals(r.plain)["new_tokens"])
+              / (r.speculative_seconds / timing.totals(r.speculative)["new_tokens"]) for r in rounds]
+    ratio, low, high = timing.median_range(ratios)
+    return {"temperature": temperature, "two": best[2], "three": best[3], "ratio": ratio, "ratio_min": low,
+            "ratio_max": high, "rounds": len(ratios)}
 
 
 def main(argv=None) -> None:
@@ -186,19 +211,14 @@ def main(argv=None) -> None:
     calls = [{"prompt_ids": p} for p in demo_prompts(args.prompts)]
     two, three = (TWO_LEVEL[1:3], [(4, 2), (3, 1)]) if args.quick else (TWO_LEVEL, THREE_LEVEL)
     rows = []
+    paths, duels = (target_path, draft_path), []
     for temperature in args.temperatures:
-        draft_call = draft_call_seconds(draft_path, temperature, calls, args)
-        for gamma in two:
-            target, draft = speculant.load(target_path), speculant.load(draft_path)
-            rows.append({"temperature": temperature, "depth": 2, "gammas": [gamma],
-                         **run(target, draft, [(target, gamma)], temperature, calls, args, draft_call)})
+        engine_draft_call = draft_call_seconds(draft_path, temperature, calls, args)
+        for gammas in [[g] for g in two] + [list(g) for g in three]:
+            rows.append({"temperature": temperature, "depth": len(gammas) + 1, "gammas": gammas,
+                         **run(paths, bigram, gammas, temperature, calls, args, engine_draft_call)})
             print(json.dumps(rows[-1]), flush=True)
-        for gamma, inner_gamma in three:
-            target, draft = speculant.load(target_path), speculant.load(draft_path)
-            rows.append({"temperature": temperature, "depth": 3, "gammas": [gamma, inner_gamma],
-                         **run(target, bigram, [(target, gamma), (draft, inner_gamma)], temperature, calls, args,
-                               draft_call)})
-            print(json.dumps(rows[-1]), flush=True)
+        duels.append(head_to_head(rows, paths, bigram, temperature, calls, args))
     widest = max([g for g in two] + [g for g, _ in three]) + 2  # the pending token(s) and the drafts
     target_call, target_widths = width_costs(target_path, widest, args.calls)
     draft_call, draft_widths = width_costs(draft_path, widest, args.calls)
@@ -209,7 +229,7 @@ def main(argv=None) -> None:
     report = {"machine": f"{platform.machine()} {platform.processor() or ''} threads={args.threads}".strip(),
               "torch": torch.__version__, "tokens": args.tokens, "prompts": args.prompts, "repeats": args.repeats,
               "target_call_seconds": target_call, "draft_call_seconds": draft_call, "c": c,
-              "target_widths": target_widths, "draft_widths": draft_widths, "rows": rows}
+              "target_widths": target_widths, "draft_widths": draft_widths, "rows": rows, "head_to_head": duels}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"\none-token calls: target {target_call * 1e3:.3f} ms, draft {draft_call * 1e3:.3f} ms (c = {c:.3f}); "
@@ -227,6 +247,9 @@ def main(argv=None) -> None:
                   f"{row['speedup'] / row['predicted_speedup']:.2f} | {row['predicted_width_aware']:.2f}x | "
                   f"{row['speedup'] / row['predicted_width_aware']:.2f} | {row['predicted_cost_model']:.2f}x | "
                   f"{row['speedup'] / row['predicted_cost_model']:.2f}")
+    for duel in duels:
+        print(f"\nT = {duel['temperature']}: three levels {duel['three']} against two {duel['two']}, timed against each "
+              f"other: {duel['ratio']:.2f}x ({duel['ratio_min']:.2f}-{duel['ratio_max']:.2f}, {duel['rounds']} rounds)")
 
 
 if __name__ == "__main__":

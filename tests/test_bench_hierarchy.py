@@ -45,4 +45,8 @@ def test_hierarchy_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
     assert rows[0]["predicted_cost_model"] == pytest.approx(analysis.hierarchical_improvement(
         [rows[0]["acceptance"]], rows[0]["gammas"], [two["c"]], verify_costs=[lambda w: 1 + two["slope"] * (w - 1)],
         overheads=[two["overhead"]], plain_overhead=two["plain_overhead"]))
-    assert "measured/cost model" in capsys.readouterr().out
+    (duel,) = record["head_to_head"]  # the best of each depth timed against each other
+    assert duel["rounds"] == 2 and duel["ratio_min"] <= duel["ratio"] <= duel["ratio_max"]
+    assert duel["three"] in ([4, 2], [3, 1]) and duel["two"] in ([3], [4])
+    printed = capsys.readouterr().out
+    assert "measured/cost model" in printed and "timed against each other" in printed
