@@ -73,36 +73,25 @@ def run(paths, bigram, gammas, temperature, calls, args, draft_call: float) -> d
     return {**summary, "costs": engine_costs(rounds, draft_call)}
 
 
-def _pooled(stats) -> dict:
-    keys = ("target_calls", "drafted_tokens", "target_seconds", "draft_seconds", "draft_calls", "other_seconds")
-    return {key: sum(getattr(s, key) for s in stats) for key in keys}
-
-
-def _slope(level: dict, unit: float) -> float:
-    """A verification call of w tokens costs 1 + slope * (w - 1) one-token calls: the slope from the level's mean
-    verification call (its seconds per call over `unit`) at its mean width (1 + drafted tokens per call)."""
-    width = level["drafted_tokens"] / level["target_calls"]
-    return (level["target_seconds"] / level["target_calls"] / unit - 1.0) / width if width else 0.0
-
-
 def engine_costs(rounds, draft_call: float) -> dict:
     """The costs of a setting as the engine timed them in its rounds (pooled), in one-token calls: the top's in
     its target's call in plain decoding (unit), the draft level's in draft_call. slope: a verification call of
-    w tokens costs 1 + slope * (w - 1) (_slope); overhead: the engine's own time per iteration (sampling,
-    verification, bookkeeping, rollback: Stats.other_seconds per target call); plain_overhead: the same per
-    token of plain decoding; c: the draft model's time per call over the unit (two levels) or draft_call over it
-    (three). With levels: the draft level's slope and overhead, and bottom_c, the bigram's time per drafted
+    w tokens costs 1 + slope * (w - 1) (timing.verify_slope); overhead: the engine's own time per iteration
+    (sampling, verification, bookkeeping, rollback: Stats.other_seconds per target call); plain_overhead: the
+    same per token of plain decoding; c: the draft model's time per call over the unit (two levels) or
+    draft_call over it (three). With levels: the draft level's slope and overhead, and bottom_c, the bigram's time per drafted
     token over draft_call."""
-    spec = _pooled([r.stats for round_ in rounds for r in round_.speculative])
-    plain = _pooled([r.stats for round_ in rounds for r in round_.plain])
+    spec = timing.pooled([r.stats for round_ in rounds for r in round_.speculative])
+    plain = timing.pooled([r.stats for round_ in rounds for r in round_.plain])
     unit = plain["target_seconds"] / plain["target_calls"]
-    costs = {"unit": unit, "slope": _slope(spec, unit), "overhead": spec["other_seconds"] / spec["target_calls"] / unit,
+    costs = {"unit": unit, "slope": timing.verify_slope(spec, unit),
+             "overhead": spec["other_seconds"] / spec["target_calls"] / unit,
              "plain_overhead": plain["other_seconds"] / plain["target_calls"] / unit}
     levels = [r.levels[0] for round_ in rounds for r in round_.speculative if getattr(r, "levels", ())]
     if not levels:
         return {**costs, "c": spec["draft_seconds"] / spec["draft_calls"] / unit}
-    level = _pooled(levels)
-    return {**costs, "c": draft_call / unit, "level_slope": _slope(level, draft_call),
+    level = timing.pooled(levels)
+    return {**costs, "c": draft_call / unit, "level_slope": timing.verify_slope(level, draft_call),
             "level_overhead": level["other_seconds"] / level["target_calls"] / draft_call,
             "bottom_c": level["draft_seconds"] / level["drafted_tokens"] / draft_call}
 
@@ -137,7 +126,7 @@ def draft_call_seconds(draft_path, temperature: float, calls, args) -> float:
                    for i, call in enumerate(calls)]
         if run_index:
             stats.extend(r.stats for r in results)
-    pooled = _pooled(stats)
+    pooled = timing.pooled(stats)
     return pooled["target_seconds"] / pooled["target_calls"]
 
 
@@ -248,8 +237,9 @@ def main(argv=None) -> None:
                   f"{row['speedup'] / row['predicted_width_aware']:.2f} | {row['predicted_cost_model']:.2f}x | "
                   f"{row['speedup'] / row['predicted_cost_model']:.2f}")
     for duel in duels:
-        print(f"\nT = {duel['temperature']}: three levels {duel['three']} against two {duel['two']}, timed against each "
-              f"other: {duel['ratio']:.2f}x ({duel['ratio_min']:.2f}-{duel['ratio_max']:.2f}, {duel['rounds']} rounds)")
+        print(f"\nT = {duel['temperature']}: three levels {duel['three']} against two {duel['two']}, timed against "
+              f"each other: {duel['ratio']:.2f}x ({duel['ratio_min']:.2f}-{duel['ratio_max']:.2f}, "
+              f"{duel['rounds']} rounds)")
 
 
 if __name__ == "__main__":

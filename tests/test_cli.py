@@ -46,6 +46,7 @@ def test_demo_reports_timed_rounds_next_to_theorem_3_8(smoke_pair, monkeypatch, 
     out = capsys.readouterr().out
     assert "median (min-max) of 4 rounds" in out and "untimed warm-up" in out
     assert "measured (median of 4 rounds, range " in out and "Theorem 3.8 predicts " in out
+    assert "x at the costs the engine measured (wide verification calls" in out
     assert "gamma=4 temperature=0.8" in out and "seed=3" in out
 
 

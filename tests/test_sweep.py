@@ -17,7 +17,7 @@ from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 sweep_module = importlib.import_module("speculant.sweep")  # the module; speculant.sweep is the function
 PROMPTS = [[1, 2], [3], [0, 1, 2]]
 TIMES = ["seconds", "plain_seconds", "c", "speedup", "speedup_min", "speedup_max", "spread", "predicted_speedup",
-         "flag"]
+         "cost_model_speedup", "flag"]
 # Timings of table models over a few tokens are noise-dominated: their flag warnings are expected here, and
 # the flags themselves are tested below.
 pytestmark = pytest.mark.filterwarnings("ignore:.*settings are flagged:RuntimeWarning")
@@ -179,6 +179,34 @@ def test_noisy_and_off_theory_rows_are_flagged_with_one_warning():
     assert "noisy" in frame.flag.item() and frame.spread.item() > 0.25
     with pytest.raises(ValueError, match="repeats must be an integer >= 1"):
         speculant.sweep(target, drafter, [[1, 2, 3]], gammas=[2], repeats=0, progress=False)
+
+
+def test_cost_model_counts_what_the_engine_timed():
+    """timing.cost_model on rounds whose times are set: Theorem 3.8 at the measured costs, each over the target's
+    call in plain decoding (1 s here): a verification of gamma + 1 = 4 tokens at 1.6 (slope 0.2 per draft), a
+    draft call of 0.25, the engine's 0.1 per iteration and 0.05 per plain token."""
+    from types import SimpleNamespace
+
+    from speculant import timing
+
+    def stats(**values):
+        keys = ("target_calls", "drafted_tokens", "draft_calls", "target_seconds", "draft_seconds", "other_seconds")
+        return SimpleNamespace(**{**dict.fromkeys(keys, 0), **values})
+
+    spec = stats(target_calls=10, drafted_tokens=30, draft_calls=30, target_seconds=16.0, draft_seconds=7.5,
+                 other_seconds=1.0)
+    plain = stats(target_calls=40, target_seconds=40.0, other_seconds=2.0)
+    rounds = [timing.Round([SimpleNamespace(stats=spec, levels=())], [SimpleNamespace(stats=plain)], 1.0, 1.0)]
+    want = analysis.expected_tokens(0.7, 3) * 1.05 / (1.6 + 0.1 + 3 * 0.25)
+    assert timing.cost_model(rounds, acceptance=0.7, gamma=3) == pytest.approx(want)
+    # a draft level: its model's mean call (0.3 s, 20 calls) is its unit; its drafter 0.03 s per drafted token,
+    # its engine 0.06 s per iteration; the top's draft seconds are the level's and do not enter
+    level = stats(target_calls=20, drafted_tokens=20, target_seconds=6.0, draft_seconds=0.6, other_seconds=1.2)
+    level.beta_sum, level.beta_count, level.gamma = 6.0, 10, 1
+    rounds = [timing.Round([SimpleNamespace(stats=spec, levels=(level,))], [SimpleNamespace(stats=plain)], 1.0, 1.0)]
+    want = analysis.hierarchical_improvement([0.7, 0.6], [3, 1], [0.3, 0.1], verify_costs=[lambda w: 1 + 0.2 * (w - 1),
+                                             None], overheads=[0.1, 0.2], plain_overhead=0.05)
+    assert timing.cost_model(rounds, acceptance=0.7, gamma=3) == pytest.approx(want)
 
 
 def test_trees_beside_chains():

@@ -28,7 +28,7 @@ SPREAD_THRESHOLD = 0.25  # a (max - min) / median of the rounds' speedups above 
 COLUMNS = [
     "alpha", "acceptance", "tokens_per_target_call", "expected_tokens",
     "new_tokens", "target_calls", "draft_calls", "seconds", "plain_seconds", "c", "speedup", "speedup_min",
-    "speedup_max", "spread", "predicted_speedup", "flag", "levels",
+    "speedup_max", "spread", "predicted_speedup", "cost_model_speedup", "flag", "levels",
 ]
 
 
@@ -193,6 +193,53 @@ def level_table(rounds: Sequence[Round], plain_target_calls: Sequence[float]) ->
     return out
 
 
+def pooled(stats) -> Dict[str, float]:
+    """The counts and seconds the cost model reads, summed over Stats objects."""
+    keys = ("target_calls", "drafted_tokens", "draft_calls", "target_seconds", "draft_seconds", "other_seconds")
+    return {key: sum(getattr(s, key) for s in stats) for key in keys}
+
+
+def verify_slope(counts: Dict[str, float], unit: float) -> float:
+    """A verification call of w tokens costs 1 + slope * (w - 1) calls of `unit` seconds: the slope from the mean
+    verification call at its mean width (1 + drafted tokens per call)."""
+    drafts = counts["drafted_tokens"] / counts["target_calls"] if counts["target_calls"] else 0.0
+    return max(0.0, counts["target_seconds"] / counts["target_calls"] / unit - 1.0) / drafts if drafts else 0.0
+
+
+def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int) -> float:
+    """Theorem 3.8 (composed over a hierarchical draft's levels) at the costs the engine timed in these rounds,
+    pooled: a verification call of w tokens as 1 + slope * (w - 1) one-token calls (verify_slope), the draft's
+    time per call (per drafted token for a drafter that calls no model), the engine's own time per iteration
+    outside the models (Stats.other_seconds per target call) and per plain token, each over the target's call in
+    plain decoding. Only the calls per token are left to the theory (Equation (1) at ``acceptance``; the draft level's
+    recurrence, at its mean call as its unit). NaN without a verified position."""
+    spec = pooled([r.stats for round_ in rounds for r in round_.speculative])
+    plain = pooled([r.stats for round_ in rounds for r in round_.plain])
+    if not (spec["target_calls"] and plain["target_calls"] and plain["target_seconds"] > 0) or math.isnan(acceptance):
+        return math.nan
+    unit = plain["target_seconds"] / plain["target_calls"]
+    slope = verify_slope(spec, unit)
+    top = {"verify_costs": [lambda w: 1.0 + slope * (w - 1)],
+           "overheads": [spec["other_seconds"] / spec["target_calls"] / unit],
+           "plain_overhead": plain["other_seconds"] / plain["target_calls"] / unit}
+    levels = [r.levels[0] for round_ in rounds for r in round_.speculative if getattr(r, "levels", ())]
+    if not levels:
+        per = spec["draft_calls"] or spec["drafted_tokens"]
+        return analysis.hierarchical_improvement([acceptance], [gamma], [spec["draft_seconds"] / per / unit], **top)
+    level = pooled(levels)  # the draft level: its model's mean call is its unit
+    beta_count = sum(s.beta_count for s in levels)
+    if not (level["target_calls"] and beta_count):
+        return math.nan
+    call = level["target_seconds"] / level["target_calls"]
+    per = level["draft_calls"] or level["drafted_tokens"]
+    bottom = level["draft_seconds"] / per / call if per else 0.0
+    return analysis.hierarchical_improvement(
+        [acceptance, sum(s.beta_sum for s in levels) / beta_count], [gamma, levels[0].gamma], [call / unit, bottom],
+        verify_costs=top["verify_costs"] + [None],
+        overheads=top["overheads"] + [level["other_seconds"] / level["target_calls"] / call],
+        plain_overhead=top["plain_overhead"])
+
+
 def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
               spread_threshold: float = SPREAD_THRESHOLD, tree: Optional[Sequence[int]] = None) -> Dict[str, Any]:
     """The ``COLUMNS`` of one setting from its timed rounds: counts and alpha from the first round (every round
@@ -211,7 +258,9 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     of the prediction. A hierarchical draft (Result.levels): c is the top's cost per drafted token, ``levels``
     lists each level below the top (level_table: gamma, alpha, tokens per call, c against the model above; the
     last entry is the lowest drafter's c), and predicted_speedup is Theorem 3.8 composed over the levels
-    (analysis.hierarchical_improvement); ``levels`` is None otherwise.
+    (analysis.hierarchical_improvement); ``levels`` is None otherwise. cost_model_speedup: the same theory at
+    the costs the engine measured (``cost_model``: wide verification calls and the engine's own time count), NaN
+    for trees.
 
     tree: the shape of a token-tree setting (SpeculativeDecoder's tree=; gamma is its depth), or a
     speculant.DynamicTree. Then expected_tokens and predicted_speedup come from the tree theory at the acceptance
@@ -258,6 +307,7 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
         costs = [level["c"] for level in levels]
         known = all(not math.isnan(x) for x in alphas + costs)
         predicted = analysis.hierarchical_improvement(alphas, gammas, costs) if known else nan
+    modelled = cost_model(rounds, acceptance=acceptance, gamma=gamma) if not tree else nan
     if tree:
         expected, predicted = tree_prediction(results, tree, c)
         known = not (math.isnan(expected) or math.isnan(c))
@@ -274,5 +324,6 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
         "new_tokens": spec["new_tokens"], "target_calls": spec["target_calls"], "draft_calls": spec["draft_calls"],
         "seconds": float(np.median(seconds)), "plain_seconds": float(np.median(plain_seconds)), "c": c,
         "speedup": speedup, "speedup_min": speedup_min, "speedup_max": speedup_max, "spread": spread,
-        "predicted_speedup": predicted, "flag": ", ".join(flags), "levels": levels or None,
+        "predicted_speedup": predicted, "cost_model_speedup": modelled, "flag": ", ".join(flags),
+        "levels": levels or None,
     }
