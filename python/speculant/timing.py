@@ -211,8 +211,9 @@ def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int) -> flo
     pooled: a verification call of w tokens as 1 + slope * (w - 1) one-token calls (verify_slope), the draft's
     time per call (per drafted token for a drafter that calls no model), the engine's own time per iteration
     outside the models (Stats.other_seconds per target call) and per plain token, each over the target's call in
-    plain decoding. Only the calls per token are left to the theory (Equation (1) at ``acceptance``; the draft level's
-    recurrence, at its mean call as its unit). NaN without a verified position."""
+    plain decoding. Only the calls per token are left to the theory (Equation (1) at ``acceptance``; the draft
+    level's recurrence, at its model's mean call as its unit, everything below it counted as its drafter's time).
+    NaN without a verified position."""
     spec = pooled([r.stats for round_ in rounds for r in round_.speculative])
     plain = pooled([r.stats for round_ in rounds for r in round_.plain])
     if not (spec["target_calls"] and plain["target_calls"] and plain["target_seconds"] > 0) or math.isnan(acceptance):
@@ -225,7 +226,8 @@ def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int) -> flo
     levels = [r.levels[0] for round_ in rounds for r in round_.speculative if getattr(r, "levels", ())]
     if not levels:
         per = spec["draft_calls"] or spec["drafted_tokens"]
-        return analysis.hierarchical_improvement([acceptance], [gamma], [spec["draft_seconds"] / per / unit], **top)
+        c = spec["draft_seconds"] / per / unit if per else 0.0
+        return analysis.hierarchical_improvement([acceptance], [gamma], [c], **top)
     level = pooled(levels)  # the draft level: its model's mean call is its unit
     beta_count = sum(s.beta_count for s in levels)
     if not (level["target_calls"] and beta_count):
