@@ -36,6 +36,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import scipy.stats
 import torch
 
 import speculant
@@ -166,19 +167,24 @@ def width_aware(row: dict, c: float, target_widths: list, draft_widths: list) ->
 
 def head_to_head(rows, paths, bigram, temperature, calls, args) -> dict:
     """The best three-level setting of the temperature against its best two-level one (by median speedup), timed
-    against each other directly: 2 * --repeats rounds interleaved ABBA after a warm-up; the ratio is two-level
-    seconds per token over three-level seconds per token, median with min-max over the rounds."""
+    against each other directly: 4 * --repeats rounds interleaved ABBA after a warm-up; the ratio is two-level
+    seconds per token over three-level seconds per token, median with min-max over the rounds, and how many
+    rounds three levels won, with the two-sided sign test's p-value (a slow spell hits a single round, so the
+    count says more than the range)."""
     best = {depth: max((r for r in rows if r["temperature"] == temperature and r["depth"] == depth),
                        key=lambda r: r["speedup"])["gammas"] for depth in (2, 3)}
     _, three = build(paths, bigram, best[3], temperature)
     _, two = build(paths, bigram, best[2], temperature)
     rounds = timing.timed_rounds(three.generate, two.generate, calls, max_new_tokens=args.tokens, seed=0,
-                                 repeats=2 * args.repeats)
+                                 repeats=4 * args.repeats)
     ratios = [(r.plain_seconds / timing.totals(r.plain)["new_tokens"])
               / (r.speculative_seconds / timing.totals(r.speculative)["new_tokens"]) for r in rounds]
     ratio, low, high = timing.median_range(ratios)
+    wins = sum(r > 1.0 for r in ratios)
+    # sign test, two-sided: under "neither is faster" each round is a coin flip
+    p_value = scipy.stats.binomtest(wins, len(ratios), 0.5).pvalue
     return {"temperature": temperature, "two": best[2], "three": best[3], "ratio": ratio, "ratio_min": low,
-            "ratio_max": high, "rounds": len(ratios)}
+            "ratio_max": high, "rounds": len(ratios), "ratios": ratios, "three_faster": wins, "sign_test_p": p_value}
 
 
 def main(argv=None) -> None:
@@ -238,8 +244,8 @@ def main(argv=None) -> None:
                   f"{row['speedup'] / row['predicted_cost_model']:.2f}")
     for duel in duels:
         print(f"\nT = {duel['temperature']}: three levels {duel['three']} against two {duel['two']}, timed against "
-              f"each other: {duel['ratio']:.2f}x ({duel['ratio_min']:.2f}-{duel['ratio_max']:.2f}, "
-              f"{duel['rounds']} rounds)")
+              f"each other: {duel['ratio']:.2f}x ({duel['ratio_min']:.2f}-{duel['ratio_max']:.2f}); three levels "
+              f"faster in {duel['three_faster']} of {duel['rounds']} rounds (sign test p = {duel['sign_test_p']:.3g})")
 
 
 if __name__ == "__main__":

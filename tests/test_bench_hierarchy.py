@@ -46,7 +46,8 @@ def test_hierarchy_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
         [rows[0]["acceptance"]], rows[0]["gammas"], [two["c"]], verify_costs=[lambda w: 1 + two["slope"] * (w - 1)],
         overheads=[two["overhead"]], plain_overhead=two["plain_overhead"]))
     (duel,) = record["head_to_head"]  # the best of each depth timed against each other
-    assert duel["rounds"] == 2 and duel["ratio_min"] <= duel["ratio"] <= duel["ratio_max"]
+    assert duel["rounds"] == len(duel["ratios"]) == 4 and duel["ratio_min"] <= duel["ratio"] <= duel["ratio_max"]
+    assert duel["three_faster"] == sum(r > 1 for r in duel["ratios"]) and 0 < duel["sign_test_p"] <= 1
     assert duel["three"] in ([4, 2], [3, 1]) and duel["two"] in ([3], [4])
     printed = capsys.readouterr().out
     assert "measured/cost model" in printed and "timed against each other" in printed
