@@ -80,8 +80,8 @@ def engine_costs(rounds, draft_call: float) -> dict:
     w tokens costs 1 + slope * (w - 1) (timing.verify_slope); overhead: the engine's own time per iteration
     (sampling, verification, bookkeeping, rollback: Stats.other_seconds per target call); plain_overhead: the
     same per token of plain decoding; c: the draft model's time per call over the unit (two levels) or
-    draft_call over it (three). With levels: the draft level's slope and overhead, and bottom_c, the bigram's time per drafted
-    token over draft_call."""
+    draft_call over it (three). With levels: the draft level's slope and overhead, and bottom_c, the bigram's
+    time per drafted token over draft_call."""
     spec = timing.pooled([r.stats for round_ in rounds for r in round_.speculative])
     plain = timing.pooled([r.stats for round_ in rounds for r in round_.plain])
     unit = plain["target_seconds"] / plain["target_calls"]
