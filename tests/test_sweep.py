@@ -207,6 +207,13 @@ def test_cost_model_counts_what_the_engine_timed():
     want = analysis.hierarchical_improvement([0.7, 0.6], [3, 1], [0.3, 0.1], verify_costs=[lambda w: 1 + 0.2 * (w - 1),
                                              None], overheads=[0.1, 0.2], plain_overhead=0.05)
     assert timing.cost_model(rounds, acceptance=0.7, gamma=3) == pytest.approx(want)
+    # a tree [2, 1] (3 nodes, width 4 with the pending token): the tree theory at the same costs, the engine's
+    # time per iteration added to the verification call's
+    spec.tree_visits, spec.tree_accepted = [10, 5], [[5, 3], [2]]
+    rounds = [timing.Round([SimpleNamespace(stats=spec, levels=())], [SimpleNamespace(stats=plain)], 1.0, 1.0)]
+    table = [[0.5, 0.3], [0.4]]
+    want = analysis.tree_speedup([2, 1], table, 0.25, verify_cost=lambda w: 1 + 0.2 * (w - 1) + 0.1) * 1.05
+    assert timing.cost_model(rounds, acceptance=0.7, gamma=2, tree=[2, 1]) == pytest.approx(want)
 
 
 def test_trees_beside_chains():
@@ -231,4 +238,5 @@ def test_trees_beside_chains():
         assert row.target_calls == sum(r.stats.target_calls for r in results)
         assert row.expected_tokens == pytest.approx(float(analysis.tree_expected_tokens(list(row.tree), table)))
         assert row.predicted_speedup == pytest.approx(analysis.tree_speedup(list(row.tree), table, row.c))
+        assert row.cost_model_speedup > 0
     assert np.allclose(chains.expected_tokens, analysis.expected_tokens(chains.acceptance.to_numpy(), 2))

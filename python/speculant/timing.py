@@ -206,14 +206,15 @@ def verify_slope(counts: Dict[str, float], unit: float) -> float:
     return max(0.0, counts["target_seconds"] / counts["target_calls"] / unit - 1.0) / drafts if drafts else 0.0
 
 
-def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int) -> float:
+def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int, tree=None) -> float:
     """Theorem 3.8 (composed over a hierarchical draft's levels) at the costs the engine timed in these rounds,
     pooled: a verification call of w tokens as 1 + slope * (w - 1) one-token calls (verify_slope), the draft's
     time per call (per drafted token for a drafter that calls no model), the engine's own time per iteration
     outside the models (Stats.other_seconds per target call) and per plain token, each over the target's call in
     plain decoding. Only the calls per token are left to the theory (Equation (1) at ``acceptance``; the draft
-    level's recurrence, at its model's mean call as its unit, everything below it counted as its drafter's time).
-    NaN without a verified position."""
+    level's recurrence, at its model's mean call as its unit, everything below it counted as its drafter's time;
+    for a token tree, ``tree_prediction`` with the engine's time folded into the verification call's). NaN
+    without a verified position."""
     spec = pooled([r.stats for round_ in rounds for r in round_.speculative])
     plain = pooled([r.stats for round_ in rounds for r in round_.plain])
     if not (spec["target_calls"] and plain["target_calls"] and plain["target_seconds"] > 0) or math.isnan(acceptance):
@@ -227,6 +228,10 @@ def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int) -> flo
     if not levels:
         per = spec["draft_calls"] or spec["drafted_tokens"]
         c = spec["draft_seconds"] / per / unit if per else 0.0
+        if tree:
+            overhead = top["overheads"][0]
+            _, speedup = tree_prediction(rounds[0].speculative, tree, c, lambda w: 1.0 + slope * (w - 1) + overhead)
+            return speedup * (1.0 + top["plain_overhead"])
         return analysis.hierarchical_improvement([acceptance], [gamma], [c], **top)
     level = pooled(levels)  # the draft level: its model's mean call is its unit
     beta_count = sum(s.beta_count for s in levels)
@@ -261,8 +266,7 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     lists each level below the top (level_table: gamma, alpha, tokens per call, c against the model above; the
     last entry is the lowest drafter's c), and predicted_speedup is Theorem 3.8 composed over the levels
     (analysis.hierarchical_improvement); ``levels`` is None otherwise. cost_model_speedup: the same theory at
-    the costs the engine measured (``cost_model``: wide verification calls and the engine's own time count), NaN
-    for trees.
+    the costs the engine measured (``cost_model``: wide verification calls and the engine's own time count).
 
     tree: the shape of a token-tree setting (SpeculativeDecoder's tree=; gamma is its depth), or a
     speculant.DynamicTree. Then expected_tokens and predicted_speedup come from the tree theory at the acceptance
@@ -309,7 +313,7 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
         costs = [level["c"] for level in levels]
         known = all(not math.isnan(x) for x in alphas + costs)
         predicted = analysis.hierarchical_improvement(alphas, gammas, costs) if known else nan
-    modelled = cost_model(rounds, acceptance=acceptance, gamma=gamma) if not tree else nan
+    modelled = cost_model(rounds, acceptance=acceptance, gamma=gamma, tree=tree)
     if tree:
         expected, predicted = tree_prediction(results, tree, c)
         known = not (math.isnan(expected) or math.isnan(c))
