@@ -14,7 +14,9 @@ its task defines, for each beam width w in --widths:
   False: its defaults);
 * speculant's plain beam search of the exported target (``speculant.generate(target, num_beams=w)``);
 * speculative beam search, ``SpeculativeDecoder(target, draft, gamma=g).generate(num_beams=w, draft_beams=u)``,
-  for every u in (w, 2w) and g in --gammas.
+  for every u in (w, 2w) and g in --gammas;
+* with --live, the same on the live transformers objects (``speculant.load`` of the save_pretrained models):
+  plain beam search and speculative beam search with u = 2w.
 
 Every method gets an untimed warm-up generation, then --repeats rounds over all prompts, the methods in turn and
 in reversed order on odd rounds (ABBA); tokens per second is the median over the rounds and a ratio between two
@@ -58,12 +60,14 @@ def hf_beams(pair: assisted.Pair, width: int):
     return run
 
 
-def methods_for(pair: assisted.Pair, width: int, gammas: Sequence[int]) -> List[assisted.Method]:
-    def plain(prompt, n, seed):
-        return speculant.generate(pair.target, **prompt, max_new_tokens=n, num_beams=width, eos_token_id=pair.eos)
+def methods_for(pair: assisted.Pair, width: int, gammas: Sequence[int], live=None) -> List[assisted.Method]:
+    """The methods at one width; live: (target, draft) as live transformers objects (speculant.load of the pair's
+    save_pretrained models) for the live_* methods, or None."""
+    def plain(prompt, n, seed, target=pair.target):
+        return speculant.generate(target, **prompt, max_new_tokens=n, num_beams=width, eos_token_id=pair.eos)
 
-    def speculative(draft_beams: int, gamma: int):
-        decoder = speculant.SpeculativeDecoder(pair.target, pair.draft, gamma=gamma)
+    def speculative(draft_beams: int, gamma: int, models=(pair.target, pair.draft)):
+        decoder = speculant.SpeculativeDecoder(*models, gamma=gamma)
         return lambda prompt, n, seed: decoder.generate(**prompt, max_new_tokens=n, num_beams=width,
                                                         draft_beams=draft_beams, eos_token_id=pair.eos)
 
@@ -75,13 +79,18 @@ def methods_for(pair: assisted.Pair, width: int, gammas: Sequence[int]) -> List[
     methods = [method(f"hf_w{width}", hf_beams(pair, width)), method(f"plain_w{width}", plain)]
     for u in (width, 2 * width):
         methods += [method(f"spec_w{width}_u{u}_g{gamma}", speculative(u, gamma), u, gamma) for gamma in gammas]
+    if live:
+        methods.append(method(f"live_plain_w{width}", lambda prompt, n, seed: plain(prompt, n, seed, live[0])))
+        methods += [method(f"live_spec_w{width}_u{2 * width}_g{gamma}", speculative(2 * width, gamma, live),
+                           2 * width, gamma) for gamma in gammas]
     return methods
 
 
 def measure(pair: assisted.Pair, widths: Sequence[int], gammas: Sequence[int], prompts: Sequence[Dict],
-            tokens: int, repeats: int) -> Dict:
+            tokens: int, repeats: int, live: bool = False) -> Dict:
     """Every method timed (module docstring); rows per method and the run's per-round tokens per second."""
-    methods = [m for w in widths for m in methods_for(pair, w, gammas)]
+    models = (speculant.load(pair.hf_target), speculant.load(pair.hf_draft)) if live else None
+    methods = [m for w in widths for m in methods_for(pair, w, gammas, models)]
     for method in methods:  # untimed warm-up
         method.run(pair, prompts[:1], WARMUP_TOKENS, record=False)
     for rep in range(repeats):
@@ -139,13 +148,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache", default=None, help="train_pairs' cache directory (default: its own)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--live", action="store_true",
+                        help="also the live transformers objects: plain and speculative (u = 2w) beam search")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=r".*TorchScript.*|.*torch\.jit.*")
     recipe = train_pairs.PRESETS[args.preset][args.pair]
     pair = assisted.load_pair(recipe, args.device, cache=args.cache)
     prompts = train_pairs.heldout_prompts(recipe, pair.directory, args.prompts, args.prompt_tokens)
-    record = measure(pair, args.widths, args.gammas, prompts, args.tokens, args.repeats)
+    record = measure(pair, args.widths, args.gammas, prompts, args.tokens, args.repeats, args.live)
     record.update({"pair": args.pair, "preset": args.preset, "device": args.device, "prompts": len(prompts),
                    "prompt_tokens": args.prompt_tokens, "tokens": args.tokens, "repeats": args.repeats,
                    "machine": assisted.machine(), "pair_info": json.loads((pair.directory / "pair.json").read_text())})
