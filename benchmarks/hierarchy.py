@@ -19,10 +19,10 @@ as the paper does, that a call on w tokens costs one call, which a CPU does not 
 width-aware prediction: the same formula with verify_costs, each model's w-token call over its one-token call
 timed directly at a cached prefix (--calls alternating calls per width), and c from one-token calls. Neither
 counts the engine's own work, and a call timed from Python carries Python's call overhead, which the engine's
-calls from C++ do not. So each row also has the cost model: the same composition with every cost as the engine
-timed it in the row's own rounds (engine_costs: its verification calls by width, its time per iteration outside
-the models at each level and per plain token, the draft model's call in the engine's plain decoding), which
-leaves only the number of calls per token at each level to the theory. Last, at each temperature, the best
+calls from C++ do not. So each row also has the cost model (timing.cost_model, the sweep's cost_model_speedup):
+the same composition with every cost as the engine timed it in the row's own rounds (timing.engine_costs, in
+the record: its verification calls by width, its time per iteration outside the models at each level and per
+plain token), which leaves only the number of calls per token at each level to the theory. Last, at each temperature, the best
 three-level setting and the best two-level one are timed against each other directly (head_to_head). The issue's
 goals: the measured speedup within 15% of the composed prediction, and on a pair with c >= 0.2 three levels
 ahead of the best two-level setting. Results: --out (JSON).
@@ -61,9 +61,9 @@ def build(paths, bigram, gammas, temperature):
     return target, speculant.SpeculativeDecoder(target, draft, gamma=gammas[0], temperature=temperature)
 
 
-def run(paths, bigram, gammas, temperature, calls, args, draft_call: float) -> dict:
-    """One setting timed against plain decoding (speculant.timing), with its levels' statistics and the engine's
-    own measurement of its costs (engine_costs; draft_call: the draft model's one-token call in seconds)."""
+def run(paths, bigram, gammas, temperature, calls, args) -> dict:
+    """One setting timed against plain decoding (speculant.timing), with its levels' statistics and the costs the
+    engine timed (timing.engine_costs), the cost model's inputs."""
     target, decoder = build(paths, bigram, gammas, temperature)
     baseline = functools.partial(speculant.generate, target, temperature=temperature)
     rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=args.tokens, seed=0,
@@ -71,64 +71,7 @@ def run(paths, bigram, gammas, temperature, calls, args, draft_call: float) -> d
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         summary = timing.summarize(rounds, gamma=gammas[0], lenience=1.0)
-    return {**summary, "costs": engine_costs(rounds, draft_call)}
-
-
-def engine_costs(rounds, draft_call: float) -> dict:
-    """The costs of a setting as the engine timed them in its rounds (pooled), in one-token calls: the top's in
-    its target's call in plain decoding (unit), the draft level's in draft_call. slope: a verification call of
-    w tokens costs 1 + slope * (w - 1) (timing.verify_slope); overhead: the engine's own time per iteration
-    (sampling, verification, bookkeeping, rollback: Stats.other_seconds per target call); plain_overhead: the
-    same per token of plain decoding; c: the draft model's time per call over the unit (two levels) or
-    draft_call over it (three). With levels: the draft level's slope and overhead, and bottom_c, the bigram's
-    time per drafted token over draft_call."""
-    spec = timing.pooled([r.stats for round_ in rounds for r in round_.speculative])
-    plain = timing.pooled([r.stats for round_ in rounds for r in round_.plain])
-    unit = plain["target_seconds"] / plain["target_calls"]
-    costs = {"unit": unit, "slope": timing.verify_slope(spec, unit),
-             "overhead": spec["other_seconds"] / spec["target_calls"] / unit,
-             "plain_overhead": plain["other_seconds"] / plain["target_calls"] / unit}
-    levels = [r.levels[0] for round_ in rounds for r in round_.speculative if getattr(r, "levels", ())]
-    if not levels:
-        return {**costs, "c": spec["draft_seconds"] / spec["draft_calls"] / unit}
-    level = timing.pooled(levels)
-    return {**costs, "c": draft_call / unit, "level_slope": timing.verify_slope(level, draft_call),
-            "level_overhead": level["other_seconds"] / level["target_calls"] / draft_call,
-            "bottom_c": level["draft_seconds"] / level["drafted_tokens"] / draft_call}
-
-
-def cost_model(row: dict) -> float:
-    """Theorem 3.8 composed over the levels with every cost the engine measured (row["costs"]): wide
-    verification calls, the engine's time per iteration at each level and per plain token. What is predicted is
-    how many calls each level makes per token, from the levels' alpha and gamma."""
-    costs = row["costs"]
-    top = functools.partial(_wide, costs["slope"])
-    if row["depth"] == 2:
-        return analysis.hierarchical_improvement([row["acceptance"]], row["gammas"], [costs["c"]], verify_costs=[top],
-                                                 overheads=[costs["overhead"]], plain_overhead=costs["plain_overhead"])
-    alphas = [row["acceptance"], row["levels"][0]["alpha"]]
-    return analysis.hierarchical_improvement(
-        alphas, row["gammas"], [costs["c"], costs["bottom_c"]],
-        verify_costs=[top, functools.partial(_wide, costs["level_slope"])],
-        overheads=[costs["overhead"], costs["level_overhead"]], plain_overhead=costs["plain_overhead"])
-
-
-def _wide(slope: float, width: int) -> float:
-    return 1.0 + slope * (width - 1)
-
-
-def draft_call_seconds(draft_path, temperature: float, calls, args) -> float:
-    """The draft model's seconds per one-token call in the engine: plain decoding of the draft on the prompts
-    (an untimed warm-up, then --repeats runs pooled)."""
-    draft = speculant.load(draft_path)
-    stats = []
-    for run_index in range(args.repeats + 1):
-        results = [speculant.generate(draft, **call, max_new_tokens=args.tokens, temperature=temperature, seed=i)
-                   for i, call in enumerate(calls)]
-        if run_index:
-            stats.extend(r.stats for r in results)
-    pooled = timing.pooled(stats)
-    return pooled["target_seconds"] / pooled["target_calls"]
+    return {**summary, "costs": timing.engine_costs(rounds)}
 
 
 def width_costs(path, widths: int, calls: int):
@@ -208,10 +151,9 @@ def main(argv=None) -> None:
     rows = []
     paths, duels = (target_path, draft_path), []
     for temperature in args.temperatures:
-        engine_draft_call = draft_call_seconds(draft_path, temperature, calls, args)
         for gammas in [[g] for g in two] + [list(g) for g in three]:
             rows.append({"temperature": temperature, "depth": len(gammas) + 1, "gammas": gammas,
-                         **run(paths, bigram, gammas, temperature, calls, args, engine_draft_call)})
+                         **run(paths, bigram, gammas, temperature, calls, args)})
             print(json.dumps(rows[-1]), flush=True)
         duels.append(head_to_head(rows, paths, bigram, temperature, calls, args))
     widest = max([g for g in two] + [g for g, _ in three]) + 2  # the pending token(s) and the drafts
@@ -220,7 +162,6 @@ def main(argv=None) -> None:
     c = draft_call / target_call
     for row in rows:
         row["predicted_width_aware"] = width_aware(row, c, target_widths, draft_widths)
-        row["predicted_cost_model"] = cost_model(row)
     report = {"machine": f"{platform.machine()} {platform.processor() or ''} threads={args.threads}".strip(),
               "torch": torch.__version__, "tokens": args.tokens, "prompts": args.prompts, "repeats": args.repeats,
               "target_call_seconds": target_call, "draft_call_seconds": draft_call, "c": c,
@@ -240,8 +181,8 @@ def main(argv=None) -> None:
                   f"{' '.join(f'{c:.3f}' for c in costs)} | {row['speedup']:.2f}x ({row['speedup_min']:.2f}-"
                   f"{row['speedup_max']:.2f}) | {row['predicted_speedup']:.2f}x | "
                   f"{row['speedup'] / row['predicted_speedup']:.2f} | {row['predicted_width_aware']:.2f}x | "
-                  f"{row['speedup'] / row['predicted_width_aware']:.2f} | {row['predicted_cost_model']:.2f}x | "
-                  f"{row['speedup'] / row['predicted_cost_model']:.2f}")
+                  f"{row['speedup'] / row['predicted_width_aware']:.2f} | {row['cost_model_speedup']:.2f}x | "
+                  f"{row['speedup'] / row['cost_model_speedup']:.2f}")
     for duel in duels:
         print(f"\nT = {duel['temperature']}: three levels {duel['three']} against two {duel['two']}, timed against "
               f"each other: {duel['ratio']:.2f}x ({duel['ratio_min']:.2f}-{duel['ratio_max']:.2f}); three levels "

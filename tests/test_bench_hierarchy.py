@@ -34,15 +34,15 @@ def test_hierarchy_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
     assert three["predicted_width_aware"] == pytest.approx(analysis.hierarchical_improvement(
         alphas, [4, 2], [record["c"], costs[1] * costs[0] / record["c"]],
         verify_costs=[record["target_widths"], record["draft_widths"]]))
-    # the cost model: the same composition at the costs the engine timed in the row's rounds
+    # the cost model: the same composition at the costs the engine timed in the row's rounds (in the record)
     costs = three["costs"]
     assert costs["c"] > 0 and costs["bottom_c"] > 0 and costs["overhead"] >= 0 and costs["level_overhead"] >= 0
-    assert three["predicted_cost_model"] == pytest.approx(analysis.hierarchical_improvement(
-        alphas, [4, 2], [costs["c"], costs["bottom_c"]],
-        verify_costs=[lambda w: 1 + costs["slope"] * (w - 1), lambda w: 1 + costs["level_slope"] * (w - 1)],
+    assert costs["alpha_level"] == pytest.approx(alphas[1]) and costs["gamma_level"] == 2
+    assert three["cost_model_speedup"] == pytest.approx(analysis.hierarchical_improvement(
+        alphas, [4, 2], [costs["c"], costs["bottom_c"]], verify_costs=[lambda w: 1 + costs["slope"] * (w - 1), None],
         overheads=[costs["overhead"], costs["level_overhead"]], plain_overhead=costs["plain_overhead"]))
     two = rows[0]["costs"]
-    assert rows[0]["predicted_cost_model"] == pytest.approx(analysis.hierarchical_improvement(
+    assert rows[0]["cost_model_speedup"] == pytest.approx(analysis.hierarchical_improvement(
         [rows[0]["acceptance"]], rows[0]["gammas"], [two["c"]], verify_costs=[lambda w: 1 + two["slope"] * (w - 1)],
         overheads=[two["overhead"]], plain_overhead=two["plain_overhead"]))
     (duel,) = record["head_to_head"]  # the best of each depth timed against each other

@@ -193,58 +193,69 @@ def level_table(rounds: Sequence[Round], plain_target_calls: Sequence[float]) ->
     return out
 
 
-def pooled(stats) -> Dict[str, float]:
-    """The counts and seconds the cost model reads, summed over Stats objects."""
+def _pooled(stats) -> Dict[str, float]:
     keys = ("target_calls", "drafted_tokens", "draft_calls", "target_seconds", "draft_seconds", "other_seconds")
     return {key: sum(getattr(s, key) for s in stats) for key in keys}
 
 
-def verify_slope(counts: Dict[str, float], unit: float) -> float:
+def _slope(counts: Dict[str, float], unit: float) -> float:
     """A verification call of w tokens costs 1 + slope * (w - 1) calls of `unit` seconds: the slope from the mean
     verification call at its mean width (1 + drafted tokens per call)."""
     drafts = counts["drafted_tokens"] / counts["target_calls"] if counts["target_calls"] else 0.0
     return max(0.0, counts["target_seconds"] / counts["target_calls"] / unit - 1.0) / drafts if drafts else 0.0
 
 
-def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int, tree=None) -> float:
-    """Theorem 3.8 (composed over a hierarchical draft's levels) at the costs the engine timed in these rounds,
-    pooled: a verification call of w tokens as 1 + slope * (w - 1) one-token calls (verify_slope), the draft's
-    time per call (per drafted token for a drafter that calls no model), the engine's own time per iteration
-    outside the models (Stats.other_seconds per target call) and per plain token, each over the target's call in
-    plain decoding. Only the calls per token are left to the theory (Equation (1) at ``acceptance``; the draft
-    level's recurrence, at its model's mean call as its unit, everything below it counted as its drafter's time;
-    for a token tree, ``tree_prediction`` with the engine's time folded into the verification call's). NaN
-    without a verified position."""
-    spec = pooled([r.stats for round_ in rounds for r in round_.speculative])
-    plain = pooled([r.stats for round_ in rounds for r in round_.plain])
-    if not (spec["target_calls"] and plain["target_calls"] and plain["target_seconds"] > 0) or math.isnan(acceptance):
-        return math.nan
+def engine_costs(rounds: Sequence[Round]) -> Optional[Dict[str, float]]:
+    """The costs the engine timed in these rounds, pooled, in one-token calls of the target in plain decoding
+    (``unit``, seconds): ``slope`` (a verification call of w tokens costs 1 + slope * (w - 1)), ``overhead`` (the
+    engine's own time per iteration outside the models: Stats.other_seconds per target call), ``plain_overhead``
+    (the same per plain token) and ``c`` (the draft's time per call; per drafted token for a drafter that calls no
+    model). With a hierarchical draft, its level below the top, in its model's mean call (``level_unit``,
+    seconds): ``alpha_level``, ``gamma_level``, ``level_overhead`` and ``bottom_c`` (everything below that level,
+    per its call or drafted token); ``c`` is then the level's mean call over the unit. None without target calls
+    (or, with levels, without a verified position at the level)."""
+    spec = _pooled([r.stats for round_ in rounds for r in round_.speculative])
+    plain = _pooled([r.stats for round_ in rounds for r in round_.plain])
+    if not (spec["target_calls"] and plain["target_calls"] and plain["target_seconds"] > 0):
+        return None
     unit = plain["target_seconds"] / plain["target_calls"]
-    slope = verify_slope(spec, unit)
-    top = {"verify_costs": [lambda w: 1.0 + slope * (w - 1)],
-           "overheads": [spec["other_seconds"] / spec["target_calls"] / unit],
-           "plain_overhead": plain["other_seconds"] / plain["target_calls"] / unit}
+    costs = {"unit": unit, "slope": _slope(spec, unit), "overhead": spec["other_seconds"] / spec["target_calls"] / unit,
+             "plain_overhead": plain["other_seconds"] / plain["target_calls"] / unit}
     levels = [r.levels[0] for round_ in rounds for r in round_.speculative if getattr(r, "levels", ())]
     if not levels:
         per = spec["draft_calls"] or spec["drafted_tokens"]
-        c = spec["draft_seconds"] / per / unit if per else 0.0
-        if tree:
-            overhead = top["overheads"][0]
-            _, speedup = tree_prediction(rounds[0].speculative, tree, c, lambda w: 1.0 + slope * (w - 1) + overhead)
-            return speedup * (1.0 + top["plain_overhead"])
-        return analysis.hierarchical_improvement([acceptance], [gamma], [c], **top)
-    level = pooled(levels)  # the draft level: its model's mean call is its unit
+        return {**costs, "c": spec["draft_seconds"] / per / unit if per else 0.0}
+    level = _pooled(levels)
     beta_count = sum(s.beta_count for s in levels)
     if not (level["target_calls"] and beta_count):
-        return math.nan
+        return None
     call = level["target_seconds"] / level["target_calls"]
     per = level["draft_calls"] or level["drafted_tokens"]
-    bottom = level["draft_seconds"] / per / call if per else 0.0
+    return {**costs, "c": call / unit, "level_unit": call, "alpha_level": sum(s.beta_sum for s in levels) / beta_count,
+            "gamma_level": levels[0].gamma, "level_overhead": level["other_seconds"] / level["target_calls"] / call,
+            "bottom_c": level["draft_seconds"] / per / call if per else 0.0}
+
+
+def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int, tree=None) -> float:
+    """Theorem 3.8 (composed over a hierarchical draft's levels) at ``engine_costs``: only the calls per token are
+    left to the theory (Equation (1) at ``acceptance``; the draft level's recurrence, at its model's mean call as
+    its unit, everything below it counted as its drafter's time; for a token tree, ``tree_prediction`` with the
+    engine's time folded into the verification call's). NaN without a verified position."""
+    costs = engine_costs(rounds)
+    if costs is None or math.isnan(acceptance):
+        return math.nan
+    slope, overhead, plain = costs["slope"], costs["overhead"], costs["plain_overhead"]
+    if tree:
+        _, speedup = tree_prediction(rounds[0].speculative, tree, costs["c"],
+                                     lambda w: 1.0 + slope * (w - 1) + overhead)
+        return speedup * (1.0 + plain)
+    wide = [lambda w: 1.0 + slope * (w - 1)]
+    if "bottom_c" not in costs:
+        return analysis.hierarchical_improvement([acceptance], [gamma], [costs["c"]], verify_costs=wide,
+                                                 overheads=[overhead], plain_overhead=plain)
     return analysis.hierarchical_improvement(
-        [acceptance, sum(s.beta_sum for s in levels) / beta_count], [gamma, levels[0].gamma], [call / unit, bottom],
-        verify_costs=top["verify_costs"] + [None],
-        overheads=top["overheads"] + [level["other_seconds"] / level["target_calls"] / call],
-        plain_overhead=top["plain_overhead"])
+        [acceptance, costs["alpha_level"]], [gamma, costs["gamma_level"]], [costs["c"], costs["bottom_c"]],
+        verify_costs=wide + [None], overheads=[overhead, costs["level_overhead"]], plain_overhead=plain)
 
 
 def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
