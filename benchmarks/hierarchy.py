@@ -36,7 +36,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import scipy.stats
 import torch
 
 import speculant
@@ -118,16 +117,11 @@ def head_to_head(rows, paths, bigram, temperature, calls, args) -> dict:
                        key=lambda r: r["speedup"])["gammas"] for depth in (2, 3)}
     _, three = build(paths, bigram, best[3], temperature)
     _, two = build(paths, bigram, best[2], temperature)
-    rounds = timing.timed_rounds(three.generate, two.generate, calls, max_new_tokens=args.tokens, seed=0,
-                                 repeats=4 * args.repeats)
-    ratios = [(r.plain_seconds / timing.totals(r.plain)["new_tokens"])
-              / (r.speculative_seconds / timing.totals(r.speculative)["new_tokens"]) for r in rounds]
-    ratio, low, high = timing.median_range(ratios)
-    wins = sum(r > 1.0 for r in ratios)
-    # sign test, two-sided: under "neither is faster" each round is a coin flip
-    p_value = scipy.stats.binomtest(wins, len(ratios), 0.5).pvalue
-    return {"temperature": temperature, "two": best[2], "three": best[3], "ratio": ratio, "ratio_min": low,
-            "ratio_max": high, "rounds": len(ratios), "ratios": ratios, "three_faster": wins, "sign_test_p": p_value}
+    duel = timing.head_to_head(three.generate, two.generate, calls, max_new_tokens=args.tokens, seed=0,
+                               repeats=4 * args.repeats)
+    return {"temperature": temperature, "two": best[2], "three": best[3], "ratio": duel.ratio,
+            "ratio_min": duel.ratio_min, "ratio_max": duel.ratio_max, "rounds": len(duel.ratios),
+            "ratios": duel.ratios, "three_faster": duel.first_faster, "sign_test_p": duel.sign_test_p}
 
 
 def main(argv=None) -> None:

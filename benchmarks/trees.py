@@ -10,7 +10,7 @@ prompts, batch 1, each temperature:
 1. Costs, timed directly at a cached prefix of 48 tokens, each a ratio of medians of --calls calls of two kinds
    made alternately: verify_cost(w), the target's masked tree call of width w over its width-1 call (w = 1 .. 64),
    and c, the draft's one-token call over the target's.
-2. A probe run with the tree PROBE = [4, 2, 2, 1, 1] estimates the acceptance table by depth and rank
+2. A probe run with the tree PROBE = [4, 2, 2, 1, 1, 1] estimates the acceptance table by depth and rank
    (analysis.acceptance_from_counts of stats.tree_visits / tree_accepted).
 3. For every chain gamma = 1 .. 5 (Algorithm 1's loop) and every shape in SHAPES: tokens per target call
    measured and predicted
@@ -20,15 +20,20 @@ prompts, batch 1, each temperature:
    measured (speculant.timing: warm-up, then --repeats rounds interleaved ABBA; median with min-max) and
    predicted (analysis.tree_speedup at the table, c and the measured verify_cost; one draft call per depth).
    Each setting (and the probe, and each width of step 1) runs on freshly loaded models: see fresh().
-   The shape the analysis ranks first among them is marked.
+   The shape the analysis ranks first among them is marked. Beside the shapes, Sequoia's trees: the best tree of
+   each of --budgets drafts at the probe's table (analysis.best_tree), run as given (breadth-first parents).
 4. Grown trees (speculant.DynamicTree in GROWN: EAGLE-2's expansion by draft confidence, kept exact), each
    iteration's shape its own: timing.tree_prediction, the mean over the iterations of the expected tokens of the
    tree each drafted (Iteration.tree) at the acceptance table the setting's own first round measured (the probe
-   has one rank at depths 3 and 4), and the predicted speedup that mean over the mean of (depth c +
+   has one rank at depths 3 to 5), and the predicted speedup that mean over the mean of (depth c +
    verify_cost(width)).
+5. The fastest tree against the fastest chain, timed against each other directly (--duel rounds, ABBA), with
+   the count of rounds the tree won and its sign test (timing.head_to_head).
 
 At temperature 0 the children of a node are the draft's top k (ranks by draft probability); at temperature 1 they
-are drawn without replacement (replacement=False, the better rule of cpp/tree.h's two).
+are drawn by each of --siblings (default: without replacement). Under siblings="top" (q's k - 1 most probable
+tokens, then one draw) a rank's acceptance depends on whether it is its node's last child, so the probe's table
+(drawn without replacement) does not predict those rows: they show the prediction from their own table only.
 """
 import argparse
 import functools
@@ -55,7 +60,7 @@ GROWN = [speculant.DynamicTree(budget=8, depth=4, children=2, width=2),
          speculant.DynamicTree(budget=12, depth=5, children=2, width=2),
          speculant.DynamicTree(budget=16, depth=5, children=2, width=4),
          speculant.DynamicTree(budget=16, depth=5, children=4, width=1)]
-PROBE = [4, 2, 2, 1, 1]  # the ranks of every setting below, 60 drafts (it fits beside 48 + 128 tokens in 256)
+PROBE = [4, 2, 2, 1, 1, 1]  # the ranks of every setting below, 76 drafts (it fits beside 48 + 128 tokens in 256)
 PREFIX = 48
 MAX_WIDTH = 64
 
@@ -131,6 +136,30 @@ def costs(target_path, draft_path, calls: int):
     return verify, draft_call / target_call, target_call, width_one
 
 
+def decoder_for(row, target_path, draft_path, temperature):
+    """A fresh decoder of a row of the table: a chain, a shape or parents, or a grown tree."""
+    shape = row["shape"]
+    if row["siblings"] is None:
+        return speculant.SpeculativeDecoder(*fresh(target_path, draft_path), gamma=len(shape), temperature=temperature)
+    tree = speculant.DynamicTree(**shape) if isinstance(shape, dict) else shape
+    return speculant.SpeculativeDecoder(*fresh(target_path, draft_path), tree=tree, siblings=row["siblings"],
+                                        temperature=temperature)
+
+
+def head_to_head(rows, target_path, draft_path, temperature, calls, args) -> dict:
+    """The fastest tree row against the fastest chain (by median speedup over plain decoding), timed against
+    each other directly (timing.head_to_head: --duel rounds interleaved ABBA after a warm-up)."""
+    tree = max((r for r in rows if r["siblings"] is not None), key=lambda r: r["speedup"])
+    chain = max((r for r in rows if r["siblings"] is None), key=lambda r: r["speedup"])
+    duel = timing.head_to_head(decoder_for(tree, target_path, draft_path, temperature).generate,
+                               decoder_for(chain, target_path, draft_path, temperature).generate, calls,
+                               max_new_tokens=args.tokens, seed=0, repeats=args.duel)
+    print(f"\nhead to head: {tree['draft']} against {chain['draft']}: {duel.ratio:.3f}x [{duel.ratio_min:.3f}-"
+          f"{duel.ratio_max:.3f}], the tree faster in {duel.first_faster} of {len(duel.ratios)} rounds (sign test "
+          f"p = {duel.sign_test_p:.3g})", flush=True)
+    return {"tree": tree["draft"], "chain": chain["draft"], **duel._asdict()}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
@@ -142,6 +171,13 @@ def main(argv=None) -> None:
     parser.add_argument("--pair", choices=["demo", "gpt2"], default="demo")
     parser.add_argument("--shapes", type=lambda s: [int(k) for k in s.split(",")], nargs="+", default=SHAPES,
                         help="tree shapes besides the chains, each as k1,k2,... (default: SHAPES)")
+    parser.add_argument("--siblings", nargs="+", choices=speculant.decoder.SIBLINGS, default=["without_replacement"],
+                        help="how the trees' children are drawn at temperature > 0, each a set of rows (the chains "
+                             "are the same under all; at temperature 0 children are the draft's top k)")
+    parser.add_argument("--duel", type=int, default=12,
+                        help="rounds of the fastest tree against the fastest chain, timed directly (0: none)")
+    parser.add_argument("--budgets", type=int, nargs="*", default=[8, 16],
+                        help="node budgets of Sequoia's best trees (analysis.best_tree at the probe's table)")
     parser.add_argument("--json", type=Path, default=None, help="default: results/trees-<pair>-cpu.json")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message=r".*TorchScript.*")
@@ -159,6 +195,7 @@ def main(argv=None) -> None:
           + ", ".join(f"{verify[w - 1]:.2f}" for w in (2, 4, 8, 16, 32, 64)))
     report = {"pair": args.pair, "machine": platform.platform(), "torch": torch.__version__, "threads": args.threads,
               "tokens": args.tokens, "prompts": len(prompts), "repeats": args.repeats, "c": c,
+              "siblings": args.siblings,
               "verify_cost": verify, "temperatures": {}}
 
     for temperature in args.temperatures:
@@ -170,19 +207,34 @@ def main(argv=None) -> None:
         table = analysis.acceptance_from_counts(accepted, visits)
         print(f"\n## temperature {temperature}\n\nacceptance by depth (rows) and rank (columns), from the {PROBE} "
               f"probe: " + "; ".join("[" + ", ".join(f"{a:.3f}" for a in row) + "]" for row in table) + "\n")
-        print("| draft | drafts | tokens / target call (probe's prediction) | own prediction | speedup [min-max] | "
-              "predicted speedup |")
+        print("| draft | drafts | tokens / target call ± s.e. (probe's prediction) | own prediction | "
+              "speedup [min-max] | predicted speedup |")
         print("|---|---|---|---|---|---|")
-        settings = [(f"chain gamma = {g}", [1] * g) for g in range(1, 6)] + [(str(s), s) for s in args.shapes]
-        predicted = {name: analysis.tree_speedup(shape, table, c, verify) for name, shape in settings}
+        # (name, shape, siblings); the chains are the same under every siblings rule, and at temperature 0 so are
+        # the trees (the draft's top k)
+        modes = args.siblings if temperature > 0 else args.siblings[:1]
+        label = (lambda sib: f" {sib}" if len(modes) > 1 else "")
+        settings = [(f"chain gamma = {g}", [1] * g, modes[0]) for g in range(1, 6)]
+        for sib in modes:
+            settings += [(f"{s}{label(sib)}", s, sib) for s in args.shapes]
+        # Sequoia's trees: the best of each budget at the probe's table (analysis.best_tree), run as given
+        settings += [(f"best of {b} (Sequoia)", analysis.best_tree(b, table).tree, modes[0]) for b in args.budgets
+                     if modes[0] != "top"]
+        # the probe's table: children drawn without replacement. Under "top" a rank's acceptance depends on
+        # whether it is a node's last child (the one drawn), so a table transfers only between equal widths: those
+        # rows are predicted from their own tables alone.
+        predicted = {name: analysis.tree_speedup(shape, table, c, verify) for name, shape, sib in settings
+                     if sib != "top"}
         pick = max(predicted, key=predicted.get)
-        settings += [(f"grown {g.budget}, depth {g.depth}, {g.children} x {g.width}", g) for g in GROWN]
+        settings += [(f"grown {g.budget}, depth {g.depth}, {g.children} x {g.width}{label(modes[0])}", g, modes[0])
+                     for g in GROWN]
         rows = []
-        for name, shape in settings:
+        for name, shape, sib in settings:
             chain = name.startswith("chain")  # Algorithm 1's own loop, not a tree of one child per node
             target, draft = fresh(target_path, draft_path)
             decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature,
-                                                   **({"gamma": len(shape)} if chain else {"tree": shape}))
+                                                   **({"gamma": len(shape)} if chain else {"tree": shape,
+                                                                                          "siblings": sib}))
             plain = functools.partial(speculant.generate, target, temperature=temperature)
             rounds = timing.timed_rounds(decoder.generate, plain, calls, max_new_tokens=args.tokens, seed=0,
                                          repeats=args.repeats)
@@ -191,6 +243,9 @@ def main(argv=None) -> None:
             median, low, high = timing.median_range(speedups)
             spec = timing.totals(rounds[0].speculative)
             per_call = spec["new_tokens"] / spec["target_calls"]
+            # its standard error over the prompts (each prompt's own tokens per call; the same seeds every round)
+            each = [r.stats.new_tokens / r.stats.target_calls for r in rounds[0].speculative]
+            per_call_se = statistics.stdev(each) / len(each) ** 0.5 if len(each) > 1 else float("nan")
             # the sweep's prediction: from this setting's own measured acceptance (Equation (1) for chains)
             depth = shape.depth if isinstance(shape, speculant.DynamicTree) else len(shape)
             own = timing.summarize(rounds, gamma=depth, lenience=1.0, tree=None if chain else shape)["expected_tokens"]
@@ -199,17 +254,22 @@ def main(argv=None) -> None:
                 drafts = spec["drafted_tokens"] / spec["target_calls"]
                 shape = vars(shape)
                 probe = "-"
+            elif name not in predicted:  # siblings="top": its own table only
+                expected, predicted[name] = timing.tree_prediction(rounds[0].speculative, shape, c, verify)
+                drafts, probe = analysis.tree_size(shape), "-"
             else:
                 expected, drafts = analysis.tree_expected_tokens(shape, table), analysis.tree_size(shape)
                 probe = f"{expected:.2f}"
-            rows.append({"draft": name, "shape": shape, "drafts": drafts,
-                         "tokens_per_target_call": per_call, "expected_tokens": expected, "own_expected": own,
+            rows.append({"draft": name, "shape": shape, "siblings": None if chain else sib, "drafts": drafts,
+                         "tokens_per_target_call": per_call, "tokens_per_target_call_se": per_call_se,
+                         "expected_tokens": expected, "own_expected": own,
                          "speedup": median, "speedup_min": low, "speedup_max": high,
                          "predicted_speedup": predicted[name]})
             mark = " (analysis's pick)" if name == pick else ""
-            print(f"| {name}{mark} | {drafts:.3g} | {per_call:.2f} ({probe}) | {own:.2f} | "
+            print(f"| {name}{mark} | {drafts:.3g} | {per_call:.2f} ± {per_call_se:.2f} ({probe}) | {own:.2f} | "
                   f"{median:.2f}x [{low:.2f}-{high:.2f}] | {predicted[name]:.2f}x |", flush=True)
-        report["temperatures"][str(temperature)] = {"table": table, "rows": rows, "pick": pick}
+        duel = head_to_head(rows, target_path, draft_path, temperature, calls, args) if args.duel else None
+        report["temperatures"][str(temperature)] = {"table": table, "rows": rows, "pick": pick, "duel": duel}
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1))

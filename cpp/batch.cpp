@@ -53,6 +53,7 @@ Row make_row(bool drafting, int64_t gamma, const GammaSchedule& schedule, int64_
   stats.accepted_per_position.assign(max_gamma, 0);
   stats.tree_visits.assign(tree_shape.size(), 0);
   for (const int64_t children : tree_shape) stats.tree_accepted.emplace_back(children, 0);
+  stats.tree_offered = stats.tree_accepted;
   stats.seed = seed;
   row.generator = make_generator(device, seed);
   return row;
@@ -378,6 +379,7 @@ Iteration Batch::record_tree(Row& row, TreeVerdict& verdict) {
     const int64_t node = i == 0 ? 0 : verdict.path[i - 1];
     if (tree.children(node) == 0) continue;
     stats.tree_visits[i] += 1;
+    for (int64_t j = 0; j < tree.children(node); ++j) stats.tree_offered[i][j] += 1;
     if (verdict.accepted_rank[i] >= 0) stats.tree_accepted[i][verdict.accepted_rank[i]] += 1;
   }
   for (const double beta : verdict.betas) stats.beta_sum += beta;

@@ -60,6 +60,14 @@ Shapes parse_shapes(const std::string& name, const char* what) {
   fail("{} must be 'dynamic', 'fixed' or 'graphed', got '{}'", what, name);
 }
 
+// How a tree's siblings are drawn (tree.h); python/speculant/decoder.py checks the name first.
+Siblings parse_siblings(const std::string& name) {
+  if (name == "without_replacement") return Siblings::without_replacement;
+  if (name == "with_replacement") return Siblings::with_replacement;
+  if (name == "top") return Siblings::top;
+  fail("siblings must be 'without_replacement', 'with_replacement' or 'top', got '{}'", name);
+}
+
 void check_probabilities(const at::Tensor& t, const char* what) {
   require(at::isFloatingType(t.scalar_type()), "{} must be floating point", what);
   require(at::isfinite(t).all().item<bool>() && (t >= 0).all().item<bool>(),
@@ -217,21 +225,22 @@ PYBIND11_MODULE(_core, m) {
   m.def("_tree_parents", [](const std::vector<int64_t>& shape) { return Tree::from_shape(shape).parents(); },
         py::arg("shape"));
   m.def("_draw_children",
-        [](const at::Tensor& q, int64_t k, bool replacement, bool greedy, uint64_t seed, bool generic) {
+        [](const at::Tensor& q, int64_t k, const std::string& siblings_name, bool greedy, uint64_t seed,
+           bool generic) {
           at::Generator generator = make_generator(q.device(), seed);
-          const Siblings siblings = replacement ? Siblings::with_replacement : Siblings::without_replacement;
+          const Siblings siblings = parse_siblings(siblings_name);
           return generic && !greedy ? draw_children_generic(q, k, siblings, generator)
                                     : draw_children(q, k, siblings, greedy, generator);
         },
-        py::arg("q"), py::arg("k"), py::arg("replacement"), py::arg("greedy"), py::arg("seed"),
+        py::arg("q"), py::arg("k"), py::arg("siblings"), py::arg("greedy"), py::arg("seed"),
         py::arg("generic") = false);
   m.def("_verify_tree_seeded",
         [](const std::vector<int64_t>& parents, const at::Tensor& target_logits, const at::Tensor& q,
            const at::Tensor& tokens, double temperature, int64_t top_k, double top_p, double lenience,
-           bool replacement, const std::vector<uint64_t>& seeds, bool generic) {
+           const std::string& siblings_name, const std::vector<uint64_t>& seeds, bool generic) {
           const Tree tree(parents);
           const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
-          const Siblings siblings = replacement ? Siblings::with_replacement : Siblings::without_replacement;
+          const Siblings siblings = parse_siblings(siblings_name);
           py::list out;
           for (const uint64_t seed : seeds) {
             at::Generator generator = make_generator(target_logits.device(), seed);
@@ -244,7 +253,7 @@ PYBIND11_MODULE(_core, m) {
           return out;
         },
         py::arg("parents"), py::arg("target_logits"), py::arg("q"), py::arg("tokens"), py::arg("temperature"),
-        py::arg("top_k"), py::arg("top_p"), py::arg("lenience"), py::arg("replacement"), py::arg("seeds"),
+        py::arg("top_k"), py::arg("top_p"), py::arg("lenience"), py::arg("siblings"), py::arg("seeds"),
         py::arg("generic") = false);
 
   py::class_<Iteration>(m, "Iteration")
@@ -274,6 +283,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("accepted_per_position", &Stats::accepted_per_position)
       .def_readonly("tree_visits", &Stats::tree_visits)
       .def_readonly("tree_accepted", &Stats::tree_accepted)
+      .def_readonly("tree_offered", &Stats::tree_offered)
       .def_property_readonly("tokens_per_target_call", &Stats::tokens_per_target_call)
       .def_property_readonly("acceptance_rate", &Stats::acceptance_rate)
       .def_property_readonly("alpha", &Stats::alpha)
@@ -295,6 +305,7 @@ PYBIND11_MODULE(_core, m) {
         d["accepted_per_position"] = s.accepted_per_position;
         d["tree_visits"] = s.tree_visits;
         d["tree_accepted"] = s.tree_accepted;
+        d["tree_offered"] = s.tree_offered;
         d["tokens_per_target_call"] = s.tokens_per_target_call();
         d["acceptance_rate"] = s.acceptance_rate();
         d["alpha"] = s.alpha();
@@ -395,19 +406,19 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init([](std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma,
                        double temperature, int64_t top_k, double top_p, double lenience,
                        const std::string& target_shapes, const std::string& draft_shapes,
-                       const std::vector<int64_t>& tree, bool replacement,
+                       const std::vector<int64_t>& tree, const std::string& siblings,
                        std::optional<std::array<int64_t, 4>> growth) {
              std::optional<TreeGrowth> grown;
              if (growth) grown = TreeGrowth{(*growth)[0], (*growth)[1], (*growth)[2], (*growth)[3]};
              return Decoder(std::move(target), std::move(draft), gamma,
                             SamplingConfig{temperature, top_k, top_p, lenience},
                             parse_shapes(target_shapes, "target_shapes"), parse_shapes(draft_shapes, "draft_shapes"),
-                            tree, replacement ? Siblings::with_replacement : Siblings::without_replacement, grown);
+                            tree, parse_siblings(siblings), grown);
            }),
            py::arg("target"), py::arg("draft"), py::arg("gamma"), py::arg("temperature"), py::arg("top_k"),
            py::arg("top_p"), py::arg("lenience"), py::arg("target_shapes") = "dynamic",
            py::arg("draft_shapes") = "dynamic", py::arg("tree") = std::vector<int64_t>{},
-           py::arg("replacement") = true, py::arg("growth") = std::nullopt)
+           py::arg("siblings") = "without_replacement", py::arg("growth") = std::nullopt)
       .def(
           "generate_batch",
           [](const Decoder& decoder, const std::vector<std::vector<int64_t>>& prompts,

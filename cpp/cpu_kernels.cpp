@@ -250,12 +250,24 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
   std::vector<double> left(row.const_data_ptr<double>(), row.const_data_ptr<double>() + vocab);
   at::Tensor out = at::empty({k}, row.options().dtype(at::kLong));
   int64_t* token = out.mutable_data_ptr<int64_t>();
-  for (int64_t j = 0; j < k; ++j) {
+  int64_t j = 0;
+  if (siblings == Siblings::top && k > 1) {  // q's k - 1 most probable tokens, the first index on ties
+    std::vector<int64_t> order(vocab);
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::partial_sort(order.begin(), order.begin() + (k - 1), order.end(), [&left](int64_t a, int64_t b) {
+      return left[a] > left[b] || (left[a] == left[b] && a < b);
+    });
+    for (; j < k - 1; ++j) {
+      token[j] = order[j];
+      left[order[j]] = 0.0;
+    }
+  }
+  for (; j < k; ++j) {
     double mass = 0.0;
 #pragma omp simd reduction(+ : mass)
     for (int64_t v = 0; v < vocab; ++v) mass += left[v];
     token[j] = mass > 0 ? inverse_cdf(vocab, uniform(), [&left](int64_t v) { return left[v]; }) : 0;
-    if (siblings == Siblings::without_replacement) left[token[j]] = 0.0;
+    if (siblings != Siblings::with_replacement) left[token[j]] = 0.0;
   }
   return out;
 }
@@ -300,12 +312,16 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
       std::copy(q_node, q_node + vocab, q_left.begin());
       for (int64_t j = 0; j < children && chosen < 0; ++j) {
         const int64_t x = tokens[tree.first_child(node) + j];
-        // q_j: what is left of q (without replacement: the earlier siblings removed), renormalized
+        // q_j: what is left of q (without replacement or top: the earlier siblings removed), renormalized
         double mass = 0.0;
 #pragma omp simd reduction(+ : mass)
         for (int64_t v = 0; v < vocab; ++v) mass += q_left[v];
         const double scale = 1.0 / std::max(mass, std::numeric_limits<double>::min());
         for (int64_t v = 0; v < vocab; ++v) q_j[v] = q_left[v] * scale;
+        if (siblings == Siblings::top && j < children - 1) {  // the first k - 1: the point mass at x (tree.h)
+          std::fill(q_j.begin(), q_j.end(), 0.0);
+          q_j[x] = 1.0;
+        }
         // min(1, p_j(x) / q_j(x)); a child q_j could not have drawn is never accepted (speculative.h, tree.h)
         const double accept = q_j[x] > 0 ? std::min(1.0, p_j[x] / q_j[x]) : 0.0;
         if (uniform() < accept) {
@@ -319,7 +335,7 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
         if (excess > 0) {
           for (int64_t v = 0; v < vocab; ++v) p_j[v] = std::max(0.0, p_j[v] - q_j[v]) / excess;
         }
-        if (siblings == Siblings::without_replacement) q_left[x] = 0.0;
+        if (siblings != Siblings::with_replacement) q_left[x] = 0.0;
       }
       out.accepted_rank.push_back(chosen);
       if (chosen < 0) {  // every child rejected: t from the last residual

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -94,7 +95,13 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
           "draft on {}", target_->device().str(), draft_->device().str());
   if (tree.empty() && !growth) return;
   require(tree.empty() || !growth, "tree: give a shape or a grown tree, not both");
-  const auto depth = growth ? growth->depth : static_cast<int64_t>(tree.size());
+  std::optional<Tree> given;  // breadth-first parents [-1, ...] (tree.h), e.g. speculant.analysis.best_tree's
+  if (!tree.empty() && tree.front() == -1) {
+    given.emplace(tree);
+    require(given->size() >= 2 && given->size() <= 4097, "tree: parents must give 1 to 4096 drafts, got {}",
+            given->size() - 1);
+  }
+  const auto depth = growth ? growth->depth : given ? given->depth() : static_cast<int64_t>(tree.size());
   require(depth == gamma_, "gamma must be the tree's depth {}, got {}", depth, gamma_);
   require(config_.lenience == 1.0, "lenience must be 1 with tree= (A.5's bound is proven for one draft per "
           "position, not for trees), got {}", config_.lenience);
@@ -112,6 +119,18 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
             "children {}, width {}", growth->budget, growth->depth, growth->children, growth->width);
     plan.growth = growth;
     tree.assign(growth->depth, growth->children);  // the ranks any depth may hold
+  } else if (given) {
+    // by depth d: the nodes no deeper than d, a prefix in breadth-first order; the ranks: each depth's most children
+    std::vector<int64_t> ranks(depth, 0);
+    for (int64_t node = 0; node < given->size(); ++node) {
+      int64_t& most = ranks[given->depth(node)];
+      if (given->children(node) > most) most = given->children(node);
+    }
+    for (int64_t d = 0, end = 1; d <= depth; ++d) {
+      while (end < given->size() && given->depth(end) <= d) ++end;
+      plan.by_depth.emplace_back(std::vector<int64_t>(tree.begin(), tree.begin() + end));
+    }
+    tree = std::move(ranks);
   } else {
     for (size_t d = 0; d <= tree.size(); ++d) {
       plan.by_depth.push_back(Tree::from_shape(std::vector<int64_t>(tree.begin(), tree.begin() + d)));

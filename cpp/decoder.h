@@ -27,8 +27,9 @@ class Decoder {
   // draft may be null only with gamma = 0. Validates everything it is given (ValueError). The shapes of each
   // model's calls (rows.h): anything but dynamic needs a backend with fixed-shape calls
   // (Model::fixed_shapes_obstacle) and graphed a CUDA model.
-  // `tree` (tree.h): a shape [k_1 .. k_d] drafts a tree of depth d = gamma per iteration, its children drawn
-  // per `siblings`, verified in one target call; `growth` instead grows one by the draft's confidence
+  // `tree` (tree.h): a shape [k_1 .. k_d], or a tree's breadth-first parents [-1, ...] (any shape, e.g.
+  // Sequoia's), drafts a tree of depth d = gamma per iteration, its children drawn per `siblings`, verified in
+  // one target call; `growth` instead grows one by the draft's confidence
   // (tree_growth.h; its depth = gamma); neither: a chain of gamma drafts. Trees need both models' tree calls,
   // lenience 1 and dynamic shapes.
   Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma, SamplingConfig config,

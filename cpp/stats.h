@@ -36,9 +36,12 @@ struct Stats {
   int64_t beta_count = 0;
   // Token trees (tree.h): at depth i, how often the accepted path reached a node whose children were tried
   // (tree_visits[i]) and how often its rank-j child was the one accepted (tree_accepted[i][j]); their ratio
-  // estimates Sequoia's per-depth, per-rank acceptance. Empty for chains.
+  // estimates Sequoia's per-depth, per-rank acceptance. tree_offered[i][j]: how often such a node had a rank-j
+  // child at all (tree_visits[i] for every rank of a shape; fewer for the later ranks of grown and given trees,
+  // whose nodes of one depth have different numbers of children). Empty for chains.
   std::vector<int64_t> tree_visits;
   std::vector<std::vector<int64_t>> tree_accepted;
+  std::vector<std::vector<int64_t>> tree_offered;
   // Time inside the models' calls (prefill and extend); everything else (sampling math, verification,
   // bookkeeping, cache rollback, the host transfer) is other_seconds.
   double draft_seconds = 0.0;

@@ -46,33 +46,56 @@ Tree Tree::from_shape(const std::vector<int64_t>& shape) {
 
 int64_t Tree::max_children() const { return *std::max_element(children_.begin(), children_.end()); }
 
+namespace {
+
+void check_top(const at::Tensor& q, int64_t k, Siblings siblings) {
+  require(siblings != Siblings::top || k <= q.size(0),
+          "a node's {} top children are the draft's top {} and one draw, but V = {}", k, k - 1, q.size(0));
+}
+
+}  // namespace
+
 at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, bool greedy, at::Generator& generator) {
   require(q.dim() == 1 && q.size(0) > 0, "draw_children: q must be one row [V]");
   require(k >= 1, "draw_children: k must be >= 1, got {}", k);
   if (greedy) {
     require(k <= q.size(0), "a node's {} children at temperature 0 are the draft's top {}, but V = {}", k, k,
             q.size(0));
-    // the k highest scores, the first index on ties (a stable descending sort)
-    return std::get<1>(q.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true)).narrow(0, 0, k);
+    return top_tokens(q, k);
   }
   if (q.is_cpu()) {
+    check_top(q, k, siblings);
     cpu::GeneratorUniform uniform(generator);
     return cpu::draw_children(q, k, siblings, [&uniform] { return uniform(); });
   }
   return draw_children_generic(q, k, siblings, generator);
 }
 
+at::Tensor top_tokens(const at::Tensor& q, int64_t k) {
+  // the k highest scores, the first index on ties (a stable descending sort)
+  return std::get<1>(q.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true)).narrow(0, 0, k);
+}
+
 at::Tensor draw_children_generic(const at::Tensor& q, int64_t k, Siblings siblings, at::Generator& generator) {
+  check_top(q, k, siblings);
   at::Tensor rows = q.to(at::kDouble).unsqueeze(0);  // [1, V]
   if (siblings == Siblings::with_replacement) {
     const at::Tensor uniforms = at::rand({k, 1}, generator, rows.options());
     return sample_inverse_cdf(rows.expand({k, q.size(0)}), uniforms);  // [k]
   }
   // Without replacement: each draw from what the earlier ones left. Once q's support is used up the remaining
-  // children are drawn from a zero row (an arbitrary token), and verify_tree never accepts them.
+  // children are drawn from a zero row (an arbitrary token), and verify_tree never accepts them. Top: the first
+  // k - 1 are q's most probable tokens, removed before the one draw.
   std::vector<at::Tensor> drawn;
   at::Tensor left = rows.clone();
-  for (int64_t j = 0; j < k; ++j) {
+  int64_t j = 0;
+  if (siblings == Siblings::top && k > 1) {
+    const at::Tensor top = top_tokens(q, k - 1);
+    left.index_fill_(1, top, 0.0);
+    drawn.push_back(top);
+    j = k - 1;
+  }
+  for (; j < k; ++j) {
     const at::Tensor x = sample_inverse_cdf(left, at::rand({1, 1}, generator, rows.options()));  // [1]
     left.index_fill_(1, x, 0.0);
     drawn.push_back(x);
@@ -159,16 +182,21 @@ TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logit
         columns.push_back((x_j.squeeze(1) == greedy_token).logical_and(has).to(p.scalar_type()));
         continue;
       }
-      // q_j: q without the earlier siblings (without replacement), renormalized; a zero row: no draft left
+      // q_j: q without the earlier siblings (without replacement, top), renormalized; a zero row: no draft left.
+      // Top: the first k - 1 children's q_j is the point mass at x_j (tree.h).
       const at::Tensor mass = q_left.sum(-1, /*keepdim=*/true);                                    // [M, 1]
-      const at::Tensor q_j = q_left / mass.clamp_min(std::numeric_limits<double>::min());
+      at::Tensor q_j = q_left / mass.clamp_min(std::numeric_limits<double>::min());
+      if (siblings == Siblings::top) {
+        const at::Tensor fixed = (count - 1 > j).unsqueeze(1);                                     // [M, 1]
+        q_j = at::where(fixed, at::zeros_like(q_j).scatter(1, x_j, 1.0), q_j);
+      }
       const at::Tensor q_x = q_j.gather(1, x_j);                                                   // [M, 1]
       const at::Tensor a = acceptance_probability(p_j.gather(1, x_j), q_x, 1.0).squeeze(1);
       // a child q_j could not have drawn (its support used up) is never accepted
       columns.push_back(at::where(has.logical_and(q_x.squeeze(1) > 0), a, at::zeros_like(a)));
       // a rejection leaves the residual, once x_j is tried (rows without a child j keep theirs)
       p_j = at::where(has.unsqueeze(1), residual(p_j, q_j), p_j);
-      if (siblings == Siblings::without_replacement) {
+      if (siblings != Siblings::with_replacement) {
         q_left = at::where(has.unsqueeze(1), q_left.scatter(1, x_j, 0.0), q_left);
       }
     }

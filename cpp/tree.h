@@ -10,7 +10,9 @@
 //     if every child is rejected, t ~ p_{k+1}.
 // where q_j is the law x_j was drawn from given x_1 .. x_{j-1}: q itself when the children are drawn with
 // replacement (independently), q without the earlier siblings' tokens, renormalized, when drawn without
-// replacement. Claim: the token this emits at the node is distributed as p. Proof by induction on the
+// replacement; for `top` children (below) the point mass at x_j for each of the first k - 1, which are q's most
+// probable tokens, and q without them, renormalized, for the last.
+// Claim: the token this emits at the node is distributed as p. Proof by induction on the
 // children left: with none left, t ~ p_{k+1} = p_j. With children j .. k left, fix x_1 .. x_{j-1}; x_j ~ q_j,
 // and step j is one step of Algorithm 1 for the pair (p_j, q_j): P(emit x_j) = min(q_j(x), p_j(x)), and on a
 // rejection (probability 1 - sum min(p_j, q_j)) the rest emits a sample of p_{j+1} by the induction
@@ -21,6 +23,16 @@
 // the target's own continuation, token by token. Without replacement p_{j+1}(x_i) = 0 for every rejected x_i
 // (a rejection needs p_j(x_i) < q_j(x_i)), so removing the rejected tokens from q_{j+1} loses nothing; with
 // replacement a repeated token, once rejected, has p_{j+1}(x) = 0 and is rejected again.
+// Top children (how the drafts are drawn bounds what any verifier can accept: Hu et al., ICLR 2025, "Towards
+// optimal multi-draft speculative decoding"). A point mass is a law like any other, so the proof above covers
+// x_j fixed in advance: step j accepts x_j with probability min(1, p_j(x_j) / 1) = p_j(x_j) and on a rejection
+// leaves p_{j+1} = norm(max(0, p_j - delta_{x_j})), which is p_j with x_j removed, renormalized. The first k - 1
+// children are a function of q alone (its k - 1 most probable tokens, the first index on ties), so the claim
+// needs nothing of the draft's calibration there; the last child, drawn from q without them, is an ordinary
+// speculative step against what is left. With k = 1 this is the chain's Algorithm 1. Together the first k - 1
+// steps accept with probability p(T) (T: the top k - 1 tokens), the last with the sum over x outside T of
+// min(p(x), q(x) (1 - p(T)) / (1 - q(T))): more than sampled siblings where the draft ranks well but its
+// probabilities are off, less where it is calibrated (benchmarks/trees.py measures both).
 // Greedy (temperature 0): children are the draft's top-k tokens, and the first child equal to the target's
 // argmax is accepted (the longest path of argmax agreement); t is the argmax.
 // Lenience (A.5) is not defined for trees here: its bound is proven for one draft per position.
@@ -63,13 +75,16 @@ class Tree {
 };
 
 // How the children of a node were drawn from the draft's q at that node.
-enum class Siblings { with_replacement, without_replacement };
+enum class Siblings { with_replacement, without_replacement, top };
 
 // k children of one node from q [V] (a standardized row): k independent draws, or k draws without replacement
 // (each from q without the tokens drawn before it, renormalized; once q's support is used up, the remaining
-// children are arbitrary tokens, which verify_tree never accepts); greedy: the k most probable tokens, the
-// first index on ties. Returns int64 [k] on q's device. CPU rows are drawn by cpu::draw_children.
+// children are arbitrary tokens, which verify_tree never accepts), or (top) q's k - 1 most probable tokens, the
+// first index on ties, then one draw from q without them; greedy: the k most probable tokens, the first index on
+// ties. Returns int64 [k] on q's device. CPU rows are drawn by cpu::draw_children.
 at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, bool greedy, at::Generator& generator);
+// q's k most probable tokens, the first index on ties: int64 [k].
+at::Tensor top_tokens(const at::Tensor& q, int64_t k);
 // The tensor path of the sampled (not greedy) draws, which accelerators run.
 at::Tensor draw_children_generic(const at::Tensor& q, int64_t k, Siblings siblings, at::Generator& generator);
 

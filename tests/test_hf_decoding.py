@@ -8,7 +8,8 @@
   per test: 16 tests, so a correct engine fails one of them by chance with probability at most 1.6% for a
   fresh draw of seeds; the seeds are fixed, so the outcome is deterministic.
 * Token trees (decoder-only exports): greedy trees give transformers' greedy output token for token, and the
-  first two tokens' law with trees drawn with and without replacement is the target's (4 of the 16 tests).
+  first two tokens' law with trees of siblings drawn without replacement and of the draft's top ones (the
+  other way, with replacement, runs on tables in test_tree_decoding.py) is the target's (4 of the 16 tests).
 * Hierarchical drafts (a bigram table drafting for the draft model, which drafts for the target): greedy output
   token for token and the first two tokens' law, for every architecture (3 of the 16 tests).
 """
@@ -152,13 +153,13 @@ def test_greedy_trees_equal_transformers_generate(pairs, arch):
 
 
 @pytest.mark.parametrize("arch", TREE_ARCHS)
-@pytest.mark.parametrize("replacement", [False, True])
-def test_tree_two_token_law_matches_transformers(pairs, arch, replacement):
+@pytest.mark.parametrize("siblings", ["without_replacement", "top"])
+def test_tree_two_token_law_matches_transformers(pairs, arch, siblings):
     """Three tokens are generated, so that the first iteration verifies the whole tree [3, 2]; the first two
     are tested (rows of one batch, each with its own seed)."""
     model, target, draft = pairs[arch]
     law = two_token_law(model, arch, PROMPTS[0], SOURCES[0], 1.0, 0, 1.0)
-    decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], replacement=replacement, temperature=1.0)
+    decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], siblings=siblings, temperature=1.0)
     batch = 500
     samples = np.array([r.tokens[:2] for b in range(N_SAMPLES // batch)
                         for r in decoder.generate([PROMPTS[0]] * batch, max_new_tokens=3, seed=5000 + b * batch)])

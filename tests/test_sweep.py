@@ -167,6 +167,31 @@ def test_a_slow_first_call_is_not_timed():
     assert frame.seconds.item() < 0.25 and frame.speedup_min.item() > 0.1
 
 
+def test_head_to_head_counts_rounds_and_their_sign_test():
+    """timing.head_to_head on two fake generates of known cost: each round's ratio is the second's seconds per
+    token over the first's; the first (three times faster) wins every round, and the sign test's two-sided p
+    for n of n wins is 2 / 2^n; swapped, it wins none (the same p)."""
+    from types import SimpleNamespace
+
+    from speculant import timing
+
+    def fake(seconds):
+        def generate(prompt_ids, max_new_tokens, seed):
+            time.sleep(seconds)
+            return SimpleNamespace(stats=SimpleNamespace(new_tokens=max_new_tokens, target_calls=1, draft_calls=0,
+                                                         drafted_tokens=0, accepted_tokens=0, target_seconds=0.0,
+                                                         draft_seconds=0.0, other_seconds=0.0, total_seconds=0.0))
+        return generate
+
+    calls = [{"prompt_ids": [1, 2]}]
+    duel = timing.head_to_head(fake(0.01), fake(0.03), calls, max_new_tokens=4, seed=0, repeats=6)
+    assert duel.first_faster == 6 and len(duel.ratios) == 6
+    assert duel.sign_test_p == pytest.approx(2 / 2 ** 6)
+    assert duel.ratio_min <= duel.ratio <= duel.ratio_max and duel.ratio > 1.5
+    loser = timing.head_to_head(fake(0.03), fake(0.01), calls, max_new_tokens=4, seed=0, repeats=4)
+    assert loser.first_faster == 0 and loser.sign_test_p == pytest.approx(2 / 2 ** 4) and loser.ratio < 0.7
+
+
 def test_noisy_and_off_theory_rows_are_flagged_with_one_warning():
     torch.manual_seed(0)
     target = speculant.load(script_cached(TinyGPT(TinyGPTConfig(16, 1, 2, 16, 64))))
@@ -209,7 +234,7 @@ def test_cost_model_counts_what_the_engine_timed():
     assert timing.cost_model(rounds, acceptance=0.7, gamma=3) == pytest.approx(want)
     # a tree [2, 1] (3 nodes, width 4 with the pending token): the tree theory at the same costs, the engine's
     # time per iteration added to the verification call's
-    spec.tree_visits, spec.tree_accepted = [10, 5], [[5, 3], [2]]
+    spec.tree_visits, spec.tree_accepted, spec.tree_offered = [10, 5], [[5, 3], [2]], [[10, 10], [5]]
     rounds = [timing.Round([SimpleNamespace(stats=spec, levels=())], [SimpleNamespace(stats=plain)], 1.0, 1.0)]
     table = [[0.5, 0.3], [0.4]]
     want = analysis.tree_speedup([2, 1], table, 0.25, verify_cost=lambda w: 1 + 0.2 * (w - 1) + 0.1) * 1.05
@@ -224,12 +249,16 @@ def test_trees_beside_chains():
     from speculant import timing
     target, draft = (speculant.load(torch.jit.script(MarkovRows(t.float(), 64)))
                      for t in markov.target_and_draft(6, 3, draft_scale=1.0))
-    frame = speculant.sweep(target, draft, PROMPTS, gammas=[2], trees=[[2, 2], [3]], temperatures=[0.0, 1.0],
+    given = analysis.best_tree(5, [[0.6, 0.2], [0.5, 0.1], [0.5]])  # Sequoia's tree, passed whole
+    assert given.tree[0] == -1 and analysis.tree_depth(given.tree) == 3
+    frame = speculant.sweep(target, draft, PROMPTS, gammas=[2], trees=[[2, 2], [3], given], temperatures=[0.0, 1.0],
                             lenience=[1.0, 0.5], max_new_tokens=20, seed=5, repeats=1, progress=False)
     chains, trees = frame[frame.tree.isna()], frame[frame.tree.notna()]
-    assert len(chains) == 4 and len(trees) == 4
-    assert set(zip(trees.tree, trees.temperature)) == {(s, t) for s in ((2, 2), (3,)) for t in (0.0, 1.0)}
-    assert (trees.lenience == 1.0).all() and (trees.gamma == trees.tree.map(len)).all()
+    assert len(chains) == 4 and len(trees) == 6
+    shapes = ((2, 2), (3,), tuple(given.tree))
+    assert set(zip(trees.tree, trees.temperature)) == {(s, t) for s in shapes for t in (0.0, 1.0)}
+    assert (trees.lenience == 1.0).all()
+    assert (trees.gamma == trees.tree.map(lambda t: analysis.tree_depth(list(t)) if t[0] == -1 else len(t))).all()
     for row in trees.itertuples():
         decoder = speculant.SpeculativeDecoder(target, draft, tree=row.tree, temperature=row.temperature)
         results = [decoder.generate(p, max_new_tokens=20, seed=5 + i) for i, p in enumerate(PROMPTS)]

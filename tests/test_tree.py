@@ -2,18 +2,19 @@
 
 The rule (tree.h): at a node, the children are tried in the order they were drawn, each by one step of
 speculative sampling against what the earlier rejections left of p (the residual), with q itself (children drawn
-with replacement) or q without the earlier siblings (without replacement); the first accepted child becomes the
-next node, and when all are rejected t is drawn from the last residual (at a leaf: from p).
+with replacement), q without the earlier siblings (without replacement), or, for siblings="top", the point mass at
+each of the first k - 1 children (q's most probable tokens) and q without them for the last; the first accepted
+child becomes the next node, and when all are rejected t is drawn from the last residual (at a leaf: from p).
 
 * Exact, by enumeration (float64, no sampling): on Markov tables (each token's next-token law depends on it alone),
   the law of what one iteration emits, drafting included, completed by the target to depth + 1 tokens, equals
   the target's own law of depth + 1 tokens, for several shapes, sampling modes (temperature, top-k, top-p) and
-  both ways of drawing children. ``iteration_law`` below is the rule written out; the enumeration proves it
+  the three ways of drawing children. ``iteration_law`` below is the rule written out; the enumeration proves it
   exact, and the chi-square tests check that the C++ (draw_children + verify_tree) samples that same law.
 * Statistical: Pearson chi-square of the emitted sequences (pooled to expected counts >= 5) against
   ``iteration_law`` at SIGNIFICANCE = 1e-3 per test with fixed seeds, for both implementations of draw_children
-  and verify_tree (the CPU kernels, and the tensor path accelerators run, forced on CPU): 16 tests, and 4 of
-  the children's own law, at most 2% family-wise false failures for a fresh choice of seeds (Bonferroni).
+  and verify_tree (the CPU kernels, and the tensor path accelerators run, forced on CPU): 22 tests, and 6 of
+  the children's own law, at most 2.8% family-wise false failures for a fresh choice of seeds (Bonferroni).
 * Greedy: top-k children, the longest path of argmax agreement, t the argmax: exactly the enumerated walk,
   for both implementations.
 """
@@ -55,22 +56,40 @@ def standardized(table: torch.Tensor, config) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------------
 
 
-def iteration_law(p_table, q_table, root: int, shape, replacement: bool) -> dict:
+def top_order(q) -> list:
+    """q's tokens by probability, the first index on ties."""
+    return sorted(range(len(q)), key=lambda v: (-float(q[v]), v))
+
+
+def iteration_law(p_table, q_table, root: int, shape, siblings: str) -> dict:
     """Exact law of the tokens one iteration emits (accepted path + t) after `root`, drafting included: every
-    node of depth i draws shape[i] children from q at its token, then the tree is verified (tree.h)."""
+    node of depth i draws shape[i] children from q at its token (`siblings`: "with_replacement",
+    "without_replacement" or "top"), then the tree is verified (tree.h)."""
 
     def node(token: int, depth: int) -> dict:
         p = p_table[token]
         if depth == len(shape):
             return {(t,): float(p[t]) for t in range(VOCAB) if p[t] > 0}
-        return siblings(token, depth, 0, p, q_table[token].clone())
+        return siblings_law(token, depth, 0, p, q_table[token].clone())
 
-    def siblings(token: int, depth: int, j: int, p_j, q_left) -> dict:
+    def siblings_law(token: int, depth: int, j: int, p_j, q_left) -> dict:
         if j == shape[depth]:
             return {(t,): float(p_j[t]) for t in range(VOCAB) if p_j[t] > 0}
+        if siblings == "top" and j < shape[depth] - 1:  # a fixed child, q's j-th most probable: q_j = delta_x
+            x = top_order(q_table[token])[j]
+            out = defaultdict(float)
+            for seq, prob in node(x, depth + 1).items():
+                out[(x,) + seq] += float(p_j[x]) * prob
+            rest = p_j.clone()
+            rest[x] = 0.0
+            if float(rest.sum()) > 0:
+                for seq, prob in siblings_law(token, depth, j + 1, rest / rest.sum(),
+                                              q_left.clone().index_fill_(0, torch.tensor([x]), 0.0)).items():
+                    out[seq] += (1 - float(p_j[x])) * prob
+            return out
         mass = float(q_left.sum())
         if mass == 0:  # q's support used up: the child is arbitrary, never accepted, and leaves p_j as it is
-            return siblings(token, depth, j + 1, p_j, q_left)
+            return siblings_law(token, depth, j + 1, p_j, q_left)
         q_j = q_left / mass
         out = defaultdict(float)
         for x in range(VOCAB):
@@ -81,8 +100,9 @@ def iteration_law(p_table, q_table, root: int, shape, replacement: bool) -> dict
                 for seq, prob in node(x, depth + 1).items():
                     out[(x,) + seq] += float(q_j[x]) * a * prob
             if a < 1:
-                left = q_left if replacement else q_left.clone().index_fill_(0, torch.tensor([x]), 0.0)
-                for seq, prob in siblings(token, depth, j + 1, reference.residual(p_j, q_j), left).items():
+                left = q_left if siblings == "with_replacement" else q_left.clone().index_fill_(0, torch.tensor([x]),
+                                                                                                 0.0)
+                for seq, prob in siblings_law(token, depth, j + 1, reference.residual(p_j, q_j), left).items():
                     out[seq] += float(q_j[x]) * (1 - a) * prob
         return out
 
@@ -109,13 +129,13 @@ SHAPES = [[1], [3], [1, 1, 1], [2, 2], [3, 1], [1, 3], [2, 1, 2]]
 CONFIGS = [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 2, 1.0), (1.3, 0, 0.8)]  # temperature, top_k, top_p
 
 
-@pytest.mark.parametrize("replacement", [True, False], ids=["with", "without"])
+@pytest.mark.parametrize("siblings", ["with_replacement", "without_replacement", "top"])
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_one_iteration_is_exact(shape, config, replacement):
+def test_one_iteration_is_exact(shape, config, siblings):
     target, draft = tables(seed=len(shape) * 10 + shape[0])
     p_table, q_table = standardized(target, config), standardized(draft, config)
-    law = iteration_law(p_table, q_table, root=1, shape=shape, replacement=replacement)
+    law = iteration_law(p_table, q_table, root=1, shape=shape, siblings=siblings)
     assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
     length = len(shape) + 1
     np.testing.assert_allclose(completed(law, p_table, length), target_law(p_table, 1, length), rtol=0, atol=1e-12)
@@ -127,12 +147,30 @@ def test_more_children_keep_more_tokens():
     config = (1.0, 0, 1.0)
     p_table, q_table = standardized(target, config), standardized(draft, config)
 
-    def mean_length(shape, replacement):
-        law = iteration_law(p_table, q_table, 2, shape, replacement)
+    def mean_length(shape, siblings):
+        law = iteration_law(p_table, q_table, 2, shape, siblings)
         return sum(len(seq) * prob for seq, prob in law.items())
 
-    chain, wide, wider = mean_length([1, 1], True), mean_length([2, 2], True), mean_length([3, 3], False)
-    assert chain < wide < wider
+    chain = mean_length([1, 1], "with_replacement")
+    assert chain == pytest.approx(mean_length([1, 1], "top"), abs=1e-12)  # one child: the same chain
+    assert chain < mean_length([2, 2], "with_replacement") < mean_length([3, 3], "without_replacement")
+    assert chain < mean_length([2, 2], "top")
+
+
+def test_top_siblings_accept_what_the_closed_form_says():
+    """One node with k top children: the first k - 1 steps accept p(T) together (T: q's top k - 1), the last
+    sum over the rest of min(p(x), q(x) (1 - p(T)) / (1 - q(T))) (tree.h): enumerated against that formula."""
+    target, draft = tables(seed=5, masked=False)
+    p_table, q_table = standardized(target, (1.0, 0, 1.0)), standardized(draft, (1.0, 0, 1.0))
+    p, q = p_table[2], q_table[2]
+    for k in (1, 2, 3, 4):
+        law = iteration_law(p_table, q_table, 2, [k], "top")
+        accepted = sum(prob for seq, prob in law.items() if len(seq) == 2)
+        top = top_order(q)[:k - 1]
+        p_top, q_top = float(p[top].sum()), float(q[top].sum())
+        rest = [v for v in range(VOCAB) if v not in top]
+        closed = p_top + sum(min(float(p[v]), float(q[v]) * (1 - p_top) / (1 - q_top)) for v in rest)
+        assert accepted == pytest.approx(closed, abs=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -153,7 +191,9 @@ def test_shapes():
     for parents, message in (([0, 0], "root, with parent -1"), ([-1, 1], "comes before it"),
                              ([-1, 0, 1, 0], "parents nondecreasing")):
         with pytest.raises(ValueError, match=message):
-            _core._verify_tree_seeded(parents, q, q, tokens, 1.0, 0, 1.0, 1.0, True, [0])
+            _core._verify_tree_seeded(parents, q, q, tokens, 1.0, 0, 1.0, 1.0, "with_replacement", [0])
+    with pytest.raises(ValueError, match="siblings must be 'without_replacement', 'with_replacement' or 'top'"):
+        _core._verify_tree_seeded([-1, 0], q[:2], q[:2], tokens[:2], 1.0, 0, 1.0, 1.0, "sorted", [0])
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
@@ -162,21 +202,40 @@ def test_children_without_replacement_are_distinct_and_within_the_support(generi
     per path, 4 in all, beside the 16 of test_cpp_samples_the_exact_law: at most 2% family-wise)."""
     q = torch.tensor([0.0, 0.5, 0.3, 0.2, 0.0], dtype=F64)
     for seed in range(200):
-        children = _core._draw_children(q, 3, replacement=False, greedy=False, seed=seed, generic=generic).tolist()
+        children = _core._draw_children(q, 3, "without_replacement", greedy=False, seed=seed,
+                                        generic=generic).tolist()
         assert sorted(children) == [1, 2, 3]
-    pairs = [tuple(_core._draw_children(q, 2, False, False, seed=s, generic=generic).tolist()) for s in range(4000)]
+    pairs = [tuple(_core._draw_children(q, 2, "without_replacement", False, seed=s, generic=generic).tolist())
+             for s in range(4000)]
     counts = np.bincount([first for first, _ in pairs], minlength=VOCAB)
     assert counts[0] == counts[4] == 0
     expected = q.numpy()[1:4] * 4000
     assert scipy.stats.chisquare(counts[1:4], expected).pvalue > SIGNIFICANCE
     second = np.bincount([b for a, b in pairs if a == 1], minlength=VOCAB)[2:4]  # after 1: q(2), q(3) renormalized
     assert scipy.stats.chisquare(second, second.sum() * np.array([0.6, 0.4])).pvalue > SIGNIFICANCE
-    assert _core._draw_children(q, 4, False, False, seed=0, generic=generic).tolist()[:3] != [0, 0, 0]
-    assert _core._draw_children(torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1]), 3, True, greedy=True, seed=0).tolist() == \
-        [1, 2, 3]  # the top 3, the first index on ties
+    assert _core._draw_children(q, 4, "without_replacement", False, seed=0, generic=generic).tolist()[:3] != [0, 0, 0]
+    assert _core._draw_children(torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1]), 3, "with_replacement", greedy=True,
+                                seed=0).tolist() == [1, 2, 3]  # the top 3, the first index on ties
 
 
-def draw_tree(parents, q_table, draft_scores, root, replacement, greedy, seed, generic=False):
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+def test_top_children_are_the_top_then_one_draw(generic):
+    """siblings="top": q's k - 1 most probable tokens (the first index on ties), then one draw from q without them
+    (chi-square at SIGNIFICANCE: one more test per path, counted in the module's family)."""
+    q = torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1], dtype=F64)
+    last = []
+    for seed in range(3000):
+        children = _core._draw_children(q, 3, "top", greedy=False, seed=seed, generic=generic).tolist()
+        assert children[:2] == [1, 2]
+        last.append(children[2])
+    counts = np.bincount(last, minlength=VOCAB)
+    assert counts[1] == counts[2] == 0
+    assert scipy.stats.chisquare(counts[[0, 3, 4]], 3000 * np.array([0.25, 0.5, 0.25])).pvalue > SIGNIFICANCE
+    with pytest.raises(ValueError, match="top children are the draft's top 5 and one draw, but V = 5"):
+        _core._draw_children(q, 6, "top", False, seed=0, generic=generic)
+
+
+def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, generic=False):
     """Node tokens drawn as the decoder's drafter draws them: each internal node's children from q at its token."""
     tokens = [root] * len(parents)
     children = defaultdict(list)
@@ -185,23 +244,23 @@ def draw_tree(parents, q_table, draft_scores, root, replacement, greedy, seed, g
     for node in range(len(parents)):  # breadth-first: a node's token is set before its children are drawn
         if children[node]:
             scores = draft_scores[tokens[node]] if greedy else q_table[tokens[node]]
-            drawn = _core._draw_children(scores, len(children[node]), replacement, greedy, seed * 1000 + node,
+            drawn = _core._draw_children(scores, len(children[node]), siblings, greedy, seed * 1000 + node,
                                          generic)
             for child, token in zip(children[node], drawn.tolist()):
                 tokens[child] = token
     return torch.tensor(tokens)
 
 
-def run_tree(shape, target, draft, config, replacement, draws, generic, greedy=False, root=1):
+def run_tree(shape, target, draft, config, siblings, draws, generic, greedy=False, root=1):
     """Emitted sequences of `draws` iterations, each with a freshly drawn tree (seed i)."""
     parents = _core._tree_parents(shape)
     temperature, top_k, top_p = config
     q_table = standardized(draft, config)
     out = []
     for seed in range(draws):
-        tokens = draw_tree(parents, q_table, draft, root, replacement, greedy, seed, generic)
+        tokens = draw_tree(parents, q_table, draft, root, siblings, greedy, seed, generic)
         path, path_tokens, t, ranks, finite = _core._verify_tree_seeded(
-            parents, target[tokens], q_table[tokens], tokens, temperature, top_k, top_p, 1.0, replacement, [seed],
+            parents, target[tokens], q_table[tokens], tokens, temperature, top_k, top_p, 1.0, siblings, [seed],
             generic)[0]
         assert finite and len(ranks) == len(path) + 1
         assert path_tokens == tokens[path].tolist()
@@ -210,27 +269,30 @@ def run_tree(shape, target, draft, config, replacement, draws, generic, greedy=F
     return out
 
 
-STAT_CASES = [  # shape, config, replacement, table seed
-    ([2, 2], (1.0, 0, 1.0), True, 31),
-    ([2, 2], (1.0, 0, 1.0), False, 32),
-    ([3, 1], (0.7, 2, 1.0), True, 33),
-    ([3, 1], (0.7, 2, 1.0), False, 34),
-    ([1, 3], (1.3, 0, 0.8), False, 35),
-    ([4], (1.0, 3, 1.0), False, 36),  # more children than top-k leaves: the support runs out
-    ([2, 1, 2], (1.0, 0, 1.0), True, 37),
-    ([1, 1, 1], (1.0, 0, 1.0), True, 38),
+STAT_CASES = [  # shape, config, siblings, table seed
+    ([2, 2], (1.0, 0, 1.0), "with_replacement", 31),
+    ([2, 2], (1.0, 0, 1.0), "without_replacement", 32),
+    ([3, 1], (0.7, 2, 1.0), "with_replacement", 33),
+    ([3, 1], (0.7, 2, 1.0), "without_replacement", 34),
+    ([1, 3], (1.3, 0, 0.8), "without_replacement", 35),
+    ([4], (1.0, 3, 1.0), "without_replacement", 36),  # more children than top-k leaves: the support runs out
+    ([2, 1, 2], (1.0, 0, 1.0), "with_replacement", 37),
+    ([1, 1, 1], (1.0, 0, 1.0), "with_replacement", 38),
+    ([2, 2], (1.0, 0, 1.0), "top", 39),
+    ([3, 1], (0.7, 2, 1.0), "top", 40),
+    ([4], (1.0, 3, 1.0), "top", 41),  # the top 3 are q's whole support: the drawn child is arbitrary
 ]
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
-@pytest.mark.parametrize("case", STAT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{'with' if c[2] else 'without'}")
+@pytest.mark.parametrize("case", STAT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
 def test_cpp_samples_the_exact_law(case, generic):
-    shape, config, replacement, seed = case
+    shape, config, siblings, seed = case
     draws = 3000
     target, draft = tables(seed)
-    law = iteration_law(standardized(target, config), standardized(draft, config), 1, shape, replacement)
+    law = iteration_law(standardized(target, config), standardized(draft, config), 1, shape, siblings)
     counts = defaultdict(int)
-    for seq in run_tree(shape, target, draft, config, replacement, draws, generic):
+    for seq in run_tree(shape, target, draft, config, siblings, draws, generic):
         counts[seq] += 1
     impossible = [seq for seq in counts if law.get(seq, 0.0) == 0.0]
     assert not impossible, f"sequences of probability zero were emitted: {impossible}"
@@ -246,10 +308,10 @@ def test_greedy_is_the_longest_argmax_agreement(shape, generic):
     target, draft = tables(seed=41, masked=False)
     for root in range(VOCAB):
         parents = _core._tree_parents(shape)
-        tokens = draw_tree(parents, None, draft, root, True, True, seed=0)
+        tokens = draw_tree(parents, None, draft, root, "top", True, seed=0)
         (path, path_tokens, t, ranks, _), = _core._verify_tree_seeded(
-            parents, target[tokens], standardized(draft, (0.0, 0, 1.0))[tokens], tokens, 0.0, 0, 1.0, 1.0, True, [0],
-            generic)
+            parents, target[tokens], standardized(draft, (0.0, 0, 1.0))[tokens], tokens, 0.0, 0, 1.0, 1.0, "top",
+            [0], generic)
         want, node = [], 0
         children = defaultdict(list)
         for n, parent in enumerate(parents[1:], start=1):
@@ -271,7 +333,9 @@ def test_lenience_is_refused_and_non_finite_logits_are_flagged(generic):
     tokens = torch.tensor([1, 2, 3])
     q = standardized(draft, (1.0, 0, 1.0))[tokens]
     with pytest.raises(ValueError, match="lenience must be 1 with a tree"):
-        _core._verify_tree_seeded(parents, target[tokens], q, tokens, 1.0, 0, 1.0, 0.5, True, [0], generic)
+        _core._verify_tree_seeded(parents, target[tokens], q, tokens, 1.0, 0, 1.0, 0.5, "with_replacement", [0],
+                                  generic)
     logits = target[tokens].clone()
     logits[2, 1] = float("nan")  # a leaf's row: never read unless reached, still checked
-    assert _core._verify_tree_seeded(parents, logits, q, tokens, 1.0, 0, 1.0, 1.0, True, [0], generic)[0][4] is False
+    assert _core._verify_tree_seeded(parents, logits, q, tokens, 1.0, 0, 1.0, 1.0, "top", [0],
+                                     generic)[0][4] is False

@@ -310,6 +310,10 @@ def test_acceptance_from_counts():
     assert table == [[0.5, 0.2, 0.1], [0.5, 0.1]]
     assert analysis.acceptance_from_counts(np.array([[3.0, 1.0]]), np.array([8])) == [[0.375, 0.125]]
     assert analysis.tree_expected_tokens([3, 2], table) == pytest.approx(1 + 0.8 + 0.8 * 0.6)
+    # offered: each rank over the visits that had it (a given tree: nodes of one depth with 3, 2 or 1 children)
+    offered = analysis.acceptance_from_counts([[50, 20, 10], [30, 0]], [100, 60], [[100, 80, 40], [60, 0]])
+    assert offered == [[0.5, 0.25, 0.25], [0.5]]  # depth 1's rank 1 was never offered: no estimate, row ends
+    assert analysis.acceptance_from_counts([[50, 20]], [100], np.array([[100, 100]])) == [[0.5, 0.2]]
 
 
 @pytest.mark.parametrize("accepted,visits,match", [
@@ -325,6 +329,18 @@ def test_acceptance_from_counts():
 def test_acceptance_from_counts_validates(accepted, visits, match):
     with pytest.raises(ValueError, match=match):
         analysis.acceptance_from_counts(accepted, visits)
+
+
+@pytest.mark.parametrize("offered,match", [
+    ([[10, 11]], r"offered\[0\]\[1\] = 11 must lie between accepted\[0\]\[1\] = 2 and visits\[0\] = 10"),
+    ([[10, 1]], r"offered\[0\]\[1\] = 1 must lie between accepted\[0\]\[1\] = 2"),
+    ([[10]], "offered must be a table of counts shaped like accepted"),
+    ([[10, -1]], r"offered\[0\]\[1\] must be a count"),
+    ("10", "offered must be a table"),
+])
+def test_acceptance_from_counts_validates_offered(offered, match):
+    with pytest.raises(ValueError, match=match):
+        analysis.acceptance_from_counts([[5, 2]], [10], offered)
 
 
 NAN = float("nan")

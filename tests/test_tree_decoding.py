@@ -11,12 +11,12 @@ copy_slots). What is checked:
   the cache after every iteration against a cache-free recomputation of the kept path.
 * The law: Pearson chi-square of the first LAW_NEW tokens against the target's exact law on native Markov
   tables (tests/test_batch.py's MarkovRows, which reads each node's predecessor through the mask), at
-  SIGNIFICANCE = 1e-3 per window, 2 windows per case, fixed seeds: 5 cases, at most 1% family-wise false
-  failures for a fresh choice of seeds (Bonferroni).
+  SIGNIFICANCE = 1e-3 per window, 2 windows per case, fixed seeds: 7 cases (each way of drawing siblings, a
+  given tree), at most 1.4% family-wise false failures for a fresh choice of seeds (Bonferroni).
 * The statistics: per depth and rank acceptance counts, tokens per call, and the refusals by name.
 * Drafters without a model: Unigram / Bigram tables and a PythonDrafter with score= propose trees (the engine
   draws each node's children from their law there): the law on Markov tables (chi-square, 3 more cases under
-  the same family-wise bound: at most 1.6% with the 5 above and the live case), greedy trees equal plain greedy.
+  the same family-wise bound: at most 2% with the 7 above and the live case), greedy trees equal plain greedy.
 * Live transformers objects (python/speculant/live.py: a 4-D attention mask, position_ids, the cache's entries
   selected in place), probed once per model: greedy trees equal transformers' greedy generate for GPT-2 and
   Llama, alone and in a batch; the first two tokens' law with trees is the target's (Llama, chi-square at
@@ -35,7 +35,9 @@ from speculant.tiny_gpt import script_cached
 
 PROMPTS = [[7], [1, 2, 3, 4, 5], [40, 3, 3, 9, 0, 11, 47, 2, 30, 5, 8]]
 NEW = 30
-SHAPES = [[2, 2], [3, 1, 1], [1, 1, 1], [4], [2, 2, 2, 2]]
+# a given tree (breadth-first parents, Sequoia-like: the root's first child has 3 children and a chain below it)
+GIVEN = [-1, 0, 0, 0, 1, 1, 1, 2, 4, 8]
+SHAPES = [[2, 2], [3, 1, 1], [1, 1, 1], [4], [2, 2, 2, 2], GIVEN]
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +56,10 @@ def models():
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_greedy_trees_are_plain_greedy(models, expected, shape, draft):
     target, drafts = models
-    for replacement in (False, True):
-        decoder = speculant.SpeculativeDecoder(target, drafts[draft], tree=shape, replacement=replacement,
+    for siblings in ("without_replacement", "top"):  # both the draft's top k at temperature 0
+        decoder = speculant.SpeculativeDecoder(target, drafts[draft], tree=shape, siblings=siblings,
                                                temperature=0.0)
-        assert decoder.gamma == len(shape)
+        assert decoder.gamma == (4 if shape is GIVEN else len(shape))
         results = decoder.generate(PROMPTS, max_new_tokens=NEW, seed=0)
         for r, result in enumerate(results):
             assert result.tokens == expected[r], f"prompt {r}"
@@ -66,9 +68,9 @@ def test_greedy_trees_are_plain_greedy(models, expected, shape, draft):
             assert stats.new_tokens == NEW and stats.target_calls == stats.iterations
             assert sum(stats.tree_accepted[0]) <= stats.tree_visits[0] <= stats.iterations
         if draft == "same":  # the target's own argmax is every node's first child: the whole depth each call
-            assert all(it.accepted == min(len(shape), it.emitted) or it.emitted < len(shape) + 1
+            assert all(it.accepted == min(decoder.gamma, it.emitted) or it.emitted < decoder.gamma + 1
                        for r in results for it in r.trace)
-            assert results[0].stats.tokens_per_target_call > len(shape)
+            assert results[0].stats.tokens_per_target_call > decoder.gamma
 
 
 def test_greedy_trees_stop_at_eos(models, expected):
@@ -94,21 +96,23 @@ def table_model(table):
     return speculant.load(torch.jit.script(MarkovRows(table.float(), 64)))
 
 
-LAW_CASES = [  # id, shape, replacement, sampling, table seed
-    ("2x2-without-T1", [2, 2], False, dict(temperature=1.0), 61),
-    ("2x2-with-T1", [2, 2], True, dict(temperature=1.0), 62),
-    ("3x1-without-topk2", [3, 1], False, dict(temperature=1.0, top_k=2), 63),
-    ("1x3-with-T0.7-topp0.8", [1, 3], True, dict(temperature=0.7, top_p=0.8), 64),
-    ("1x1x1-chain", [1, 1, 1], False, dict(temperature=1.0), 65),
+LAW_CASES = [  # id, shape, siblings, sampling, table seed
+    ("2x2-without-T1", [2, 2], "without_replacement", dict(temperature=1.0), 61),
+    ("2x2-with-T1", [2, 2], "with_replacement", dict(temperature=1.0), 62),
+    ("3x1-without-topk2", [3, 1], "without_replacement", dict(temperature=1.0, top_k=2), 63),
+    ("1x3-with-T0.7-topp0.8", [1, 3], "with_replacement", dict(temperature=0.7, top_p=0.8), 64),
+    ("1x1x1-chain", [1, 1, 1], "without_replacement", dict(temperature=1.0), 65),
+    ("3x2-top-T0.8", [3, 2], "top", dict(temperature=0.8), 66),
+    ("given-without-T1", GIVEN, "without_replacement", dict(temperature=1.0), 67),
 ]
 
 
 @pytest.mark.parametrize("case", LAW_CASES, ids=[c[0] for c in LAW_CASES])
 def test_tree_law_equals_target_law(case):
-    _, shape, replacement, sampling, seed = case
+    _, shape, siblings, sampling, seed = case
     target, draft = markov.target_and_draft(LAW_VOCAB, seed, mask_prob=0.1)
     decoder = speculant.SpeculativeDecoder(table_model(target), table_model(draft), tree=shape,
-                                           replacement=replacement, **sampling)
+                                           siblings=siblings, **sampling)
     samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=seed * 1000)
     law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, sampling.get("temperature", 1.0),
                                   sampling.get("top_k", 0), sampling.get("top_p", 1.0))
@@ -125,6 +129,12 @@ def test_refusals(models, tmp_path):
         (dict(tree=[2, 2], gamma=3), "gamma must be the tree's depth 2"),
         (dict(tree=[2], lenience=0.5), "lenience must be 1 with tree="),
         (dict(tree=[2], cuda_graphs="fixed"), "trees run dynamic shapes only"),
+        (dict(tree=[2], siblings="sorted"), r"siblings must be one of \('without_replacement', 'with_replacement', "
+                                            r"'top'\), got 'sorted'"),
+        (dict(tree=[2], siblings=True), "siblings must be one of"),
+        (dict(tree=[-1, 1]), "tree node 1 has parent 1"),
+        (dict(tree=[-1]), "parents must give 1 to 4096 drafts, got 0"),
+        (dict(tree=GIVEN, gamma=3), "gamma must be the tree's depth 4"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -164,6 +174,39 @@ def test_tree_statistics_feed_the_analysis(models):
     predicted = analysis.tree_expected_tokens(shape, analysis.acceptance_from_counts(accepted, visits))
     assert len(full) >= 200
     assert sum(full) / len(full) == pytest.approx(predicted, rel=0.05)
+
+
+def test_given_trees_count_what_each_rank_was_offered(models):
+    """A given tree's nodes of one depth have different numbers of children: stats.tree_offered counts, per depth
+    and rank, the visited nodes that had that rank, and the table from it predicts the tokens per call of the
+    iterations that drafted the whole tree within 5% (as test_tree_statistics_feed_the_analysis does for a shape);
+    analysis.best_tree's result runs as given."""
+    from speculant import analysis, timing
+    target, drafts = models
+    new = 40
+    decoder = speculant.SpeculativeDecoder(target, drafts["near"], tree=GIVEN, temperature=1.0)
+    results = decoder.generate([[1 + r, 2, 3] for r in range(20)], max_new_tokens=new, seed=5)
+    full = []
+    for r in results:
+        stats = r.stats
+        assert [len(row) for row in stats.tree_offered] == [3, 3, 1, 1]  # each depth's most children
+        assert [row[0] for row in stats.tree_offered] == stats.tree_visits
+        # depth 1: node 1 has three children, node 2 one, node 3 none (a path ending there visits nothing)
+        assert stats.tree_offered[1][1] == stats.tree_offered[1][2] <= stats.tree_offered[1][0]
+        assert all(a <= o for acc, off in zip(stats.tree_accepted, stats.tree_offered) for a, o in zip(acc, off))
+        done = 0
+        for it in r.trace:
+            assert it.tree == GIVEN[:len(it.tree)]
+            if new - done - 1 >= 4:
+                full.append(it.emitted)
+            done += it.emitted
+    predicted = analysis.tree_expected_tokens(GIVEN, timing.tree_table(results))
+    assert len(full) >= 150
+    assert sum(full) / len(full) == pytest.approx(predicted, rel=0.05)
+    choice = analysis.best_tree(6, timing.tree_table(results))
+    again = speculant.SpeculativeDecoder(target, drafts["near"], tree=choice, temperature=1.0)
+    assert again.gamma == analysis.tree_depth(choice.tree)
+    assert again.generate([1, 2, 3], max_new_tokens=8, seed=0).trace[0].tree == choice.tree
 
 
 def test_tree_obstacle_names_the_form(models):
@@ -265,18 +308,18 @@ def table_drafters(vocab: int, seed: int):
             "python": python_scorer(vocab, seed)}
 
 
-DRAFTER_LAW_CASES = [("bigram", [2, 2], False, dict(temperature=1.0), 71),
-                     ("unigram", [3, 1], True, dict(temperature=0.8, top_k=3), 72),
-                     ("python", [2, 1, 1], False, dict(temperature=1.0), 73)]
+DRAFTER_LAW_CASES = [("bigram", [2, 2], "without_replacement", dict(temperature=1.0), 71),
+                     ("unigram", [3, 1], "with_replacement", dict(temperature=0.8, top_k=3), 72),
+                     ("python", [2, 1, 1], "top", dict(temperature=1.0), 73)]
 
 
 @pytest.mark.parametrize("case", DRAFTER_LAW_CASES, ids=[c[0] for c in DRAFTER_LAW_CASES])
 def test_drafter_tree_law_equals_target_law(case):
-    name, shape, replacement, sampling, seed = case
+    name, shape, siblings, sampling, seed = case
     target, _ = markov.target_and_draft(LAW_VOCAB, seed, mask_prob=0.1)
     drafter = table_drafters(LAW_VOCAB, seed)[name]
     assert drafter.tree_obstacle == ""
-    decoder = speculant.SpeculativeDecoder(table_model(target), drafter, tree=shape, replacement=replacement,
+    decoder = speculant.SpeculativeDecoder(table_model(target), drafter, tree=shape, siblings=siblings,
                                            **sampling)
     samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=seed * 1000)
     law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, sampling.get("temperature", 1.0),

@@ -704,7 +704,7 @@ def best_tree_shape(budget: int, acceptance: AcceptanceLike, max_depth: Optional
     return TreeChoice(top[2], tree_expected_tokens(top[2], acceptance))
 
 
-def acceptance_from_counts(accepted, visits) -> List[List[float]]:
+def acceptance_from_counts(accepted, visits, offered=None) -> List[List[float]]:
     """Estimates the acceptance table from verification counts: acceptance[i][j] = accepted[i][j] / visits[i],
     the maximum-likelihood estimate of the positional model (each verified node's outcome is one draw of a
     categorical over its ranks and "all rejected"; its binomial standard error is sqrt(a (1 - a) / visits[i])).
@@ -715,6 +715,11 @@ def acceptance_from_counts(accepted, visits) -> List[List[float]]:
     or rows cut to the smallest number of children at that depth), else the later ranks are underestimated.
     Counts are whole numbers >= 0 with sum_j accepted[i][j] <= visits[i] and visits[i] >= 1 (drop depths never
     visited). Returns a table by depth (lists of floats), a valid ``acceptance`` argument.
+
+    offered (optional, ``stats.tree_offered``): offered[i][j], how many of those nodes had a rank-j child at all.
+    With it acceptance[i][j] = accepted[i][j] / offered[i][j], which lifts the restriction above (trees whose
+    nodes of one depth have different numbers of children: given parents, grown trees); a row ends before its
+    first rank never offered.
     """
     def whole(value, name: str) -> int:
         if isinstance(value, np.generic):
@@ -731,6 +736,13 @@ def acceptance_from_counts(accepted, visits) -> List[List[float]]:
         raise ValueError(f"accepted must be a non-empty table of counts by depth and rank, got {accepted!r}")
     if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence) or len(counts) != len(rows):
         raise ValueError(f"visits must hold one count per depth of accepted ({len(rows)}), got {visits!r}")
+    offers = offered.tolist() if isinstance(offered, np.ndarray) else offered
+    if offers is not None and (isinstance(offers, (str, bytes)) or not isinstance(offers, Sequence)
+                               or len(offers) != len(rows)
+                               or not all(isinstance(r, Sequence) and len(r) == len(rows[i])
+                                          for i, r in enumerate(offers))):
+        raise ValueError(f"offered must be a table of counts shaped like accepted (one count per depth and rank), "
+                         f"got {offered!r}")
     table = []
     for i, row in enumerate(rows):
         n = whole(counts[i], f"visits[{i}]")
@@ -743,7 +755,19 @@ def acceptance_from_counts(accepted, visits) -> List[List[float]]:
         if sum(hits) > n:
             raise ValueError(f"accepted[{i}] sums to {sum(hits)} > visits[{i}] = {n}: a verified node accepts at "
                              f"most one child")
-        table.append([h / n for h in hits])
+        if offers is None:
+            table.append([h / n for h in hits])
+            continue
+        row_out = []
+        for j, h in enumerate(hits):
+            m = whole(offers[i][j], f"offered[{i}][{j}]")
+            if m > n or h > m:
+                raise ValueError(f"offered[{i}][{j}] = {m} must lie between accepted[{i}][{j}] = {h} and visits[{i}] "
+                                 f"= {n}: a rank is accepted only where it was offered, offered only where visited")
+            if m == 0:
+                break
+            row_out.append(h / m)
+        table.append(row_out)
     return table
 
 

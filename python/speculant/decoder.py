@@ -12,7 +12,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from . import _core, beams, graphs
+from . import _core, analysis, beams, graphs
 from .drafters import Drafter
 from .model import Model, load
 from .trace import Trace
@@ -63,6 +63,15 @@ def _flag(value, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return bool(value)
+
+
+SIBLINGS = ("without_replacement", "with_replacement", "top")
+
+
+def _siblings(value) -> str:
+    if not isinstance(value, str) or value not in SIBLINGS:
+        raise ValueError(f"siblings must be one of {SIBLINGS}, got {value!r}")
+    return value
 
 
 def _tokenizer(value):
@@ -309,8 +318,8 @@ class DynamicTree:
     """``tree=`` for a token tree grown while it is drafted, by the draft's confidence under a node budget
     (EAGLE-2, Li et al. 2024; cpp/tree_growth.h). A node's value is its path's draft log probability (at
     temperature 0 under the softmax of the draft's raw logits). Level by level, the ``width`` nodes of the newest
-    depth with the highest values each get ``children`` children, drawn as a fixed tree's are (sampled with or
-    without replacement; the draft's top ``children`` at temperature 0), until ``budget`` drafts are placed or
+    depth with the highest values each get ``children`` children, drawn as a fixed tree's are (by the decoder's
+    ``siblings``; the draft's top ``children`` at temperature 0), until ``budget`` drafts are placed or
     the tree is ``depth`` deep (the decoder's gamma). Exact at every setting: each level's shape is chosen from
     the nodes drawn before it, never by dropping drawn children, which is why EAGLE-2's final reranking of the
     tree is left out. Each iteration's tree is in the trace (``Iteration.tree``, breadth-first parents)."""
@@ -327,19 +336,31 @@ class DynamicTree:
 
 
 def _tree(value) -> Union[List[int], DynamicTree]:
-    """tree= as the engine takes it: [] (a chain), [k_1 .. k_d], each >= 1 (cpp/tree.h), or a DynamicTree."""
+    """tree= as the engine takes it: [] (a chain), [k_1 .. k_d], each >= 1 (cpp/tree.h), breadth-first parents
+    [-1, p_1, ..., p_N] (any tree; analysis.best_tree's or optimal_tree's result may be given whole), or a
+    DynamicTree."""
     if value is None:
         return []
     if isinstance(value, DynamicTree):
         return value
+    if isinstance(value, (analysis.TreeChoice, analysis.TreeSpeedup)):
+        value = value.tree
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
         raise ValueError(f"tree must be a non-empty list of children per depth [k_1, ..., k_d] (each >= 1; "
-                         f"[1] * gamma is the chain) or a speculant.DynamicTree, got {value!r}")
+                         f"[1] * gamma is the chain), breadth-first parents [-1, p_1, ..., p_N] or a "
+                         f"speculant.DynamicTree, got {value!r}")
+    if isinstance(value[0], numbers.Integral) and not isinstance(value[0], bool) and value[0] == -1:
+        parents = analysis.tree_parents(list(value))  # validated: breadth-first, each parent before its child
+        if not 2 <= len(parents) <= 4097:
+            raise ValueError(f"tree: parents must give 1 to 4096 drafts, got {len(parents) - 1}")
+        return [int(v) for v in parents]
     return [_integer(k, f"tree[{i}]", 1, 64) for i, k in enumerate(value)]
 
 
 def _tree_depth(tree) -> int:
-    return tree.depth if isinstance(tree, DynamicTree) else len(tree)
+    if isinstance(tree, DynamicTree):
+        return tree.depth
+    return analysis.tree_depth(tree) if tree and tree[0] == -1 else len(tree)
 
 
 def _eos_ids(value) -> List[int]:
@@ -443,16 +464,21 @@ class SpeculativeDecoder:
     p(x) >= lenience * max p). gamma defaults to DEFAULT_GAMMA = 4.
 
     ``tree=[k_1, ..., k_d]`` drafts a token tree instead of a chain (cpp/tree.h): each node of depth i gets k_i
-    children from the draft's q there, drawn without replacement (``replacement=False``, the default: distinct
-    siblings, recursive rejection sampling) or independently (``replacement=True``); at temperature 0 they are
-    the draft's top k_i. The whole tree is verified in one target call with multi-draft speculative sampling,
-    which keeps the output law exactly the target's. gamma is then the depth d. ``tree=speculant.DynamicTree(
-    budget, depth, children, width)`` grows each iteration's tree by the draft's confidence instead (EAGLE-2's
-    expansion, exact: see DynamicTree). Trees need models with tree
+    children from the draft's q there, by ``siblings``: "without_replacement" (the default: distinct siblings,
+    recursive rejection sampling), "with_replacement" (independent draws) or "top" (q's k_i - 1 most probable
+    tokens, then one draw from q without them: the draft's ranking where its probabilities are off); at
+    temperature 0 they are the draft's top k_i whatever ``siblings`` says. A chain is the same under all three.
+    ``tree=[-1, p_1, ..., p_N]`` gives any tree by its breadth-first parents (node i's parent p_i < i, siblings
+    contiguous), e.g. Sequoia's best tree of a node budget: ``tree=analysis.best_tree(16, table)`` (the result
+    of analysis.best_tree or optimal_tree may be passed whole). The whole tree is verified in one target call
+    with multi-draft speculative sampling, which keeps the output law exactly the target's. gamma is then the
+    depth d. ``tree=speculant.DynamicTree(budget, depth, children, width)`` grows each iteration's tree by the
+    draft's confidence instead (EAGLE-2's expansion, exact: see DynamicTree). Trees need models with tree
     calls (speculant.export's files, live decoder-only transformers models; ``Model.tree_obstacle`` says why
     not), a draft model, a Unigram / Bigram table or a PythonDrafter with ``score`` (``tree_obstacle`` on
     drafters too), lenience 1, the fixed gamma policy and cuda_graphs "off" or "auto" (they run uncaptured).
-    The statistics count each depth's and rank's acceptances (``stats.tree_visits``, ``stats.tree_accepted``).
+    The statistics count each depth's and rank's acceptances (``stats.tree_visits``, ``stats.tree_accepted``, and
+    ``stats.tree_offered``: how often a visited node had that rank; timing.tree_table estimates from all three).
 
     ``cuda_graphs`` ("off", "auto", "on", "fixed"; speculant.graphs): "off" (the default) captures nothing.
     With "auto" on CUDA each model's fixed-shape calls (the draft's step, the target's verification of each
@@ -479,7 +505,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target, draft, *, gamma: Optional[int] = None, tree: Optional[Sequence[int]] = None,
-                 replacement: bool = False, temperature: float = 1.0, top_k: int = 0,
+                 siblings: str = "without_replacement", temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "off",
                  draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
                  max_gamma: Optional[int] = None, cost: Optional[float] = None):
@@ -494,7 +520,7 @@ class SpeculativeDecoder:
                              f"left out), got {gamma!r}")
         gamma = _tree_depth(self._tree) if self._tree else DEFAULT_GAMMA if gamma is None else gamma
         self._gamma = _integer(gamma, "gamma", 1)
-        self._replacement = _flag(replacement, "replacement")
+        self._siblings = _siblings(siblings)
         self._sampling = {"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
                           "top_p": _real(top_p, "top_p"), "lenience": _real(lenience, "lenience")}
         if isinstance(self.draft, SpeculativeDecoder):
@@ -519,7 +545,7 @@ class SpeculativeDecoder:
         grown = self._tree if isinstance(self._tree, DynamicTree) else None
         return _core.Decoder(self.target._core, self._drafter, self._gamma, sampling["temperature"],
                              sampling["top_k"], sampling["top_p"], sampling["lenience"], *self._shapes,
-                             tree=[] if grown else self._tree, replacement=self._replacement,
+                             tree=[] if grown else self._tree, siblings=self._siblings,
                              growth=(grown.budget, grown.depth, grown.children, grown.width) if grown else None)
 
     def with_sampling(self, temperature: float, top_k: int = 0, top_p: float = 1.0) -> "SpeculativeDecoder":
@@ -529,7 +555,7 @@ class SpeculativeDecoder:
         draft = self.draft.with_sampling(temperature, top_k, top_p) if isinstance(self.draft, SpeculativeDecoder) \
             else self.draft
         return SpeculativeDecoder(self.target, draft, gamma=self._gamma, tree=self._tree or None,
-                                  replacement=self._replacement, temperature=temperature, top_k=top_k, top_p=top_p,
+                                  siblings=self._siblings, temperature=temperature, top_k=top_k, top_p=top_p,
                                   lenience=self._sampling["lenience"], cuda_graphs=self._mode, **self._schedule)
 
     @property

@@ -203,7 +203,7 @@ class PythonDrafter(Drafter):
     ``score(contexts: list[list[int]]) -> q [n, V]`` (optional) lets it propose token trees
     (``SpeculativeDecoder(tree=...)``): row i is the law after contexts[i] (the sequence so far, then a path of
     the tree), called once per depth for every node of that depth with children; the engine draws the children
-    from it (with or without replacement; at temperature 0 its top k), so the law stays exact whatever it
+    from it (by the decoder's ``siblings``; at temperature 0 its top k), so the law stays exact whatever it
     returns, as long as it returns a law.
     """
 

@@ -118,15 +118,26 @@ def _run_on(executor, specs, settings: List[Dict[str, Any]], calls, options: Dic
 
 
 def _trees(trees) -> list:
-    """trees= as a list of shapes and DynamicTrees (each checked by SpeculativeDecoder)."""
+    """trees= as a list of shapes, breadth-first parents (analysis.best_tree's results too) and DynamicTrees (each
+    checked by SpeculativeDecoder)."""
     if trees is None:
         return []
-    if isinstance(trees, (str, bytes)) or not isinstance(trees, Sequence) or \
-            not all(isinstance(t, DynamicTree) or (isinstance(t, Sequence) and not isinstance(t, (str, bytes)))
-                    for t in trees):
-        raise ValueError(f"trees must be a list of tree shapes [k_1, ..., k_d] or speculant.DynamicTree (e.g. "
-                         f"[[2, 2], [3, 1, 1], DynamicTree(budget=16)]), got {trees!r}")
+    if isinstance(trees, (str, bytes)) or not isinstance(trees, Sequence):
+        trees = None
+    else:
+        trees = [t.tree if isinstance(t, (analysis.TreeChoice, analysis.TreeSpeedup)) else t for t in trees]
+    if trees is None or not all(isinstance(t, DynamicTree) or (isinstance(t, Sequence) and
+                                                               not isinstance(t, (str, bytes))) for t in trees):
+        raise ValueError(f"trees must be a list of tree shapes [k_1, ..., k_d], breadth-first parents [-1, p_1, ...] "
+                         f"or speculant.DynamicTree (e.g. [[2, 2], [3, 1, 1], DynamicTree(budget=16)]), got {trees!r}")
     return [t if isinstance(t, DynamicTree) else tuple(t) for t in trees]  # checked by SpeculativeDecoder
+
+
+def _depth(tree) -> int:
+    """A tree's depth, the gamma of its row: a DynamicTree's, a shape's length, breadth-first parents' deepest."""
+    if isinstance(tree, DynamicTree):
+        return tree.depth
+    return analysis.tree_depth(list(tree)) if tree and tree[0] == -1 else len(tree)
 
 
 def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees=None,
@@ -158,7 +169,8 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     times and the speedup are those of batched decoding against batched plain decoding. 1 (the default) is
     the paper's setting. Times are the wall time of each round's calls.
 
-    trees: token-tree shapes [k_1, ..., k_d] or ``speculant.DynamicTree`` (``SpeculativeDecoder``'s tree=) to run
+    trees: token-tree shapes [k_1, ..., k_d], breadth-first parents (``analysis.best_tree``'s trees) or
+    ``speculant.DynamicTree`` (``SpeculativeDecoder``'s tree=) to run
     beside the chains of ``gammas`` (give either or both), each at every temperature, top_k and top_p, with
     lenience 1 (trees have no lenience; other lenience values apply to the chains). A tree's row has gamma = its
     depth and its shape in ``tree`` (None for chains); its ``expected_tokens`` and ``predicted_speedup`` come
@@ -219,7 +231,7 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     chains = [] if gammas is None else [_grid(gammas, "gammas"), _grid(lenience, "lenience")]
     settings = [{"gamma": g, "tree": None, "temperature": t, "top_k": k, "top_p": p, "lenience": leniency}
                 for t, k, p, g, leniency in itertools.product(*sampling, *chains)] if chains else []
-    settings += [{"gamma": shape.depth if isinstance(shape, DynamicTree) else len(shape), "tree": shape,
+    settings += [{"gamma": _depth(shape), "tree": shape,
                   "temperature": t, "top_k": k, "top_p": p, "lenience": 1.0}
                  for t, k, p in itertools.product(*sampling) for shape in shapes]
     # Every decoder built first, so that a bad value anywhere in the grids raises before anything runs; the

@@ -89,6 +89,32 @@ def timed_rounds(speculative: Callable, plain: Callable, calls: Sequence[Mapping
     return rounds
 
 
+class HeadToHead(NamedTuple):
+    """Two decoders timed against each other (head_to_head): per round, the second's seconds per token over the
+    first's (> 1: the first is faster); their median with min-max; how many rounds the first won; and the
+    two-sided sign test's p-value of that count under "neither is faster" (each round a fair coin)."""
+    ratio: float
+    ratio_min: float
+    ratio_max: float
+    ratios: List[float]
+    first_faster: int
+    sign_test_p: float
+
+
+def head_to_head(first: Callable, second: Callable, calls: Sequence[Mapping[str, Any]], *, max_new_tokens: int,
+                 seed: int, repeats: int) -> HeadToHead:
+    """``first`` against ``second`` (generate-like callables), timed as timed_rounds times speculative against
+    plain: a warm-up, then ``repeats`` rounds interleaved ABBA. A slow spell of the machine hits one round, so the
+    count of rounds won says more than the range of the ratios."""
+    rounds = timed_rounds(first, second, calls, max_new_tokens=max_new_tokens, seed=seed, repeats=repeats)
+    ratios = [_per_token(r.plain_seconds, totals(r.plain)) / _per_token(r.speculative_seconds, totals(r.speculative))
+              for r in rounds]
+    ratio, low, high = median_range(ratios)
+    wins, n = sum(x > 1.0 for x in ratios), len(ratios)
+    tail = sum(math.comb(n, k) for k in range(min(wins, n - wins) + 1)) / 2.0 ** n  # the smaller tail
+    return HeadToHead(ratio, low, high, ratios, wins, min(1.0, 2.0 * tail))
+
+
 def totals(results) -> Dict[str, float]:
     """The counts and seconds of several generations' stats, summed."""
     stats = [r.stats for r in results]
@@ -109,11 +135,17 @@ def _per_token(seconds: float, summed: Dict[str, float]) -> float:
 def tree_table(results) -> List[List[float]]:
     """The acceptance table by depth and rank (analysis.acceptance_from_counts) of token-tree generations,
     their counts summed; empty when a depth was never visited (no estimate for it)."""
-    visits = [sum(v) for v in zip(*(r.stats.tree_visits for r in results))]
-    accepted = [[sum(c) for c in zip(*rows)] for rows in zip(*(r.stats.tree_accepted for r in results))]
+    visits, accepted, offered = _tree_counts(results)
     if not visits or min(visits) == 0:
         return []
-    return analysis.acceptance_from_counts(accepted, visits)
+    return analysis.acceptance_from_counts(accepted, visits, offered)
+
+
+def _tree_counts(results):
+    """The token-tree counts of `results` summed: visits by depth, accepted and offered by depth and rank."""
+    def table(name):
+        return [[sum(c) for c in zip(*rows)] for rows in zip(*(getattr(r.stats, name) for r in results))]
+    return [sum(v) for v in zip(*(r.stats.tree_visits for r in results))], table("tree_accepted"), table("tree_offered")
 
 
 def tree_prediction(results, tree, c: float, verify_cost=None) -> Tuple[float, float]:
@@ -128,21 +160,29 @@ def tree_prediction(results, tree, c: float, verify_cost=None) -> Tuple[float, f
     nan = math.nan
     if isinstance(tree, Sequence):
         table = tree_table(results)
-        if not table:
+        if not _covers(table, tree):
             return nan, nan
         speedup = nan if math.isnan(c) else analysis.tree_speedup(list(tree), table, c, verify_cost)
         return float(analysis.tree_expected_tokens(list(tree), table)), speedup
-    visits = [sum(v) for v in zip(*(r.stats.tree_visits for r in results))]
+    visits, accepted, offered = _tree_counts(results)
     reached = next((i for i, v in enumerate(visits) if v == 0), len(visits))
-    accepted = [[sum(c) for c in zip(*rows)] for rows in zip(*(r.stats.tree_accepted for r in results))]
     drafted = [_cut(it.tree, reached) for r in results for it in r.trace if len(it.tree) > 1]
     if reached == 0 or not drafted:
         return nan, nan
-    table = analysis.acceptance_from_counts(accepted[:reached], visits[:reached])
+    table = analysis.acceptance_from_counts(accepted[:reached], visits[:reached], offered[:reached])
+    if not all(_covers(table, t) for t in drafted):
+        return nan, nan
     tokens = float(np.mean([float(analysis.tree_expected_tokens(t, table)) for t in drafted]))
     width = analysis._verify_cost(verify_cost)
     cost = float(np.mean([analysis.tree_depth(t) * c + width(len(t)) for t in drafted]))
     return tokens, tokens / cost
+
+
+def _covers(table: List[List[float]], tree) -> bool:
+    """Whether the acceptance table estimates every rank `tree` has at every depth (a rank never offered on the
+    accepted paths has no estimate: acceptance_from_counts ends the row before it)."""
+    need = analysis._Tree(list(tree)).max_children
+    return len(table) >= len(need) and all(len(table[i]) >= k for i, k in enumerate(need))
 
 
 def _cut(parents: Sequence[int], depth: int) -> List[int]:

@@ -1,0 +1,46 @@
+"""benchmarks/trees.py end to end on the smoke-sized demo pair: chains, shapes under two ways of drawing
+siblings, Sequoia's best tree run as given, a grown tree, and the fastest tree timed against the fastest chain,
+written to its record."""
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import trees as bench  # noqa: E402
+
+from speculant import analysis, demo_pair  # noqa: E402
+
+
+def test_trees_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
+    monkeypatch.setattr(bench, "GROWN", bench.GROWN[:1])
+    out = tmp_path / "trees.json"
+    bench.main(["--temperatures", "1", "--prompts", "1", "--tokens", "12", "--repeats", "1", "--calls", "3",
+                "--shapes", "2,1", "--siblings", "without_replacement", "top", "--budgets", "4", "--duel", "2",
+                "--json", str(out)])
+    record = json.loads(out.read_text())
+    assert record["siblings"] == ["without_replacement", "top"] and len(record["verify_cost"]) == bench.MAX_WIDTH
+    result = record["temperatures"]["1.0"]
+    rows = {row["draft"]: row for row in result["rows"]}
+    assert list(rows) == [f"chain gamma = {g}" for g in range(1, 6)] + [
+        "[2, 1] without_replacement", "[2, 1] top", "best of 4 (Sequoia)",
+        "grown 8, depth 4, 2 x 2 without_replacement"]
+    sequoia = rows["best of 4 (Sequoia)"]
+    assert sequoia["shape"] == analysis.best_tree(4, result["table"]).tree and sequoia["drafts"] == 4
+    assert sequoia["expected_tokens"] == pytest.approx(float(analysis.tree_expected_tokens(sequoia["shape"],
+                                                                                         result["table"])))
+    top = rows["[2, 1] top"]
+    assert top["siblings"] == "top" and top["drafts"] == 4  # predicted from its own table only
+    assert top["expected_tokens"] == pytest.approx(top["own_expected"])
+    for row in rows.values():
+        assert row["speedup_min"] <= row["speedup"] <= row["speedup_max"]
+        assert "tokens_per_target_call_se" in row  # NaN here: one prompt
+        assert (row["siblings"] is None) == row["draft"].startswith("chain")
+    duel = result["duel"]
+    fastest = max((r for r in rows.values() if r["siblings"]), key=lambda r: r["speedup"])
+    assert duel["tree"] == fastest["draft"] and duel["chain"].startswith("chain gamma")
+    assert len(duel["ratios"]) == 2 and duel["first_faster"] == sum(r > 1 for r in duel["ratios"])
+    assert duel["ratio_min"] <= duel["ratio"] <= duel["ratio_max"] and 0 < duel["sign_test_p"] <= 1
+    assert "head to head:" in capsys.readouterr().out
