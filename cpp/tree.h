@@ -31,8 +31,9 @@
 // needs nothing of the draft's calibration there; the last child, drawn from q without them, is an ordinary
 // speculative step against what is left. With k = 1 this is the chain's Algorithm 1. Together the first k - 1
 // steps accept with probability p(T) (T: the top k - 1 tokens), the last with the sum over x outside T of
-// min(p(x), q(x) (1 - p(T)) / (1 - q(T))): more than sampled siblings where the draft ranks well but its
-// probabilities are off, less where it is calibrated (benchmarks/trees.py measures both).
+// min(p(x), q(x) (1 - p(T)) / (1 - q(T))): more than sampled siblings where the draft's argmax is the
+// target's but its mass is spread, less where the draft is close to the target in law (tests/test_tree.py
+// enumerates both; on the trained GPT-2 pair sampled siblings keep more, benchmarks/trees.py).
 // Greedy (temperature 0): children are the draft's top-k tokens, and the first child equal to the target's
 // argmax is accepted (the longest path of argmax agreement); t is the argmax.
 // Lenience (A.5) is not defined for trees here: its bound is proven for one draft per position.

@@ -466,7 +466,8 @@ class SpeculativeDecoder:
     ``tree=[k_1, ..., k_d]`` drafts a token tree instead of a chain (cpp/tree.h): each node of depth i gets k_i
     children from the draft's q there, by ``siblings``: "without_replacement" (the default: distinct siblings,
     recursive rejection sampling), "with_replacement" (independent draws) or "top" (q's k_i - 1 most probable
-    tokens, then one draw from q without them: the draft's ranking where its probabilities are off); at
+    tokens, then one draw from q without them: better for a draft whose argmax is right but whose mass is
+    spread, worse for one close to the target in law, as on benchmarks/trees.py's GPT-2 pair); at
     temperature 0 they are the draft's top k_i whatever ``siblings`` says. A chain is the same under all three.
     ``tree=[-1, p_1, ..., p_N]`` gives any tree by its breadth-first parents (node i's parent p_i < i, siblings
     contiguous), e.g. Sequoia's best tree of a node budget: ``tree=analysis.best_tree(16, table)`` (the result
