@@ -167,6 +167,29 @@ def test_a_slow_first_call_is_not_timed():
     assert frame.seconds.item() < 0.25 and frame.speedup_min.item() > 0.1
 
 
+def test_siblings_are_an_axis_of_the_trees():
+    """siblings= runs every tree once per way of drawing its children (the chains' rows have none there), the
+    same seeds giving each way its own tokens; a name outside SpeculativeDecoder's is refused before anything
+    runs."""
+    from test_batch import MarkovRows
+    target, draft = (speculant.load(torch.jit.script(MarkovRows(t.float(), 64)))
+                     for t in markov.target_and_draft(6, 4, draft_scale=1.0))
+    frame = speculant.sweep(target, draft, PROMPTS, gammas=[2], trees=[[3]], siblings=["without_replacement", "top"],
+                            temperatures=[1.0], max_new_tokens=12, seed=1, repeats=1, progress=False)
+    assert frame.siblings.isna().tolist() == [True, False, False]  # the chain's row
+    assert frame.siblings.tolist()[1:] == ["without_replacement", "top"]
+    for row in frame.itertuples():
+        if row.tree is None:
+            continue
+        decoder = speculant.SpeculativeDecoder(target, draft, tree=row.tree, siblings=row.siblings, temperature=1.0)
+        results = [decoder.generate(p, max_new_tokens=12, seed=1 + i) for i, p in enumerate(PROMPTS)]
+        assert row.target_calls == sum(r.stats.target_calls for r in results)
+    with pytest.raises(ValueError, match="siblings must be one of"):
+        speculant.sweep(target, draft, PROMPTS, trees=[[2]], siblings=["sorted"], progress=False)
+    with pytest.raises(ValueError, match="siblings must be one of"):
+        speculant.sweep(target, draft, PROMPTS, trees=[[2]], siblings=[], progress=False)
+
+
 def test_head_to_head_counts_rounds_and_their_sign_test():
     """timing.head_to_head on two fake generates of known cost: each round's ratio is the second's seconds per
     token over the first's; the first (three times faster) wins every round, and the sign test's two-sided p

@@ -95,8 +95,8 @@ def test_a_failing_setting_is_reported_and_the_others_returned(pair, pool):
                                             r"top_p=1\.0, lenience=1\.0 \(IndexError: list index out of range\)"):
         frame = speculant.sweep(pair[0], draft, PROMPTS, **grid, executor=pool)
     assert frame.gamma.tolist() == [2, 4] and (frame.new_tokens == 12 * len(PROMPTS)).all()
-    assert frame.attrs["failed"] == [{"gamma": 6, "tree": None, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
-                                      "lenience": 1.0, "error": "IndexError: list index out of range"}]
+    assert frame.attrs["failed"] == [{"gamma": 6, "tree": None, "siblings": None, "temperature": 0.0, "top_k": 0,
+                                      "top_p": 1.0, "lenience": 1.0, "error": "IndexError: list index out of range"}]
     # Serial, the same setting is a bug in the call: its exception propagates.
     with pytest.raises(IndexError):
         speculant.sweep(pair[0], draft, PROMPTS, **grid)

@@ -81,9 +81,11 @@ def speedup_vs_gamma(frame, *, by: Optional[Sequence[str]] = None, predicted: bo
         if predicted:
             ax.plot(rows.gamma, rows.predicted_speedup, "--", color=line.get_color(),
                     label=f"{label}: Theorem 3.8" if label else "Theorem 3.8")
+    several = "siblings" in trees.columns and trees.siblings.nunique() > 1  # name the way when it varies
     for label, rows in (_groups(trees, "gamma", by) if len(trees) else []):
         for _, row in rows.iterrows():  # one marker per tree, at its depth; its prediction hollow beside it
-            name = f"tree {_shape(row.tree)}" + (f", {label}" if label else "")
+            name = (f"tree {_shape(row.tree)}" + (f" {row.siblings}" if several else "")
+                    + (f", {label}" if label else ""))
             (point,) = ax.plot([row.gamma], [row.speedup], "s", label=name)
             _spread(ax, [row.gamma], rows.loc[[row.name]], point.get_color())
             if predicted:

@@ -18,12 +18,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import analysis, timing, workers
-from .decoder import DynamicTree, SpeculativeDecoder, generate
+from .decoder import SIBLINGS, DynamicTree, SpeculativeDecoder, generate
 from .model import Model
 
 Grid = Union[float, Sequence[float]]
 
-SETTING = ["gamma", "tree", "temperature", "top_k", "top_p", "lenience"]  # SpeculativeDecoder's keyword arguments
+SETTING = ["gamma", "tree", "siblings", "temperature", "top_k", "top_p", "lenience"]  # SpeculativeDecoder's arguments
 COLUMNS = [*SETTING, *timing.COLUMNS]
 _RESERVED = {"prompt_ids", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "gamma", "tree", "lenience"}
 
@@ -46,7 +46,7 @@ def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mappi
     """One row of a sweep: speculative decoding at ``setting`` (the ``SETTING`` columns) timed against plain
     decoding of the target at the same sampling settings (``timing.timed_rounds``), then ``timing.summarize``.
     calls: one dict of ``generate`` keyword arguments per prompt (``analysis.generation_kwargs``)."""
-    decoder = SpeculativeDecoder(target, _level(draft, setting), **setting)
+    decoder = SpeculativeDecoder(target, _level(draft, setting), **_options(setting))
     baseline = functools.partial(generate, target, temperature=setting["temperature"], top_k=setting["top_k"],
                                  top_p=setting["top_p"])
     rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=max_new_tokens, seed=seed,
@@ -79,8 +79,14 @@ def _error(error: BaseException) -> str:
 
 
 def _describe(setting: Mapping[str, Any]) -> str:
-    """'gamma=2, temperature=0.0, ...': a chain's setting leaves out tree=None."""
-    return ", ".join(f"{key}={setting[key]!r}" for key in SETTING if not (key == "tree" and setting[key] is None))
+    """'gamma=2, temperature=0.0, ...': a chain's setting leaves out tree=None and siblings=None."""
+    return ", ".join(f"{key}={setting[key]!r}" for key in SETTING
+                     if not (key in ("tree", "siblings") and setting[key] is None))
+
+
+def _options(setting: Mapping[str, Any]) -> Dict[str, Any]:
+    """SpeculativeDecoder's keyword arguments for a setting (a chain's row has no siblings)."""
+    return {key: value for key, value in setting.items() if not (key == "siblings" and value is None)}
 
 
 def _run_on(executor, specs, settings: List[Dict[str, Any]], calls, options: Dict[str, Any], bar,
@@ -141,7 +147,8 @@ def _depth(tree) -> int:
 
 
 def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees=None,
-          temperatures: Grid = (1.0,), lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,),
+          siblings: Union[str, Sequence[str]] = "without_replacement", temperatures: Grid = (1.0,),
+          lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,),
           max_new_tokens: int = 64, seed: int = 0, repeats: int = 3,
           spread_threshold: float = timing.SPREAD_THRESHOLD, progress: bool = True,
           generate_kwargs: Optional[Mapping[str, Any]] = None, executor=None, batch_size: int = 1):
@@ -172,7 +179,9 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     trees: token-tree shapes [k_1, ..., k_d], breadth-first parents (``analysis.best_tree``'s trees) or
     ``speculant.DynamicTree`` (``SpeculativeDecoder``'s tree=) to run
     beside the chains of ``gammas`` (give either or both), each at every temperature, top_k and top_p, with
-    lenience 1 (trees have no lenience; other lenience values apply to the chains). A tree's row has gamma = its
+    lenience 1 (trees have no lenience; other lenience values apply to the chains) and each of ``siblings`` (one
+    name or several of SpeculativeDecoder's: "without_replacement", "with_replacement", "top"; a chain's row has
+    none there: NaN in the frame). A tree's row has gamma = its
     depth and its shape in ``tree`` (None for chains); its ``expected_tokens`` and ``predicted_speedup`` come
     from the tree theory at the acceptance table its generations measured (``speculant.timing.summarize``,
     ``speculant.analysis``; for a grown tree, over the trees its iterations drafted).
@@ -229,18 +238,21 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
         raise ValueError("give gammas (chains), trees (token-tree shapes) or both")
     sampling = [_grid(temperatures, "temperatures"), _grid(top_k, "top_k"), _grid(top_p, "top_p")]
     chains = [] if gammas is None else [_grid(gammas, "gammas"), _grid(lenience, "lenience")]
-    settings = [{"gamma": g, "tree": None, "temperature": t, "top_k": k, "top_p": p, "lenience": leniency}
-                for t, k, p, g, leniency in itertools.product(*sampling, *chains)] if chains else []
-    settings += [{"gamma": _depth(shape), "tree": shape,
-                  "temperature": t, "top_k": k, "top_p": p, "lenience": 1.0}
-                 for t, k, p in itertools.product(*sampling) for shape in shapes]
+    ways = [siblings] if isinstance(siblings, str) else list(siblings) if isinstance(siblings, Sequence) else None
+    if not ways:
+        raise ValueError(f"siblings must be one of {SIBLINGS} or a non-empty list of them, got {siblings!r}")
+    settings = [{"gamma": g, "tree": None, "siblings": None, "temperature": t, "top_k": k, "top_p": p,
+                 "lenience": leniency} for t, k, p, g, leniency in itertools.product(*sampling, *chains)] \
+        if chains else []
+    settings += [{"gamma": _depth(shape), "tree": shape, "siblings": way, "temperature": t, "top_k": k, "top_p": p,
+                  "lenience": 1.0} for t, k, p in itertools.product(*sampling) for shape in shapes for way in ways]
     # Every decoder built first, so that a bad value anywhere in the grids raises before anything runs; the
     # first one loads target and draft (once) when they are paths or transformers objects.
-    first = SpeculativeDecoder(target, _level(draft, settings[0]), **settings[0])
+    first = SpeculativeDecoder(target, _level(draft, settings[0]), **_options(settings[0]))
     target = first.target
     draft = draft if isinstance(draft, SpeculativeDecoder) else first.draft
     for setting in settings[1:]:
-        SpeculativeDecoder(target, _level(draft, setting), **setting)
+        SpeculativeDecoder(target, _level(draft, setting), **_options(setting))
     calls = analysis.generation_kwargs(prompts, generate_kwargs)
     options = {"max_new_tokens": max_new_tokens, "seed": seed, "repeats": repeats,
                "spread_threshold": spread_threshold, "batch_size": batch_size}
