@@ -251,16 +251,12 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
   at::Tensor out = at::empty({k}, row.options().dtype(at::kLong));
   int64_t* token = out.mutable_data_ptr<int64_t>();
   int64_t j = 0;
-  if (siblings == Siblings::top && k > 1) {  // q's k - 1 most probable tokens, the first index on ties
-    std::vector<int64_t> order(vocab);
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::partial_sort(order.begin(), order.begin() + (k - 1), order.end(), [&left](int64_t a, int64_t b) {
-      return left[a] > left[b] || (left[a] == left[b] && a < b);
-    });
+  if (siblings == Siblings::top) {  // q's k - 1 most probable tokens, the first index on ties: one scan each
     for (; j < k - 1; ++j) {
-      token[j] = order[j];
-      left[order[j]] = 0.0;
+      token[j] = argmax(left.data(), vocab);
+      left[token[j]] = -1.0;  // below every probability until the draw
     }
+    for (int64_t i = 0; i < j; ++i) left[token[i]] = 0.0;
   }
   for (; j < k; ++j) {
     double mass = 0.0;

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import analysis, timing, workers
-from .decoder import SIBLINGS, DynamicTree, SpeculativeDecoder, generate
+from .decoder import SIBLINGS, DynamicTree, SpeculativeDecoder, _tree_depth, generate
 from .model import Model
 
 Grid = Union[float, Sequence[float]]
@@ -139,12 +139,6 @@ def _trees(trees) -> list:
     return [t if isinstance(t, DynamicTree) else tuple(t) for t in trees]  # checked by SpeculativeDecoder
 
 
-def _depth(tree) -> int:
-    """A tree's depth, the gamma of its row: a DynamicTree's, a shape's length, breadth-first parents' deepest."""
-    if isinstance(tree, DynamicTree):
-        return tree.depth
-    return analysis.tree_depth(list(tree)) if tree and tree[0] == -1 else len(tree)
-
 
 def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees=None,
           siblings: Union[str, Sequence[str]] = "without_replacement", temperatures: Grid = (1.0,),
@@ -244,8 +238,9 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     settings = [{"gamma": g, "tree": None, "siblings": None, "temperature": t, "top_k": k, "top_p": p,
                  "lenience": leniency} for t, k, p, g, leniency in itertools.product(*sampling, *chains)] \
         if chains else []
-    settings += [{"gamma": _depth(shape), "tree": shape, "siblings": way, "temperature": t, "top_k": k, "top_p": p,
-                  "lenience": 1.0} for t, k, p in itertools.product(*sampling) for shape in shapes for way in ways]
+    settings += [{"gamma": _tree_depth(shape), "tree": shape, "siblings": way, "temperature": t, "top_k": k,
+                  "top_p": p, "lenience": 1.0}
+                 for t, k, p in itertools.product(*sampling) for shape in shapes for way in ways]
     # Every decoder built first, so that a bad value anywhere in the grids raises before anything runs; the
     # first one loads target and draft (once) when they are paths or transformers objects.
     first = SpeculativeDecoder(target, _level(draft, settings[0]), **_options(settings[0]))
