@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu.sh test     # the CUDA tests (-m cuda), then the whole suite on 8 workers
 #   bash benchmarks/gpu.sh train    # the cuda-preset GPT-2 pair (benchmarks/train_pairs.py, TF32)
 #   bash benchmarks/gpu.sh measure  # benchmarks/graphs.py: graphs off / on, transformers compiled, 1.1B Llama
+#   bash benchmarks/gpu.sh trees    # benchmarks/graphs.py at T = 1: chains and token trees, graphs off / on
 #
 # Results and logs go to $OUT (the device tool brings them back) when it is set, else benchmarks/results/.
 set -euo pipefail
@@ -23,5 +24,8 @@ case "${1:-}" in
   measure)
     python3 benchmarks/graphs.py --pair gpt2 --preset cuda --device cuda --hf-compiled --big \
       --out "$out/graphs-gpt2-cuda.json" 2>&1 | grep -v "Loading weights" | tee "$out/graphs.log" ;;
-  *) echo "usage: bash benchmarks/gpu.sh build|test|train|measure" >&2; exit 2 ;;
+  trees)
+    python3 benchmarks/graphs.py --pair gpt2 --preset cuda --device cuda --temperature 1 --gammas 2 4 6 \
+      --trees 2,1,1 3,1,1,1 3,2,1 --out "$out/graphs-trees-gpt2-cuda.json" 2>&1 | tee "$out/graphs-trees.log" ;;
+  *) echo "usage: bash benchmarks/gpu.sh build|test|train|measure|trees" >&2; exit 2 ;;
 esac

@@ -15,12 +15,15 @@ For each mode of `cuda_graphs` (`--modes`: off and on on a GPU; off and fixed on
   from speculative runs, the draft's calls from the same runs. Each is differential: the time and call count
   of a `--tokens` run minus those of a run a quarter as long, so that the prefill (never captured) drops out;
   the median of five such pairs;
-* plain and speculative (each gamma) tokens per second, end to end with the device synchronized, over every
+* plain and speculative (each gamma, each tree) tokens per second, end to end with the device synchronized, over every
   prompt; methods run in turn, in reversed order on odd rounds (ABBA), after an untimed warm-up round that
   also captures the graphs; medians over `--repeats` rounds with min-max;
 * the speedup of each speculative run over plain decoding in the same mode and of each mode over the first
   (medians of the per-round ratios, min-max), alpha, c (the draft call over the target's k = 1 call) and
   Theorem 3.8's prediction at them.
+* `--trees k1,k2,...`: token trees beside the chains, their tree calls (the draft's levels, the target's masked
+  verification) fixed-shape and captured as the chains' calls are: tokens per second, the speedup over plain
+  decoding in the same mode and tokens per target call.
 
 `--hf-compiled`: transformers' generate with a static cache and torch.compile(mode="reduce-overhead") on the
 same target, per token (differential, as above). `--big`: a Llama-architecture target of about 1.1B parameters
@@ -75,8 +78,8 @@ def per_call(run: Callable[[int], object], tokens: int, seconds: str, calls: str
 
 
 class Method:
-    def __init__(self, name: str, mode: str, gamma: int, generate: Callable):
-        self.name, self.mode, self.gamma, self.generate = name, mode, gamma, generate
+    def __init__(self, name: str, mode: str, gamma: int, generate: Callable, tree: bool = False):
+        self.name, self.mode, self.gamma, self.generate, self.tree = name, mode, gamma, generate, tree
         self.rates: List[float] = []
         self.results: List = []
 
@@ -106,7 +109,14 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
                                                    cuda_graphs=mode)
             methods.append(Method(f"speculative g{gamma}", mode, gamma, lambda p, n, s, d=decoder: d.generate(
                 **p, max_new_tokens=n, seed=s)))
+        for tree in args.trees:
+            decoder = speculant.SpeculativeDecoder(target, draft, tree=tree, temperature=args.temperature,
+                                                   cuda_graphs=mode)
+            methods.append(Method(f"tree {tree}", mode, len(tree), lambda p, n, s, d=decoder: d.generate(
+                **p, max_new_tokens=n, seed=s), tree=True))
         prompt = prompts[0]
+        for _ in range(2):
+            plain(prompt, args.tokens, 0)  # warm-up: the executor's first runs, the width-1 graph captured
         target_calls = {1: per_call(lambda n: plain(prompt, n, 0, profile=True), args.tokens, "target_seconds",
                                     "target_calls")}
         plain_token = per_call(lambda n: plain(prompt, n, 0), args.tokens, "total_seconds", "new_tokens")
@@ -137,15 +147,22 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
         plain = next(m for m in methods if m.mode == method.mode and m.gamma == 0)
         row = {"method": method.name, "mode": method.mode, "tokens_per_s": median_range(method.rates),
                "over_first_mode": median_range([a / b for a, b in zip(method.rates, first[method.name].rates)])}
-        if method.gamma:
+        if method.tree:
+            row.update(speedup=median_range([a / b for a, b in zip(method.rates, plain.rates)]),
+                       tokens_per_call=sum(r.stats.new_tokens for r in method.results)
+                       / sum(r.stats.target_calls for r in method.results))
+        elif method.gamma:
             alpha = float(statistics.mean(r.stats.alpha for r in method.results))
             c = calls[method.mode]["draft_ms_by_gamma"][method.gamma] / calls[method.mode]["target_ms_by_k"][1]
             row.update(speedup=median_range([a / b for a, b in zip(method.rates, plain.rates)]), alpha=alpha, c=c,
                        predicted=float(analysis.walltime_improvement(alpha, method.gamma, c)))
         rows.append(row)
-        extra = "" if not method.gamma else (f", speedup {row['speedup'][0]:.2f}x ({row['speedup'][1]:.2f}-"
-                                             f"{row['speedup'][2]:.2f}), alpha {row['alpha']:.3f}, c {row['c']:.3f}, "
-                                             f"Thm 3.8 {row['predicted']:.2f}x")
+        extra = "" if not method.gamma else f", speedup {row['speedup'][0]:.2f}x ({row['speedup'][1]:.2f}-" \
+                                            f"{row['speedup'][2]:.2f})"
+        if method.tree:
+            extra += f", {row['tokens_per_call']:.2f} tokens / target call"
+        elif method.gamma:
+            extra += f", alpha {row['alpha']:.3f}, c {row['c']:.3f}, Thm 3.8 {row['predicted']:.2f}x"
         print(f"[{method.mode}] {method.name}: {row['tokens_per_s'][0]:.1f} tok/s ({row['tokens_per_s'][1]:.1f}-"
               f"{row['tokens_per_s'][2]:.1f}), x{row['over_first_mode'][0]:.2f} of {args.modes[0]}{extra}",
               flush=True)
@@ -234,6 +251,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 4, 6])
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--trees", type=lambda s: [int(k) for k in s.split(",")], nargs="*", default=[],
+                        help="token trees beside the chains, each as k1,k2,... (their tree calls captured too)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--hf-compiled", action="store_true")

@@ -105,8 +105,6 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
   require(depth == gamma_, "gamma must be the tree's depth {}, got {}", depth, gamma_);
   require(config_.lenience == 1.0, "lenience must be 1 with tree= (A.5's bound is proven for one draft per "
           "position, not for trees), got {}", config_.lenience);
-  require(target_shapes_ == Shapes::dynamic && draft_shapes_ == Shapes::dynamic,
-          "tree= runs dynamic shapes only: CUDA graphs and fixed shapes of tree calls are not built yet");
   const std::string target_why = target_->tree_obstacle(), draft_why = draft_->tree_obstacle();
   require(draft_why.empty(), "tree=: the draft cannot propose trees: {}", draft_why);
   require(target_why.empty(), "tree=: the target ({} form) cannot verify a tree in one call: {}", target_->form(),
@@ -219,9 +217,11 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
   Batch::Setup setup{*target_, draft_.get(), config_, eos_token_ids, profile, trees ? &*trees_ : nullptr, siblings_};
   const auto rows_count = static_cast<int64_t>(count);
   std::unique_ptr<ModelRows> target_rows =
-      trees ? target_->tree_rows(rows_count) : target_->rows(rows_count, target_shapes_);
+      trees ? target_->tree_rows(rows_count, target_shapes_) : target_->rows(rows_count, target_shapes_);
   std::unique_ptr<DraftRows> draft_rows;
-  if (draft_) draft_rows = trees ? draft_->tree_rows(rows_count) : draft_->rows(rows_count, draft_shapes_);
+  if (draft_) {
+    draft_rows = trees ? draft_->tree_rows(rows_count, draft_shapes_) : draft_->rows(rows_count, draft_shapes_);
+  }
   Batch batch(std::move(setup), rows, std::move(target_rows), std::move(draft_rows));
   batch.start(prompts);
   if (max_new_tokens > 0) batch.prefill(prompts, sources);

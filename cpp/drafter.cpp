@@ -25,7 +25,7 @@ void DraftRows::advance_tree(int64_t, const std::vector<int64_t>&, const at::Ten
   fail("these draft rows propose chains only");
 }
 
-std::unique_ptr<DraftRows> Drafter::tree_rows(int64_t) { fail("{}", tree_obstacle()); }
+std::unique_ptr<DraftRows> Drafter::tree_rows(int64_t, Shapes) { fail("{}", tree_obstacle()); }
 
 at::Tensor SequenceDrafter::tree_laws(const std::vector<std::vector<int64_t>>&, const SamplingConfig&, at::Tensor*) {
   fail("{}", tree_obstacle());
@@ -33,10 +33,10 @@ at::Tensor SequenceDrafter::tree_laws(const std::vector<std::vector<int64_t>>&, 
 
 int64_t SequenceDrafter::root_token() const { fail("{}", tree_obstacle()); }
 
-std::unique_ptr<DraftRows> SequenceDrafter::tree_rows(int64_t count) {
+std::unique_ptr<DraftRows> SequenceDrafter::tree_rows(int64_t count, Shapes shapes) {
   const std::string why = tree_obstacle();
   require(why.empty(), "{}", why);
-  return rows(count, Shapes::dynamic);
+  return rows(count, shapes);
 }
 
 TreeProposal SequenceDrafter::propose_tree(TreeDraft& draft, const SamplingConfig& config, Siblings siblings,
@@ -316,8 +316,8 @@ class ModelDrafter final : public Drafter {
   std::string name() const override { return "model"; }
   Model* model() override { return model_.get(); }
   std::string tree_obstacle() const override { return model_->tree_obstacle(); }
-  std::unique_ptr<DraftRows> tree_rows(int64_t count) override {
-    return std::make_unique<ModelDraftRows>(model_->tree_rows(count), model_->device());
+  std::unique_ptr<DraftRows> tree_rows(int64_t count, Shapes shapes) override {
+    return std::make_unique<ModelDraftRows>(model_->tree_rows(count, shapes), model_->device());
   }
 
  private:

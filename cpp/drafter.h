@@ -101,11 +101,12 @@ class Drafter {
   // What the decoder locks for a generation: the mutex of each model whose cache this drafter uses (a
   // hierarchical draft has several), or the drafter's own.
   virtual std::vector<std::mutex*> locks() { return {model() ? &model()->in_use() : &in_use_}; }
-  // Why this drafter cannot propose token trees, or "" when it can; tree_rows: rows that can (ValueError).
+  // Why this drafter cannot propose token trees, or "" when it can; tree_rows: rows that can (ValueError), their
+  // model's calls shaped as rows()'s.
   virtual std::string tree_obstacle() const {
     return fmt::format("the {} drafter proposes chains only; a tree of drafts needs a draft model", name());
   }
-  virtual std::unique_ptr<DraftRows> tree_rows(int64_t count);
+  virtual std::unique_ptr<DraftRows> tree_rows(int64_t count, Shapes shapes);
 
   std::mutex& in_use() { return in_use_; }
 
@@ -143,7 +144,7 @@ class SequenceDrafter : public Drafter {
   void advance_tree(const std::vector<int64_t>& path_tokens, int64_t t_host) {
     advance(static_cast<int64_t>(path_tokens.size()), at::Tensor(), path_tokens, t_host);
   }
-  std::unique_ptr<DraftRows> tree_rows(int64_t count) override;
+  std::unique_ptr<DraftRows> tree_rows(int64_t count, Shapes shapes) override;
 
  private:
   std::vector<std::shared_ptr<SequenceDrafter>> replicas_;

@@ -23,6 +23,8 @@ constexpr int64_t kMaxGraphs = 32;
 
 }  // namespace
 
+std::string CallKey::name() const { return fmt::format("the {}-token {}call", width, tree ? "tree " : ""); }
+
 void GraphCache::clear() {
   entries_.clear();  // the graphs release their pool as they go
   pool_ = {0, 0};     // a fresh pool for later captures: a released one cannot be taken again
@@ -41,24 +43,24 @@ void GraphCache::set_failure(std::string why) {
   failure_ = std::move(why);
 }
 
-std::string GraphCache::moved(const std::vector<std::pair<std::string, const void*>>& before, int64_t key) const {
+std::string GraphCache::moved(const std::vector<std::pair<std::string, const void*>>& before, CallKey key) const {
   const auto after = state_();
   for (size_t i = 0; i < before.size() && i < after.size(); ++i) {
     if (before[i].second != after[i].second) {
-      return fmt::format("the {}-token call rebinds {} to a new tensor instead of writing into it in place; a CUDA "
+      return fmt::format("{} rebinds {} to a new tensor instead of writing into it in place; a CUDA "
                          "graph replays into the memory it captured, so the cache must be written in place "
-                         "(model.h)", key, before[i].first);
+                         "(model.h)", key.name(), before[i].first);
     }
   }
   if (after.size() != before.size()) {
-    return fmt::format("the {}-token call changes the module's tensors ({} before, {} after); a CUDA graph replays "
-                       "into the memory it captured, so the cache must be written in place (model.h)", key,
+    return fmt::format("{} changes the module's tensors ({} before, {} after); a CUDA graph replays into "
+                       "the memory it captured, so the cache must be written in place (model.h)", key.name(),
                        before.size(), after.size());
   }
   return "";
 }
 
-at::Tensor GraphCache::run(int64_t key, const std::vector<at::Tensor>& inputs, const Call& call) {
+at::Tensor GraphCache::run(CallKey key, const std::vector<at::Tensor>& inputs, const Call& call) {
   std::unique_ptr<Entry>& slot = entries_[key];
   if (!slot) {
     slot = std::make_unique<Entry>();
@@ -115,7 +117,7 @@ void abandon(at::cuda::CUDAGraph& graph, c10::DeviceIndex device, c10::MempoolId
 
 }  // namespace
 
-at::Tensor GraphCache::warm_and_capture(int64_t key, Entry& entry, const Call& call) {
+at::Tensor GraphCache::warm_and_capture(CallKey key, Entry& entry, const Call& call) {
   const c10::DeviceIndex device = entry.inputs.front().device().index();
   if (!stream_) stream_ = c10::cuda::getStreamFromPool(false, device).unwrap();
   if (pool_ == c10::MempoolId_t{0, 0}) pool_ = at::cuda::graph_pool_handle();
@@ -162,7 +164,7 @@ at::Tensor GraphCache::warm_and_capture(int64_t key, Entry& entry, const Call& c
   done.record(side);
   done.block(current);
   out.record_stream(current);  // made on the capture stream, used on the caller's
-  if (!why.empty()) set_failure(fmt::format("capturing the {}-token call failed: {}", key, why));
+  if (!why.empty()) set_failure(fmt::format("capturing {} failed: {}", key.name(), why));
   return out;
 }
 
@@ -170,8 +172,8 @@ std::string graphs_obstacle() { return ""; }
 
 #else
 
-at::Tensor GraphCache::warm_and_capture(int64_t key, Entry& entry, const Call& call) {
-  set_failure(fmt::format("capturing the {}-token call: {}", key, graphs_obstacle()));
+at::Tensor GraphCache::warm_and_capture(CallKey key, Entry& entry, const Call& call) {
+  set_failure(fmt::format("capturing {}: {}", key.name(), graphs_obstacle()));
   return call(entry.inputs);
 }
 

@@ -1,6 +1,7 @@
 // CUDA graphs of a model's fixed-shape calls (rows.h: Shapes::graphed).
 //
-// A fixed-shape call's shapes depend on a small key alone (the call's width). After a few eager runs of a key
+// A fixed-shape call's shapes depend on a small key alone (the call's width, and whether it is a tree call with
+// its mask). After a few eager runs of a key
 // (warm-up: the TorchScript executor profiles and optimizes its graph in its first runs; the last run is on
 // the capture stream, so that per-stream set-up such as cuBLAS workspaces happens outside the capture) the
 // call is captured once, with its inputs in static buffers. Later calls of that key copy their inputs into the
@@ -22,6 +23,7 @@
 #include <c10/core/Stream.h>
 
 #include <atomic>
+#include <compare>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -33,6 +35,16 @@
 #include <vector>
 
 namespace speculant {
+
+// What a fixed-shape call's shapes depend on: its width (tokens per row), and whether it is a tree call (its
+// mask an input too).
+struct CallKey {
+  int64_t width = 0;
+  bool tree = false;
+  auto operator<=>(const CallKey&) const = default;
+  // "the 3-token call", "the 3-token tree call"
+  std::string name() const;
+};
 
 class GraphCache {
  public:
@@ -46,7 +58,7 @@ class GraphCache {
   // Drops every graph and buffer: the backend calls it when it reallocates what the graphs write (its cache).
   void clear();
   // call(inputs) for the key `key` (inputs of the same shapes and dtypes at every call of a key).
-  at::Tensor run(int64_t key, const std::vector<at::Tensor>& inputs, const Call& call);
+  at::Tensor run(CallKey key, const std::vector<at::Tensor>& inputs, const Call& call);
 
   // Safe to read while another thread runs the model.
   std::string failure() const;
@@ -60,14 +72,14 @@ class GraphCache {
     int64_t runs = 0;
   };
   // The key's last warm-up run on the capture stream (its output returned), then its capture.
-  at::Tensor warm_and_capture(int64_t key, Entry& entry, const Call& call);
+  at::Tensor warm_and_capture(CallKey key, Entry& entry, const Call& call);
   // The first tensor of `before` (state_()) that a call of `key` moved, as a message; "" if none moved.
-  std::string moved(const std::vector<std::pair<std::string, const void*>>& before, int64_t key) const;
+  std::string moved(const std::vector<std::pair<std::string, const void*>>& before, CallKey key) const;
   void set_failure(std::string why);
 
   bool capture_;
   State state_;
-  std::map<int64_t, std::unique_ptr<Entry>> entries_;
+  std::map<CallKey, std::unique_ptr<Entry>> entries_;
   std::optional<c10::Stream> stream_;              // the capture stream, made at the first capture
   c10::MempoolId_t pool_{0, 0};                    // the graphs' memory pool ({0, 0}: none yet)
   std::atomic<int64_t> captured_{0};

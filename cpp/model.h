@@ -104,8 +104,8 @@ class Model {
   // encoder-decoder model attend to the source ModelRows::encode gave it; "" when it can.
   virtual std::string beam_obstacle() const { return tree_obstacle(); }
   // A batch of `count` rows with tree calls (ModelRows::extend_tree / commit); ValueError with tree_obstacle().
-  // The default runs row replicas through the two calls below.
-  virtual std::unique_ptr<ModelRows> tree_rows(int64_t count);
+  // Shapes as rows()'s. The default runs row replicas through the two calls below.
+  virtual std::unique_ptr<ModelRows> tree_rows(int64_t count, Shapes shapes = Shapes::dynamic);
   // The tree calls of a backend run as row replicas (batch 1), ValueError by default. extend_masked appends
   // tokens (int64 [T]) at positions (int64 [T]) as cache entries length() .. length() + T - 1, token j
   // attending to exactly the entries e where mask[j, e] (bool [T, length() + T]); returns logits [T, V].

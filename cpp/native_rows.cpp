@@ -40,10 +40,14 @@ class NativeRows final : public ModelRows {
   std::vector<at::Tensor> extend_tree(const std::vector<at::Tensor>& tokens,
                                       const std::vector<TreeNodes>& nodes) override {
     require(static_cast<bool>(tree_.masked), "model {}: has no tree calls (extend_rows_masked)", source_);
+    const bool fixed = shapes_ != Shapes::dynamic;
     std::vector<int64_t> rows;
     int64_t width = 0, keys = 1;
     for (size_t r = 0; r < tokens.size(); ++r) {
-      if (!tokens[r].defined()) continue;
+      if (!tokens[r].defined()) {
+        if (fixed) rows.push_back(static_cast<int64_t>(r));  // all padding
+        continue;
+      }
       rows.push_back(static_cast<int64_t>(r));
       const int64_t k = tokens[r].numel(), end = lengths_[r] + tentative_[r].size() + k;
       require(end <= max_length_, "model {}: row {} holds {} cached + {} tree positions, more than max_length = {}",
@@ -53,6 +57,7 @@ class NativeRows final : public ModelRows {
     }
     std::vector<at::Tensor> out(tokens.size());
     if (width == 0) return out;
+    if (fixed) keys = max_length_;
     const auto count = static_cast<int64_t>(rows.size());
     const auto host = at::TensorOptions().pinned_memory(device_.is_cuda());
     at::Tensor layout = at::empty({count, 2 * width + 1}, host.dtype(at::kLong));  // positions | slots | row
@@ -61,13 +66,15 @@ class NativeRows final : public ModelRows {
     bool* seen = mask.data_ptr<bool>();
     std::vector<at::Tensor> ids(count);
     for (int64_t i = 0; i < count; ++i, cell += 2 * width + 1) {
-      const int64_t r = rows[i], k = tokens[r].numel(), length = lengths_[r];
-      const TreeNodes& tree = nodes[r];
-      require(static_cast<int64_t>(tree.offsets.size()) == k && static_cast<int64_t>(tree.parents.size()) == k,
-              "extend_tree: row {} has {} tokens but {} offsets and {} parents", r, k, tree.offsets.size(),
-              tree.parents.size());
+      const int64_t r = rows[i], k = tokens[r].defined() ? tokens[r].numel() : 0, length = lengths_[r];
       const int64_t first = tentative_[r].size();
-      tentative_[r].append(tree, length, cell, seen + i * width * keys, keys);
+      if (k > 0) {
+        const TreeNodes& tree = nodes[r];
+        require(static_cast<int64_t>(tree.offsets.size()) == k && static_cast<int64_t>(tree.parents.size()) == k,
+                "extend_tree: row {} has {} tokens but {} offsets and {} parents", r, k, tree.offsets.size(),
+                tree.parents.size());
+        tentative_[r].append(tree, length, cell, seen + i * width * keys, keys);
+      }
       for (int64_t j = 0; j < width; ++j) {
         if (j < k) {
           cell[width + j] = length + first + j;  // node first + j's slot
@@ -78,13 +85,21 @@ class NativeRows final : public ModelRows {
         seen[(i * width + j) * keys] = true;
       }
       cell[2 * width] = r;
-      ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
+      ids[i] = k == 0      ? at::zeros({width}, at::TensorOptions(device_).dtype(at::kLong))
+               : k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0)
+                           : tokens[r];
     }
     const at::Tensor on_device = layout.to(device_, /*non_blocking=*/true);
-    const at::Tensor logits = tree_.masked(at::stack(ids), on_device.select(1, 2 * width),
-                                           on_device.narrow(1, 0, width), on_device.narrow(1, width, width),
-                                           mask.to(device_, /*non_blocking=*/true));  // [R, W, V]
-    for (int64_t i = 0; i < count; ++i) out[rows[i]] = logits[i].narrow(0, 0, tokens[rows[i]].numel());
+    const std::vector<at::Tensor> inputs{at::stack(ids), on_device.select(1, 2 * width),
+                                         on_device.narrow(1, 0, width), on_device.narrow(1, width, width),
+                                         mask.to(device_, /*non_blocking=*/true)};
+    const GraphCache::Call call = [this](const std::vector<at::Tensor>& in) {
+      return tree_.masked(in[0], in[1], in[2], in[3], in[4]);
+    };
+    const at::Tensor logits = fixed ? graphs_->run({width, true}, inputs, call) : call(inputs);  // [R, W, V]
+    for (int64_t i = 0; i < count; ++i) {
+      if (tokens[rows[i]].defined()) out[rows[i]] = logits[i].narrow(0, 0, tokens[rows[i]].numel());
+    }
     return out;
   }
 
@@ -178,7 +193,7 @@ class NativeRows final : public ModelRows {
     if (!fixed || !step) {
       logits = call_(at::stack(ids), row_index, positions, slots, keys);
     } else {
-      logits = graphs_->run(width, {at::stack(ids), row_index, positions, slots},
+      logits = graphs_->run({width, false}, {at::stack(ids), row_index, positions, slots},
                             [this](const std::vector<at::Tensor>& in) {
                               return call_(in[0], in[1], in[2], in[3], max_length_);
                             });

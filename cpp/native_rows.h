@@ -3,9 +3,10 @@
 // padding token is written to the scratch slot max_length, so no row's cache is touched beyond its tokens,
 // and rollback only moves a row's length.
 //
-// Shapes (rows.h): dynamic calls run the rows taking part over the slots in use. Fixed and graphed step calls
-// run every row (a row sitting the call out is all padding) over all max_length slots, so that their shapes
-// depend on the width alone; graphed ones replay CUDA graphs (graphs.h). Prefills run fixed-shape but eager.
+// Shapes (rows.h): dynamic calls run the rows taking part over the slots in use. Fixed and graphed step calls,
+// tree calls among them, run every row (a row sitting the call out is all padding) over all max_length slots
+// (a tree call's mask [R, W, max_length]), so that their shapes depend on the width alone; graphed ones replay
+// CUDA graphs (graphs.h), one per width and kind of call. Prefills and copy_slots run eagerly.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -38,7 +39,7 @@ struct TreeCalls {
 
 // `count` rows of a cache of max_length slots (+ the scratch one) on `device`. `graphs` (fixed and graphed
 // shapes) is the model's: it outlives the rows, and the backend clears it when the cache is reallocated.
-// `tree` (dynamic shapes only): the backend's tree calls, or empty functions when it has none. A row's
+// `tree`: the backend's tree calls, or empty functions when it has none. A row's
 // tentative tree nodes sit in the slots after its length, in the order they were appended.
 std::unique_ptr<ModelRows> native_rows(RowsCall call, int64_t count, int64_t max_length, at::Device device,
                                        std::string source, Shapes shapes, GraphCache* graphs, TreeCalls tree = {});

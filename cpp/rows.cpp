@@ -144,11 +144,11 @@ std::unique_ptr<ModelRows> replica_rows(std::vector<Model*> models) {
   return std::make_unique<ReplicaRows>(std::move(models));
 }
 
-std::unique_ptr<ModelRows> Model::tree_rows(int64_t count) {
+std::unique_ptr<ModelRows> Model::tree_rows(int64_t count, Shapes shapes) {
   // An encoder-decoder's tree calls serve beam search (one row over one source); tree= checks tree_obstacle first.
   const std::string why = encoder_decoder() ? beam_obstacle() : tree_obstacle();
   require(why.empty(), "model ({} form): {}", form(), why);
-  return rows(count, Shapes::dynamic);  // row replicas with extend_masked / keep
+  return rows(count, shapes);  // row replicas with extend_masked / keep
 }
 
 std::unique_ptr<ModelRows> Model::rows(int64_t count, Shapes shapes) {

@@ -101,8 +101,8 @@ class CachedScriptModel final : public Model {
     return "the module has no start_rows / extend_rows / extend_rows_masked / copy_slots methods (model.h); "
            "re-export it with this version of speculant.export, which writes them";
   }
-  std::unique_ptr<ModelRows> tree_rows(int64_t count) override {
-    if (!tree_ && !source_tree_) return Model::tree_rows(count);
+  std::unique_ptr<ModelRows> tree_rows(int64_t count, Shapes shapes) override {
+    if (!tree_ && !source_tree_) return Model::tree_rows(count, shapes);
     require(tree_ || count == 1, "model {}: an encoder-decoder module's tree calls hold one row, not {}", source_,
             count);
     start_rows(count);
@@ -116,8 +116,8 @@ class CachedScriptModel final : public Model {
       module_.get_method("copy_slots")({rows, sources, targets});
     };
     if (source_tree_) calls.encode = [this](const at::Tensor& source) { encode(source); };
-    return native_rows(rows_call(), count, *max_length_, device_, source_, Shapes::dynamic, &fixed_,
-                       std::move(calls));
+    return native_rows(rows_call(), count, *max_length_, device_, source_, shapes,
+                       shapes == Shapes::graphed ? &graphed_ : &fixed_, std::move(calls));
   }
   std::string fixed_shapes_obstacle() const override {
     if (batched_) return "";

@@ -30,6 +30,7 @@ matmul may round differently in the last bits; table models are compared bit for
 """
 
 import math
+from typing import Tuple
 
 import numpy as np
 import pytest
@@ -190,14 +191,20 @@ class MarkovRows(markov.MarkovCached):
             raise RuntimeError("MarkovRows: a tree node does not see its own slot")
         self.row_tokens[index, slots] = input_ids
         self.row_positions[index, slots] = positions
-        seen = self.row_positions[rows, :keys].unsqueeze(1)  # [R, 1, S]
-        match = mask & (seen == (positions - 1).unsqueeze(2)) & (seen >= 0)  # [R, T, S]
+        match, before = self.predecessors(rows, positions, mask)
         needed = real & (positions >= 1)
         if bool((match.sum(2)[needed] != 1).any()):
             raise RuntimeError("MarkovRows: a tree node does not see exactly one slot at its position - 1")
+        return self.logits(input_ids, positions, before)
+
+    def predecessors(self, rows: Tensor, positions: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
+        """(the slots [R, T, S] each token's mask shows at its position - 1, the token [R, T] in the first)."""
+        keys = mask.size(2)
+        seen = self.row_positions[rows, :keys].unsqueeze(1)  # [R, 1, S]
+        match = mask & (seen == (positions - 1).unsqueeze(2)) & (seen >= 0)  # [R, T, S]
         before = self.row_tokens[rows, :keys].unsqueeze(1).expand_as(match).gather(
             2, match.long().argmax(2, keepdim=True)).squeeze(2)  # [R, T]
-        return self.logits(input_ids, positions, before)
+        return match, before
 
     @torch.jit.export
     def copy_slots(self, rows: Tensor, sources: Tensor, targets: Tensor) -> None:

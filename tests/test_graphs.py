@@ -17,6 +17,12 @@ buffers) without capturing them, so on CPU everything but the capture itself is 
   SIGNIFICANCE = 1e-3 per test (test_distribution.py's level and windows): the target law at temperature 1 and
   the exact lenient law at lenience 0.5, 2 windows each, make 4 tests that a correct engine fails by chance with
   probability at most 0.4% (Bonferroni) for a fresh draw of seeds; the seeds are fixed.
+* Token trees (cpp/native_rows.cpp's extend_tree): with fixed shapes every tree call runs over every row and all
+  max_length slots (its mask [rows, width, max_length]) and gives what dynamic shapes give, for a shape, a given
+  tree and grown trees, each way of drawing siblings, on every backend above, with EOS stops and on a .pt2
+  package; a table model whose tree call refuses anything narrower decodes with fixed shapes only; a tree call
+  that rebinds its cache is refused by name; and the law of tree [2, 2] with fixed shapes is the target's
+  (chi-square at SIGNIFICANCE, 2 windows: with the 4 above, at most 0.6% family-wise).
 * The option: "off" is the default (the capture is unverified on a GPU until issue 21 runs it); bad values, "on"
   without CUDA, and "fixed" on backends without fixed-shape calls raise ValueError saying why; "auto" on CPU
   leaves the calls as they were, without a warning.
@@ -26,7 +32,9 @@ failure), give the same tokens as the fixed-shape calls they capture run uncaptu
 captured, reproduce with a seed, and keep the exact laws of every sampling mode; a .pt2 package runs uncaptured with a warning. The laws: greedy
 exactly, and temperature 1, top-k, top-p and lenience 0.5 by the chi-square test at 1e-3 (4 configurations x 2
 windows), plus the device sampling path (_sample_generic) against its probabilities at 1e-3: 9 tests, at most
-0.9% family-wise false failures.
+0.9% family-wise false failures; tree calls captured (a shape, a given tree and grown ones, each way of drawing
+siblings) give the tokens of the same calls uncaptured on every backend, and two tree laws by the chi-square
+test at 1e-3, 2 windows each (4 more tests: at most 1.3% family-wise).
 """
 
 import inspect
@@ -61,10 +69,24 @@ class CapturableRows(MarkovRows):
     def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
         return self.lookup(input_ids, rows, positions, slots)
 
+    @torch.jit.export
+    def extend_rows_masked(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor,
+                           mask: Tensor) -> Tensor:
+        return self.masked_lookup(input_ids, rows, positions, slots, mask)
+
     def lookup(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor) -> Tensor:
         index = rows.unsqueeze(1).expand_as(slots)  # [R, T]
         self.row_tokens[index, slots] = input_ids
-        before = self.row_tokens[index, torch.clamp(positions - 1, min=0)]  # [R, T]
+        self.row_positions[index, slots] = positions  # what the tree calls find their predecessors by
+        return self.table_logits(input_ids, positions, self.row_tokens[index, torch.clamp(positions - 1, min=0)])
+
+    def masked_lookup(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
+        index = rows.unsqueeze(1).expand_as(slots)  # [R, T]
+        self.row_tokens[index, slots] = input_ids
+        self.row_positions[index, slots] = positions
+        return self.table_logits(input_ids, positions, self.predecessors(rows, positions, mask)[1])
+
+    def table_logits(self, input_ids: Tensor, positions: Tensor, before: Tensor) -> Tensor:
         prev2 = torch.where(positions >= 1, before.clamp(min=0), torch.full_like(before, self.vocab_size))
         return self.table[(positions + 1) % 2, prev2, input_ids]  # [R, T, V]
 
@@ -79,6 +101,17 @@ class FixedOnlyRows(CapturableRows):
         return self.lookup(input_ids, rows, positions, slots)
 
 
+class FixedOnlyTreeCalls(CapturableRows):
+    """A table model whose tree calls refuse anything but fixed shapes: every row, all max_length slots."""
+
+    @torch.jit.export
+    def extend_rows_masked(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor,
+                           mask: Tensor) -> Tensor:
+        if rows.size(0) != self.row_tokens.size(0) or mask.size(2) != self.max_length:
+            raise RuntimeError("FixedOnlyRows: a tree call that does not cover every row and every slot")
+        return self.masked_lookup(input_ids, rows, positions, slots, mask)
+
+
 class RebindingRows(CapturableRows):
     """Breaks the contract (model.h): each call rebinds its cache to a new tensor instead of writing in place, so a
     CUDA graph would replay into the old one."""
@@ -87,6 +120,16 @@ class RebindingRows(CapturableRows):
     def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
         self.row_tokens = self.row_tokens.clone()
         return self.lookup(input_ids, rows, positions, slots)
+
+
+class RebindingTreeCalls(CapturableRows):
+    """Breaks the contract in its tree calls alone."""
+
+    @torch.jit.export
+    def extend_rows_masked(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor,
+                           mask: Tensor) -> Tensor:
+        self.row_tokens = self.row_tokens.clone()
+        return self.masked_lookup(input_ids, rows, positions, slots, mask)
 
 
 def table_model(cls, table: Tensor, device: str = "cpu"):
@@ -177,6 +220,8 @@ def test_pt2_fixed_shapes_equal_dynamic(pt2_zoo):
     dynamic, fixed = decoders(target, draft)
     assert fixed.shapes == ("fixed", "fixed")
     assert_same_runs([dynamic.generate, fixed.generate], PROMPTS[:3], seed=90, max_new_tokens=12)
+    dynamic, fixed = tree_decoders(target, draft, [2, 1], "without_replacement")
+    assert_same_runs([dynamic.generate, fixed.generate], PROMPTS[:3], seed=91, max_new_tokens=12)
 
 
 def test_batches_of_changing_size_reuse_the_models(tiny):
@@ -242,7 +287,79 @@ def test_fixed_shapes_lenient_law():
 
 
 # ------------------------------------------------------------------------------------------------
-# 3. The option
+# 3. Token trees with fixed shapes
+# ------------------------------------------------------------------------------------------------
+
+# (id, tree, siblings, sampling): a shape, a given tree (breadth-first parents) and a grown one (its width changes
+# from one iteration to the next), each way of drawing siblings
+TREES = [
+    ("2x1x1-without-T1", [2, 1, 1], "without_replacement", dict(temperature=1.0)),
+    ("given-top-T0.8-topk8", [-1, 0, 0, 0, 1, 1, 2, 4], "top", dict(temperature=0.8, top_k=8)),
+    ("grown-with-greedy", speculant.DynamicTree(budget=6, depth=3, children=2, width=2), "with_replacement",
+     dict(temperature=0.0)),
+    ("grown-without-T1", speculant.DynamicTree(budget=6, depth=3, children=2, width=2), "without_replacement",
+     dict(temperature=1.0)),
+]
+
+
+def tree_decoders(target, draft, tree, siblings, modes=("off", "fixed")):
+    return [speculant.SpeculativeDecoder(target, draft, tree=tree, siblings=siblings, cuda_graphs=mode)
+            for mode in modes]
+
+
+@pytest.mark.parametrize("case", TREES, ids=[c[0] for c in TREES])
+def test_fixed_tree_calls_equal_dynamic(pair, case):
+    """Every tree call (the draft's level calls and the target's verification) over every row and all max_length
+    slots, its mask [rows, width, max_length]: the tokens, trace and counts of dynamic shapes."""
+    _, tree, siblings, sampling = case
+    target, draft = pair
+    dynamic, fixed = tree_decoders(target, draft, tree, siblings)
+    assert fixed.shapes == ("fixed", "fixed")
+    assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, seed=110, max_new_tokens=MAX_NEW, **sampling)
+
+
+def test_fixed_tree_calls_with_eos(tiny):
+    """An EOS stops rows at different iterations: later tree calls carry rows that sit them out (all padding)."""
+    dynamic, fixed = tree_decoders(*tiny, [2, 2], "without_replacement")
+    eos = dynamic.generate(PROMPTS, seed=111, max_new_tokens=MAX_NEW)[0].tokens[3]
+    assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, seed=111, max_new_tokens=MAX_NEW, eos_token_id=eos)
+
+
+def test_fixed_tree_calls_cover_every_row_and_slot():
+    """A table model whose tree call refuses anything narrower decodes trees with fixed shapes (the tokens of
+    dynamic shapes on a loose one) and fails with dynamic ones: the calls really are fixed."""
+    target, draft = markov.target_and_draft(5, 49, mask_prob=0.1)
+    strict = table_model(FixedOnlyTreeCalls, target), table_model(FixedOnlyTreeCalls, draft)
+    loose = table_model(MarkovRows, target), table_model(MarkovRows, draft)
+    prompts = [[4], [1, 0, 3], [3, 3, 3, 3, 3, 3, 0], [1, 2]]
+    fixed = speculant.SpeculativeDecoder(*strict, tree=[2, 2, 1], cuda_graphs="fixed")
+    dynamic = speculant.SpeculativeDecoder(*loose, tree=[2, 2, 1], cuda_graphs="off")
+    for got, want in zip(fixed.generate(prompts, seed=6, max_new_tokens=MAX_NEW),
+                         dynamic.generate(prompts, seed=6, max_new_tokens=MAX_NEW)):
+        assert_same_result(got, want, "strict table", alpha_rel=0.0)
+    with pytest.raises(torch.jit.Error, match="FixedOnlyRows: a tree call"):
+        speculant.SpeculativeDecoder(*strict, tree=[2, 2, 1], cuda_graphs="off").generate(prompts, seed=6,
+                                                                                         max_new_tokens=MAX_NEW)
+
+
+def test_fixed_tree_calls_refuse_a_cache_that_is_not_written_in_place():
+    target, draft = markov.target_and_draft(5, 57, mask_prob=0.1)
+    models = table_model(RebindingTreeCalls, target), table_model(RebindingTreeCalls, draft)
+    with pytest.raises(ValueError, match="the [0-9]+-token tree call rebinds the module's tensor `row_tokens`"):
+        speculant.SpeculativeDecoder(*models, tree=[2, 1], cuda_graphs="fixed").generate([[4], [1, 0]], seed=1,
+                                                                                        max_new_tokens=MAX_NEW)
+
+
+def test_fixed_tree_law_equals_target_law():
+    target, draft = markov.target_and_draft(LAW_VOCAB, 58, mask_prob=0.1)
+    decoder = speculant.SpeculativeDecoder(table_model(MarkovRows, target), table_model(MarkovRows, draft),
+                                           tree=[2, 2], cuda_graphs="fixed")
+    samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=58000)
+    assert_law(samples, markov.continuation_law(target, LAW_PROMPT, LAW_NEW), "tree [2, 2], fixed shapes")
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. The option
 # ------------------------------------------------------------------------------------------------
 
 
@@ -310,7 +427,7 @@ def test_a_failed_capture_is_told_once():
 
 
 # ------------------------------------------------------------------------------------------------
-# 4. On a GPU
+# 5. On a GPU
 # ------------------------------------------------------------------------------------------------
 
 
@@ -432,6 +549,40 @@ def test_cuda_graphs_laws(config):
     else:
         law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, temperature, top_k, top_p)
     assert_law(samples, law, f"CUDA graphs, {name}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["tiny", "llama", "gpt2"])
+@pytest.mark.parametrize("case", TREES, ids=[c[0] for c in TREES])
+def test_cuda_graphs_of_tree_calls_equal_the_calls_they_capture(cuda_pairs, name, case):
+    _, tree, siblings, sampling = case
+    target, draft = cuda_pairs[name]
+    fixed, on = tree_decoders(target, draft, tree, siblings, ("fixed", "on"))
+    assert on.shapes == ("graphed", "graphed")
+    assert_same_runs([fixed.generate, on.generate], PROMPTS, seed=120, max_new_tokens=MAX_NEW, **sampling)
+    for model in (target, draft):
+        assert model._core.graph_failure == ""
+        assert model._core.graphs_captured >= 1
+
+
+CUDA_TREE_LAWS = [  # id, tree, siblings, sampling, table seed
+    ("2x2-without-T1", [2, 2], "without_replacement", dict(temperature=1.0), 71),
+    ("given-top-T0.8", [-1, 0, 0, 0, 1, 1, 2, 4], "top", dict(temperature=0.8), 72),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("config", CUDA_TREE_LAWS, ids=[c[0] for c in CUDA_TREE_LAWS])
+def test_cuda_graphs_tree_laws(config):
+    name, tree, siblings, sampling, seed = config
+    target, draft = markov.target_and_draft(LAW_VOCAB, seed, mask_prob=0.1)
+    decoder = speculant.SpeculativeDecoder(table_model(CapturableRows, target, "cuda"),
+                                           table_model(CapturableRows, draft, "cuda"), tree=tree, siblings=siblings,
+                                           cuda_graphs="on", **sampling)
+    samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=1000 * seed)
+    assert decoder.target._core.graphs_captured >= 1 and decoder.draft._core.graphs_captured >= 1
+    assert_law(samples, markov.continuation_law(target, LAW_PROMPT, LAW_NEW, sampling["temperature"]),
+               f"CUDA graphs, tree {name}")
 
 
 @pytest.mark.cuda

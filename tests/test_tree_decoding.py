@@ -128,7 +128,6 @@ def test_refusals(models, tmp_path):
         (dict(tree="22"), "tree must be a non-empty list"),
         (dict(tree=[2, 2], gamma=3), "gamma must be the tree's depth 2"),
         (dict(tree=[2], lenience=0.5), "lenience must be 1 with tree="),
-        (dict(tree=[2], cuda_graphs="fixed"), "trees run dynamic shapes only"),
         (dict(tree=[2], siblings="sorted"), r"siblings must be one of \('without_replacement', 'with_replacement', "
                                             r"'top'\), got 'sorted'"),
         (dict(tree=[2], siblings=True), "siblings must be one of"),

@@ -331,7 +331,6 @@ def test_grown_tree_prediction_and_sweep(greedy_models):
 @pytest.mark.parametrize("kwargs,message", [
     (dict(tree=speculant.DynamicTree(budget=4, depth=2), gamma=3), "gamma must be the tree's depth 2"),
     (dict(tree=speculant.DynamicTree(), lenience=0.5), "lenience must be 1 with tree="),
-    (dict(tree=speculant.DynamicTree(), cuda_graphs="fixed"), "trees run dynamic shapes only"),
 ])
 def test_refusals(greedy_models, kwargs, message):
     target, drafts = greedy_models

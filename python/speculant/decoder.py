@@ -477,13 +477,15 @@ class SpeculativeDecoder:
     draft's confidence instead (EAGLE-2's expansion, exact: see DynamicTree). Trees need models with tree
     calls (speculant.export's files, live decoder-only transformers models; ``Model.tree_obstacle`` says why
     not), a draft model, a Unigram / Bigram table or a PythonDrafter with ``score`` (``tree_obstacle`` on
-    drafters too), lenience 1, the fixed gamma policy and cuda_graphs "off" or "auto" (they run uncaptured).
+    drafters too), lenience 1 and the fixed gamma policy. With cuda_graphs, a tree's calls are shaped as a chain's:
+    "fixed" runs every tree call over every row and cache slot (its mask [rows, width, max_length]), and "auto" /
+    "on" capture one graph per width of tree call; the moves of the accepted path's cache entries run uncaptured.
     The statistics count each depth's and rank's acceptances (``stats.tree_visits``, ``stats.tree_accepted``, and
     ``stats.tree_offered``: how often a visited node had that rank; timing.tree_table estimates from all three).
 
     ``cuda_graphs`` ("off", "auto", "on", "fixed"; speculant.graphs): "off" (the default) captures nothing.
     With "auto" on CUDA each model's fixed-shape calls (the draft's step, the target's verification of each
-    width) are captured once into CUDA graphs and replayed; a model whose backend cannot be captured runs as
+    width, a tree's masked calls of each width) are captured once into CUDA graphs and replayed; a model whose backend cannot be captured runs as
     before, with a warning saying why; "on" makes that an error. The tokens are those of the same fixed-shape
     calls uncaptured ("fixed"); the law is the target's. "auto" and "on" have never been executed on a GPU
     (issue 21 runs them), which is why they are not the default.
@@ -528,11 +530,6 @@ class SpeculativeDecoder:
             _check_level(self.draft, self._sampling)
         self._drafter = _drafter(self.draft)
         mode = self._mode = graphs.check_mode(cuda_graphs)
-        if self._tree and mode in ("on", "fixed"):
-            raise ValueError(f"cuda_graphs={mode!r} with tree=: trees run dynamic shapes only (CUDA graphs of tree "
-                             "calls are not built yet); use cuda_graphs='off'")
-        if self._tree:
-            mode = "off"
         self._models = [self.target] + ([self.draft] if isinstance(self.draft, Model) else [])
         chosen = [graphs.shapes(model._core, mode, role) for model, role in zip(self._models, ("target", "draft"))]
         self._shapes = [shape for shape, _ in chosen] + ["dynamic"] * (2 - len(chosen))
