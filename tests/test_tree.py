@@ -24,6 +24,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+import scipy.optimize
 import scipy.stats
 import torch
 
@@ -188,6 +189,57 @@ def test_top_siblings_accept_what_the_closed_form_says():
         rest = [v for v in range(VOCAB) if v not in top]
         closed = p_top + sum(min(float(p[v]), float(q[v]) * (1 - p_top) / (1 - q_top)) for v in rest)
         assert accepted == pytest.approx(closed, abs=1e-12)
+
+
+def coupling_optimum(p, q, k: int) -> float:
+    """The largest P(Y in C) over joint laws of Y ~ p and k i.i.d. draws C from q, by linear programming over
+    P(C = c, Y = y) for every ordered draw c: what analysis.multi_draft_bound computes by its closed form."""
+    draws = list(itertools.product(range(VOCAB), repeat=k))
+    n = len(draws) * VOCAB  # variable (c, y) at index c * VOCAB + y
+    gain = np.zeros(n)
+    rows, totals = [], []
+    for c, draw in enumerate(draws):
+        gain[[c * VOCAB + y for y in set(draw)]] = 1.0
+        row = np.zeros(n)
+        row[c * VOCAB:(c + 1) * VOCAB] = 1.0
+        rows.append(row)
+        totals.append(float(np.prod([float(q[x]) for x in draw])))
+    for y in range(VOCAB - 1):  # the last column's total follows from the others (and would only add rounding)
+        row = np.zeros(n)
+        row[y::VOCAB] = 1.0
+        rows.append(row)
+        totals.append(float(p[y]))
+    result = scipy.optimize.linprog(-gain, A_eq=np.array(rows), b_eq=np.array(totals), bounds=(0, None),
+                                    method="highs")
+    assert result.status == 0
+    return -result.fun
+
+
+@pytest.mark.parametrize("seed", [2, 5, 8])
+def test_multi_draft_bound_is_the_best_coupling(seed):
+    """analysis.multi_draft_bound against the linear program it solves in closed form (k = 1, 2, 3; a target
+    with a zero, and drafts near and far), and against what recursive rejection sampling with replacement
+    accepts at a node of k children (enumerated, iteration_law): never more, and less somewhere."""
+    from speculant import analysis
+    target, draft = tables(seed=seed, masked=seed != 8)
+    p_table, q_table = standardized(target, (1.0, 0, 1.0)), standardized(draft, (1.0, 0, 1.0))
+    gaps = []
+    for root in (0, 3):
+        p, q = p_table[root], q_table[root]
+        assert float(analysis.multi_draft_bound(p, q, 1)) == pytest.approx(float(analysis.beta(p, q)), abs=1e-12)
+        for k in (1, 2, 3):
+            bound = float(analysis.multi_draft_bound(p, q, k))
+            assert bound == pytest.approx(coupling_optimum(p, q, k), abs=1e-7)
+            law = iteration_law(p_table, q_table, root, [k], "with_replacement")
+            rejection = sum(prob for seq, prob in law.items() if len(seq) == 2)
+            assert rejection <= bound + 1e-12
+            gaps.append(bound - rejection)
+    assert max(gaps) > 1e-3
+    batch = analysis.multi_draft_bound(p_table, q_table, 2)  # rows at once
+    assert batch.shape == (VOCAB,) and float(batch[3]) == pytest.approx(coupling_optimum(p_table[3], q_table[3], 2),
+                                                                         abs=1e-7)
+    with pytest.raises(ValueError, match="k must be an integer >= 1, got 0"):
+        analysis.multi_draft_bound(p_table[0], q_table[0], 0)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -82,6 +82,31 @@ def beta(p: torch.Tensor, q: torch.Tensor, lenience: float = 1.0) -> torch.Tenso
     return torch.minimum(p / lenience, q).sum(-1)
 
 
+def multi_draft_bound(p: torch.Tensor, q: torch.Tensor, k: int) -> torch.Tensor:
+    """The most that any exact verification of k drafts drawn i.i.d. from q can accept at one node whose target
+    law is p: the largest P(Y in C) over couplings of Y ~ p with the drafts C (the output law must stay p).
+    Over the last dimension, any leading shape; k = 1 gives beta (Theorem 3.5).
+
+    By the max-flow min-cut duality of such couplings (Strassen), the largest P(Y in C) is
+    1 - max_S [p(S) - P(C meets S)], with P(C meets S) = 1 - (1 - q(S))^k for i.i.d. drafts. The maximum is
+    reached at a set {x : p(x) / q(x) >= t}: for a fixed q(S) the largest p(S) is at most the fractional
+    knapsack's, a concave piecewise-linear function of q(S) whose corners are those sets, and adding the convex
+    (1 - q(S))^k leaves each piece's maximum at a corner. So the bound is exact and costs one sort.
+
+    What it is for: the distance from a verifier to the best possible one. Recursive rejection sampling
+    (cpp/tree.h) with siblings drawn with replacement is one such coupling, so it accepts at most this, and
+    less where the draft is close to the target in law (tests/test_tree.py enumerates it); an optimal
+    transport plan per node (SpecTr's formulation, solved exactly) reaches it. Children drawn without
+    replacement are not i.i.d.: the bound does not cover them (they may accept more)."""
+    k = _count(k, "k", 1)
+    p, q = torch.broadcast_tensors(torch.as_tensor(p, dtype=torch.float64), torch.as_tensor(q, dtype=torch.float64))
+    ratio = torch.where(q > 0, p / q.clamp_min(1e-300), torch.where(p > 0, math.inf, 0.0))
+    order = ratio.argsort(-1, descending=True)
+    p_sets, q_sets = p.gather(-1, order).cumsum(-1), q.gather(-1, order).cumsum(-1)  # the sets {p / q >= t}
+    uncovered = p_sets - 1.0 + (1.0 - q_sets).clamp(0.0, 1.0) ** k  # p(S) - P(C meets S)
+    return 1.0 - uncovered.clamp_min(0.0).amax(-1)  # the empty set: 0
+
+
 # --------------------------------------------------------------------------------------------------
 # §3.1, §3.3 - §3.5: tokens, walltime, operations, the choice of gamma
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,105 @@
+"""One node of k children at temperature 1: what recursive rejection sampling accepts against the best any exact
+verifier of i.i.d. children could (speculant.analysis.multi_draft_bound).
+
+    python benchmarks/train_pairs.py --stage gpt2 && python benchmarks/node_bounds.py [--windows 40] [--draws 8]
+
+On the trained GPT-2 pair (train_pairs.GPT2_CPU), at every position after the first 16 of --windows windows of
+128 held-out tokens (evenly spread over the held-out stream), p and q are the target's and the draft's
+next-token laws at T = 1. For k = 1 .. 8 children at such a node:
+
+* the acceptance of cpp/tree.h's rule (recursive rejection sampling: child j tried against what the earlier
+  rejections left of p), with children drawn with replacement and without, estimated by Monte Carlo over
+  --draws draws of the children per position (fixed seed; the accept coins integrated out: child j is accepted
+  with probability prod_{i<j} (1 - a_i) a_j), mean over positions with its standard error;
+* analysis.multi_draft_bound(p, q, k): the largest acceptance of any exact verifier of k i.i.d. children (the
+  optimal coupling, in closed form), mean over positions.
+
+Results: benchmarks/results/node-bounds-gpt2-cpu.json.
+"""
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from speculant import analysis
+
+sys.path.insert(0, str(Path(__file__).parent))
+import train_pairs  # noqa: E402
+
+LENGTH, SKIP = 128, 16
+KS = range(1, 9)
+
+
+def node_laws(windows: int):
+    """(p, q) [N, V] float64 at T = 1 over the held-out windows' positions after the first SKIP."""
+    out = train_pairs.pair_dir(train_pairs.GPT2_CPU)
+    if not (out / "pair.json").exists():
+        raise SystemExit(f"{out}/pair.json: train the pair first (python benchmarks/train_pairs.py --stage gpt2)")
+    _, val_texts, _ = train_pairs.load_corpus(train_pairs.GPT2_CPU)
+    ids = train_pairs.stream(train_pairs.load_tokenizer(out / "tokenizer.json"), val_texts)
+    starts = torch.linspace(0, len(ids) - LENGTH - 1, windows).long().tolist()
+    laws = []
+    for name in ("target", "draft"):
+        module = torch.jit.load(str(out / f"{name}.pt"))
+        with torch.inference_mode():
+            logits = torch.cat([module(ids[s:s + LENGTH][None])[0, SKIP:] for s in starts])
+        laws.append(torch.softmax(logits.double(), -1))
+    return laws
+
+
+def rejection_sampling(p, q, k: int, replacement: bool, generator) -> torch.Tensor:
+    """[N]: one draw of k children per row and the probability that one of them is accepted (coins integrated)."""
+    p_left, q_left = p.clone(), q.clone()
+    accepted, alive = torch.zeros(len(p), dtype=p.dtype), torch.ones(len(p), dtype=p.dtype)
+    for _ in range(k):
+        q_j = q_left / q_left.sum(-1, keepdim=True)
+        x = torch.multinomial(q_j, 1, generator=generator)  # [N, 1]
+        a = (p_left.gather(1, x) / q_j.gather(1, x)).clamp(max=1.0).squeeze(1)
+        accepted += alive * a
+        alive *= 1.0 - a
+        residual = (p_left - q_j).clamp_min(0.0)
+        mass = residual.sum(-1, keepdim=True)
+        p_left = torch.where(mass > 0, residual / mass.clamp_min(1e-300), p_left)  # mass 0: p_j = q_j, all kept
+        if not replacement:
+            q_left.scatter_(1, x, 0.0)
+    return accepted
+
+
+def mean_se(values: torch.Tensor):
+    return float(values.mean()), float(values.std() / len(values) ** 0.5)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--windows", type=int, default=40)
+    parser.add_argument("--draws", type=int, default=8)
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "node-bounds-gpt2-cpu.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    p, q = node_laws(args.windows)
+    print(f"# {len(p)} positions of {args.windows} held-out windows, vocabulary {p.shape[1]}, T = 1, "
+          f"{args.draws} draws of the children per position")
+    print("| k | rejection sampling, with replacement | without replacement | best coupling of i.i.d. children |")
+    print("|---|---|---|---|")
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for k in KS:
+        row = {"k": k, "bound": float(analysis.multi_draft_bound(p, q, k).mean())}
+        for replacement in (True, False):
+            per_position = torch.stack([rejection_sampling(p, q, k, replacement, generator)
+                                        for _ in range(args.draws)]).mean(0)
+            row["with" if replacement else "without"] = mean_se(per_position)
+        rows.append(row)
+        print(f"| {k} | {row['with'][0]:.4f} ± {row['with'][1]:.4f} | {row['without'][0]:.4f} ± "
+              f"{row['without'][1]:.4f} | {row['bound']:.4f} |", flush=True)
+    args.json.write_text(json.dumps({"machine": platform.platform(), "torch": torch.__version__,
+                                     "windows": args.windows, "positions": len(p), "draws": args.draws,
+                                     "rows": rows}, indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
