@@ -15,9 +15,9 @@ For each mode of `cuda_graphs` (`--modes`: off and on on a GPU; off and fixed on
   from speculative runs, the draft's calls from the same runs. Each is differential: the time and call count
   of a `--tokens` run minus those of a run a quarter as long, so that the prefill (never captured) drops out;
   the median of five such pairs;
-* plain and speculative (each gamma, each tree) tokens per second, end to end with the device synchronized, over every
-  prompt; methods run in turn, in reversed order on odd rounds (ABBA), after an untimed warm-up round that
-  also captures the graphs; medians over `--repeats` rounds with min-max;
+* plain and speculative (each gamma, each tree) tokens per second, end to end with the device synchronized, over
+  every prompt; methods run in turn, in reversed order on odd rounds (ABBA), after an untimed warm-up round
+  that also captures the graphs; medians over `--repeats` rounds with min-max;
 * the speedup of each speculative run over plain decoding in the same mode and of each mode over the first
   (medians of the per-round ratios, min-max), alpha, c (the draft call over the target's k = 1 call) and
   Theorem 3.8's prediction at them.

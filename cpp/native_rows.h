@@ -39,8 +39,8 @@ struct TreeCalls {
 
 // `count` rows of a cache of max_length slots (+ the scratch one) on `device`. `graphs` (fixed and graphed
 // shapes) is the model's: it outlives the rows, and the backend clears it when the cache is reallocated.
-// `tree`: the backend's tree calls, or empty functions when it has none. A row's
-// tentative tree nodes sit in the slots after its length, in the order they were appended.
+// `tree`: the backend's tree calls, or empty functions when it has none. A row's tentative tree nodes sit in
+// the slots after its length, in the order they were appended.
 std::unique_ptr<ModelRows> native_rows(RowsCall call, int64_t count, int64_t max_length, at::Device device,
                                        std::string source, Shapes shapes, GraphCache* graphs, TreeCalls tree = {});
 

@@ -64,3 +64,26 @@ def test_node_bounds_rejection_sampling_is_unbiased():
             draws = node_bounds.rejection_sampling(p_table[2].expand(40000, -1), q_table[2].expand(40000, -1), k,
                                                    replacement, generator)
             assert abs(float(draws.mean()) - exact) < 5 * float(draws.std()) / 200, (k, siblings)
+
+
+def test_node_bounds_ratio_selection_is_the_law_of_the_kept_child():
+    """ratio_selection's closed form against the enumeration of every k-tuple of i.i.d. children (k = 1, 2, 3):
+    the kept child's law, and the acceptance of verifying it by speculative sampling; never above the bound."""
+    import itertools
+    import torch
+    import node_bounds
+    from speculant import analysis
+    from test_tree import VOCAB, standardized, tables
+
+    target, draft = tables(seed=2)
+    p_table, q_table = standardized(target, (1.0, 0, 1.0)), standardized(draft, (1.0, 0, 1.0))
+    p, q = p_table[1], q_table[1]
+    order = (p / q).argsort().tolist()
+    rank = {x: order.index(x) for x in range(VOCAB)}
+    for k in (1, 2, 3):
+        kept = torch.zeros(VOCAB, dtype=torch.float64)
+        for children in itertools.product(range(VOCAB), repeat=k):
+            kept[max(children, key=lambda x: rank[x])] += float(torch.prod(q[list(children)]))
+        got = float(node_bounds.ratio_selection(p[None], q[None], k)[0])
+        assert got == pytest.approx(float(torch.minimum(p, kept).sum()), abs=1e-12)
+        assert got <= float(analysis.multi_draft_bound(p, q, k)) + 1e-12

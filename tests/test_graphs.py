@@ -29,12 +29,13 @@ buffers) without capturing them, so on CPU everything but the capture itself is 
 
 On a GPU (marked ``cuda``; skipped without one, as in CI): graphs are captured (``graphs_captured``, no
 failure), give the same tokens as the fixed-shape calls they capture run uncaptured on every backend that can be
-captured, reproduce with a seed, and keep the exact laws of every sampling mode; a .pt2 package runs uncaptured with a warning. The laws: greedy
-exactly, and temperature 1, top-k, top-p and lenience 0.5 by the chi-square test at 1e-3 (4 configurations x 2
-windows), plus the device sampling path (_sample_generic) against its probabilities at 1e-3: 9 tests, at most
-0.9% family-wise false failures; tree calls captured (a shape, a given tree and grown ones, each way of drawing
-siblings) give the tokens of the same calls uncaptured on every backend, and two tree laws by the chi-square
-test at 1e-3, 2 windows each (4 more tests: at most 1.3% family-wise).
+captured, reproduce with a seed, and keep the exact laws of every sampling mode; a .pt2 package runs uncaptured
+with a warning. The laws: greedy exactly, and temperature 1, top-k, top-p and lenience 0.5 by the chi-square
+test at 1e-3 (4 configurations x 2 windows), plus the device sampling path (_sample_generic) against its
+probabilities at 1e-3: 9 tests, at most 0.9% family-wise false failures. Tree calls captured (a shape, a given
+tree and grown ones, each way of drawing siblings) give the tokens of the same calls uncaptured on every
+backend, and two tree laws by the chi-square test at 1e-3, 2 windows each (4 more tests: at most 1.3%
+family-wise).
 """
 
 import inspect

@@ -485,10 +485,10 @@ class SpeculativeDecoder:
 
     ``cuda_graphs`` ("off", "auto", "on", "fixed"; speculant.graphs): "off" (the default) captures nothing.
     With "auto" on CUDA each model's fixed-shape calls (the draft's step, the target's verification of each
-    width, a tree's masked calls of each width) are captured once into CUDA graphs and replayed; a model whose backend cannot be captured runs as
-    before, with a warning saying why; "on" makes that an error. The tokens are those of the same fixed-shape
-    calls uncaptured ("fixed"); the law is the target's. "auto" and "on" have never been executed on a GPU
-    (issue 21 runs them), which is why they are not the default.
+    width, a tree's masked calls of each width) are captured once into CUDA graphs and replayed; a model whose
+    backend cannot be captured runs as before, with a warning saying why; "on" makes that an error. The tokens
+    are those of the same fixed-shape calls uncaptured ("fixed"); the law is the target's. "auto" and "on" have
+    never been executed on a GPU (issue 21 runs them), which is why they are not the default.
 
     ``draft`` may itself be a SpeculativeDecoder, to any depth (a hierarchical draft, cpp/hierarchy.h):
     ``SpeculativeDecoder(target, SpeculativeDecoder(draft, smaller, gamma=2), gamma=4)``. Each iteration asks the
