@@ -17,7 +17,9 @@ next-token laws at T = 1. For k = 1 .. 8 children at such a node:
   for any k, as any proposal's speculative sampling is); its acceptance sum_x min(p(x), q_k(x)), mean over
   positions;
 * analysis.multi_draft_bound(p, q, k): the largest acceptance of any exact verifier of k i.i.d. children (the
-  optimal coupling, in closed form), mean over positions.
+  optimal coupling, in closed form), mean over positions;
+* what the node laws give under the positional model for 16 drafts (positional()): chains, rejection
+  sampling's best tree (Sequoia's, analysis.best_tree) and the selection rule's best regular shape.
 
 Results: benchmarks/results/node-bounds-gpt2-cpu.json.
 """
@@ -56,21 +58,22 @@ def node_laws(windows: int):
 
 
 def rejection_sampling(p, q, k: int, replacement: bool, generator) -> torch.Tensor:
-    """[N]: one draw of k children per row and the probability that one of them is accepted (coins integrated)."""
+    """[N, k]: one draw of k children per row and the probability that child j is the one accepted (the coins
+    integrated out)."""
     p_left, q_left = p.clone(), q.clone()
-    accepted, alive = torch.zeros(len(p), dtype=p.dtype), torch.ones(len(p), dtype=p.dtype)
+    shares, alive = [], torch.ones(len(p), dtype=p.dtype)
     for _ in range(k):
         q_j = q_left / q_left.sum(-1, keepdim=True)
         x = torch.multinomial(q_j, 1, generator=generator)  # [N, 1]
         a = (p_left.gather(1, x) / q_j.gather(1, x)).clamp(max=1.0).squeeze(1)
-        accepted += alive * a
-        alive *= 1.0 - a
+        shares.append(alive * a)
+        alive = alive * (1.0 - a)
         residual = (p_left - q_j).clamp_min(0.0)
         mass = residual.sum(-1, keepdim=True)
         p_left = torch.where(mass > 0, residual / mass.clamp_min(1e-300), p_left)  # mass 0: p_j = q_j, all kept
         if not replacement:
             q_left.scatter_(1, x, 0.0)
-    return accepted
+    return torch.stack(shares, 1)
 
 
 def ratio_selection(p, q, k: int) -> torch.Tensor:
@@ -81,6 +84,25 @@ def ratio_selection(p, q, k: int) -> torch.Tensor:
     mass = q_sorted.cumsum(-1).clamp(max=1.0)
     chosen = mass ** k - (mass - q_sorted).clamp(min=0.0) ** k  # P(the kept child is x), in that order
     return torch.minimum(p.gather(1, order), chosen).sum(-1)
+
+
+def positional(rows, budget: int = 16) -> dict:
+    """Tokens per target call under the positional model (the same node law at every depth): chains at the
+    rank-0 share, Sequoia's best tree of `budget` drafts at rejection sampling's per-rank shares (without
+    replacement; rank j's share does not depend on the siblings after it, so the widest node's run gives the
+    row), and the best regular shape at the selection rule's acceptance (its kept child's place among its
+    siblings is random, so every child of a depth gets the same subtree: E = 1 + sum_t prod_(i<t) a(k_(i+1)))."""
+    ranks = rows[-1]["without_ranks"]
+    chains = {g: float(analysis.tree_expected_tokens([1] * g, [ranks[:1]] * g)) for g in (1, 2, 3, 4, 5, budget)}
+    sequoia = analysis.best_tree(budget, [ranks] * budget)
+    best = [0.0]  # the selection rule's best acceptance with at most k children (fewer may be drawn)
+    for row in rows:
+        best.append(max(best[-1], row["ratio_selection"]))
+    increments = [b - a for a, b in zip(best, best[1:])]  # prefix sums: that best acceptance
+    selection = analysis.best_tree_shape(budget, [increments] * budget)
+    return {"chains": chains, "rejection_sampling_tree": {"tree": sequoia.tree,
+                                                          "expected_tokens": float(sequoia.expected_tokens)},
+            "selection_shape": {"tree": selection.tree, "expected_tokens": float(selection.expected_tokens)}}
 
 
 def mean_se(values: torch.Tensor):
@@ -107,14 +129,22 @@ def main(argv=None) -> None:
                "ratio_selection": float(ratio_selection(p, q, k).mean())}
         for replacement in (True, False):
             per_position = torch.stack([rejection_sampling(p, q, k, replacement, generator)
-                                        for _ in range(args.draws)]).mean(0)
-            row["with" if replacement else "without"] = mean_se(per_position)
+                                        for _ in range(args.draws)]).mean(0)  # [N, k]
+            row["with" if replacement else "without"] = mean_se(per_position.sum(1))
+        row["without_ranks"] = [float(v) for v in per_position.mean(0)]
         rows.append(row)
         print(f"| {k} | {row['with'][0]:.4f} ± {row['with'][1]:.4f} | {row['without'][0]:.4f} ± "
               f"{row['without'][1]:.4f} | {row['ratio_selection']:.4f} | {row['bound']:.4f} |", flush=True)
+    model = positional(rows)
+    chains, sequoia, selection = model["chains"], model["rejection_sampling_tree"], model["selection_shape"]
+    print(f"\npositional model, 16 drafts: chains gamma = 1 .. 5 keep {', '.join(f'{chains[g]:.3f}' for g in range(1, 6))}"
+          f" tokens per target call (gamma = 16: {chains[16]:.3f}); rejection sampling's best tree (Sequoia) "
+          f"{sequoia['expected_tokens']:.3f} ({sequoia['expected_tokens'] / chains[5]:.3f}x gamma = 5); the "
+          f"selection rule's best shape {selection['tree']} {selection['expected_tokens']:.3f} "
+          f"({selection['expected_tokens'] / chains[5]:.3f}x)")
     args.json.write_text(json.dumps({"machine": platform.platform(), "torch": torch.__version__,
                                      "windows": args.windows, "positions": len(p), "draws": args.draws,
-                                     "rows": rows}, indent=1))
+                                     "rows": rows, "positional": model}, indent=1))
     print(f"wrote {args.json}")
 
 

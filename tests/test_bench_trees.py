@@ -1,10 +1,12 @@
 """benchmarks/trees.py end to end on the smoke-sized demo pair: chains, shapes under two ways of drawing
 siblings, Sequoia's best tree run as given, a grown tree, and the fastest tree timed against the fastest chain,
-written to its record."""
+written to its record. benchmarks/node_bounds.py's parts (it needs the trained GPT-2 pair to run whole): its
+Monte Carlo of rejection sampling and its selection rule against enumeration, and its positional model."""
 import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -61,9 +63,43 @@ def test_node_bounds_rejection_sampling_is_unbiased():
         for replacement, siblings in ((True, "with_replacement"), (False, "without_replacement")):
             law = iteration_law(p_table, q_table, 2, [k], siblings)
             exact = sum(prob for seq, prob in law.items() if len(seq) == 2)
-            draws = node_bounds.rejection_sampling(p_table[2].expand(40000, -1), q_table[2].expand(40000, -1), k,
-                                                   replacement, generator)
+            shares = node_bounds.rejection_sampling(p_table[2].expand(40000, -1), q_table[2].expand(40000, -1), k,
+                                                    replacement, generator)
+            assert shares.shape == (40000, k)
+            draws = shares.sum(1)
             assert abs(float(draws.mean()) - exact) < 5 * float(draws.std()) / 200, (k, siblings)
+
+
+def test_node_bounds_positional_model():
+    """positional(): chains at the rank-0 share, Sequoia's tree at the per-rank shares, and the selection rule's
+    best regular shape against every shape of at most 6 drafts enumerated (a node may draw fewer children than
+    the rule's best, so its acceptance with k children is the best with at most k)."""
+    import itertools
+    import node_bounds
+
+    rows = [{"k": 1, "ratio_selection": 0.6, "without_ranks": [0.6]},
+            {"k": 2, "ratio_selection": 0.78, "without_ranks": [0.6, 0.1]},
+            {"k": 3, "ratio_selection": 0.75, "without_ranks": [0.6, 0.1, 0.05]}]
+    model = node_bounds.positional(rows, budget=6)
+    assert model["chains"][1] == pytest.approx(1.6) and model["chains"][2] == pytest.approx(1.96)
+    table = [[0.6, 0.1, 0.05]] * 6
+    assert model["rejection_sampling_tree"]["expected_tokens"] == pytest.approx(
+        float(analysis.best_tree(6, table).expected_tokens))
+    best = {1: 0.6, 2: 0.78, 3: 0.78}
+
+    def tokens(shape):
+        total, reach = 1.0, 1.0
+        for k in shape:
+            reach *= best[k]
+            total += reach
+        return total
+
+    shapes = [list(s) for d in range(1, 7) for s in itertools.product((1, 2, 3), repeat=d)
+              if sum(int(np.prod(s[:i + 1])) for i in range(d)) <= 6]
+    want = max(tokens(shape) for shape in shapes)
+    assert model["selection_shape"]["expected_tokens"] == pytest.approx(want)
+    assert tokens(model["selection_shape"]["tree"]) == pytest.approx(want)
+    assert 3 not in model["selection_shape"]["tree"]  # three children keep no more than two: fewer drafts
 
 
 def test_node_bounds_ratio_selection_is_the_law_of_the_kept_child():
