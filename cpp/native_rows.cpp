@@ -65,6 +65,7 @@ class NativeRows final : public ModelRows {
     int64_t* cell = layout.data_ptr<int64_t>();
     bool* seen = mask.data_ptr<bool>();
     std::vector<at::Tensor> ids(count);
+    at::Tensor padding;  // the ids of a row sitting the call out (fixed shapes), one tensor for all of them
     for (int64_t i = 0; i < count; ++i, cell += 2 * width + 1) {
       const int64_t r = rows[i], k = tokens[r].defined() ? tokens[r].numel() : 0, length = lengths_[r];
       const int64_t first = tentative_[r].size();
@@ -85,9 +86,12 @@ class NativeRows final : public ModelRows {
         seen[(i * width + j) * keys] = true;
       }
       cell[2 * width] = r;
-      ids[i] = k == 0      ? at::zeros({width}, at::TensorOptions(device_).dtype(at::kLong))
-               : k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0)
-                           : tokens[r];
+      if (k == 0) {
+        if (!padding.defined()) padding = at::zeros({width}, at::TensorOptions(device_).dtype(at::kLong));
+        ids[i] = padding;
+      } else {
+        ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
+      }
     }
     const at::Tensor on_device = layout.to(device_, /*non_blocking=*/true);
     const std::vector<at::Tensor> inputs{at::stack(ids), on_device.select(1, 2 * width),
