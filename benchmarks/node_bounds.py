@@ -1,5 +1,5 @@
-"""One node of k children at temperature 1: what recursive rejection sampling accepts against the best any exact
-verifier of i.i.d. children could (speculant.analysis.multi_draft_bound).
+"""One node of k children at temperature 1: what recursive rejection sampling and the coupled rule accept against
+the best any exact verifier of i.i.d. children could (speculant.analysis.multi_draft_bound).
 
     python benchmarks/train_pairs.py --stage gpt2 && python benchmarks/node_bounds.py [--windows 40] [--draws 8]
 
@@ -11,15 +11,19 @@ next-token laws at T = 1. For k = 1 .. 8 children at such a node:
   rejections left of p), with children drawn with replacement and without, estimated by Monte Carlo over
   --draws draws of the children per position (fixed seed; the accept coins integrated out: child j is accepted
   with probability prod_{i<j} (1 - a_i) a_j), mean over positions with its standard error;
+* siblings="coupled" (cpp/tree.h: i.i.d. children, each coin looking at whether the next child could be
+  accepted after it), in closed form (coupled()), mean over positions, and its per-rank shares;
 * a selection rule for comparison (not in the engine): of k i.i.d. children keep the one with the largest
   p(x) / q(x) and verify it by one step of speculative sampling against the law of that choice,
   q_k(x) = F(x)^k - (F(x) - q(x))^k with F(x) the draft's mass of the tokens up to x in increasing p / q (exact
   for any k, as any proposal's speculative sampling is); its acceptance sum_x min(p(x), q_k(x)), mean over
   positions;
 * analysis.multi_draft_bound(p, q, k): the largest acceptance of any exact verifier of k i.i.d. children (the
-  optimal coupling, in closed form), mean over positions;
-* what the node laws give under the positional model for 16 drafts (positional()): chains, rejection
-  sampling's best tree (Sequoia's, analysis.best_tree) and the selection rule's best regular shape.
+  optimal coupling, in closed form), mean over positions, and analysis.second_child_bound(p, q): the most a
+  second child can be accepted while the first keeps beta;
+* what the node laws give under the positional model for 16 drafts (positional()): chains, the best tree
+  (Sequoia's, analysis.best_tree) under rejection sampling and under the coupled rule, and the selection rule's
+  best regular shape.
 
 Results: benchmarks/results/node-bounds-gpt2-cpu.json.
 """
@@ -76,6 +80,33 @@ def rejection_sampling(p, q, k: int, replacement: bool, generator) -> torch.Tens
     return torch.stack(shares, 1)
 
 
+def coupled(p, q, k: int) -> torch.Tensor:
+    """[N, k]: the probability that child j is the one accepted under siblings="coupled" (cpp/tree.h: i.i.d.
+    children, child j's coin looking at whether child j + 1 is in H_j = {p_j > q_j}), in closed form: child j
+    is accepted with sum min(p_j, q_j) of what reaches it, and a rejection leaves p_{j+1} = norm(max(0, p_j - q_j))
+    and child j + 1's law q reweighted on H_j and off it (tree.h's q_{j+1}). Unnormalized: left is P(every child
+    so far rejected, and the token then drawn is x)."""
+    left, law, shares = p.clone(), q.clone(), []
+    for j in range(k):
+        reach = left.sum(-1, keepdim=True)
+        taken = torch.minimum(left, reach * law)
+        shares.append(taken.sum(-1))
+        if j == k - 1:
+            break
+        p_j = left / reach.clamp_min(1e-300)
+        in_h = p_j > law
+        w = (q * in_h).sum(-1, keepdim=True)
+        ratio = torch.where(law > 0, p_j / law.clamp_min(1e-300), torch.ones_like(law))
+        coin_in = torch.where(w > 0, ((ratio - (1 - w)) / w.clamp_min(1e-300)).clamp(0.0, 1.0), torch.ones_like(law))
+        coin_out = torch.where(w < 1, (ratio / (1 - w).clamp_min(1e-300)).clamp(max=1.0), torch.ones_like(law))
+        keep_in = (law * (1 - coin_in)).sum(-1, keepdim=True)
+        keep_out = (law * (1 - coin_out)).sum(-1, keepdim=True)
+        law = q * torch.where(in_h, keep_in, keep_out)
+        law = law / law.sum(-1, keepdim=True).clamp_min(1e-300)
+        left = left - taken
+    return torch.stack(shares, 1)
+
+
 def ratio_selection(p, q, k: int) -> torch.Tensor:
     """[N]: the acceptance of keeping the child with the largest p / q of k i.i.d. children, then one step of
     speculative sampling against the law of that choice (ties broken by the sort's order, as the rule would)."""
@@ -89,12 +120,14 @@ def ratio_selection(p, q, k: int) -> torch.Tensor:
 def positional(rows, budget: int = 16) -> dict:
     """Tokens per target call under the positional model (the same node law at every depth): chains at the
     rank-0 share, Sequoia's best tree of `budget` drafts at rejection sampling's per-rank shares (without
-    replacement; rank j's share does not depend on the siblings after it, so the widest node's run gives the
-    row), and the best regular shape at the selection rule's acceptance (its kept child's place among its
-    siblings is random, so every child of a depth gets the same subtree: E = 1 + sum_t prod_(i<t) a(k_(i+1)))."""
+    replacement) and at the coupled rule's (under both, rank j's share does not depend on the siblings after it,
+    so the widest node's row gives the table), and the best regular shape at the selection rule's acceptance (its
+    kept child's place among its siblings is random, so every child of a depth gets the same subtree:
+    E = 1 + sum_t prod_(i<t) a(k_(i+1)))."""
     ranks = rows[-1]["without_ranks"]
     chains = {g: float(analysis.tree_expected_tokens([1] * g, [ranks[:1]] * g)) for g in (1, 2, 3, 4, 5, budget)}
     sequoia = analysis.best_tree(budget, [ranks] * budget)
+    coupled_tree = analysis.best_tree(budget, [rows[-1]["coupled_ranks"]] * budget)
     best = [0.0]  # the selection rule's best acceptance with at most k children (fewer may be drawn)
     for row in rows:
         best.append(max(best[-1], row["ratio_selection"]))
@@ -102,6 +135,7 @@ def positional(rows, budget: int = 16) -> dict:
     selection = analysis.best_tree_shape(budget, [increments] * budget)
     return {"chains": chains, "rejection_sampling_tree": {"tree": sequoia.tree,
                                                           "expected_tokens": float(sequoia.expected_tokens)},
+            "coupled_tree": {"tree": coupled_tree.tree, "expected_tokens": float(coupled_tree.expected_tokens)},
             "selection_shape": {"tree": selection.tree, "expected_tokens": float(selection.expected_tokens)}}
 
 
@@ -119,32 +153,44 @@ def main(argv=None) -> None:
     p, q = node_laws(args.windows)
     print(f"# {len(p)} positions of {args.windows} held-out windows, vocabulary {p.shape[1]}, T = 1, "
           f"{args.draws} draws of the children per position")
-    print("| k | rejection sampling, with replacement | without replacement | keep the largest p / q | best coupling "
-          "of i.i.d. children |")
-    print("|---|---|---|---|---|")
+    print("| k | rejection sampling, with replacement | without replacement | coupled | keep the largest p / q | "
+          "best coupling of i.i.d. children |")
+    print("|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
     rows = []
     for k in KS:
         row = {"k": k, "bound": float(analysis.multi_draft_bound(p, q, k).mean()),
                "ratio_selection": float(ratio_selection(p, q, k).mean())}
+        shares = coupled(p, q, k)
+        row["coupled"] = mean_se(shares.sum(1))
+        row["coupled_ranks"] = [float(v) for v in shares.mean(0)]
         for replacement in (True, False):
             per_position = torch.stack([rejection_sampling(p, q, k, replacement, generator)
                                         for _ in range(args.draws)]).mean(0)  # [N, k]
             row["with" if replacement else "without"] = mean_se(per_position.sum(1))
-        row["without_ranks"] = [float(v) for v in per_position.mean(0)]
+            row["with_ranks" if replacement else "without_ranks"] = [float(v) for v in per_position.mean(0)]
         rows.append(row)
         print(f"| {k} | {row['with'][0]:.4f} ± {row['with'][1]:.4f} | {row['without'][0]:.4f} ± "
-              f"{row['without'][1]:.4f} | {row['ratio_selection']:.4f} | {row['bound']:.4f} |", flush=True)
+              f"{row['without'][1]:.4f} | {row['coupled'][0]:.4f} | {row['ratio_selection']:.4f} | "
+              f"{row['bound']:.4f} |", flush=True)
+    second = {"with_replacement": rows[1]["with_ranks"][1], "coupled": rows[1]["coupled_ranks"][1],
+              "bound": float(analysis.second_child_bound(p, q).mean())}
+    print(f"\nthe second of two children: accepted {second['with_replacement']:.4f} under rejection sampling with "
+          f"replacement, {second['coupled']:.4f} coupled; the most any exact verifier gives it while the first keeps "
+          f"beta (analysis.second_child_bound): {second['bound']:.4f}")
     model = positional(rows)
     chains, sequoia, selection = model["chains"], model["rejection_sampling_tree"], model["selection_shape"]
-    print(f"\npositional model, 16 drafts: chains gamma = 1 .. 5 keep {', '.join(f'{chains[g]:.3f}' for g in range(1, 6))}"
-          f" tokens per target call (gamma = 16: {chains[16]:.3f}); rejection sampling's best tree (Sequoia) "
-          f"{sequoia['expected_tokens']:.3f} ({sequoia['expected_tokens'] / chains[5]:.3f}x gamma = 5); the "
-          f"selection rule's best shape {selection['tree']} {selection['expected_tokens']:.3f} "
-          f"({selection['expected_tokens'] / chains[5]:.3f}x)")
+    best_coupled = model["coupled_tree"]
+    kept = ", ".join(f"{chains[g]:.3f}" for g in range(1, 6))
+    print(f"\npositional model, 16 drafts: chains gamma = 1 .. 5 keep {kept} tokens per target call (gamma = 16: "
+          f"{chains[16]:.3f}); rejection sampling's best tree (Sequoia) {sequoia['expected_tokens']:.3f} "
+          f"({sequoia['expected_tokens'] / chains[5]:.3f}x gamma = 5); the coupled rule's "
+          f"{best_coupled['expected_tokens']:.3f} ({best_coupled['expected_tokens'] / chains[5]:.3f}x, tree "
+          f"{best_coupled['tree']}); the selection rule's best shape {selection['tree']} "
+          f"{selection['expected_tokens']:.3f} ({selection['expected_tokens'] / chains[5]:.3f}x)")
     args.json.write_text(json.dumps({"machine": platform.platform(), "torch": torch.__version__,
                                      "windows": args.windows, "positions": len(p), "draws": args.draws,
-                                     "rows": rows, "positional": model}, indent=1))
+                                     "rows": rows, "second_child": second, "positional": model}, indent=1))
     print(f"wrote {args.json}")
 
 

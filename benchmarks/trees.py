@@ -11,7 +11,8 @@ prompts, batch 1, each temperature:
    made alternately: verify_cost(w), the target's masked tree call of width w over its width-1 call (w = 1 .. 64),
    and c, the draft's one-token call over the target's.
 2. A probe run with the tree PROBE = [4, 2, 2, 1, 1, 1] estimates the acceptance table by depth and rank
-   (analysis.acceptance_from_counts of stats.tree_visits / tree_accepted).
+   (analysis.acceptance_from_counts of stats.tree_visits / tree_accepted), one probe per way of drawing siblings
+   in --siblings but "top" (the first one's also predicts the chains).
 3. For every chain gamma = 1 .. 5 (Algorithm 1's loop) and every shape in SHAPES: tokens per target call
    measured and predicted
    (analysis.tree_expected_tokens at the probe's table; and, as speculant.sweep predicts, from the setting's own
@@ -21,7 +22,7 @@ prompts, batch 1, each temperature:
    predicted (analysis.tree_speedup at the table, c and the measured verify_cost; one draft call per depth).
    Each setting (and the probe, and each width of step 1) runs on freshly loaded models: see fresh().
    The shape the analysis ranks first among them is marked. Beside the shapes, Sequoia's trees: the best tree of
-   each of --budgets drafts at the probe's table (analysis.best_tree), run as given (breadth-first parents).
+   each of --budgets drafts at each rule's probe table (analysis.best_tree), run as given (breadth-first parents).
 4. Grown trees (speculant.DynamicTree in GROWN: EAGLE-2's expansion by draft confidence, kept exact), each
    iteration's shape its own: timing.tree_prediction, the mean over the iterations of the expected tokens of the
    tree each drafted (Iteration.tree) at the acceptance table the setting's own first round measured (the probe
@@ -31,9 +32,9 @@ prompts, batch 1, each temperature:
    the count of rounds the tree won and its sign test (timing.head_to_head).
 
 At temperature 0 the children of a node are the draft's top k (ranks by draft probability); at temperature 1 they
-are drawn by each of --siblings (default: without replacement). Under siblings="top" (q's k - 1 most probable
-tokens, then one draw) a rank's acceptance depends on whether it is its node's last child, so the probe's table
-(drawn without replacement) does not predict those rows: they show the prediction from their own table only.
+are drawn by each of --siblings (default: "coupled", the library's). Under siblings="top" (q's k - 1 most probable
+tokens, then one draw) a rank's acceptance depends on whether it is its node's last child, so no probe's table
+predicts those rows: they show the prediction from their own table only.
 """
 import argparse
 import functools
@@ -136,6 +137,17 @@ def costs(target_path, draft_path, calls: int):
     return verify, draft_call / target_call, target_call, width_one
 
 
+def probe_table(target_path, draft_path, prompts, temperature, siblings, tokens):
+    """The acceptance table by depth and rank (analysis.acceptance_from_counts) of the PROBE tree under
+    `siblings`, over the prompts."""
+    probe = speculant.SpeculativeDecoder(*fresh(target_path, draft_path), tree=PROBE, siblings=siblings,
+                                         temperature=temperature)
+    results = [probe.generate(p, max_new_tokens=tokens, seed=1000 + i) for i, p in enumerate(prompts)]
+    visits = [sum(r.stats.tree_visits[i] for r in results) for i in range(len(PROBE))]
+    accepted = [[sum(r.stats.tree_accepted[i][j] for r in results) for j in range(k)] for i, k in enumerate(PROBE)]
+    return analysis.acceptance_from_counts(accepted, visits)
+
+
 def decoder_for(row, target_path, draft_path, temperature):
     """A fresh decoder of a row of the table: a chain, a shape or parents, or a grown tree."""
     shape = row["shape"]
@@ -171,7 +183,7 @@ def main(argv=None) -> None:
     parser.add_argument("--pair", choices=["demo", "gpt2"], default="demo")
     parser.add_argument("--shapes", type=lambda s: [int(k) for k in s.split(",")], nargs="+", default=SHAPES,
                         help="tree shapes besides the chains, each as k1,k2,... (default: SHAPES)")
-    parser.add_argument("--siblings", nargs="+", choices=speculant.decoder.SIBLINGS, default=["without_replacement"],
+    parser.add_argument("--siblings", nargs="+", choices=speculant.decoder.SIBLINGS, default=["coupled"],
                         help="how the trees' children are drawn at temperature > 0, each a set of rows (the chains "
                              "are the same under all; at temperature 0 children are the draft's top k)")
     parser.add_argument("--duel", type=int, default=12,
@@ -199,32 +211,31 @@ def main(argv=None) -> None:
               "verify_cost": verify, "temperatures": {}}
 
     for temperature in args.temperatures:
-        probe = speculant.SpeculativeDecoder(*fresh(target_path, draft_path), tree=PROBE, temperature=temperature)
-        results = [probe.generate(p, max_new_tokens=args.tokens, seed=1000 + i) for i, p in enumerate(prompts)]
-        visits = [sum(r.stats.tree_visits[i] for r in results) for i in range(len(PROBE))]
-        accepted = [[sum(r.stats.tree_accepted[i][j] for r in results) for j in range(k)]
-                    for i, k in enumerate(PROBE)]
-        table = analysis.acceptance_from_counts(accepted, visits)
-        print(f"\n## temperature {temperature}\n\nacceptance by depth (rows) and rank (columns), from the {PROBE} "
-              f"probe: " + "; ".join("[" + ", ".join(f"{a:.3f}" for a in row) + "]" for row in table) + "\n")
-        print("| draft | drafts | tokens / target call ± s.e. (probe's prediction) | own prediction | "
-              "speedup [min-max] | predicted speedup |")
-        print("|---|---|---|---|---|---|")
         # (name, shape, siblings); the chains are the same under every siblings rule, and at temperature 0 so are
         # the trees (the draft's top k)
         modes = args.siblings if temperature > 0 else args.siblings[:1]
         label = (lambda sib: f" {sib}" if len(modes) > 1 else "")
-        settings = [(f"chain gamma = {g}", [1] * g, modes[0]) for g in range(1, 6)]
+        # one probe per sampled rule but "top": under "top" a rank's acceptance depends on whether it is a node's
+        # last child (the one drawn), so a table transfers only between equal widths: those rows are predicted
+        # from their own tables alone. The probe of the first rule predicts the chains.
+        sampled = [sib for sib in modes if sib != "top"] or ["without_replacement"]  # the latter for the chains
+        tables = {sib: probe_table(target_path, draft_path, prompts, temperature, sib, args.tokens) for sib in sampled}
+        table = tables[sampled[0]]
+        print(f"\n## temperature {temperature}\n")
+        for sib, rule_table in tables.items():
+            print(f"acceptance by depth (rows) and rank (columns), from the {PROBE} probe{label(sib)}: "
+                  + "; ".join("[" + ", ".join(f"{a:.3f}" for a in row) + "]" for row in rule_table))
+        print("\n| draft | drafts | tokens / target call ± s.e. (probe's prediction) | own prediction | "
+              "speedup [min-max] | predicted speedup |")
+        print("|---|---|---|---|---|---|")
+        settings = [(f"chain gamma = {g}", [1] * g, sampled[0]) for g in range(1, 6)]
         for sib in modes:
             settings += [(f"{s}{label(sib)}", s, sib) for s in args.shapes]
-        # Sequoia's trees: the best of each budget at the probe's table (analysis.best_tree), run as given
-        settings += [(f"best of {b} (Sequoia)", analysis.best_tree(b, table).tree, modes[0]) for b in args.budgets
-                     if modes[0] != "top"]
-        # the probe's table: children drawn without replacement. Under "top" a rank's acceptance depends on
-        # whether it is a node's last child (the one drawn), so a table transfers only between equal widths: those
-        # rows are predicted from their own tables alone.
-        predicted = {name: analysis.tree_speedup(shape, table, c, verify) for name, shape, sib in settings
-                     if sib != "top"}
+        # Sequoia's trees: the best of each budget at each rule's probe table (analysis.best_tree), run as given
+        settings += [(f"best of {b} (Sequoia){label(sib)}", analysis.best_tree(b, rule_table).tree, sib)
+                     for sib, rule_table in tables.items() if sib in modes for b in args.budgets]
+        predicted = {name: analysis.tree_speedup(shape, tables[sib], c, verify) for name, shape, sib in settings
+                     if sib in tables}
         pick = max(predicted, key=predicted.get)
         settings += [(f"grown {g.budget}, depth {g.depth}, {g.children} x {g.width}{label(modes[0])}", g, modes[0])
                      for g in GROWN]
@@ -258,7 +269,7 @@ def main(argv=None) -> None:
                 expected, predicted[name] = timing.tree_prediction(rounds[0].speculative, shape, c, verify)
                 drafts, probe = analysis.tree_size(shape), "-"
             else:
-                expected, drafts = analysis.tree_expected_tokens(shape, table), analysis.tree_size(shape)
+                expected, drafts = analysis.tree_expected_tokens(shape, tables[sib]), analysis.tree_size(shape)
                 probe = f"{expected:.2f}"
             rows.append({"draft": name, "shape": shape, "siblings": None if chain else sib, "drafts": drafts,
                          "tokens_per_target_call": per_call, "tokens_per_target_call_se": per_call_se,
@@ -269,7 +280,8 @@ def main(argv=None) -> None:
             print(f"| {name}{mark} | {drafts:.3g} | {per_call:.2f} ± {per_call_se:.2f} ({probe}) | {own:.2f} | "
                   f"{median:.2f}x [{low:.2f}-{high:.2f}] | {predicted[name]:.2f}x |", flush=True)
         duel = head_to_head(rows, target_path, draft_path, temperature, calls, args) if args.duel else None
-        report["temperatures"][str(temperature)] = {"table": table, "rows": rows, "pick": pick, "duel": duel}
+        report["temperatures"][str(temperature)] = {"table": table, "tables": tables, "rows": rows, "pick": pick,
+                                                    "duel": duel}
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1))

@@ -65,7 +65,8 @@ Siblings parse_siblings(const std::string& name) {
   if (name == "without_replacement") return Siblings::without_replacement;
   if (name == "with_replacement") return Siblings::with_replacement;
   if (name == "top") return Siblings::top;
-  fail("siblings must be 'without_replacement', 'with_replacement' or 'top', got '{}'", name);
+  if (name == "coupled") return Siblings::coupled;
+  fail("siblings must be 'without_replacement', 'with_replacement', 'top' or 'coupled', got '{}'", name);
 }
 
 void check_probabilities(const at::Tensor& t, const char* what) {

@@ -263,7 +263,7 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
 #pragma omp simd reduction(+ : mass)
     for (int64_t v = 0; v < vocab; ++v) mass += left[v];
     token[j] = mass > 0 ? inverse_cdf(vocab, uniform(), [&left](int64_t v) { return left[v]; }) : 0;
-    if (siblings != Siblings::with_replacement) left[token[j]] = 0.0;
+    if (!independent_draws(siblings)) left[token[j]] = 0.0;
   }
   return out;
 }
@@ -308,6 +308,7 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
       std::copy(q_node, q_node + vocab, q_left.begin());
       for (int64_t j = 0; j < children && chosen < 0; ++j) {
         const int64_t x = tokens[tree.first_child(node) + j];
+        const bool look_ahead = siblings == Siblings::coupled && j + 1 < children;
         // q_j: what is left of q (without replacement or top: the earlier siblings removed), renormalized
         double mass = 0.0;
 #pragma omp simd reduction(+ : mass)
@@ -318,11 +319,31 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
           std::fill(q_j.begin(), q_j.end(), 0.0);
           q_j[x] = 1.0;
         }
-        // min(1, p_j(x) / q_j(x)); a child q_j could not have drawn is never accepted (speculative.h, tree.h)
-        const double accept = q_j[x] > 0 ? std::min(1.0, p_j[x] / q_j[x]) : 0.0;
+        // min(1, p_j(x) / q_j(x)); a child q_j could not have drawn is never accepted (speculative.h, tree.h).
+        // Coupled: the coin looks at whether the next child is in H_j = {p_j > q_j}, of q mass w (tree.h).
+        double w = 0.0;
+        if (look_ahead) {
+#pragma omp simd reduction(+ : w)
+          for (int64_t v = 0; v < vocab; ++v) w += p_j[v] > q_j[v] ? q_node[v] : 0.0;
+        }
+        const double ratio = q_j[x] > 0 ? p_j[x] / q_j[x] : 0.0;
+        const int64_t next = look_ahead ? tokens[tree.first_child(node) + j + 1] : 0;
+        const double accept = q_j[x] <= 0  ? 0.0
+                              : look_ahead ? coupled_coin(ratio, p_j[next] > q_j[next], w)
+                                           : std::min(1.0, ratio);
         if (uniform() < accept) {
           chosen = j;
           break;
+        }
+        if (look_ahead) {  // the next child's law given this rejection: q reweighted on H_j and off it (tree.h)
+          double keep_in = 0.0, keep_out = 0.0;
+          for (int64_t v = 0; v < vocab; ++v) {
+            if (q_j[v] <= 0 || p_j[v] >= q_j[v]) continue;  // r >= 1: always accepted
+            const double r = p_j[v] / q_j[v];
+            keep_in += q_j[v] * (1.0 - coupled_coin(r, true, w));
+            keep_out += q_j[v] * (1.0 - coupled_coin(r, false, w));
+          }
+          for (int64_t v = 0; v < vocab; ++v) q_left[v] = q_node[v] * (p_j[v] > q_j[v] ? keep_in : keep_out);
         }
         // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself when that has no mass
         double excess = 0.0;
@@ -331,7 +352,7 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
         if (excess > 0) {
           for (int64_t v = 0; v < vocab; ++v) p_j[v] = std::max(0.0, p_j[v] - q_j[v]) / excess;
         }
-        if (siblings != Siblings::with_replacement) q_left[x] = 0.0;
+        if (!independent_draws(siblings)) q_left[x] = 0.0;
       }
       out.accepted_rank.push_back(chosen);
       if (chosen < 0) {  // every child rejected: t from the last residual

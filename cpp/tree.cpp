@@ -79,7 +79,7 @@ at::Tensor top_tokens(const at::Tensor& q, int64_t k) {
 at::Tensor draw_children_generic(const at::Tensor& q, int64_t k, Siblings siblings, at::Generator& generator) {
   check_top(q, k, siblings);
   at::Tensor rows = q.to(at::kDouble).unsqueeze(0);  // [1, V]
-  if (siblings == Siblings::with_replacement) {
+  if (independent_draws(siblings)) {
     const at::Tensor uniforms = at::rand({k, 1}, generator, rows.options());
     return sample_inverse_cdf(rows.expand({k, q.size(0)}), uniforms);  // [k]
   }
@@ -104,6 +104,21 @@ at::Tensor draw_children_generic(const at::Tensor& q, int64_t k, Siblings siblin
 }
 
 namespace {
+
+// The coupled rule's coins (tree.h's coupled_coin) for every token's ratio [M, V] at once, w [M, 1]: when the next
+// child is in H_j, and when it is not.
+struct CoupledCoins {
+  at::Tensor in_h, out_h;
+};
+
+CoupledCoins coupled_coins(const at::Tensor& ratio, const at::Tensor& w) {
+  const at::Tensor one = at::ones_like(ratio);
+  const at::Tensor in_h = at::where(w > 0, ((ratio - (1 - w)) / w.clamp_min(std::numeric_limits<double>::min()))
+                                               .clamp(0.0, 1.0), one);
+  const at::Tensor out_h = at::where(w < 1, (ratio / (1 - w).clamp_min(std::numeric_limits<double>::min()))
+                                                .clamp_max(1.0), one);
+  return {in_h, out_h};
+}
 
 void check_tree_inputs(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
                        const at::Tensor& tokens, const SamplingConfig& config) {
@@ -171,7 +186,8 @@ TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logit
     for (const int64_t node : internal) counts.push_back(tree.children(node));
     const at::Tensor count = at::tensor(counts, long_options);                                     // [M]
     at::Tensor p_j = p.index_select(0, nodes);                                                     // [M, V]
-    at::Tensor q_left = q.to(p.scalar_type()).index_select(0, nodes);                              // [M, V]
+    const at::Tensor q_nodes = q.to(p.scalar_type()).index_select(0, nodes);                       // [M, V]
+    at::Tensor q_left = q_nodes;
     beta = at::minimum(p_j, q_left).sum(-1);
     const at::Tensor greedy_token = p_j.argmax(-1);                                                // [M]
     std::vector<at::Tensor> columns;
@@ -191,12 +207,29 @@ TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logit
         q_j = at::where(fixed, at::zeros_like(q_j).scatter(1, x_j, 1.0), q_j);
       }
       const at::Tensor q_x = q_j.gather(1, x_j);                                                   // [M, 1]
-      const at::Tensor a = acceptance_probability(p_j.gather(1, x_j), q_x, 1.0).squeeze(1);
+      at::Tensor a = acceptance_probability(p_j.gather(1, x_j), q_x, 1.0).squeeze(1);
+      at::Tensor next_law;  // coupled: the next child's law given a rejection here (tree.h), unnormalized
+      if (siblings == Siblings::coupled && j + 1 < k_max) {
+        const at::Tensor has_next = count > j + 1;                                                 // [M]
+        const at::Tensor in_h = p_j > q_j;                                                         // [M, V]
+        const at::Tensor w = (q_nodes * in_h).sum(-1, /*keepdim=*/true);                           // [M, 1]
+        const at::Tensor ratio = at::where(q_j > 0, p_j / q_j.clamp_min(std::numeric_limits<double>::min()),
+                                           at::ones_like(p_j));                                     // [M, V]
+        const CoupledCoins coins = coupled_coins(ratio, w);
+        const at::Tensor next_in_h = in_h.gather(1, x.select(1, j + 1).unsqueeze(1));               // [M, 1]
+        const at::Tensor coupled = at::where(next_in_h, coins.in_h, coins.out_h).gather(1, x_j).squeeze(1);
+        a = at::where(has_next, coupled, a);
+        const at::Tensor keep_in = (q_j * (1 - coins.in_h)).sum(-1, /*keepdim=*/true);             // [M, 1]
+        const at::Tensor keep_out = (q_j * (1 - coins.out_h)).sum(-1, /*keepdim=*/true);
+        next_law = at::where(has_next.unsqueeze(1), q_nodes * at::where(in_h, keep_in, keep_out), q_left);
+      }
       // a child q_j could not have drawn (its support used up) is never accepted
       columns.push_back(at::where(has.logical_and(q_x.squeeze(1) > 0), a, at::zeros_like(a)));
       // a rejection leaves the residual, once x_j is tried (rows without a child j keep theirs)
       p_j = at::where(has.unsqueeze(1), residual(p_j, q_j), p_j);
-      if (siblings != Siblings::with_replacement) {
+      if (next_law.defined()) {
+        q_left = next_law;
+      } else if (!independent_draws(siblings)) {
         q_left = at::where(has.unsqueeze(1), q_left.scatter(1, x_j, 0.0), q_left);
       }
     }

@@ -34,6 +34,32 @@
 // min(p(x), q(x) (1 - p(T)) / (1 - q(T))): more than sampled siblings where the draft's argmax is the
 // target's but its mass is spread, less where the draft is close to the target in law (tests/test_tree.py
 // enumerates both; on the trained GPT-2 pair sampled siblings keep more, benchmarks/trees.py).
+// Coupled children (siblings = coupled: drawn independently from q, as with replacement). Rejection sampling tries
+// child j with a coin of probability min(1, r(x_j)), r = p_j / q_j, that ignores the later children, so a child
+// of r < 1 is sometimes accepted when the child after it would have been accepted too, and sometimes rejected when
+// the child after it is useless. The coupled rule lets child j's coin look at child j + 1's token, and only at
+// whether it lies in H_j = {v : p_j(v) > q_j(v)}, the support of the residual p_{j+1}. With w = q(H_j), the chance
+// that child j + 1 lands in H_j, a child of r = r(x_j) is accepted with probability
+//     u(r, in H_j) = clamp((r - (1 - w)) / w, 0, 1),     u(r, not in H_j) = min(1, r / (1 - w))
+// (1 when the denominator is 0; u = 1 for r >= 1 either way): a child of r < 1 spends its acceptance on the
+// draws of j + 1 that are useless, as far as they reach. The last child, with no child after it, keeps min(1, r).
+// Claim: the token emitted at the node is distributed as p. (1) For every x_j = a, the coin averaged over
+// x_{j+1} ~ q is (1 - w) u(r, out) + w u(r, in) = min(1, r(a)) (check the cases r <= 1 - w and r > 1 - w), so
+// P(emit x_j = a) = q_j(a) min(1, r(a)) = min(p_j, q_j)(a), as in Algorithm 1, and a rejection has probability
+// 1 - sum min(p_j, q_j) and must be followed by a sample of p_{j+1} = norm(max(0, p_j - q_j)), as above.
+// (2) Given the rejection, x_{j+1} is no longer distributed as q: its law is
+//     q_{j+1}(b) = q(b) (1 - sum_a q_j(a) u(r(a), b in H_j)) / (1 - sum min(p_j, q_j)),
+// which the verifier computes (it depends on b only through b in H_j), while x_{j+2} .. x_k, not looked at yet,
+// are still independent draws of q, independent of x_{j+1}. Step j + 1 is then the same rule for the pair
+// (p_{j+1}, q_{j+1}) with its own look-ahead at x_{j+2}, and by induction on the children left (the base case
+// the last child's plain step, then t ~ p_{k+1}) it emits a sample of p_{j+1}; with (1), of p_j. The verifier
+// never reads x_j's token after step j, so the rest may depend on x_{j+1} in any way its law q_{j+1} accounts
+// for. Accepted children go on as above: their subtrees were drawn from q at their own tokens.
+// Why it keeps more: a rejection of child j now happens mostly when child j + 1 is in H_j, so the residual's
+// support meets child j + 1 more often than with independent coins, while child j keeps its chance
+// sum min(p_j, q_j). On the trained GPT-2 pair at T = 1 the second child's share rises from 0.105 to 0.148, with
+// the first child's 0.61 unchanged (benchmarks/node_bounds.py): rank 0 keeps its lead, and a tree of this rule
+// puts its deepest subtree there as Sequoia's trees do.
 // Greedy (temperature 0): children are the draft's top-k tokens, and the first child equal to the target's
 // argmax is accepted (the longest path of argmax agreement); t is the argmax.
 // Lenience (A.5) is not defined for trees here: its bound is proven for one draft per position.
@@ -41,6 +67,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -75,14 +102,25 @@ class Tree {
   std::vector<int64_t> parent_, depth_, first_child_, children_;
 };
 
-// How the children of a node were drawn from the draft's q at that node.
-enum class Siblings { with_replacement, without_replacement, top };
+// How the children of a node were drawn from the draft's q at that node (and, for coupled, how they are verified).
+enum class Siblings { with_replacement, without_replacement, top, coupled };
+// Whether a node's children are independent draws of q (with replacement, coupled).
+inline bool independent_draws(Siblings siblings) {
+  return siblings == Siblings::with_replacement || siblings == Siblings::coupled;
+}
 
-// k children of one node from q [V] (a standardized row): k independent draws, or k draws without replacement
-// (each from q without the tokens drawn before it, renormalized; once q's support is used up, the remaining
-// children are arbitrary tokens, which verify_tree never accepts), or (top) q's k - 1 most probable tokens, the
-// first index on ties, then one draw from q without them; greedy: the k most probable tokens, the first index on
-// ties. Returns int64 [k] on q's device. CPU rows are drawn by cpu::draw_children.
+// The coupled rule's coin (above) for a child of ratio r = p_j(x) / q_j(x), given whether the next child lies in
+// H_j, whose q mass is w.
+inline double coupled_coin(double r, bool next_in_h, double w) {
+  if (next_in_h) return w > 0 ? std::clamp((r - (1.0 - w)) / w, 0.0, 1.0) : 1.0;
+  return w < 1 ? std::min(1.0, r / (1.0 - w)) : 1.0;
+}
+
+// k children of one node from q [V] (a standardized row): k independent draws (with replacement, coupled), or k
+// draws without replacement (each from q without the tokens drawn before it, renormalized; once q's support is
+// used up, the remaining children are arbitrary tokens, which verify_tree never accepts), or (top) q's k - 1 most
+// probable tokens, the first index on ties, then one draw from q without them; greedy: the k most probable
+// tokens, the first index on ties. Returns int64 [k] on q's device. CPU rows are drawn by cpu::draw_children.
 at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, bool greedy, at::Generator& generator);
 // q's k most probable tokens, the first index on ties: int64 [k].
 at::Tensor top_tokens(const at::Tensor& q, int64_t k);

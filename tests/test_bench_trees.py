@@ -1,7 +1,8 @@
 """benchmarks/trees.py end to end on the smoke-sized demo pair: chains, shapes under two ways of drawing
 siblings, Sequoia's best tree run as given, a grown tree, and the fastest tree timed against the fastest chain,
 written to its record. benchmarks/node_bounds.py's parts (it needs the trained GPT-2 pair to run whole): its
-Monte Carlo of rejection sampling and its selection rule against enumeration, and its positional model."""
+Monte Carlo of rejection sampling, its closed form of the coupled rule and its selection rule against
+enumeration, and its positional model."""
 import json
 import os
 import sys
@@ -20,19 +21,24 @@ def test_trees_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "GROWN", bench.GROWN[:1])
     out = tmp_path / "trees.json"
     bench.main(["--temperatures", "1", "--prompts", "1", "--tokens", "12", "--repeats", "1", "--calls", "3",
-                "--shapes", "2,1", "--siblings", "without_replacement", "top", "--budgets", "4", "--duel", "2",
-                "--json", str(out)])
+                "--shapes", "2,1", "--siblings", "without_replacement", "top", "coupled", "--budgets", "4", "--duel",
+                "2", "--json", str(out)])
     record = json.loads(out.read_text())
-    assert record["siblings"] == ["without_replacement", "top"] and len(record["verify_cost"]) == bench.MAX_WIDTH
+    assert record["siblings"] == ["without_replacement", "top", "coupled"]
+    assert len(record["verify_cost"]) == bench.MAX_WIDTH
     result = record["temperatures"]["1.0"]
+    assert set(result["tables"]) == {"without_replacement", "coupled"}  # a probe per sampled rule
+    assert result["table"] == result["tables"]["without_replacement"]
     rows = {row["draft"]: row for row in result["rows"]}
     assert list(rows) == [f"chain gamma = {g}" for g in range(1, 6)] + [
-        "[2, 1] without_replacement", "[2, 1] top", "best of 4 (Sequoia)",
-        "grown 8, depth 4, 2 x 2 without_replacement"]
-    sequoia = rows["best of 4 (Sequoia)"]
-    assert sequoia["shape"] == analysis.best_tree(4, result["table"]).tree and sequoia["drafts"] == 4
-    assert sequoia["expected_tokens"] == pytest.approx(float(analysis.tree_expected_tokens(sequoia["shape"],
-                                                                                         result["table"])))
+        "[2, 1] without_replacement", "[2, 1] top", "[2, 1] coupled", "best of 4 (Sequoia) without_replacement",
+        "best of 4 (Sequoia) coupled", "grown 8, depth 4, 2 x 2 without_replacement"]
+    for sib in result["tables"]:
+        sequoia = rows[f"best of 4 (Sequoia) {sib}"]
+        assert sequoia["siblings"] == sib and sequoia["drafts"] == 4
+        assert sequoia["shape"] == analysis.best_tree(4, result["tables"][sib]).tree
+        assert sequoia["expected_tokens"] == pytest.approx(float(analysis.tree_expected_tokens(
+            sequoia["shape"], result["tables"][sib])))
     top = rows["[2, 1] top"]
     assert top["siblings"] == "top" and top["drafts"] == 4  # predicted from its own table only
     assert top["expected_tokens"] == pytest.approx(top["own_expected"])
@@ -70,6 +76,27 @@ def test_node_bounds_rejection_sampling_is_unbiased():
             assert abs(float(draws.mean()) - exact) < 5 * float(draws.std()) / 200, (k, siblings)
 
 
+def test_node_bounds_coupled_is_the_enumerated_rule():
+    """node_bounds.coupled's closed form against tests/test_tree.py's enumeration of siblings="coupled" at every
+    node of a table, k = 1 .. 4: its shares sum to the node's exact acceptance, the first is sum min(p, q) (the
+    first child keeps Algorithm 1's chance), and k = 1 is that alone."""
+    import node_bounds
+    import torch
+    from test_tree import VOCAB, iteration_law, standardized, tables
+
+    target, draft = tables(seed=5)
+    p_table, q_table = standardized(target, (1.0, 0, 1.0)), standardized(draft, (1.0, 0, 1.0))
+    for k in (1, 2, 3, 4):
+        shares = node_bounds.coupled(p_table, q_table, k)
+        assert shares.shape == (VOCAB, k)
+        for root in range(VOCAB):
+            law = iteration_law(p_table, q_table, root, [k], "coupled")
+            exact = sum(prob for seq, prob in law.items() if len(seq) == 2)
+            assert float(shares[root].sum()) == pytest.approx(exact, abs=1e-12), (k, root)
+            beta = float(torch.minimum(p_table[root], q_table[root]).sum())
+            assert float(shares[root, 0]) == pytest.approx(beta, abs=1e-12)
+
+
 def test_node_bounds_positional_model():
     """positional(): chains at the rank-0 share, Sequoia's tree at the per-rank shares, and the selection rule's
     best regular shape against every shape of at most 6 drafts enumerated (a node may draw fewer children than
@@ -77,14 +104,16 @@ def test_node_bounds_positional_model():
     import itertools
     import node_bounds
 
-    rows = [{"k": 1, "ratio_selection": 0.6, "without_ranks": [0.6]},
-            {"k": 2, "ratio_selection": 0.78, "without_ranks": [0.6, 0.1]},
-            {"k": 3, "ratio_selection": 0.75, "without_ranks": [0.6, 0.1, 0.05]}]
+    rows = [{"k": 1, "ratio_selection": 0.6, "without_ranks": [0.6], "coupled_ranks": [0.6]},
+            {"k": 2, "ratio_selection": 0.78, "without_ranks": [0.6, 0.1], "coupled_ranks": [0.6, 0.15]},
+            {"k": 3, "ratio_selection": 0.75, "without_ranks": [0.6, 0.1, 0.05], "coupled_ranks": [0.6, 0.15, 0.04]}]
     model = node_bounds.positional(rows, budget=6)
     assert model["chains"][1] == pytest.approx(1.6) and model["chains"][2] == pytest.approx(1.96)
-    table = [[0.6, 0.1, 0.05]] * 6
-    assert model["rejection_sampling_tree"]["expected_tokens"] == pytest.approx(
-        float(analysis.best_tree(6, table).expected_tokens))
+    for key, ranks in (("rejection_sampling_tree", [0.6, 0.1, 0.05]), ("coupled_tree", [0.6, 0.15, 0.04])):
+        best = analysis.best_tree(6, [ranks] * 6)
+        assert model[key]["expected_tokens"] == pytest.approx(float(best.expected_tokens))
+        assert model[key]["tree"] == best.tree
+    assert model["coupled_tree"]["expected_tokens"] > model["rejection_sampling_tree"]["expected_tokens"]
     best = {1: 0.6, 2: 0.78, 3: 0.78}
 
     def tokens(shape):

@@ -34,7 +34,7 @@ with a warning. The laws: greedy exactly, and temperature 1, top-k, top-p and le
 test at 1e-3 (4 configurations x 2 windows), plus the device sampling path (_sample_generic) against its
 probabilities at 1e-3: 9 tests, at most 0.9% family-wise false failures. Tree calls captured (a shape, a given
 tree and grown ones, each way of drawing siblings) give the tokens of the same calls uncaptured on every
-backend, and two tree laws by the chi-square test at 1e-3, 2 windows each (4 more tests: at most 1.3%
+backend, and three tree laws by the chi-square test at 1e-3, 2 windows each (6 more tests: at most 1.5%
 family-wise).
 """
 
@@ -300,6 +300,7 @@ TREES = [
      dict(temperature=0.0)),
     ("grown-without-T1", speculant.DynamicTree(budget=6, depth=3, children=2, width=2), "without_replacement",
      dict(temperature=1.0)),
+    ("3x1-coupled-T0.9", [3, 1], "coupled", dict(temperature=0.9)),
 ]
 
 
@@ -569,6 +570,7 @@ def test_cuda_graphs_of_tree_calls_equal_the_calls_they_capture(cuda_pairs, name
 CUDA_TREE_LAWS = [  # id, tree, siblings, sampling, table seed
     ("2x2-without-T1", [2, 2], "without_replacement", dict(temperature=1.0), 71),
     ("given-top-T0.8", [-1, 0, 0, 0, 1, 1, 2, 4], "top", dict(temperature=0.8), 72),
+    ("2x2-coupled-T1", [2, 2], "coupled", dict(temperature=1.0), 73),
 ]
 
 

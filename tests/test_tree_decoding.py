@@ -11,12 +11,12 @@ copy_slots). What is checked:
   the cache after every iteration against a cache-free recomputation of the kept path.
 * The law: Pearson chi-square of the first LAW_NEW tokens against the target's exact law on native Markov
   tables (tests/test_batch.py's MarkovRows, which reads each node's predecessor through the mask), at
-  SIGNIFICANCE = 1e-3 per window, 2 windows per case, fixed seeds: 7 cases (each way of drawing siblings, a
-  given tree), at most 1.4% family-wise false failures for a fresh choice of seeds (Bonferroni).
+  SIGNIFICANCE = 1e-3 per window, 2 windows per case, fixed seeds: 9 cases (each way of drawing siblings, given
+  trees), at most 1.8% family-wise false failures for a fresh choice of seeds (Bonferroni).
 * The statistics: per depth and rank acceptance counts, tokens per call, and the refusals by name.
 * Drafters without a model: Unigram / Bigram tables and a PythonDrafter with score= propose trees (the engine
   draws each node's children from their law there): the law on Markov tables (chi-square, 3 more cases under
-  the same family-wise bound: at most 2% with the 7 above and the live case), greedy trees equal plain greedy.
+  the same family-wise bound: at most 2.4% with the 9 above), greedy trees equal plain greedy.
 * Live transformers objects (python/speculant/live.py: a 4-D attention mask, position_ids, the cache's entries
   selected in place), probed once per model: greedy trees equal transformers' greedy generate for GPT-2 and
   Llama, alone and in a batch; the first two tokens' law with trees is the target's (Llama, chi-square at
@@ -104,6 +104,8 @@ LAW_CASES = [  # id, shape, siblings, sampling, table seed
     ("1x1x1-chain", [1, 1, 1], "without_replacement", dict(temperature=1.0), 65),
     ("3x2-top-T0.8", [3, 2], "top", dict(temperature=0.8), 66),
     ("given-without-T1", GIVEN, "without_replacement", dict(temperature=1.0), 67),
+    ("2x2-coupled-T1", [2, 2], "coupled", dict(temperature=1.0), 68),
+    ("given-coupled-T0.9-topp0.9", GIVEN, "coupled", dict(temperature=0.9, top_p=0.9), 69),
 ]
 
 
@@ -129,7 +131,7 @@ def test_refusals(models, tmp_path):
         (dict(tree=[2, 2], gamma=3), "gamma must be the tree's depth 2"),
         (dict(tree=[2], lenience=0.5), "lenience must be 1 with tree="),
         (dict(tree=[2], siblings="sorted"), r"siblings must be one of \('without_replacement', 'with_replacement', "
-                                            r"'top'\), got 'sorted'"),
+                                            r"'top', 'coupled'\), got 'sorted'"),
         (dict(tree=[2], siblings=True), "siblings must be one of"),
         (dict(tree=[-1, 1]), "tree node 1 has parent 1"),
         (dict(tree=[-1]), "parents must give 1 to 4096 drafts, got 0"),

@@ -107,6 +107,22 @@ def multi_draft_bound(p: torch.Tensor, q: torch.Tensor, k: int) -> torch.Tensor:
     return 1.0 - uncovered.clamp_min(0.0).amax(-1)  # the empty set: 0
 
 
+def second_child_bound(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The most that any exact verification of two drafts Y1, Y2 drawn i.i.d. from q can accept the second with
+    (P(output = Y2 != Y1)) while the first keeps Algorithm 1's chance beta = sum min(p, q), the most it can have:
+    sum_b min(max(0, p(b) - q(b)), q(b) q({p < q})). Over the last dimension, any leading shape.
+
+    Why: P(output = Y1) = beta forces P(output = Y1 | Y1 = a) = min(1, p(a) / q(a)) for every a, so whenever Y1
+    is a token of p(a) >= q(a) the output is Y1, whatever Y2 is. Hence P(output = Y2 = b != Y1) is at most
+    q(b) q({p < q}), and at most what b's mass p(b) has left after min(p, q)(b) went to Y1. A tree wants its first
+    child to keep beta (that child gets the deepest subtree), so this is the ceiling on what a second sibling can
+    add there; siblings="coupled" (cpp/tree.h) is a rule under it, rejection sampling with independent coins
+    another (tests/test_tree.py compares the bound with the linear program it relaxes)."""
+    p, q = torch.broadcast_tensors(torch.as_tensor(p, dtype=torch.float64), torch.as_tensor(q, dtype=torch.float64))
+    below = (q * (p < q)).sum(-1, keepdim=True)
+    return torch.minimum((p - q).clamp_min(0.0), q * below).sum(-1)
+
+
 # --------------------------------------------------------------------------------------------------
 # §3.1, §3.3 - §3.5: tokens, walltime, operations, the choice of gamma
 # --------------------------------------------------------------------------------------------------

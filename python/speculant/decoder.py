@@ -65,7 +65,7 @@ def _flag(value, name: str) -> bool:
     return bool(value)
 
 
-SIBLINGS = ("without_replacement", "with_replacement", "top")
+SIBLINGS = ("without_replacement", "with_replacement", "top", "coupled")
 
 
 def _siblings(value) -> str:
@@ -464,11 +464,14 @@ class SpeculativeDecoder:
     p(x) >= lenience * max p). gamma defaults to DEFAULT_GAMMA = 4.
 
     ``tree=[k_1, ..., k_d]`` drafts a token tree instead of a chain (cpp/tree.h): each node of depth i gets k_i
-    children from the draft's q there, by ``siblings``: "without_replacement" (the default: distinct siblings,
-    recursive rejection sampling), "with_replacement" (independent draws) or "top" (q's k_i - 1 most probable
-    tokens, then one draw from q without them: better for a draft whose argmax is right but whose mass is
-    spread, worse for one close to the target in law, as on benchmarks/trees.py's GPT-2 pair); at
-    temperature 0 they are the draft's top k_i whatever ``siblings`` says. A chain is the same under all three.
+    children from the draft's q there, by ``siblings``: "coupled" (the default: independent draws, each
+    child's acceptance coin looking at whether the next child could be accepted after it, so the first child
+    keeps its chance and the later ones gain, cpp/tree.h; on benchmarks/trees.py's GPT-2 pair the most tokens
+    per target call of the four), "without_replacement" (distinct siblings, recursive rejection sampling),
+    "with_replacement" (independent draws, independent coins) or "top" (q's k_i - 1 most probable tokens, then
+    one draw from q without them: better for a draft whose argmax is right but whose mass is spread, worse for
+    one close to the target in law, as on that pair); at temperature 0 they are the draft's top k_i whatever
+    ``siblings`` says. A chain is the same under all four.
     ``tree=[-1, p_1, ..., p_N]`` gives any tree by its breadth-first parents (node i's parent p_i < i, siblings
     contiguous), e.g. Sequoia's best tree of a node budget: ``tree=analysis.best_tree(16, table)`` (the result
     of analysis.best_tree or optimal_tree may be passed whole). The whole tree is verified in one target call
@@ -508,7 +511,7 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target, draft, *, gamma: Optional[int] = None, tree: Optional[Sequence[int]] = None,
-                 siblings: str = "without_replacement", temperature: float = 1.0, top_k: int = 0,
+                 siblings: str = "coupled", temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "off",
                  draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
                  max_gamma: Optional[int] = None, cost: Optional[float] = None):

@@ -141,7 +141,7 @@ def _trees(trees) -> list:
 
 
 def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees=None,
-          siblings: Union[str, Sequence[str]] = "without_replacement", temperatures: Grid = (1.0,),
+          siblings: Union[str, Sequence[str]] = "coupled", temperatures: Grid = (1.0,),
           lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,),
           max_new_tokens: int = 64, seed: int = 0, repeats: int = 3,
           spread_threshold: float = timing.SPREAD_THRESHOLD, progress: bool = True,
@@ -171,14 +171,14 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     the paper's setting. Times are the wall time of each round's calls.
 
     trees: token-tree shapes [k_1, ..., k_d], breadth-first parents (``analysis.best_tree``'s trees) or
-    ``speculant.DynamicTree`` (``SpeculativeDecoder``'s tree=) to run
-    beside the chains of ``gammas`` (give either or both), each at every temperature, top_k and top_p, with
-    lenience 1 (trees have no lenience; other lenience values apply to the chains) and each of ``siblings`` (one
-    name or several of SpeculativeDecoder's: "without_replacement", "with_replacement", "top"; a chain's row has
-    none there: NaN in the frame). A tree's row has gamma = its
-    depth and its shape in ``tree`` (None for chains); its ``expected_tokens`` and ``predicted_speedup`` come
-    from the tree theory at the acceptance table its generations measured (``speculant.timing.summarize``,
-    ``speculant.analysis``; for a grown tree, over the trees its iterations drafted).
+    ``speculant.DynamicTree`` (``SpeculativeDecoder``'s tree=) to run beside the chains of ``gammas`` (give
+    either or both), each at every temperature, top_k and top_p, with lenience 1 (trees have no lenience; other
+    lenience values apply to the chains) and each of ``siblings`` (one name or several of SpeculativeDecoder's:
+    "coupled", the default, "without_replacement", "with_replacement", "top"; a chain's row has none there: NaN
+    in the frame). A tree's row has gamma = its depth and its shape in ``tree`` (None for chains); its
+    ``expected_tokens`` and ``predicted_speedup`` come from the tree theory at the acceptance table its
+    generations measured (``speculant.timing.summarize``, ``speculant.analysis``; for a grown tree, over the
+    trees its iterations drafted).
 
     Columns: the setting (gamma, tree, temperature, top_k, top_p, lenience), then ``timing.COLUMNS``, defined in
     ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend on lenience), ``acceptance``
