@@ -217,7 +217,8 @@ TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logit
                                            at::ones_like(p_j));                                     // [M, V]
         const CoupledCoins coins = coupled_coins(ratio, w);
         const at::Tensor next_in_h = in_h.gather(1, x.select(1, j + 1).unsqueeze(1));               // [M, 1]
-        const at::Tensor coupled = at::where(next_in_h, coins.in_h, coins.out_h).gather(1, x_j).squeeze(1);
+        const at::Tensor coupled =
+            at::where(next_in_h, coins.in_h.gather(1, x_j), coins.out_h.gather(1, x_j)).squeeze(1);  // [M]
         a = at::where(has_next, coupled, a);
         const at::Tensor keep_in = (q_j * (1 - coins.in_h)).sum(-1, /*keepdim=*/true);             // [M, 1]
         const at::Tensor keep_out = (q_j * (1 - coins.out_h)).sum(-1, /*keepdim=*/true);
