@@ -22,13 +22,16 @@ next-token laws at T = 1. For k = 1 .. 8 children at such a node:
   optimal coupling, in closed form), mean over positions, and analysis.second_child_bound(p, q): the most a
   second child can be accepted while the first keeps beta;
 * what the node laws give under the positional model for 16 drafts (positional()): chains, the best tree
-  (Sequoia's, analysis.best_tree) under rejection sampling and under the coupled rule, and the selection rule's
-  best regular shape.
+  (Sequoia's, analysis.best_tree) under rejection sampling and under the coupled rule, the selection rule's
+  best regular shape, and the best tree whose every node takes the better of the coupled and the selection
+  rule (mixed_tree()).
 
 Results: benchmarks/results/node-bounds-gpt2-cpu.json.
 """
 import argparse
+import functools
 import json
+import math
 import platform
 import sys
 from pathlib import Path
@@ -133,10 +136,45 @@ def positional(rows, budget: int = 16) -> dict:
         best.append(max(best[-1], row["ratio_selection"]))
     increments = [b - a for a, b in zip(best, best[1:])]  # prefix sums: that best acceptance
     selection = analysis.best_tree_shape(budget, [increments] * budget)
+    mixed = mixed_tree(tuple(rows[-1]["coupled_ranks"]), tuple(row["ratio_selection"] for row in rows), budget)
     return {"chains": chains, "rejection_sampling_tree": {"tree": sequoia.tree,
                                                           "expected_tokens": float(sequoia.expected_tokens)},
             "coupled_tree": {"tree": coupled_tree.tree, "expected_tokens": float(coupled_tree.expected_tokens)},
-            "selection_shape": {"tree": selection.tree, "expected_tokens": float(selection.expected_tokens)}}
+            "selection_shape": {"tree": selection.tree, "expected_tokens": float(selection.expected_tokens)},
+            "coupled_or_selection_per_node": mixed}
+
+
+def mixed_tree(coupled_ranks, selection, budget: int, max_depth: int = 8) -> float:
+    """The most tokens per target call under the positional model when every node of the tree takes, for its
+    own k children, either the coupled rule (rank j accepted with coupled_ranks[j], j < len(coupled_ranks)) or
+    the selection rule (selection[k - 1] in all, and each child accepted with selection[k - 1] / k: the kept
+    child's place among i.i.d. siblings is uniform), the better per node, with at most `budget` drafts and
+    depth `max_depth`. Whether trading the first child's chance for the node's total pays anywhere in a tree."""
+    widest = min(len(coupled_ranks), len(selection))
+
+    @functools.lru_cache(maxsize=None)
+    def below(depth: int, nodes: int) -> float:  # the most accepted tokens under a node with `nodes` descendants
+        if nodes == 0 or depth >= max_depth:
+            return 0.0
+
+        @functools.lru_cache(maxsize=None)
+        def ranked(rank: int, left: int) -> float:  # coupled: children rank .. with `left` nodes among them
+            if left == 0 or rank >= widest:
+                return 0.0
+            return max(coupled_ranks[rank] * (1 + below(depth + 1, size - 1)) + ranked(rank + 1, left - size)
+                       for size in range(1, left + 1))
+
+        @functools.lru_cache(maxsize=None)
+        def even(k: int, child: int, left: int) -> float:  # selection with k children: children child .. k - 1
+            if child == k:
+                return 0.0 if left == 0 else -math.inf
+            return max(selection[k - 1] / k * (1 + below(depth + 1, extra)) + even(k, child + 1, left - extra)
+                       for extra in range(left + 1))
+
+        choices = [ranked(0, nodes)] + [even(k, 0, nodes - k) for k in range(1, min(nodes, widest) + 1)]
+        return max(choices)
+
+    return 1.0 + max(below(0, n) for n in range(budget + 1))
 
 
 def mean_se(values: torch.Tensor):
@@ -187,7 +225,8 @@ def main(argv=None) -> None:
           f"({sequoia['expected_tokens'] / chains[5]:.3f}x gamma = 5); the coupled rule's "
           f"{best_coupled['expected_tokens']:.3f} ({best_coupled['expected_tokens'] / chains[5]:.3f}x, tree "
           f"{best_coupled['tree']}); the selection rule's best shape {selection['tree']} "
-          f"{selection['expected_tokens']:.3f} ({selection['expected_tokens'] / chains[5]:.3f}x)")
+          f"{selection['expected_tokens']:.3f} ({selection['expected_tokens'] / chains[5]:.3f}x); each node taking "
+          f"the better of the coupled and the selection rule: {model['coupled_or_selection_per_node']:.3f}")
     args.json.write_text(json.dumps({"machine": platform.platform(), "torch": torch.__version__,
                                      "windows": args.windows, "positions": len(p), "draws": args.draws,
                                      "rows": rows, "second_child": second, "positional": model}, indent=1))

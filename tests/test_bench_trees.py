@@ -97,6 +97,44 @@ def test_node_bounds_coupled_is_the_enumerated_rule():
             assert float(shares[root, 0]) == pytest.approx(beta, abs=1e-12)
 
 
+def test_node_bounds_mixed_tree_is_the_best_per_node_choice():
+    """mixed_tree against brute force: every tree of at most 5 drafts (breadth-first parents), every choice of
+    rule per internal node (coupled: rank j accepted with ranks[j]; selection with k children: each accepted with
+    selection[k - 1] / k), the expected tokens 1 + sum over nodes of the product of acceptances on its path."""
+    import itertools
+    import node_bounds
+
+    def trees(n):
+        def grow(parents):
+            yield parents
+            if len(parents) <= n:
+                for parent in range(parents[-1] if len(parents) > 1 else 0, len(parents)):
+                    yield from grow(parents + [parent])
+        yield from grow([-1])
+
+    for ranks, selection in (((0.6, 0.15, 0.04), (0.6, 0.78, 0.8)), ((0.5, 0.3, 0.1), (0.5, 0.9, 0.97))):
+        best = 0.0
+        for parents in trees(5):
+            children = {v: [i for i, p in enumerate(parents) if p == v] for v in range(len(parents))}
+            internal = [v for v in children if children[v]]
+            if any(len(children[v]) > len(ranks) for v in internal):
+                continue
+            for rules in itertools.product(("coupled", "selection"), repeat=len(internal)):
+                rule = dict(zip(internal, rules))
+                reach = {0: 1.0}
+                for node in range(1, len(parents)):
+                    parent = parents[node]
+                    kids = children[parent]
+                    share = (ranks[kids.index(node)] if rule[parent] == "coupled"
+                             else selection[len(kids) - 1] / len(kids))
+                    reach[node] = reach[parent] * share
+                best = max(best, sum(reach.values()))
+        assert node_bounds.mixed_tree(ranks, selection, 5) == pytest.approx(best)
+    # the second pair's selection rule keeps far more per node than its coupled rule: it is chosen somewhere
+    assert node_bounds.mixed_tree((0.5, 0.3, 0.1), (0.5, 0.9, 0.97), 5) > node_bounds.mixed_tree(
+        (0.5, 0.3, 0.1), (0.5, 0.5, 0.5), 5)
+
+
 def test_node_bounds_positional_model():
     """positional(): chains at the rank-0 share, Sequoia's tree at the per-rank shares, and the selection rule's
     best regular shape against every shape of at most 6 drafts enumerated (a node may draw fewer children than
@@ -114,6 +152,8 @@ def test_node_bounds_positional_model():
         assert model[key]["expected_tokens"] == pytest.approx(float(best.expected_tokens))
         assert model[key]["tree"] == best.tree
     assert model["coupled_tree"]["expected_tokens"] > model["rejection_sampling_tree"]["expected_tokens"]
+    assert model["coupled_or_selection_per_node"] == pytest.approx(node_bounds.mixed_tree((0.6, 0.15, 0.04),
+                                                                                          (0.6, 0.78, 0.75), 6))
     best = {1: 0.6, 2: 0.78, 3: 0.78}
 
     def tokens(shape):
