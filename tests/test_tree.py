@@ -17,6 +17,8 @@ child becomes the next node, and when all are rejected t is drawn from the last 
   the children's own law, at most 3.4% family-wise false failures for a fresh choice of seeds (Bonferroni).
 * Greedy: top-k children, the longest path of argmax agreement, t the argmax: exactly the enumerated walk,
   for both implementations.
+* Edges (draft equal to the target, every child impossible, a target sure of one token, masked rows): every
+  rule on both implementations returns finite verdicts that emit only tokens the target can.
 """
 
 import itertools
@@ -487,6 +489,60 @@ def test_cpp_samples_the_exact_law(case, generic):
     expected, observed = pooled(np.array([law[c] for c in cells]) * draws, np.array([counts[c] for c in cells], float))
     expected *= observed.sum() / expected.sum()
     assert scipy.stats.chisquare(observed, expected).pvalue > SIGNIFICANCE
+
+
+def degenerate_tables() -> dict:
+    """Pairs (target, draft logits [V, V]) at the edges of the rules: a draft equal to the target (nothing is ever
+    rejected: H_j is empty, w = 0), a draft sure of a token the target never emits (every child rejected), a target
+    sure of one token under a uniform draft (w = q of that token), and both masked at random."""
+    gen = torch.Generator().manual_seed(7)
+    target = torch.randn(VOCAB, VOCAB, generator=gen, dtype=F64)
+    masked = target.clone()
+    masked[:, 0] = -float("inf")
+    sure_of_zero = torch.full((VOCAB, VOCAB), -float("inf"), dtype=F64)
+    sure_of_zero[:, 0] = 0.0
+    peaked = torch.full((VOCAB, VOCAB), -float("inf"), dtype=F64)
+    peaked[:, 3] = 0.0
+    holes = torch.randn(VOCAB, VOCAB, generator=gen, dtype=F64)
+    holes[torch.rand(VOCAB, VOCAB, generator=gen) < 0.4] = -float("inf")
+    holes[:, 2] = 0.0  # every row keeps one token
+    draft_holes = torch.randn(VOCAB, VOCAB, generator=gen, dtype=F64)
+    draft_holes[torch.rand(VOCAB, VOCAB, generator=gen) < 0.4] = -float("inf")
+    draft_holes[:, 4] = 0.0
+    return {"equal": (target, target), "draft-sure-of-a-masked-token": (masked, sure_of_zero),
+            "target-sure": (peaked, torch.zeros(VOCAB, VOCAB, dtype=F64)), "holes": (holes, draft_holes)}
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+@pytest.mark.parametrize("siblings", ["with_replacement", "without_replacement", "top", "coupled"])
+@pytest.mark.parametrize("name", list(degenerate_tables()))
+def test_degenerate_laws_emit_only_what_the_target_can(name, siblings, generic):
+    """At the edges every rule returns a finite verdict whose emitted tokens all have target probability > 0
+    given their prefix; with the draft equal to the target every sampled first child is accepted (a fixed "top"
+    child only with its probability), and under a target sure of one token only that token is emitted."""
+    target, draft = degenerate_tables()[name]
+    p_table = standardized(target, (1.0, 0, 1.0))
+    for shape in ([2, 2], [3, 1], [4]):
+        for seed in range(40):
+            root = seed % VOCAB
+            (path, path_tokens, t, ranks, finite), = run_one(shape, target, draft, siblings, root, seed, generic)
+            assert finite
+            emitted, previous = path_tokens + [t], root
+            for token in emitted:
+                assert p_table[previous][token] > 0, (shape, seed, emitted)
+                previous = token
+            if name == "equal" and siblings != "top":  # a sampled first child of q = p: always accepted
+                assert ranks[:len(path)] == [0] * len(path) and len(path) == len(shape)
+            if name == "target-sure":
+                assert set(emitted) == {3}
+
+
+def run_one(shape, target, draft, siblings, root, seed, generic):
+    parents = _core._tree_parents(shape)
+    q_table = standardized(draft, (1.0, 0, 1.0))
+    tokens = draw_tree(parents, q_table, draft, root, siblings, False, seed, generic)
+    return _core._verify_tree_seeded(parents, target[tokens], q_table[tokens], tokens, 1.0, 0, 1.0, 1.0, siblings,
+                                     [seed], generic)
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
