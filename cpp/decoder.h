@@ -30,11 +30,11 @@ class Decoder {
   // `tree` (tree.h): a shape [k_1 .. k_d], or a tree's breadth-first parents [-1, ...] (any shape, e.g.
   // Sequoia's), drafts a tree of depth d = gamma per iteration, its children drawn per `siblings`, verified in
   // one target call; `growth` instead grows one by the draft's confidence
-  // (tree_growth.h; its depth = gamma); neither: a chain of gamma drafts. Trees need both models' tree calls,
-  // lenience 1 and dynamic shapes.
+  // (tree_growth.h; its depth = gamma); neither: a chain of gamma drafts. Trees need both models' tree calls and
+  // lenience 1; with fixed shapes or graphs, fixed-shape tree calls (Model::tree_rows).
   Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, int64_t gamma, SamplingConfig config,
           Shapes target_shapes = Shapes::dynamic, Shapes draft_shapes = Shapes::dynamic,
-          std::vector<int64_t> tree = {}, Siblings siblings = Siblings::with_replacement,
+          std::vector<int64_t> tree = {}, Siblings siblings = Siblings::coupled,
           std::optional<TreeGrowth> growth = std::nullopt);
 
   // A batch: row r generates up to max_new_tokens after prompts[r] (token ids, at least one; for an
