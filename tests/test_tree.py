@@ -13,8 +13,9 @@ child becomes the next node, and when all are rejected t is drawn from the last 
   exact, and the chi-square tests check that the C++ (draw_children + verify_tree) samples that same law.
 * Statistical: Pearson chi-square of the emitted sequences (pooled to expected counts >= 5) against
   ``iteration_law`` at SIGNIFICANCE = 1e-3 per test with fixed seeds, for both implementations of draw_children
-  and verify_tree (the CPU kernels, and the tensor path accelerators run, forced on CPU): 28 tests, and 6 of
-  the children's own law, at most 3.4% family-wise false failures for a fresh choice of seeds (Bonferroni).
+  and verify_tree (the CPU kernels, and the tensor path accelerators run, forced on CPU, also in float32): 29
+  tests, and 6 of the children's own law, at most 3.5% family-wise false failures for a fresh choice of seeds
+  (Bonferroni).
 * Greedy: top-k children, the longest path of argmax agreement, t the argmax: exactly the enumerated walk,
   for both implementations.
 * Edges (draft equal to the target, every child impossible, a target sure of one token, masked rows): every
@@ -435,8 +436,9 @@ def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, gene
     return torch.tensor(tokens)
 
 
-def run_tree(shape, target, draft, config, siblings, draws, generic, greedy=False, root=1):
-    """Emitted sequences of `draws` iterations, each with a freshly drawn tree (seed i)."""
+def run_tree(shape, target, draft, config, siblings, draws, generic, greedy=False, root=1, dtype=F64):
+    """Emitted sequences of `draws` iterations, each with a freshly drawn tree (seed i); the verifier is given
+    the target's logits and q in `dtype`."""
     parents = _core._tree_parents(shape)
     temperature, top_k, top_p = config
     q_table = standardized(draft, config)
@@ -444,8 +446,8 @@ def run_tree(shape, target, draft, config, siblings, draws, generic, greedy=Fals
     for seed in range(draws):
         tokens = draw_tree(parents, q_table, draft, root, siblings, greedy, seed, generic)
         path, path_tokens, t, ranks, finite = _core._verify_tree_seeded(
-            parents, target[tokens], q_table[tokens], tokens, temperature, top_k, top_p, 1.0, siblings, [seed],
-            generic)[0]
+            parents, target[tokens].to(dtype), q_table[tokens].to(dtype), tokens, temperature, top_k, top_p, 1.0,
+            siblings, [seed], generic)[0]
         assert finite and len(ranks) == len(path) + 1
         assert path_tokens == tokens[path].tolist()
         assert [parents[node] for node in path] == ([0] + path)[:len(path)], "the path goes down the tree"
@@ -476,12 +478,22 @@ STAT_CASES = [  # shape, config, siblings, table seed
 @pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
 @pytest.mark.parametrize("case", STAT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
 def test_cpp_samples_the_exact_law(case, generic):
+    check_law(case, generic, F64)
+
+
+def test_tensor_path_in_float32_samples_the_exact_law():
+    """What an accelerator gives the verifier: float32 logits and q (the coupled rule, whose coins divide by w and
+    1 - w)."""
+    check_law(([3], (1.0, 0, 1.0), "coupled", 46), True, torch.float32)
+
+
+def check_law(case, generic, dtype):
     shape, config, siblings, seed = case
     draws = 3000
     target, draft = tables(seed)
     law = iteration_law(standardized(target, config), standardized(draft, config), 1, shape, siblings)
     counts = defaultdict(int)
-    for seq in run_tree(shape, target, draft, config, siblings, draws, generic):
+    for seq in run_tree(shape, target, draft, config, siblings, draws, generic, dtype=dtype):
         counts[seq] += 1
     impossible = [seq for seq in counts if law.get(seq, 0.0) == 0.0]
     assert not impossible, f"sequences of probability zero were emitted: {impossible}"
