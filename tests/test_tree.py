@@ -222,7 +222,7 @@ def test_top_siblings_win_where_the_draft_ranks_well_but_spreads_its_mass():
     assert accepted(p_table, q_table, 1, "without_replacement") > accepted(p_table, q_table, 1, "top") + 0.01
 
 
-def test_coupled_siblings_keep_the_first_childs_share_and_accept_more():
+def test_coupled_siblings_accept_more_than_independent_coins_within_the_bound():
     """siblings="coupled" (tree.h): one node keeps at least what independent coins keep (with replacement), never
     more than the best coupling of i.i.d. children (analysis.multi_draft_bound), and clearly more than both
     other sampled rules at node 1. Exact enumeration of one node of k children. (That the first child keeps sum
