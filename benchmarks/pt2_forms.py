@@ -4,10 +4,10 @@ alone, transformers' own causal mask), on the trained GPT-2 pair, greedy, gamma 
 
     python benchmarks/train_pairs.py --stage gpt2 && python benchmarks/pt2_forms.py [--repeats 5] [--prompts 6]
 
-Both forms of the target and the draft are exported from the pair's save_pretrained directories (the chain form by
-treating the model as one with a sliding window, which is what keeps it); then plain and speculative decoding of
-each form over the held-out prompts, one untimed pass each, then --repeats passes in ABBA order; the ratio (tree
-form over chain form, tokens per second) is the median of the per-pass ratios, with its min-max.
+Both forms of the target and the draft are exported from the pair's save_pretrained directories (the chain form with
+pt2.export_pt2(..., tree_calls=False)); then plain and speculative decoding of each form over the held-out prompts,
+one untimed pass each, then --repeats passes in ABBA order; the ratio (tree form over chain form, tokens per second)
+is the median of the per-pass ratios, with its min-max.
 """
 import argparse
 import json
@@ -29,17 +29,13 @@ import train_pairs  # noqa: E402
 def export_both(directory: Path, out: Path, max_length: int) -> dict:
     """form -> (target, draft) packages loaded in the engine."""
     paths = {}
-    sliding = pt2._sliding
     for form in ("tree", "chain"):
-        pt2._sliding = sliding if form == "tree" else (lambda config: True)
-        try:
-            for role in ("target", "draft"):
-                path = out / f"{role}-{form}.pt2"
-                model = load_pretrained(directory / role).eval()
-                pt2.export_pt2(model, path, max_length=max_length, metadata_json=json.dumps({"form": form}))
-                paths.setdefault(form, []).append(path)
-        finally:
-            pt2._sliding = sliding
+        for role in ("target", "draft"):
+            path = out / f"{role}-{form}.pt2"
+            model = load_pretrained(directory / role).eval()
+            pt2.export_pt2(model, path, max_length=max_length, metadata_json=json.dumps({"form": form}),
+                           tree_calls=form == "tree")
+            paths.setdefault(form, []).append(path)
     return {form: [speculant.load(p) for p in pair] for form, pair in paths.items()}
 
 

@@ -6,8 +6,9 @@ Every family has VOCAB = 64 tokens with pad 0, bos 1, EOS 2 (so any two families
 repeat one token, tied heads most (they echo their input); weight matrices drawn wider than transformers' init
 (std 0.1-0.3 per family, against 0.02) and norm gains drawn around 1 make their greedy continuations varied and
 their argmaxes decided by clear margins rather than by rounding. The sliding-window families (mistral, gemma2,
-gemma3) have a window of WINDOW = 8 positions, so that it matters within 20 generated tokens; gemma2 also
-softcaps its attention and final logits (caps small enough to bite). `STATEFUL` holds a Mamba model, whose
+gemma3) have a window of WINDOW = 8 positions and llama4 attention chunks of 8 in one of its layers, so that
+they matter within 20 generated tokens; gemma2 also softcaps its attention and final logits (caps small enough
+to bite), which makes it run eager attention. `STATEFUL` holds a Mamba model, whose
 recurrent state cannot be rolled back (transformers marks it `_is_stateful`), for tests that a loader refuses it.
 
 `make(family, seed)` returns an eval-mode model without gradients; `drafted(model, noise, seed)` a copy with
@@ -43,6 +44,9 @@ _SPECS = {
                dict(_GEMMA, attn_logit_softcapping=10.0, final_logit_softcapping=5.0), 0.1),
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", _GEMMA, INIT_STD),  # q/k norms, a rope per layer type
     "phi3": ("Phi3ForCausalLM", "Phi3Config", _LLAMA, INIT_STD),  # fused qkv and gate/up projections
+    "llama4": ("Llama4ForCausalLM", "Llama4TextConfig",  # a chunked-attention layer (no rope in the full one), MoE
+               dict(_LLAMA, head_dim=16, intermediate_size_mlp=96, num_local_experts=2, attention_chunk_size=WINDOW,
+                    no_rope_layers=[1, 0]), INIT_STD),
     "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(_DECODER, intermediate_size=96), 0.3),  # partial rotary
     "opt": ("OPTForCausalLM", "OPTConfig",  # learned positions (offset 2)
             dict(_IDS, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
@@ -66,7 +70,7 @@ _STATEFUL_SPECS = {
 # a draft weight noise per family for drafted(): acceptance about 0.9 at temperature 1 (seeds 0 and 10); T5's
 # saturated attention (no 1/sqrt(d) scaling) makes it far more sensitive than the others
 NOISE = {"gpt2": 0.01, "llama": 0.003, "qwen2": 0.004, "qwen3": 0.005, "mistral": 0.005, "gemma2": 0.009,
-         "gemma3": 0.008, "phi3": 0.005, "gpt_neox": 0.007, "opt": 0.004, "falcon": 0.01, "bloom": 0.007,
+         "gemma3": 0.008, "phi3": 0.005, "llama4": 0.002, "gpt_neox": 0.007, "opt": 0.004, "falcon": 0.01, "bloom": 0.007,
          "t5": 0.0001, "bart": 0.01}
 
 CLASSES = {family: spec[0] for family, spec in {**_SPECS, **_STATEFUL_SPECS}.items()}

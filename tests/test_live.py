@@ -4,11 +4,12 @@ does, through the C++ engine with the model's forward called back in Python.
 * Greedy: plain and speculative decoding (γ ∈ {1, 4}) give transformers' own `generate(do_sample=False)` output
   token for token, and so does transformers' assisted generation with the same draft (checked here too, so that
   the comparison is with both of transformers' paths), with and without an EOS stop; the same for a draft of
-  another family than its target.
+  another family than its target, and for token trees of every decoder-only family (sliding windows, attention
+  chunks and eager attention included).
 * Sampling: the joint law of the first two tokens, sampled by speculative decoding, against the target's exact
-  law from transformers' logits. Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 17 tests (1,000 samples
-  each, a bf16 pair among them), so a correct engine fails one by chance with probability at most 1.7% for a
-  fresh draw of seeds; the seeds are fixed.
+  law from transformers' logits. Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 20 tests (1,000 samples
+  each, a bf16 pair and two token trees past a sliding window or an attention chunk among them), so a correct
+  engine fails one by chance with probability at most 2.0% for a fresh draw of seeds; the seeds are fixed.
 * Refusals, each with its message: a recurrent model, a model in training mode, a model without an LM head, a
   vocabulary mismatch (and the exact padding that resolves it), a missing CUDA device.
 """
@@ -29,6 +30,11 @@ PROMPT = [1, 5, 9]
 SOURCE = [4, 8, 15, 16, 23, 42]  # the encoder-decoders' input
 MAX_NEW = 20
 FAMILIES = sorted(hf_families.FAMILIES)
+# decoder-only families with tree calls: all but bloom (ALiBi: its forward takes no positions, refused by name in
+# tests/test_tree_decoding.py)
+TREE_FAMILIES = [family for family in FAMILIES if not hf_families.is_encoder_decoder(family) and family != "bloom"]
+LONG_PROMPT = [1, 5, 9, 14, 3, 27, 8, 40, 11, 6, 33, 19]  # longer than hf_families.WINDOW
+TREE_LAW_FAMILIES = ["gemma2", "llama4"]
 
 
 def _inputs(family: str) -> dict:
@@ -84,6 +90,38 @@ def test_greedy_equals_transformers_plain_and_assisted(zoo, family):
         stopped = decoder.generate(max_new_tokens=MAX_NEW, eos_token_id=eos, **_inputs(family))
         assert stopped.tokens == expected_eos, f"gamma={gamma} with eos"
     assert 0 < accepted < drafted  # both paths of Algorithm 1: kept drafts and corrections
+
+
+@pytest.mark.parametrize("family", TREE_FAMILIES)
+def test_greedy_trees_equal_transformers(zoo, family):
+    """Token trees (one target call per tree: a 4-D ancestor mask, positions by depth; live.py _tree_masks)
+    for every decoder-only family: transformers' greedy output token for token, alone and in a batch. Sliding
+    windows (mistral; gemma2 and gemma3 beside full layers, a mask per layer type; gemma2's eager attention an
+    additive mask) and llama4's attention chunks bite within MAX_NEW tokens, so a tree mask without them fails."""
+    model, draft_model = zoo[family]
+    expected = hf_greedy(model, family)
+    target, draft = speculant.load(model), speculant.load(draft_model)
+    assert target.tree_obstacle == "" and draft.tree_obstacle == ""
+    for shape in ([2, 2], [3, 1, 1]):
+        decoder = speculant.SpeculativeDecoder(target, draft, tree=shape, temperature=0)
+        result = decoder.generate(PROMPT, max_new_tokens=MAX_NEW)
+        assert result.tokens == expected and result.stats.accepted_tokens > 0, f"tree {shape}"
+        rows = decoder.generate([PROMPT, PROMPT[:1]], max_new_tokens=MAX_NEW)
+        assert rows[0].tokens == expected, f"tree {shape} in a batch"
+
+
+@pytest.mark.parametrize("family", TREE_LAW_FAMILIES)
+def test_tree_law_matches_transformers_beyond_the_window(zoo, family):
+    """The first two tokens' law with a tree of drafts after a prompt longer than the window, so that both
+    tokens' tree calls depend on the window being applied (gemma2: eager, a mask per layer type)."""
+    model, _ = zoo[family]
+    law = two_token_law(model, family, LONG_PROMPT, 1.0, 0)
+    draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE[family], seed=12))
+    decoder = speculant.SpeculativeDecoder(speculant.load(model), draft, tree=[3, 2], temperature=1.0)
+    samples = np.array([r.tokens for b in range(4) for r in decoder.generate(
+        [LONG_PROMPT] * (N_SAMPLES // 4), max_new_tokens=2, seed=3000 + b * N_SAMPLES // 4)])
+    pvalue = chi_square_pvalue(law, samples)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
 
 
 @pytest.mark.parametrize("family", FAMILIES)

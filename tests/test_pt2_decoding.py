@@ -8,8 +8,8 @@ Python at call time: GPT-2, Llama, Qwen2 and T5 from tests/hf_families.py, compi
   Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 5 tests (one with a token tree), so a correct engine
   fails one by chance with probability at most 0.5% for a fresh draw of seeds; the seeds are fixed.
 * Tree calls: token trees (fixed shapes and DynamicTree) with .pt2 targets and drafts give transformers' greedy
-  output; plain and speculative beam search its beams and scores; packages without tree calls (T5, sliding
-  windows) say why and still decode chains.
+  output, sliding windows and attention chunks included; plain and speculative beam search its beams and
+  scores; packages without tree calls (T5, layer types without tree masks) say why and still decode chains.
 * A package for another torch is refused with both versions named.
 """
 
@@ -24,6 +24,7 @@ import hf_families
 import speculant
 from chisquare import chi_square_pvalue
 from conftest import PT2_FAMILIES
+from speculant.export import pt2
 from test_live import hf_greedy, two_token_law, _inputs, _start, MAX_NEW
 
 SIGNIFICANCE = 1e-3
@@ -122,15 +123,20 @@ def test_check_distribution_takes_pt2_packages(pt2_zoo, family):
 
 
 # ------------------------------------------------------------------------------------------------
-# Tree calls (packages of decoder-only models without a sliding window: metadata tree_calls = "1")
+# Tree calls (packages of decoder-only models whose layer types have tree masks: metadata tree_calls = "1")
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+# Llama 4's rotary embedding multiplies complex numbers, which inductor runs without generating code (it warns)
+@pytest.mark.filterwarnings("ignore:Torchinductor does not support code generation for complex operators")
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "mistral", "gemma2", "gemma3", "llama4"])
 def test_trees_and_beams_equal_transformers(pt2_zoo, family):
     """Token trees (fixed and grown) with a .pt2 target, and with .pt2 target and draft, give transformers' greedy
     generate token for token (a cache entry moved to the wrong slot would change later argmaxes); beam search
-    and speculative beam search give transformers' beams and scores."""
+    and speculative beam search give transformers' beams and scores. Mistral's sliding window, Gemma 2's and
+    3's beside full layers (Gemma 2 eager) and Llama 4's attention chunks (8 positions each) are applied inside
+    the package on each slot's position, which beams, holding several beams' entries, tell apart from its
+    index."""
     from test_beams import assert_equal_beams, transformers_beams
 
     model, path = pt2_zoo(family)
@@ -174,12 +180,13 @@ def test_tree_law_with_a_pt2_target(pt2_zoo):
 def test_packages_without_tree_calls_say_why(pt2_zoo, tmp_path):
     _, t5 = pt2_zoo("t5")
     assert "encoder-decoder .pt2 package verifies chains only" in speculant.load(t5).tree_obstacle
-    windowed = hf_families.make("mistral", seed=0)
-    path = tmp_path / "mistral.pt2"
-    speculant.export(windowed, path, max_length=32)
+    # the chain form, as benchmarks/pt2_forms.py exports it: no tree calls, and it still decodes as transformers
+    chain = hf_families.make("llama", seed=0)
+    path = tmp_path / "chain.pt2"
+    pt2.export_pt2(chain, path, max_length=32, metadata_json="{}", tree_calls=False)
     package = speculant.load(path)
-    assert "has no tree calls: its model has a sliding window" in package.tree_obstacle
+    assert "has no tree calls: it was exported in the chain form" in package.tree_obstacle
     with pytest.raises(ValueError, match="has no tree calls"):
         speculant.SpeculativeDecoder(package, speculant.load(path), tree=[2])
-    expected = hf_greedy(windowed, "mistral")  # the chain form still decodes as transformers does
-    assert speculant.generate(package, max_new_tokens=MAX_NEW, temperature=0, **_inputs("mistral")).tokens == expected
+    expected = hf_greedy(chain, "llama")
+    assert speculant.generate(package, max_new_tokens=MAX_NEW, temperature=0, **_inputs("llama")).tokens == expected

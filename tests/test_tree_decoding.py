@@ -277,9 +277,14 @@ def test_live_models_that_cannot_run_trees_are_refused_by_name():
     t5 = speculant.load(hf_models.make("t5", seed=0))
     assert "they serve beam search (num_beams), not tree= decoding" in t5.tree_obstacle and t5.beam_obstacle == ""
     import hf_families
-    for family in ("mistral", "gemma3"):  # sliding windows: transformers applies no window to a given 4-D mask
-        windowed = speculant.load(hf_families.make(family, seed=0))
-        assert f"sliding window of {hf_families.WINDOW} tokens" in windowed.tree_obstacle, family
+    bloom = speculant.load(hf_families.make("bloom", seed=0))  # ALiBi: positions come from the 2-D mask
+    assert "BloomForCausalLM.forward takes no position_ids" in bloom.tree_obstacle
+    indexed = hf_families.make("llama", seed=0)
+    indexed.config.layer_types = ["indexed_attention", "full_attention"]  # a layer type without a tree mask here
+    assert "its layers of type 'indexed_attention' have no tree mask here" in speculant.load(indexed).tree_obstacle
+    unsized = hf_families.make("llama", seed=0)
+    unsized.config.layer_types = ["sliding_attention", "full_attention"]  # and no sliding_window
+    assert "has sliding_attention layers but no sliding_window" in speculant.load(unsized).tree_obstacle
 
 
 # ------------------------------------------------------------------------------------------------

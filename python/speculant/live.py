@@ -6,7 +6,8 @@ model call re-enters Python here and runs the model's own forward with a cache t
 
 * decoder-only: a ``DynamicCache()`` built without the config, so that every layer keeps every position.
   Sliding-window layers then never evict: their window is applied by the attention mask, which transformers
-  computes from absolute positions, so the logits are the model's own and a rollback (``crop``) is exact.
+  computes from absolute positions, so the logits are the model's own and a rollback (``crop``) is exact. A
+  tree call's 4-D mask, which transformers takes as it is, gets the window there (layer_masks.py).
 * encoder-decoder: an ``EncoderDecoderCache`` of two such caches; the encoder runs once per source
   (``encode``), and rollback crops the self-attention cache only.
 
@@ -26,6 +27,8 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from . import layer_masks
 
 # Tolerance of the load-time rollback probe, relative to the logits' scale: cached and uncached attention
 # differ by rounding only (about 1e-6 in float32; bf16 / fp16 keep 8 / 11 bits of mantissa).
@@ -189,6 +192,12 @@ class LiveModel:
         # model with a pad id gets the mask anyway, or it would inspect its inputs for that id and warn.
         self._mask_needed = getattr(config, "pad_token_id", None) is not None
         self._tree_obstacle: Optional[str] = None  # probed on first use
+        self._layers = layer_masks.attention_layers(config.get_text_config())  # type -> window or chunk size
+        # where a layer type's pattern reads positions (a window, chunks), tree masks need each cache entry's
+        # position: a beam search's cache holds several beams' entries, so entry i is not position i there
+        self._patterned = layer_masks.positional(self._layers)
+        self._attention = config.get_text_config()._attn_implementation  # eager takes additive masks
+        self._entry_positions = torch.zeros(0, dtype=torch.long, device=model.device)  # [length] when patterned
         own = self._own_vocab = self._probe()
         if vocab_size is not None:
             if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < own:
@@ -246,6 +255,8 @@ class LiveModel:
             layer.keys = layer.keys.index_select(-2, entries)
             layer.values = layer.values.index_select(-2, entries)
         self._length = entries.numel()
+        if self._patterned:
+            self._entry_positions = self._entry_positions.index_select(0, entries)
 
     def beam_obstacle(self) -> str:
         """Why this model cannot hold beams as a token tree in one cache, or "" (probed once: a tree call against
@@ -270,11 +281,9 @@ class LiveModel:
                 return why
         elif "position_ids" not in self._params:
             return f"{type(self.model).__name__}.forward takes no position_ids (a tree's nodes share positions)"
-        config = self.model.config.get_text_config()
-        window, layers = getattr(config, "sliding_window", None), getattr(config, "layer_types", None) or []
-        if window and (not layers or "sliding_attention" in layers):
-            return (f"its attention has a sliding window of {window} tokens, which transformers drops when it is given "
-                    "a tree's 4-D attention mask")
+        why = layer_masks.obstacle(self._layers)
+        if why:
+            return why
         from transformers.cache_utils import DynamicLayer
         if self.encoder_decoder:
             self.encode(torch.tensor([1 % self.model.config.vocab_size], device=self.model.device))
@@ -376,6 +385,8 @@ class LiveModel:
         ids = tokens.view(1, k)  # [1, k]
         if positions is None:
             positions = self._positions[start:start + k]  # [k]
+        if self._patterned:
+            self._entry_positions = torch.cat([self._entry_positions[:start], positions])
         kwargs = {"past_key_values": self._cache, "use_cache": True}
         if self.encoder_decoder and mask is not None:
             with torch.inference_mode():
@@ -387,7 +398,9 @@ class LiveModel:
         else:
             kwargs["input_ids"] = ids
             if mask is not None:  # a tree call: the mask and positions the engine gives
-                kwargs["attention_mask"] = mask.view(1, 1, k, start + k)
+                keys = self._entry_positions if self._patterned else None
+                kwargs["attention_mask"] = layer_masks.attention_mask(
+                    mask, keys, positions, self._layers, self._attention, self.model.dtype)
             elif self._mask_needed:
                 kwargs["attention_mask"] = self._ones[:, :start + k]
             if "position_ids" in self._params:

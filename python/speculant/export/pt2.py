@@ -5,7 +5,8 @@
 
 Decoder-only causal LMs: the package holds one model, "model", with a preallocated static KV cache of
 `max_length` (M) slots in its own buffers, mutated in place and kept inside the loaded model across calls.
-Models whose attention has no sliding window get tree calls (metadata "tree_calls" = "1"):
+Models whose attention layers are of the types speculant.layer_masks builds masks for (full attention,
+sliding windows, attention chunks) get tree calls (metadata "tree_calls" = "1"):
 
     "model": run([input_ids int64 [1, k], cache_position int64 [k], position_ids int64 [k], mask bool [k, M],
                   source int64 [n], dest int64 [n]]) -> [logits float32 [1, k, V]]
@@ -14,8 +15,9 @@ First every layer's cache slots source[i] are copied to dest[i] (n >= 1; all rea
 the engine moves a kept path of tree nodes into place; source = dest = [0] moves nothing). Then the k tokens'
 keys and values are written at the slots cache_position = start, start + 1, ..., start + k - 1 (contiguous,
 k >= 1, start + k <= M), token j at position position_ids[j] attending to exactly the slots s with mask[j, s].
-A chain call has position_ids = cache_position and mask[j, s] = s <= start + j. Models with a sliding window
-(which transformers does not apply to a given mask) keep the chain form, without tree calls:
+A chain call has position_ids = cache_position and mask[j, s] = s <= start + j. A sliding window or chunks are
+applied inside, on the positions the slots were written at. Models with other layer types, and exports asked for
+it (tree_calls=False), have the chain form, without tree calls:
 
     "model": run([input_ids int64 [1, k], cache_position int64 [k]]) -> [logits float32 [1, k, V]]
 
@@ -44,7 +46,8 @@ load_metadata_from_package(path, model_name), a map<string, string>, filled from
 "torch_version" (the release that compiled it, without its local suffix), "tree_calls" ("1" for the tree form
 above, "0" otherwise) and, for encoder-decoder packages, "max_source_length" (decimal strings).
 
-This module imports only torch, transformers and the standard library (not speculant's C++ extension).
+This module imports only torch, transformers, the standard library and speculant.layer_masks (not speculant's
+C++ extension).
 """
 from __future__ import annotations
 
@@ -54,6 +57,8 @@ import traceback
 from typing import Dict, Optional, Union
 
 import torch
+
+from .. import layer_masks
 
 METADATA_KEY = "speculant.json"
 
@@ -114,7 +119,19 @@ class _DecoderOnly(_StaticKV):
 
 class _DecoderOnlyTree(_DecoderOnly):
     """forward(input_ids [1, k], cache_position [k], position_ids [k], mask [k, M], source [n], dest [n]) ->
-    logits float32 [1, k, V]: the tree form (the module docstring)."""
+    logits float32 [1, k, V]: the tree form (the module docstring). Where a layer type's pattern reads positions
+    (a sliding window, attention chunks: layer_masks.py), the module keeps each slot's position in a buffer,
+    moved with the slots, since a beam search's slots hold several beams' entries (slot s is not position s)."""
+
+    def __init__(self, model, max_length: int):
+        super().__init__(model, max_length)
+        config = model.config.get_text_config(decoder=True)
+        self.layers = layer_masks.attention_layers(config)
+        self.attention = config._attn_implementation
+        self.positional = layer_masks.positional(self.layers)
+        if self.positional:
+            self.register_buffer("slot_positions", torch.zeros(max_length, dtype=torch.long, device=model.device),
+                                 persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor, source: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
@@ -122,18 +139,16 @@ class _DecoderOnlyTree(_DecoderOnly):
             for kind in ("keys", "values"):
                 slots = getattr(self, f"{kind}_{i}")  # [1, H, M, D]
                 slots.index_copy_(2, dest, slots.index_select(2, source))
-        k = input_ids.size(1)
+        keys = None
+        if self.positional:
+            keys = self.slot_positions  # [M]
+            keys.index_copy_(0, dest, keys.index_select(0, source))
+            keys.index_copy_(0, cache_position, position_ids)
+        attention_mask = layer_masks.attention_mask(mask, keys, position_ids, self.layers, self.attention,
+                                                    self.model.dtype)
         out = self.model(input_ids=input_ids, position_ids=position_ids.unsqueeze(0),  # [1, k]
-                         attention_mask=mask.view(1, 1, k, self.max_length),
-                         past_key_values=self._at(cache_position), use_cache=True)
+                         attention_mask=attention_mask, past_key_values=self._at(cache_position), use_cache=True)
         return out.logits.float()  # [1, k, V]
-
-
-def _sliding(config) -> bool:
-    """Whether some attention layer of the model has a sliding window (transformers applies none to a given
-    4-D mask, so such a model keeps the chain form)."""
-    window, layers = getattr(config, "sliding_window", None), getattr(config, "layer_types", None) or []
-    return bool(window) and (not layers or "sliding_attention" in layers)
 
 
 class _T5Encoder(torch.nn.Module):
@@ -216,14 +231,16 @@ def _tokens(name: str, max_length: int, example: int, device: torch.device):
 
 
 def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional[int] = None,
-               max_source_length: Optional[int] = None, metadata_json: str) -> None:
+               max_source_length: Optional[int] = None, metadata_json: str, tree_calls: bool = True) -> None:
     """Writes `model` (a transformers *ForCausalLM, or a T5ForConditionalGeneration, in eval mode) to out_path
     (ending in .pt2) as an AOTInductor package following the contract in this module's docstring.
 
     max_length: decoder positions the static KV cache holds (default min(config.max_position_embeddings,
     4096), T5: 512; at most n_positions for GPT-2, whose positions are learned). max_source_length: T5's
-    longest source (default 512). metadata_json: a JSON string stored under "speculant.json". Raises
-    ValueError naming what is wrong (arguments, or the operation torch.export could not trace)."""
+    longest source (default 512). metadata_json: a JSON string stored under "speculant.json". tree_calls=False
+    exports a decoder-only model in the chain form (fewer inputs; no token trees, no beam search), which
+    benchmarks/pt2_forms.py measures against the tree form. Raises ValueError naming what is wrong (arguments,
+    or the operation torch.export could not trace)."""
     import transformers
     from torch._inductor import aot_compile
     from torch._inductor.package import package_aoti
@@ -271,7 +288,8 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
                 "torch_version": torch.__version__.split("+")[0]}
     ids, positions_example, tokens = _tokens("tokens", max_length, 2, model.device)
     programs: Dict[str, torch.export.ExportedProgram] = {}
-    trees = not encoder_decoder and not _sliding(text) and max_length >= 2
+    trees = (tree_calls and not encoder_decoder and not layer_masks.obstacle(layer_masks.attention_layers(text))
+             and max_length >= 2)
     metadata["tree_calls"] = "1" if trees else "0"
     with torch.no_grad():
         if trees:
