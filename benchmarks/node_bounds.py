@@ -24,7 +24,8 @@ next-token laws at T = 1. For k = 1 .. 8 children at such a node:
 * what the node laws give under the positional model for 16 drafts (positional()): chains, the best tree
   (Sequoia's, analysis.best_tree) under rejection sampling and under the coupled rule, the selection rule's
   best regular shape, and the best tree whose every node takes the better of the coupled and the selection
-  rule (mixed_tree()).
+  rule (mixed_tree()), and the ceiling no exact verifier of i.i.d. children can pass (the prefix sums of a
+  node's shares at most multi_draft_bound: positional()'s docstring).
 
 Results: benchmarks/results/node-bounds-gpt2-cpu.json.
 """
@@ -126,7 +127,13 @@ def positional(rows, budget: int = 16) -> dict:
     replacement) and at the coupled rule's (under both, rank j's share does not depend on the siblings after it,
     so the widest node's row gives the table), and the best regular shape at the selection rule's acceptance (its
     kept child's place among its siblings is random, so every child of a depth gets the same subtree:
-    E = 1 + sum_t prod_(i<t) a(k_(i+1)))."""
+    E = 1 + sum_t prod_(i<t) a(k_(i+1))).
+
+    And a ceiling for every exact verifier of i.i.d. children: any m of a node's children are m i.i.d. draws of
+    q, so the chance that the output is one of them is at most multi_draft_bound(m) = B_m (B_1 = beta). With a
+    node's subtrees sorted by value, sum_j s_j (1 + V_j) over shares s_j whose prefix sums are at most B_m is
+    largest at s_j = B_(j+1) - B_j (summation by parts; the V_j decrease), so Sequoia's best tree at those
+    shares bounds what any verifier's tree keeps, under the positional model."""
     ranks = rows[-1]["without_ranks"]
     chains = {g: float(analysis.tree_expected_tokens([1] * g, [ranks[:1]] * g)) for g in (1, 2, 3, 4, 5, budget)}
     sequoia = analysis.best_tree(budget, [ranks] * budget)
@@ -137,7 +144,10 @@ def positional(rows, budget: int = 16) -> dict:
     increments = [b - a for a, b in zip(best, best[1:])]  # prefix sums: that best acceptance
     selection = analysis.best_tree_shape(budget, [increments] * budget)
     mixed = mixed_tree(tuple(rows[-1]["coupled_ranks"]), tuple(row["ratio_selection"] for row in rows), budget)
-    return {"chains": chains, "rejection_sampling_tree": {"tree": sequoia.tree,
+    bounds = [row["bound"] for row in rows]
+    ceiling = analysis.best_tree(budget, [[bounds[0]] + [b - a for a, b in zip(bounds, bounds[1:])]] * budget)
+    return {"chains": chains, "ceiling": {"tree": ceiling.tree, "expected_tokens": float(ceiling.expected_tokens)},
+            "rejection_sampling_tree": {"tree": sequoia.tree,
                                                           "expected_tokens": float(sequoia.expected_tokens)},
             "coupled_tree": {"tree": coupled_tree.tree, "expected_tokens": float(coupled_tree.expected_tokens)},
             "selection_shape": {"tree": selection.tree, "expected_tokens": float(selection.expected_tokens)},
@@ -226,7 +236,9 @@ def main(argv=None) -> None:
           f"{best_coupled['expected_tokens']:.3f} ({best_coupled['expected_tokens'] / chains[5]:.3f}x, tree "
           f"{best_coupled['tree']}); the selection rule's best shape {selection['tree']} "
           f"{selection['expected_tokens']:.3f} ({selection['expected_tokens'] / chains[5]:.3f}x); each node taking "
-          f"the better of the coupled and the selection rule: {model['coupled_or_selection_per_node']:.3f}")
+          f"the better of the coupled and the selection rule: {model['coupled_or_selection_per_node']:.3f}; no "
+          f"exact verifier of i.i.d. children can keep more than {model['ceiling']['expected_tokens']:.3f} "
+          f"({model['ceiling']['expected_tokens'] / chains[5]:.3f}x, tree {model['ceiling']['tree']})")
     args.json.write_text(json.dumps({"machine": platform.platform(), "torch": torch.__version__,
                                      "windows": args.windows, "positions": len(p), "draws": args.draws,
                                      "rows": rows, "second_child": second, "positional": model}, indent=1))

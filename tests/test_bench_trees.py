@@ -136,15 +136,17 @@ def test_node_bounds_mixed_tree_is_the_best_per_node_choice():
 
 
 def test_node_bounds_positional_model():
-    """positional(): chains at the rank-0 share, Sequoia's tree at the per-rank shares, and the selection rule's
-    best regular shape against every shape of at most 6 drafts enumerated (a node may draw fewer children than
+    """positional(): chains at the rank-0 share, Sequoia's tree at the per-rank shares, the ceiling at the bound's
+    increments, and the selection rule's best regular shape against every shape of at most 6 drafts enumerated (a node may draw fewer children than
     the rule's best, so its acceptance with k children is the best with at most k)."""
     import itertools
     import node_bounds
 
-    rows = [{"k": 1, "ratio_selection": 0.6, "without_ranks": [0.6], "coupled_ranks": [0.6]},
-            {"k": 2, "ratio_selection": 0.78, "without_ranks": [0.6, 0.1], "coupled_ranks": [0.6, 0.15]},
-            {"k": 3, "ratio_selection": 0.75, "without_ranks": [0.6, 0.1, 0.05], "coupled_ranks": [0.6, 0.15, 0.04]}]
+    rows = [{"k": 1, "ratio_selection": 0.6, "without_ranks": [0.6], "coupled_ranks": [0.6], "bound": 0.6},
+            {"k": 2, "ratio_selection": 0.78, "without_ranks": [0.6, 0.1], "coupled_ranks": [0.6, 0.15],
+             "bound": 0.8},
+            {"k": 3, "ratio_selection": 0.75, "without_ranks": [0.6, 0.1, 0.05], "coupled_ranks": [0.6, 0.15, 0.04],
+             "bound": 0.9}]
     model = node_bounds.positional(rows, budget=6)
     assert model["chains"][1] == pytest.approx(1.6) and model["chains"][2] == pytest.approx(1.96)
     for key, ranks in (("rejection_sampling_tree", [0.6, 0.1, 0.05]), ("coupled_tree", [0.6, 0.15, 0.04])):
@@ -154,6 +156,12 @@ def test_node_bounds_positional_model():
     assert model["coupled_tree"]["expected_tokens"] > model["rejection_sampling_tree"]["expected_tokens"]
     assert model["coupled_or_selection_per_node"] == pytest.approx(node_bounds.mixed_tree((0.6, 0.15, 0.04),
                                                                                           (0.6, 0.78, 0.75), 6))
+    # the ceiling: Sequoia's tree at the bound's increments, above every rule's tree
+    ceiling = analysis.best_tree(6, [[0.6, 0.2, 0.1]] * 6)
+    assert model["ceiling"]["expected_tokens"] == pytest.approx(float(ceiling.expected_tokens))
+    assert model["ceiling"]["tree"] == ceiling.tree
+    assert model["ceiling"]["expected_tokens"] > model["coupled_or_selection_per_node"]
+    assert model["ceiling"]["expected_tokens"] > model["coupled_tree"]["expected_tokens"]
     best = {1: 0.6, 2: 0.78, 3: 0.78}
 
     def tokens(shape):

@@ -20,7 +20,9 @@ copy_slots). What is checked:
 * Live transformers objects (python/speculant/live.py: a 4-D attention mask, position_ids, the cache's entries
   selected in place), probed once per model: greedy trees equal transformers' greedy generate for GPT-2 and
   Llama, alone and in a batch; the first two tokens' law with trees is the target's (Llama, chi-square at
-  SIGNIFICANCE = 1e-3, fixed seeds); a model that ignores the mask, and an encoder-decoder, are refused by name.
+  SIGNIFICANCE = 1e-3, fixed seeds); a model that ignores the mask, an encoder-decoder, an ALiBi model (Bloom)
+  and layer types without tree masks are refused by name. (Every other family of tests/hf_families.py, sliding
+  windows and attention chunks included: tests/test_live.py.)
 """
 
 import pytest
