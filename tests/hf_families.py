@@ -8,7 +8,8 @@ repeat one token, tied heads most (they echo their input); weight matrices drawn
 their argmaxes decided by clear margins rather than by rounding. The sliding-window families (mistral, gemma2,
 gemma3) have a window of WINDOW = 8 positions and llama4 attention chunks of 8 in one of its layers, so that
 they matter within 20 generated tokens; gemma2 also softcaps its attention and final logits (caps small enough
-to bite), which makes it run eager attention. `STATEFUL` holds a Mamba model, whose
+to bite), which makes it run eager attention. gemma3_vlm is Gemma 3's vision-language class generating text (its
+vocabulary and special ids live in its text config). `STATEFUL` holds a Mamba model, whose
 recurrent state cannot be rolled back (transformers marks it `_is_stateful`), for tests that a loader refuses it.
 
 `make(family, seed)` returns an eval-mode model without gradients; `drafted(model, noise, seed)` a copy with
@@ -44,6 +45,13 @@ _SPECS = {
                dict(_GEMMA, attn_logit_softcapping=10.0, final_logit_softcapping=5.0), 0.1),
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig", _GEMMA, INIT_STD),  # q/k norms, a rope per layer type
     "phi3": ("Phi3ForCausalLM", "Phi3Config", _LLAMA, INIT_STD),  # fused qkv and gate/up projections
+    # a vision-language model generating text: the vocabulary and ids in its text config, Gemma 3's layers
+    "gemma3_vlm": ("Gemma3ForConditionalGeneration", "Gemma3Config",
+                   dict(text_config=dict(_GEMMA, tie_word_embeddings=False), image_token_index=VOCAB - 1,
+                        boi_token_index=VOCAB - 3, eoi_token_index=VOCAB - 2, mm_tokens_per_image=4,
+                        tie_word_embeddings=False,
+                        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=28, patch_size=14)), INIT_STD),
     "llama4": ("Llama4ForCausalLM", "Llama4TextConfig",  # a chunked-attention layer (no rope in the full one), MoE
                dict(_LLAMA, head_dim=16, intermediate_size_mlp=96, num_local_experts=2, attention_chunk_size=WINDOW,
                     no_rope_layers=[1, 0]), INIT_STD),
@@ -70,8 +78,8 @@ _STATEFUL_SPECS = {
 # a draft weight noise per family for drafted(): acceptance about 0.9 at temperature 1 (seeds 0 and 10); T5's
 # saturated attention (no 1/sqrt(d) scaling) makes it far more sensitive than the others
 NOISE = {"gpt2": 0.01, "llama": 0.003, "qwen2": 0.004, "qwen3": 0.005, "mistral": 0.005, "gemma2": 0.009,
-         "gemma3": 0.008, "phi3": 0.005, "llama4": 0.002, "gpt_neox": 0.007, "opt": 0.004, "falcon": 0.01, "bloom": 0.007,
-         "t5": 0.0001, "bart": 0.01}
+         "gemma3": 0.008, "gemma3_vlm": 0.005, "phi3": 0.005, "llama4": 0.002, "gpt_neox": 0.007, "opt": 0.004,
+         "falcon": 0.01, "bloom": 0.007, "t5": 0.0001, "bart": 0.01}
 
 CLASSES = {family: spec[0] for family, spec in {**_SPECS, **_STATEFUL_SPECS}.items()}
 ENCODER_DECODER = {"t5", "bart"}

@@ -7,9 +7,9 @@ does, through the C++ engine with the model's forward called back in Python.
   another family than its target, and for token trees of every decoder-only family (sliding windows, attention
   chunks and eager attention included).
 * Sampling: the joint law of the first two tokens, sampled by speculative decoding, against the target's exact
-  law from transformers' logits. Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 20 tests (1,000 samples
+  law from transformers' logits. Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 21 tests (1,000 samples
   each, a bf16 pair and two token trees past a sliding window or an attention chunk among them), so a correct
-  engine fails one by chance with probability at most 2.0% for a fresh draw of seeds; the seeds are fixed.
+  engine fails one by chance with probability at most 2.1% for a fresh draw of seeds; the seeds are fixed.
 * Refusals, each with its message: a recurrent model, a model in training mode, a model without an LM head, a
   vocabulary mismatch (and the exact padding that resolves it), a missing CUDA device.
 """

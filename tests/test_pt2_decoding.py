@@ -129,14 +129,14 @@ def test_check_distribution_takes_pt2_packages(pt2_zoo, family):
 
 # Llama 4's rotary embedding multiplies complex numbers, which inductor runs without generating code (it warns)
 @pytest.mark.filterwarnings("ignore:Torchinductor does not support code generation for complex operators")
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "mistral", "gemma2", "gemma3", "llama4"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "mistral", "gemma2", "gemma3", "gemma3_vlm", "llama4"])
 def test_trees_and_beams_equal_transformers(pt2_zoo, family):
     """Token trees (fixed and grown) with a .pt2 target, and with .pt2 target and draft, give transformers' greedy
     generate token for token (a cache entry moved to the wrong slot would change later argmaxes); beam search
     and speculative beam search give transformers' beams and scores. Mistral's sliding window, Gemma 2's and
-    3's beside full layers (Gemma 2 eager) and Llama 4's attention chunks (8 positions each) are applied inside
-    the package on each slot's position, which beams, holding several beams' entries, tell apart from its
-    index."""
+    3's beside full layers (Gemma 2 eager; Gemma 3's vision-language class too) and Llama 4's attention chunks
+    (8 positions each) are applied inside the package on each slot's position, which beams, holding several
+    beams' entries, tell apart from its index."""
     from test_beams import assert_equal_beams, transformers_beams
 
     model, path = pt2_zoo(family)

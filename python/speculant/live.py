@@ -116,25 +116,26 @@ def describe(model, *, max_length: Optional[int], max_source_length: Optional[in
              decoder_start_token_id: Optional[int]) -> dict:
     """The metadata speculant keeps about a transformers model (what speculant.export writes as
     speculant.json, and what Model.metadata returns for a live model)."""
-    config = model.config
+    config, text = model.config, model.config.get_text_config()  # a multimodal model's language part: text
     generation = getattr(model, "generation_config", None)
-    eos = getattr(generation, "eos_token_id", None) if generation is not None else None
-    if eos is None:
-        eos = getattr(config, "eos_token_id", None)
 
-    def ids(value):
-        return list(value) if isinstance(value, (list, tuple)) else value
+    def field(name):  # the generation config's, the model's, or its text config's
+        for holder in (generation, config, text):
+            value = getattr(holder, name, None)
+            if value is not None:
+                return list(value) if isinstance(value, (list, tuple)) else value
+        return None
 
     return {
         "architecture": type(model).__name__,
         "model_type": config.model_type,
-        "vocab_size": config.vocab_size,
+        "vocab_size": text.vocab_size,
         "max_length": max_length,
         "max_source_length": max_source_length,
         "encoder_decoder": bool(config.is_encoder_decoder),
-        "eos_token_id": ids(eos),
-        "pad_token_id": ids(getattr(config, "pad_token_id", None)),
-        "bos_token_id": ids(getattr(config, "bos_token_id", None)),
+        "eos_token_id": field("eos_token_id"),
+        "pad_token_id": field("pad_token_id"),
+        "bos_token_id": field("bos_token_id"),
         "decoder_start_token_id": decoder_start_token_id,
         "dtype": str(model.dtype).removeprefix("torch."),
         "transformers_version": _transformers().__version__,
@@ -157,6 +158,7 @@ class LiveModel:
         transformers = _transformers()
         self.name = name or type(model).__name__
         config = model.config
+        text = config.get_text_config()  # the config itself, or a multimodal model's language part
         self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         cls = type(model).__name__
         if self.encoder_decoder:
@@ -178,8 +180,8 @@ class LiveModel:
         self._cache_class = transformers.DynamicCache
         self._pair_class = transformers.EncoderDecoderCache
         # T5's positions are relative buckets: no limit; learned or rotary positions: the trained context
-        relative = getattr(config, "relative_attention_num_buckets", None) is not None
-        self.max_length = None if relative else max_positions(config)
+        relative = getattr(text, "relative_attention_num_buckets", None) is not None
+        self.max_length = None if relative else max_positions(text)
         self.max_source_length = self.max_length if self.encoder_decoder else None
         self._cache = None
         self._length = 0
@@ -190,14 +192,15 @@ class LiveModel:
         self.pad_to = None
         # Batch 1 has no padding: without a mask transformers skips checking an all-ones one at every call. A
         # model with a pad id gets the mask anyway, or it would inspect its inputs for that id and warn.
-        self._mask_needed = getattr(config, "pad_token_id", None) is not None
+        self._mask_needed = any(getattr(holder, "pad_token_id", None) is not None for holder in (config, text))
         self._tree_obstacle: Optional[str] = None  # probed on first use
-        self._layers = layer_masks.attention_layers(config.get_text_config())  # type -> window or chunk size
+        self._layers = layer_masks.attention_layers(text)  # layer type -> window or chunk size
         # where a layer type's pattern reads positions (a window, chunks), tree masks need each cache entry's
         # position: a beam search's cache holds several beams' entries, so entry i is not position i there
         self._patterned = layer_masks.positional(self._layers)
-        self._attention = config.get_text_config()._attn_implementation  # eager takes additive masks
+        self._attention = text._attn_implementation  # eager takes additive masks
         self._entry_positions = torch.zeros(0, dtype=torch.long, device=model.device)  # [length] when patterned
+        self._ids = text.vocab_size  # the probes' token ids are taken modulo it
         own = self._own_vocab = self._probe()
         if vocab_size is not None:
             if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < own:
@@ -286,15 +289,15 @@ class LiveModel:
             return why
         from transformers.cache_utils import DynamicLayer
         if self.encoder_decoder:
-            self.encode(torch.tensor([1 % self.model.config.vocab_size], device=self.model.device))
-        self.reset(torch.tensor([1 % self.model.config.vocab_size], device=self.model.device))
+            self.encode(torch.tensor([1 % self._ids], device=self.model.device))
+        self.reset(torch.tensor([1 % self._ids], device=self.model.device))
         cache = self._cache.self_attention_cache if self.encoder_decoder else self._cache
         kinds = {type(layer).__name__ for layer in getattr(cache, "layers", [])}
         if kinds != {DynamicLayer.__name__}:
             return (f"its cache layers ({', '.join(sorted(kinds)) or 'none'}) are not plain DynamicLayers (sliding "
                     "windows and other kinds cannot keep an arbitrary path of entries)")
         device = self.model.device
-        a, b, c, d, e, x = (i % self.model.config.vocab_size for i in (1, 2, 3, 4, 5, 6))
+        a, b, c, d, e, x = (i % self._ids for i in (1, 2, 3, 4, 5, 6))
         ids = functools.partial(torch.tensor, device=device)
         if self.encoder_decoder:
             self.encode(ids([d, e, x]))
@@ -436,7 +439,7 @@ class LiveModel:
         """Runs 3 tokens, rolls back to 1 and runs 2 others; checks the result against an uncached forward.
         Returns the model's vocabulary size (its logits' last dimension)."""
         device = self.model.device
-        a, b, c, d, e = (i % self.model.config.vocab_size for i in (1, 2, 3, 4, 5))
+        a, b, c, d, e = (i % self._ids for i in (1, 2, 3, 4, 5))
         if self.encoder_decoder:
             self.encode(torch.tensor([a, b, c], device=device))
         try:

@@ -100,7 +100,7 @@ def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int], max_sour
                          f"{type(model).__name__}")
     encoder_decoder = bool(model.config.is_encoder_decoder)
     if max_length is None:
-        max_length = 512 if encoder_decoder else min(live.max_positions(model.config) or 4096, 4096)
+        max_length = 512 if encoder_decoder else min(live.max_positions(model.config.get_text_config()) or 4096, 4096)
     if encoder_decoder and max_source_length is None:
         max_source_length = 512
     meta = {"format": FORMAT, **live.describe(model, max_length=max_length, max_source_length=max_source_length,
