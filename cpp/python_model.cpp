@@ -64,7 +64,7 @@ class PythonModel final : public Model {
     if (!py::hasattr(impl_, "tree_obstacle")) return Model::tree_obstacle();
     return impl_.attr("tree_obstacle")().cast<std::string>();
   }
-  // An encoder-decoder's tree calls hold one row over one source: beam search, not tree= (live.py says which).
+  // Beams hold their token tree in one cache through the same calls (live.py: the same probe).
   std::string beam_obstacle() const override {
     py::gil_scoped_acquire gil;
     if (!py::hasattr(impl_, "beam_obstacle")) return tree_obstacle();

@@ -9,8 +9,8 @@ their argmaxes decided by clear margins rather than by rounding. The sliding-win
 gemma3) have a window of WINDOW = 8 positions and llama4 attention chunks of 8 in one of its layers, so that
 they matter within 20 generated tokens; gemma2 also softcaps its attention and final logits (caps small enough
 to bite), which makes it run eager attention. gemma3_vlm is Gemma 3's vision-language class generating text (its
-vocabulary and special ids live in its text config). `STATEFUL` holds a Mamba model, whose
-recurrent state cannot be rolled back (transformers marks it `_is_stateful`), for tests that a loader refuses it.
+vocabulary and special ids live in its text config). `STATEFUL` holds a Mamba model, whose recurrent state
+cannot be rolled back (transformers marks it `_is_stateful`), for tests that a loader refuses it.
 
 `make(family, seed)` returns an eval-mode model without gradients; `drafted(model, noise, seed)` a copy with
 Gaussian noise on every weight, a draft that agrees with its target often but not always (NOISE[family] gives

@@ -4,12 +4,13 @@ does, through the C++ engine with the model's forward called back in Python.
 * Greedy: plain and speculative decoding (γ ∈ {1, 4}) give transformers' own `generate(do_sample=False)` output
   token for token, and so does transformers' assisted generation with the same draft (checked here too, so that
   the comparison is with both of transformers' paths), with and without an EOS stop; the same for a draft of
-  another family than its target, and for token trees of every decoder-only family (sliding windows, attention
-  chunks and eager attention included).
+  another family than its target, and for token trees of every family but Bloom and BART (sliding windows,
+  attention chunks, eager attention and T5 included).
 * Sampling: the joint law of the first two tokens, sampled by speculative decoding, against the target's exact
-  law from transformers' logits. Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 21 tests (1,000 samples
-  each, a bf16 pair and two token trees past a sliding window or an attention chunk among them), so a correct
-  engine fails one by chance with probability at most 2.1% for a fresh draw of seeds; the seeds are fixed.
+  law from transformers' logits. Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 22 tests (1,000 samples
+  each; a bf16 pair, T5 with a token tree and two token trees past a sliding window or an attention chunk among
+  them), so a correct engine fails one by chance with probability at most 2.2% for a fresh draw of seeds; the
+  seeds are fixed.
 * Refusals, each with its message: a recurrent model, a model in training mode, a model without an LM head, a
   vocabulary mismatch (and the exact padding that resolves it), a missing CUDA device.
 """
@@ -30,11 +31,11 @@ PROMPT = [1, 5, 9]
 SOURCE = [4, 8, 15, 16, 23, 42]  # the encoder-decoders' input
 MAX_NEW = 20
 FAMILIES = sorted(hf_families.FAMILIES)
-# decoder-only families with tree calls: all but bloom (ALiBi: its forward takes no positions, refused by name in
-# tests/test_tree_decoding.py)
-TREE_FAMILIES = [family for family in FAMILIES if not hf_families.is_encoder_decoder(family) and family != "bloom"]
+# families with tree calls: all but bloom (ALiBi: its forward takes no positions) and bart (learned positions),
+# both refused by name in tests/test_tree_decoding.py
+TREE_FAMILIES = [family for family in FAMILIES if family not in ("bloom", "bart")]
 LONG_PROMPT = [1, 5, 9, 14, 3, 27, 8, 40, 11, 6, 33, 19]  # longer than hf_families.WINDOW
-TREE_LAW_FAMILIES = ["gemma2", "llama4"]
+TREE_LAW_FAMILIES = ["gemma2", "llama4", "t5"]
 
 
 def _inputs(family: str) -> dict:
@@ -94,32 +95,44 @@ def test_greedy_equals_transformers_plain_and_assisted(zoo, family):
 
 @pytest.mark.parametrize("family", TREE_FAMILIES)
 def test_greedy_trees_equal_transformers(zoo, family):
-    """Token trees (one target call per tree: a 4-D ancestor mask, positions by depth; live.py _tree_masks)
-    for every decoder-only family: transformers' greedy output token for token, alone and in a batch. Sliding
-    windows (mistral; gemma2 and gemma3 beside full layers, a mask per layer type; gemma2's eager attention an
-    additive mask) and llama4's attention chunks bite within MAX_NEW tokens, so a tree mask without them fails."""
+    """Token trees (one target call per tree: a 4-D ancestor mask, positions by depth; speculant/layer_masks.py)
+    for every family but Bloom and BART: transformers' greedy output token for token, alone and in a batch (T5:
+    each row over its own source, its keys at their ranks on each query's path). Sliding windows (mistral; gemma2
+    and gemma3 beside full layers, a mask per layer type; gemma2's eager attention an additive mask) and
+    llama4's attention chunks bite within MAX_NEW tokens, so a tree mask without them fails."""
     model, draft_model = zoo[family]
     expected = hf_greedy(model, family)
     target, draft = speculant.load(model), speculant.load(draft_model)
     assert target.tree_obstacle == "" and draft.tree_obstacle == ""
+    if hf_families.is_encoder_decoder(family):
+        batch = {"encoder_input_ids": [SOURCE, SOURCE[:2]]}
+    else:
+        batch = {"prompt_ids": [PROMPT, PROMPT[:1]]}
     for shape in ([2, 2], [3, 1, 1]):
         decoder = speculant.SpeculativeDecoder(target, draft, tree=shape, temperature=0)
-        result = decoder.generate(PROMPT, max_new_tokens=MAX_NEW)
+        result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
         assert result.tokens == expected and result.stats.accepted_tokens > 0, f"tree {shape}"
-        rows = decoder.generate([PROMPT, PROMPT[:1]], max_new_tokens=MAX_NEW)
+        rows = decoder.generate(max_new_tokens=MAX_NEW, **batch)
         assert rows[0].tokens == expected, f"tree {shape} in a batch"
 
 
 @pytest.mark.parametrize("family", TREE_LAW_FAMILIES)
-def test_tree_law_matches_transformers_beyond_the_window(zoo, family):
-    """The first two tokens' law with a tree of drafts after a prompt longer than the window, so that both
-    tokens' tree calls depend on the window being applied (gemma2: eager, a mask per layer type)."""
+def test_tree_law_matches_transformers(zoo, family):
+    """The first two tokens' law with a tree of drafts: for gemma2 and llama4 after a prompt longer than the
+    window or chunk, so that both tokens' tree calls depend on it being applied (gemma2: eager, a mask per layer
+    type); for T5 over its source, from the decoder's start."""
     model, _ = zoo[family]
-    law = two_token_law(model, family, LONG_PROMPT, 1.0, 0)
+    size = N_SAMPLES // 4
+    if hf_families.is_encoder_decoder(family):
+        start, batch = _start(model, family), {"encoder_input_ids": [SOURCE] * size}
+    else:
+        start = LONG_PROMPT
+        batch = {"prompt_ids": [LONG_PROMPT] * size}
+    law = two_token_law(model, family, start, 1.0, 0)
     draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE[family], seed=12))
     decoder = speculant.SpeculativeDecoder(speculant.load(model), draft, tree=[3, 2], temperature=1.0)
-    samples = np.array([r.tokens for b in range(4) for r in decoder.generate(
-        [LONG_PROMPT] * (N_SAMPLES // 4), max_new_tokens=2, seed=3000 + b * N_SAMPLES // 4)])
+    samples = np.array([r.tokens for b in range(4)
+                        for r in decoder.generate(max_new_tokens=2, seed=3000 + b * size, **batch)])
     pvalue = chi_square_pvalue(law, samples)
     assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
 

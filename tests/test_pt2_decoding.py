@@ -1,6 +1,6 @@
 """`.pt2` packages (torch.export + AOTInductor) decode through the C++ engine as transformers does, with no
-Python at call time: GPT-2, Llama, Qwen2 and T5 from tests/hf_families.py, compiled once per session
-(conftest.pt2_zoo).
+Python at call time: GPT-2, Llama, Qwen2 and T5 from tests/hf_families.py (and, for tree calls, Mistral, Gemma 2,
+Gemma 3, its vision-language class and Llama 4), compiled once per session (conftest.pt2_zoo).
 
 * Greedy: plain and speculative decoding (γ ∈ {1, 4}; the draft is a live transformers model, so backends mix)
   give transformers' own `generate(do_sample=False)` output token for token, with and without an EOS stop.

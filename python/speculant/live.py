@@ -261,21 +261,15 @@ class LiveModel:
         if self._patterned:
             self._entry_positions = self._entry_positions.index_select(0, entries)
 
-    def beam_obstacle(self) -> str:
-        """Why this model cannot hold beams as a token tree in one cache, or "" (probed once: a tree call against
-        uncached forwards of each node's path, then a kept path against a forward of the whole sequence)."""
+    def tree_obstacle(self) -> str:
+        """Why this model cannot verify a token tree in one call (tree= drafts, beam search), or "" (probed once:
+        a tree call against uncached forwards of each node's path, then a kept path against a forward of the
+        whole sequence). An encoder-decoder's rows each hold their own encoded source."""
         if self._tree_obstacle is None:
             self._tree_obstacle = self._tree_probe()
         return self._tree_obstacle
 
-    def tree_obstacle(self) -> str:
-        """Why this model cannot verify tree= drafts in one call, or "". An encoder-decoder's tree calls hold one
-        row over one encoded source, as its exports' do: they serve beam search only."""
-        why = self.beam_obstacle()
-        if why or not self.encoder_decoder:
-            return why
-        return ("an encoder-decoder live model's tree calls hold one row over one encoded source: they serve beam "
-                "search (num_beams), not tree= decoding")
+    beam_obstacle = tree_obstacle  # beams are token trees in one cache too
 
     def _tree_probe(self) -> str:
         if self.encoder_decoder:
