@@ -225,14 +225,18 @@ def test_two_token_law_detects_a_different_model(zoo):
     assert chi_square_pvalue(law, samples) < SIGNIFICANCE
 
 
-def test_save_pretrained_directory_loads_live(zoo, tmp_path):
-    model, _ = zoo["qwen3"]
-    model.save_pretrained(tmp_path / "qwen3")
-    loaded = speculant.load(tmp_path / "qwen3")
-    assert loaded.form == "live" and loaded.metadata["architecture"] == "Qwen3ForCausalLM"
-    assert loaded.eos_token_id == hf_families.EOS
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_vlm"])
+def test_save_pretrained_directory_loads_live(zoo, tmp_path, family):
+    """A save_pretrained directory loads as its transformers class (a vision-language one for gemma3_vlm, its
+    vocabulary, positions and EOS read from the text config)."""
+    model, _ = zoo[family]
+    model.save_pretrained(tmp_path / family)
+    loaded = speculant.load(tmp_path / family)
+    assert loaded.form == "live" and loaded.metadata["architecture"] == hf_families.CLASSES[family]
+    assert loaded.eos_token_id == hf_families.EOS and loaded.vocab_size == hf_families.VOCAB
+    assert loaded.metadata["max_length"] == model.config.get_text_config().max_position_embeddings
     same = speculant.generate(loaded, PROMPT, max_new_tokens=MAX_NEW, temperature=0).tokens
-    assert same == hf_greedy(model, "qwen3")
+    assert same == hf_greedy(model, family)
 
 
 def test_bfloat16_model_decodes_as_transformers(zoo):

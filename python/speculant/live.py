@@ -119,8 +119,8 @@ def describe(model, *, max_length: Optional[int], max_source_length: Optional[in
     config, text = model.config, model.config.get_text_config()  # a multimodal model's language part: text
     generation = getattr(model, "generation_config", None)
 
-    def field(name):  # the generation config's, the model's, or its text config's
-        for holder in (generation, config, text):
+    def field(name, *holders):  # the first holder's that has it
+        for holder in holders:
             value = getattr(holder, name, None)
             if value is not None:
                 return list(value) if isinstance(value, (list, tuple)) else value
@@ -133,9 +133,9 @@ def describe(model, *, max_length: Optional[int], max_source_length: Optional[in
         "max_length": max_length,
         "max_source_length": max_source_length,
         "encoder_decoder": bool(config.is_encoder_decoder),
-        "eos_token_id": field("eos_token_id"),
-        "pad_token_id": field("pad_token_id"),
-        "bos_token_id": field("bos_token_id"),
+        "eos_token_id": field("eos_token_id", generation, config, text),  # generation's: what generate stops at
+        "pad_token_id": field("pad_token_id", config, text),
+        "bos_token_id": field("bos_token_id", config, text),
         "decoder_start_token_id": decoder_start_token_id,
         "dtype": str(model.dtype).removeprefix("torch."),
         "transformers_version": _transformers().__version__,
