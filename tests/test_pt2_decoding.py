@@ -190,3 +190,11 @@ def test_packages_without_tree_calls_say_why(pt2_zoo, tmp_path):
         speculant.SpeculativeDecoder(package, speculant.load(path), tree=[2])
     expected = hf_greedy(chain, "llama")
     assert speculant.generate(package, max_new_tokens=MAX_NEW, temperature=0, **_inputs("llama")).tokens == expected
+    # a config window the model never applies (Llama's masks read no sliding_window): layer_masks.follows finds
+    # it, so the package keeps the model's own masks (the chain form) and decodes as the model does
+    stray = hf_families.make("llama", seed=0)
+    stray.config.sliding_window = 4
+    speculant.export(stray, tmp_path / "stray.pt2", max_length=32)
+    package = speculant.load(tmp_path / "stray.pt2")
+    assert "has no tree calls" in package.tree_obstacle and stray.config.sliding_window == 4
+    assert speculant.generate(package, max_new_tokens=MAX_NEW, temperature=0, **_inputs("llama")).tokens == expected

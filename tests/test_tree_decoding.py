@@ -21,7 +21,8 @@ copy_slots). What is checked:
   selected in place), probed once per model: greedy trees equal transformers' greedy generate for GPT-2 and
   Llama, alone and in a batch; the first two tokens' law with trees is the target's (Llama, chi-square at
   SIGNIFICANCE = 1e-3, fixed seeds); a model that ignores the mask, an encoder-decoder other than T5 (BART),
-  an ALiBi model (Bloom) and layer types without tree masks are refused by name. (Every other family of tests/hf_families.py, sliding
+  an ALiBi model (Bloom), layer types without tree masks and a config window the model does not apply are
+  refused by name. (Every other family of tests/hf_families.py, sliding
   windows and attention chunks included: tests/test_live.py.)
 """
 
@@ -287,6 +288,18 @@ def test_live_models_that_cannot_run_trees_are_refused_by_name():
     unsized = hf_families.make("llama", seed=0)
     unsized.config.layer_types = ["sliding_attention", "full_attention"]  # and no sliding_window
     assert "has sliding_attention layers but no sliding_window" in speculant.load(unsized).tree_obstacle
+    # a config whose window the model's attention never applies (Llama's masks read no sliding_window): the
+    # probe, with the window shrunk to 2, finds the tree mask's window where the model has none, instead of
+    # trees that differ from the model's own forward past the window
+    stray = hf_families.make("llama", seed=0)
+    stray.config.sliding_window = 8
+    stray.config.layer_types = None
+    stray_model = speculant.load(stray)
+    assert "its attention does not apply sliding_window as transformers' masks do" in stray_model.tree_obstacle
+    assert stray.config.sliding_window == 8  # the probe puts the config back
+    expected = speculant.generate(speculant.load(hf_families.make("llama", seed=0)), [1, 5, 9], max_new_tokens=12,
+                                  temperature=0).tokens
+    assert speculant.generate(stray_model, [1, 5, 9], max_new_tokens=12, temperature=0).tokens == expected
 
 
 # ------------------------------------------------------------------------------------------------

@@ -8,15 +8,25 @@ the live models (live.py) and the .pt2 packages (export/pt2.py) alike. It import
     layers = attention_layers(config)            # {"sliding_attention": 4096, "full_attention": None}
     obstacle(layers)                              # "" or why trees cannot be built for these layers
     attention_mask(mask, keys, queries, layers, attn_implementation, dtype)
+    follows(model, layers)                        # "" or how the model's attention departs from these masks
+
+A config is only what the model says of itself: `shrunk` sets every window and chunk to SMALL for a check whose
+few positions then cross them, so a model whose attention does not apply its config's window as these masks do
+(a stray field, an attention of its own) is found at load or export, not past the window in a generation.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, Union
 
 import torch
 
 # a layer type -> the config field its pattern reads (None: plain causal attention, the given mask as it is)
 PATTERNS = {"full_attention": None, "sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
+SMALL = 2  # the window / chunk the checks run at (their sequences: 5 positions)
+# how far a check's logits may differ from the model's own, relative to their scale: the same attention with
+# another mask differs by rounding only (about 1e-6 in float32; bf16 / fp16 keep 8 / 11 bits of mantissa)
+TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.bfloat16: 5e-2, torch.float16: 1e-2}
 
 
 def attention_layers(config) -> dict[str, Optional[int]]:
@@ -71,3 +81,40 @@ def attention_mask(mask: torch.Tensor, keys: Optional[torch.Tensor], queries: to
             kept = torch.zeros(kept.shape, dtype=dtype, device=kept.device).masked_fill(~kept, torch.finfo(dtype).min)
         masks[kind] = kept
     return next(iter(masks.values())) if len(masks) == 1 else masks
+
+
+@contextlib.contextmanager
+def shrunk(config, layers: dict[str, Optional[int]]):
+    """Every window and chunk field of `config` that `layers` reads set to SMALL for the duration (put back
+    after, whatever happens). Yields (the layers at SMALL, the fields changed)."""
+    fields = sorted({PATTERNS[kind] for kind, size in layers.items() if PATTERNS.get(kind) and size})
+    saved = {field: getattr(config, field) for field in fields}
+    try:
+        for field in fields:
+            setattr(config, field, SMALL)
+        yield {kind: SMALL if PATTERNS.get(kind) and size else size for kind, size in layers.items()}, fields
+    finally:
+        for field, value in saved.items():
+            setattr(config, field, value)
+
+
+def follows(model, layers: dict[str, Optional[int]]) -> str:
+    """"" if a decoder-only transformers model's attention applies its config's windows and chunks as
+    attention_mask builds them, else what differs: with them at SMALL, the logits of 5 tokens under these masks
+    against the model's own forward."""
+    config = model.config.get_text_config()
+    count = 5
+    ids = (torch.arange(1, count + 1, device=model.device) % config.vocab_size).view(1, count)
+    positions = torch.arange(count, device=model.device)
+    causal = torch.ones(count, count, dtype=torch.bool, device=model.device).tril()
+    with shrunk(config, layers) as (small, fields), torch.no_grad():
+        own = model(input_ids=ids).logits[0].float()
+        masked = model(input_ids=ids, position_ids=positions.view(1, count), attention_mask=attention_mask(
+            causal, positions, positions, small, config._attn_implementation, model.dtype)).logits[0].float()
+    worst = ((masked - own).abs().max() / own.abs().max().clamp(min=1.0)).item()
+    tolerance = TOLERANCE.get(model.dtype, 1e-2)
+    if worst <= tolerance:
+        return ""
+    return (f"its attention does not apply {', '.join(fields)} as transformers' masks do: with it set to {SMALL}, "
+            f"logits under the tree mask differ from the model's own by {worst:.3g} (relative; allowed "
+            f"{tolerance:g})")

@@ -30,10 +30,6 @@ import torch.nn.functional as F
 
 from . import layer_masks
 
-# Tolerance of the load-time rollback probe, relative to the logits' scale: cached and uncached attention
-# differ by rounding only (about 1e-6 in float32; bf16 / fp16 keep 8 / 11 bits of mantissa).
-PROBE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.bfloat16: 5e-2, torch.float16: 1e-2}
-
 
 def is_transformers_model(value) -> bool:
     """Whether `value` is a transformers PreTrainedModel (without importing transformers when it is absent)."""
@@ -291,30 +287,50 @@ class LiveModel:
             return (f"its cache layers ({', '.join(sorted(kinds)) or 'none'}) are not plain DynamicLayers (sliding "
                     "windows and other kinds cannot keep an arbitrary path of entries)")
         device = self.model.device
+        try:
+            worst, dtype = self._tree_call_error()
+            tolerance = layer_masks.TOLERANCE.get(dtype, 1e-2)
+            if not worst <= tolerance:
+                return (f"it does not honour a 4-D attention mask: a tree node's logits differ from its path's by "
+                        f"{worst:.3g} (relative; allowed {tolerance:g})")
+            if self._patterned:  # the windows / chunks in play, shrunk until they bite within the probe
+                layers = self._layers
+                with layer_masks.shrunk(self.model.config.get_text_config(), layers) as (small, fields):
+                    self._layers = small
+                    try:
+                        worst, _ = self._tree_call_error()
+                    finally:
+                        self._layers = layers
+                if not worst <= tolerance:
+                    return (f"its attention does not apply {', '.join(fields)} as transformers' masks do (tree "
+                            f"masks follow masking_utils): with it set to {layer_masks.SMALL} for a probe, a tree "
+                            f"node's logits differ from its path's by {worst:.3g} (relative; allowed "
+                            f"{tolerance:g})")
+        except Exception as error:  # noqa: BLE001 - the model refused the call: say so
+            return (f"a tree call (4-D attention mask, position_ids) failed: {type(error).__name__}: {error}")
+        finally:
+            self.reset(torch.tensor([], dtype=torch.long, device=device))
+        return ""
+
+    def _tree_call_error(self) -> tuple[float, torch.dtype]:
+        """A tree call (prefix a b, root c with children d and e, then the path c e kept and x appended) against
+        uncached forwards of each node's path: the largest difference relative to the logits' scale, and their
+        dtype."""
         a, b, c, d, e, x = (i % self._ids for i in (1, 2, 3, 4, 5, 6))
-        ids = functools.partial(torch.tensor, device=device)
+        ids = functools.partial(torch.tensor, device=self.model.device)
         if self.encoder_decoder:
             self.encode(ids([d, e, x]))
-        try:
-            self.reset(ids([a, b]))
-            mask = ids([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], dtype=torch.bool)  # root c: d, e
-            logits = self.extend_masked(ids([c, d, e]), ids([2, 3, 3]), mask)
-            self.keep(ids([0, 1, 2, 4]))  # the path c, e
-            after = self._run(ids([x]), logits=True)
-        except Exception as error:  # noqa: BLE001 - the model refused the call: say so
-            self.reset(torch.tensor([], dtype=torch.long, device=device))
-            return (f"a tree call (4-D attention mask, position_ids) failed: {type(error).__name__}: {error}")
+        self.reset(ids([a, b]))
+        mask = ids([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]], dtype=torch.bool)  # root c: d, e
+        logits = self.extend_masked(ids([c, d, e]), ids([2, 3, 3]), mask)
+        self.keep(ids([0, 1, 2, 4]))  # the path c, e
+        after = self._run(ids([x]), logits=True)
         worst = 0.0
         for got, path in ((logits[1], [a, b, c, d]), (logits[2], [a, b, c, e]), (after[0], [a, b, c, e, x])):
             reference = self._uncached(path).float()
             worst = max(worst, (got.float()[:reference.numel()] - reference).abs().max().item()
                         / max(1.0, reference.abs().max().item()))
-        self.reset(torch.tensor([], dtype=torch.long, device=device))
-        tolerance = PROBE_TOLERANCE.get(logits.dtype, 1e-2)
-        if not worst <= tolerance:
-            return (f"it does not honour a 4-D attention mask: a tree node's logits differ from its path's by "
-                    f"{worst:.3g} (relative; allowed {tolerance:g})")
-        return ""
+        return worst, logits.dtype
 
     def _relative_obstacle(self) -> str:
         """Why this encoder-decoder's decoder is not T5's (relative position buckets in block 0's self-attention,
@@ -454,7 +470,7 @@ class LiveModel:
         reference = self._uncached([a, d, e]).float()
         scale = max(1.0, reference.abs().max().item())
         error = (second[-1].float() - reference).abs().max().item() / scale
-        tolerance = PROBE_TOLERANCE.get(second.dtype, 1e-2)
+        tolerance = layer_masks.TOLERANCE.get(second.dtype, 1e-2)
         if not error <= tolerance:
             raise ValueError(f"model {self.name}: its cache does not roll back exactly: after a crop, logits "
                              f"differ from an uncached forward by {error:.3g} (relative; allowed {tolerance:g})")

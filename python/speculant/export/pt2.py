@@ -16,8 +16,9 @@ the engine moves a kept path of tree nodes into place; source = dest = [0] moves
 keys and values are written at the slots cache_position = start, start + 1, ..., start + k - 1 (contiguous,
 k >= 1, start + k <= M), token j at position position_ids[j] attending to exactly the slots s with mask[j, s].
 A chain call has position_ids = cache_position and mask[j, s] = s <= start + j. A sliding window or chunks are
-applied inside, on the positions the slots were written at. Models with other layer types, and exports asked for
-it (tree_calls=False), have the chain form, without tree calls:
+applied inside, on the positions the slots were written at (layer_masks.follows checks first that the model
+applies its config's window or chunks as those masks do). Models with other layer types or attention of their
+own, and exports asked for it (tree_calls=False), have the chain form, without tree calls:
 
     "model": run([input_ids int64 [1, k], cache_position int64 [k]]) -> [logits float32 [1, k, V]]
 
@@ -288,8 +289,10 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
                 "torch_version": torch.__version__.split("+")[0]}
     ids, positions_example, tokens = _tokens("tokens", max_length, 2, model.device)
     programs: Dict[str, torch.export.ExportedProgram] = {}
-    trees = (tree_calls and not encoder_decoder and not layer_masks.obstacle(layer_masks.attention_layers(text))
-             and max_length >= 2)
+    layers = layer_masks.attention_layers(text)
+    trees = tree_calls and not encoder_decoder and max_length >= 2 and not layer_masks.obstacle(layers)
+    if trees and layer_masks.positional(layers):  # a window or chunks the model does not apply: its own masks
+        trees = not layer_masks.follows(model, layers)
     metadata["tree_calls"] = "1" if trees else "0"
     with torch.no_grad():
         if trees:
