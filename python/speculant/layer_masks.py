@@ -99,9 +99,9 @@ def shrunk(config, layers: dict[str, Optional[int]]):
 
 
 def follows(model, layers: dict[str, Optional[int]]) -> str:
-    """"" if a decoder-only transformers model's attention applies its config's windows and chunks as
-    attention_mask builds them, else what differs: with them at SMALL, the logits of 5 tokens under these masks
-    against the model's own forward."""
+    """Whether a decoder-only transformers model's attention applies its config's windows and chunks as
+    attention_mask builds them: "" if it does, else what differs (with them at SMALL, the logits of 5 tokens
+    under these masks against the model's own forward)."""
     config = model.config.get_text_config()
     count = 5
     ids = (torch.arange(1, count + 1, device=model.device) % config.vocab_size).view(1, count)
