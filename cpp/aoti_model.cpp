@@ -82,14 +82,13 @@ class AotiModel final : public Model {
   // Tree calls (packages with tree_calls = 1): the mask covers the cache's slots in use; the package's call
   // takes all M, the rest hidden.
   std::string tree_obstacle() const override {
-    if (encoder_decoder_) return "an encoder-decoder .pt2 package verifies chains only (its decoder has no tree calls)";
     return trees_ ? "" : "this .pt2 package has no tree calls: it was exported in the chain form (tree_calls=False), "
                          "its model has attention layers of a type without tree masks or does not apply its config's "
                          "window as they do (speculant/layer_masks.py), or it was exported before tree calls existed "
                          "(export it again)";
   }
   at::Tensor extend_masked(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& mask) override {
-    require(trees_ && !encoder_decoder_, "model {}: {}", path_, tree_obstacle());
+    require(trees_, "model {}: {}", path_, tree_obstacle());
     const int64_t k = tokens.numel();
     require(positions.numel() == k && mask.dim() == 2 && mask.size(0) == k && mask.size(1) == length_ + k,
             "model {}: extend_masked needs positions [{}] and mask [{}, {}]", path_, k, k, length_ + k);

@@ -5,11 +5,13 @@ Gemma 3, its vision-language class and Llama 4), compiled once per session (conf
 * Greedy: plain and speculative decoding (γ ∈ {1, 4}; the draft is a live transformers model, so backends mix)
   give transformers' own `generate(do_sample=False)` output token for token, with and without an EOS stop.
 * Sampling: the joint law of the first two tokens against the target's exact law from transformers' logits,
-  Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 5 tests (one with a token tree), so a correct engine
-  fails one by chance with probability at most 0.5% for a fresh draw of seeds; the seeds are fixed.
+  Pearson chi-square at SIGNIFICANCE = 1e-3 per test: 6 tests (two with a token tree, one of them T5's), so a
+  correct engine fails one by chance with probability at most 0.6% for a fresh draw of seeds; the seeds are
+  fixed.
 * Tree calls: token trees (fixed shapes and DynamicTree) with .pt2 targets and drafts give transformers' greedy
   output, sliding windows and attention chunks included; plain and speculative beam search its beams and
-  scores; packages without tree calls (T5, layer types without tree masks) say why and still decode chains.
+  scores, T5's included; packages without tree calls (the chain form, a config window the model does not
+  apply) say why and still decode chains.
 * A package for another torch is refused with both versions named.
 """
 
@@ -25,7 +27,7 @@ import speculant
 from chisquare import chi_square_pvalue
 from conftest import PT2_FAMILIES
 from speculant.export import pt2
-from test_live import hf_greedy, two_token_law, _inputs, _start, MAX_NEW
+from test_live import hf_greedy, two_token_law, _inputs, _start, MAX_NEW, SOURCE
 
 SIGNIFICANCE = 1e-3
 N_SAMPLES = 1000
@@ -129,14 +131,16 @@ def test_check_distribution_takes_pt2_packages(pt2_zoo, family):
 
 # Llama 4's rotary embedding multiplies complex numbers, which inductor runs without generating code (it warns)
 @pytest.mark.filterwarnings("ignore:Torchinductor does not support code generation for complex operators")
-@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "mistral", "gemma2", "gemma3", "gemma3_vlm", "llama4"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "mistral", "gemma2", "gemma3", "gemma3_vlm", "llama4",
+                                    "t5"])
 def test_trees_and_beams_equal_transformers(pt2_zoo, family):
     """Token trees (fixed and grown) with a .pt2 target, and with .pt2 target and draft, give transformers' greedy
     generate token for token (a cache entry moved to the wrong slot would change later argmaxes); beam search
     and speculative beam search give transformers' beams and scores. Mistral's sliding window, Gemma 2's and
     3's beside full layers (Gemma 2 eager; Gemma 3's vision-language class too) and Llama 4's attention chunks
     (8 positions each) are applied inside the package on each slot's position, which beams, holding several
-    beams' entries, tell apart from its index."""
+    beams' entries, tell apart from its index; T5's relative position bias on each key's rank on its query's
+    path, each row over its own source."""
     from test_beams import assert_equal_beams, transformers_beams
 
     model, path = pt2_zoo(family)
@@ -149,37 +153,47 @@ def test_trees_and_beams_equal_transformers(pt2_zoo, family):
             decoder = speculant.SpeculativeDecoder(target, draft, tree=tree, temperature=0)
             result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
             assert result.tokens == expected, f"{draft.form} draft, tree {tree}"
-            assert [r.tokens for r in decoder.generate([_start(model, family)] * 2, max_new_tokens=MAX_NEW)] == \
+            assert [r.tokens for r in decoder.generate(max_new_tokens=MAX_NEW, **_twice(model, family))] == \
                 [expected] * 2
     same = speculant.SpeculativeDecoder(target, speculant.load(path), tree=[1, 1, 1], temperature=0)
     assert same.generate(max_new_tokens=MAX_NEW, **_inputs(family)).stats.tokens_per_target_call > 3
-    prompt = _start(model, family)
+    encoder_decoder = hf_families.is_encoder_decoder(family)
     for w, gamma in ((2, 0), (3, 2)):
-        beams = transformers_beams(model, prompt, w, 1.0, False, None)
-        options = dict(max_new_tokens=12, num_beams=w, num_return_sequences=w)
-        got = speculant.generate(target, prompt, **options) if gamma == 0 else \
-            speculant.SpeculativeDecoder(target, live_draft, gamma=gamma).generate(prompt, **options)
+        beams = transformers_beams(model, SOURCE if encoder_decoder else _start(model, family), w, 1.0, False, None)
+        options = dict(max_new_tokens=12, num_beams=w, num_return_sequences=w, **_inputs(family))
+        got = speculant.generate(target, **options) if gamma == 0 else \
+            speculant.SpeculativeDecoder(target, live_draft, gamma=gamma).generate(**options)
         assert_equal_beams(got, beams, None, f"w={w} gamma={gamma}")
 
 
-def test_tree_law_with_a_pt2_target(pt2_zoo):
+def _twice(model, family: str) -> dict:
+    """generate()'s arguments for a batch of two rows of the family's input."""
+    if hf_families.is_encoder_decoder(family):
+        return {"encoder_input_ids": [SOURCE] * 2}
+    return {"prompt_ids": [_start(model, family)] * 2}
+
+
+@pytest.mark.parametrize("family", ["llama", "t5"])
+def test_tree_law_with_a_pt2_target(pt2_zoo, family):
     """The first two tokens' law with a tree verified by a .pt2 target is the target's (chi-square at
-    SIGNIFICANCE, fixed seeds: one more test under the module's family-wise bound, at most 0.5% in all)."""
-    model, path = pt2_zoo("llama")
+    SIGNIFICANCE, fixed seeds: two more tests under the module's family-wise bound, at most 0.6% in all)."""
+    model, path = pt2_zoo(family)
     target = speculant.load(path)
-    draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE["llama"], seed=12))
-    start = _start(model, "llama")
-    law = two_token_law(model, "llama", start, 1.0, 0)
+    draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE[family], seed=12))
+    start = _start(model, family)
+    law = two_token_law(model, family, start, 1.0, 0)
     decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], temperature=1.0)
+    if hf_families.is_encoder_decoder(family):
+        rows = {"encoder_input_ids": [SOURCE] * 200}
+    else:
+        rows = {"prompt_ids": [start] * 200}
     samples = np.array([r.tokens for b in range(5)
-                        for r in decoder.generate([start] * 200, max_new_tokens=2, seed=5000 + 200 * b)])
+                        for r in decoder.generate(max_new_tokens=2, seed=5000 + 200 * b, **rows)])
     pvalue = chi_square_pvalue(law, samples)
     assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
 
 
-def test_packages_without_tree_calls_say_why(pt2_zoo, tmp_path):
-    _, t5 = pt2_zoo("t5")
-    assert "encoder-decoder .pt2 package verifies chains only" in speculant.load(t5).tree_obstacle
+def test_packages_without_tree_calls_say_why(tmp_path):
     # the chain form, as benchmarks/pt2_forms.py exports it: no tree calls, and it still decodes as transformers
     chain = hf_families.make("llama", seed=0)
     path = tmp_path / "chain.pt2"

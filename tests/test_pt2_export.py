@@ -49,13 +49,13 @@ def tokens(length, seed=1):
 NO_MOVE = torch.zeros(1, dtype=torch.long)  # the tree form's moves: slot 0 to itself
 
 
-def run(package, ids, start):  # ids [1, k] at positions start .. start + k - 1 -> logits [1, k, V]
+def run(package, ids, start, *encoded):  # ids [1, k] at positions start .. start + k - 1 -> logits [1, k, V]
     slots = torch.arange(start, start + ids.shape[1])
     metadata = package.get_metadata()
     if metadata["tree_calls"] == "1":  # a chain call of the tree form: causal over the slots
         mask = slots.unsqueeze(1) >= torch.arange(int(metadata["max_length"])).unsqueeze(0)
-        return package(ids, slots, slots, mask, NO_MOVE, NO_MOVE)
-    return package(ids, slots)
+        return package(ids, slots, slots, mask, NO_MOVE, NO_MOVE, *encoded)
+    return package(ids, slots, *encoded)
 
 
 def reference(model, ids):  # transformers' logits for the whole sequence [1, T] -> [1, T, V]
@@ -187,7 +187,7 @@ def test_other_encoder_decoder_is_refused(tmp_path):
 
 
 # T5: "encoder" (source [1, S]) -> (hidden [1, S, d], cross-attention keys and values per decoder layer);
-# "model" (decoder_ids [1, k], cache_position [k], *encoder outputs) -> logits [1, k, V]
+# "model" (decoder_ids [1, k], cache_position [k], the tree form's inputs, *encoder outputs) -> logits [1, k, V]
 
 
 @pytest.fixture(scope="module")
@@ -205,16 +205,17 @@ def test_t5_decoder_with_cache(t5, source_length):
     ids = tokens(12)
     with torch.no_grad():
         expected = model(input_ids=source, decoder_input_ids=ids).logits
+    assert decoder.get_metadata()["tree_calls"] == "1"
     for length in (1, 5):
-        close(decoder(ids[:, :length], torch.arange(length), *encoded), expected[:, :length])
-    decoder(ids[:, :6], torch.arange(6), *encoded)
-    close(decoder(ids[:, 6:9], torch.arange(6, 9), *encoded), expected[:, 6:9])
-    close(decoder(ids[:, 9:10], torch.arange(9, 10), *encoded), expected[:, 9:10])
+        close(run(decoder, ids[:, :length], 0, *encoded), expected[:, :length])
+    run(decoder, ids[:, :6], 0, *encoded)
+    close(run(decoder, ids[:, 6:9], 6, *encoded), expected[:, 6:9])
+    close(run(decoder, ids[:, 9:10], 9, *encoded), expected[:, 9:10])
     new = tokens(12, seed=4)
     new[:, :3] = ids[:, :3]
     with torch.no_grad():
         expected = model(input_ids=source, decoder_input_ids=new).logits
-    close(decoder(new[:, 3:], torch.arange(3, 12), *encoded), expected[:, 3:])  # rollback to 3
+    close(run(decoder, new[:, 3:], 3, *encoded), expected[:, 3:])  # rollback to 3
 
 
 def test_t5_metadata(t5):

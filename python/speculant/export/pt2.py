@@ -6,7 +6,7 @@
 Decoder-only causal LMs: the package holds one model, "model", with a preallocated static KV cache of
 `max_length` (M) slots in its own buffers, mutated in place and kept inside the loaded model across calls.
 Models whose attention layers are of the types speculant.layer_masks builds masks for (full attention,
-sliding windows, attention chunks) get tree calls (metadata "tree_calls" = "1"):
+sliding windows, attention chunks) get tree calls (metadata "tree_calls" = "1"), as does T5 (below):
 
     "model": run([input_ids int64 [1, k], cache_position int64 [k], position_ids int64 [k], mask bool [k, M],
                   source int64 [n], dest int64 [n]]) -> [logits float32 [1, k, V]]
@@ -32,11 +32,14 @@ every decoder call needs; "model" is the decoder in the form above, with the enc
 
     "encoder": run([source int64 [1, S]]) -> [hidden [1, S, d], keys_0, values_0, ..., keys_{L-1}, values_{L-1}]
                (keys_i / values_i [1, H, S, D]: decoder layer i's cross-attention keys and values)
-    "model":   run([decoder_ids int64 [1, k], cache_position int64 [k], hidden, keys_0, ..., values_{L-1}])
+    "model":   run([decoder_ids int64 [1, k], cache_position int64 [k], position_ids int64 [k], mask bool [k, M],
+                    source int64 [n], dest int64 [n], hidden, keys_0, ..., values_{L-1}])
                -> [logits float32 [1, k, V]]
 
-with 1 <= S <= max_source_length; the encoder's outputs are in the model's dtype and are passed back as they
-are (the caller keeps them for the generation).
+(the tree form; the chain form, tree_calls=False, has neither position_ids, mask nor moves) with
+1 <= S <= max_source_length; the encoder's outputs are in the model's dtype and are passed back as they are
+(the caller keeps them for the generation). T5's relative position bias is computed inside from each attended
+key's rank on its query's path, which is what a tree node's position is (transformers computes it from slots).
 
 The package checks neither dtypes nor that the two inputs agree on k; on CPU, positions outside
 [0, max_length) raise RuntimeError "index out of bounds" (inductor's indexing checks): the caller checks.
@@ -90,6 +93,13 @@ class _StaticKV(torch.nn.Module):
             layer.cumulative_length.copy_(cache_position[0])
         return self.cache
 
+    def _move(self, source: torch.Tensor, dest: torch.Tensor) -> None:
+        """Every layer's slots source[i] copied to dest[i], all read before any is written."""
+        for i in range(len(self.cache.layers)):
+            for kind in ("keys", "values"):
+                slots = getattr(self, f"{kind}_{i}")  # [1, H, M, D]
+                slots.index_copy_(2, dest, slots.index_select(2, source))
+
 
 class _DecoderOnly(_StaticKV):
     """forward(input_ids [1, k], cache_position [k]) -> logits float32 [1, k, V]: the chain form."""
@@ -136,10 +146,7 @@ class _DecoderOnlyTree(_DecoderOnly):
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor, source: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
-        for i in range(len(self.cache.layers)):
-            for kind in ("keys", "values"):
-                slots = getattr(self, f"{kind}_{i}")  # [1, H, M, D]
-                slots.index_copy_(2, dest, slots.index_select(2, source))
+        self._move(source, dest)
         keys = None
         if self.positional:
             keys = self.slot_positions  # [M]
@@ -187,16 +194,52 @@ class _T5Decoder(_StaticKV):
         self.cross = Cache(layers=[DynamicLayer() for _ in blocks])
 
     def forward(self, decoder_ids: torch.Tensor, cache_position: torch.Tensor, hidden: torch.Tensor, *cross):
+        out = self.model(encoder_outputs=(hidden,), decoder_input_ids=decoder_ids,
+                         past_key_values=self._caches(cache_position, cross), use_cache=True)
+        return out.logits.float()  # [1, k, V]
+
+    def _caches(self, cache_position: torch.Tensor, cross: tuple):
+        """The static self-attention cache set to write at cache_position, with the given cross-attention keys
+        and values (keys_0, values_0, ...), which the decoder reads and never recomputes."""
         from transformers.cache_utils import EncoderDecoderCache
 
         for layer, keys, values in zip(self.cross.layers, cross[0::2], cross[1::2]):
             layer.keys, layer.values, layer.is_initialized = keys, values, True
         cache = EncoderDecoderCache(self._at(cache_position), self.cross)
         for i in range(len(self.cross.layers)):
-            cache.is_updated[i] = True  # read the cross-attention keys and values, never recompute them
-        out = self.model(encoder_outputs=(hidden,), decoder_input_ids=decoder_ids, past_key_values=cache,
-                         use_cache=True)
-        return out.logits.float()  # [1, k, V]
+            cache.is_updated[i] = True
+        return cache
+
+
+class _T5DecoderTree(_T5Decoder):
+    """forward(decoder_ids [1, k], cache_position [k], position_ids [k], mask [k, M], source [n], dest [n],
+    hidden, keys_0, values_0, ...) -> logits float32 [1, k, V]: the tree form of the T5 decoder. transformers
+    computes T5's relative position bias from cache slots, which a tree's nodes do not follow, so the decoder's
+    blocks run here with each attended key at its rank on its query's path (the live backend's
+    _relative_tree_call, inside the package)."""
+
+    def forward(self, decoder_ids: torch.Tensor, cache_position: torch.Tensor, position_ids: torch.Tensor,
+                mask: torch.Tensor, source: torch.Tensor, dest: torch.Tensor, hidden: torch.Tensor, *cross):
+        self._move(source, dest)
+        cache = self._caches(cache_position, cross)
+        decoder = self.model.get_decoder()
+        attention = decoder.block[0].layer[0].SelfAttention
+        ranks = mask.to(torch.long).cumsum(-1) - 1  # [k, M]: an attended key's position on its query's path
+        buckets = attention._relative_position_bucket(
+            ranks - position_ids.view(-1, 1), bidirectional=False,
+            num_buckets=attention.relative_attention_num_buckets,
+            max_distance=attention.relative_attention_max_distance)  # [k, M]
+        bias = attention.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # [1, H, k, M]
+        states = decoder.embed_tokens(decoder_ids)  # [1, k, d]
+        blocked = torch.zeros(mask.shape, dtype=states.dtype, device=states.device)
+        blocked = blocked.masked_fill(~mask, torch.finfo(states.dtype).min).view(1, 1, *mask.shape)  # additive
+        for block in decoder.block:
+            states = block(states, attention_mask=blocked, position_bias=bias, encoder_hidden_states=hidden,
+                           past_key_values=cache, cache_position=cache_position)[0]
+        states = decoder.final_layer_norm(states)
+        if getattr(self.model.config, "scale_decoder_outputs", True):
+            states = states * self.model.model_dim ** -0.5
+        return self.model.lm_head(states).float()  # [1, k, V]
 
 
 def _describe(error: BaseException) -> str:
@@ -290,33 +333,33 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
     ids, positions_example, tokens = _tokens("tokens", max_length, 2, model.device)
     programs: Dict[str, torch.export.ExportedProgram] = {}
     layers = layer_masks.attention_layers(text)
-    trees = tree_calls and not encoder_decoder and max_length >= 2 and not layer_masks.obstacle(layers)
-    if trees and layer_masks.positional(layers):  # a window or chunks the model does not apply: its own masks
-        trees = not layer_masks.follows(model, layers)
+    trees = tree_calls and max_length >= 2 and (encoder_decoder or not layer_masks.obstacle(layers))
+    if trees and not encoder_decoder and layer_masks.positional(layers):  # a window the model does not apply:
+        trees = not layer_masks.follows(model, layers)                     # its own masks, the chain form
     metadata["tree_calls"] = "1" if trees else "0"
     with torch.no_grad():
+        tree_inputs, tree_shapes = (), ()
         if trees:
             k = ids.size(1)
             mask = torch.ones(k, max_length, dtype=torch.bool, device=model.device).tril()
             moves, move_dim = torch.tensor([0, 1], device=model.device), torch.export.Dim("moves", min=1,
                                                                                            max=max_length)
             # distinct example tensors: torch.export traces inputs given as one tensor as one input
-            programs["model"] = _export(name, _DecoderOnlyTree(model, max_length),
-                                        (ids, positions_example, positions_example.clone(), mask, moves,
-                                         moves.clone()),
-                                        ({1: tokens}, {0: tokens}, {0: tokens}, {0: tokens}, {0: move_dim},
-                                         {0: move_dim}))
-        elif not encoder_decoder:
-            programs["model"] = _export(name, _DecoderOnly(model, max_length), (ids, positions_example),
-                                        ({1: tokens}, {0: tokens}))
+            tree_inputs = (positions_example.clone(), mask, moves, moves.clone())
+            tree_shapes = ({0: tokens}, {0: tokens}, {0: move_dim}, {0: move_dim})
+        if not encoder_decoder:
+            module = (_DecoderOnlyTree if trees else _DecoderOnly)(model, max_length)
+            programs["model"] = _export(name, module, (ids, positions_example, *tree_inputs),
+                                        ({1: tokens}, {0: tokens}, *tree_shapes))
         else:
             metadata["max_source_length"] = str(max_source_length)
             source, _, source_dim = _tokens("source", max_source_length, 3, model.device)
             encoder = _T5Encoder(model)
             programs["encoder"] = _export(name, encoder, (source,), ({1: source_dim},))
             encoded = encoder(source)  # (hidden [1, S, d], keys_0 [1, H, S, D], ...)
-            programs["model"] = _export(name, _T5Decoder(model, max_length), (ids, positions_example, *encoded),
-                                        ({1: tokens}, {0: tokens}, {1: source_dim},  # *cross: one tuple
+            module = (_T5DecoderTree if trees else _T5Decoder)(model, max_length)
+            programs["model"] = _export(name, module, (ids, positions_example, *tree_inputs, *encoded),
+                                        ({1: tokens}, {0: tokens}, *tree_shapes, {1: source_dim},  # *cross: a tuple
                                          tuple({2: source_dim} for _ in encoded[1:])))
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         files = {}
