@@ -147,8 +147,7 @@ def positional(rows, budget: int = 16) -> dict:
     bounds = [row["bound"] for row in rows]
     ceiling = analysis.best_tree(budget, [[bounds[0]] + [b - a for a, b in zip(bounds, bounds[1:])]] * budget)
     return {"chains": chains, "ceiling": {"tree": ceiling.tree, "expected_tokens": float(ceiling.expected_tokens)},
-            "rejection_sampling_tree": {"tree": sequoia.tree,
-                                                          "expected_tokens": float(sequoia.expected_tokens)},
+            "rejection_sampling_tree": {"tree": sequoia.tree, "expected_tokens": float(sequoia.expected_tokens)},
             "coupled_tree": {"tree": coupled_tree.tree, "expected_tokens": float(coupled_tree.expected_tokens)},
             "selection_shape": {"tree": selection.tree, "expected_tokens": float(selection.expected_tokens)},
             "coupled_or_selection_per_node": mixed}

@@ -141,7 +141,7 @@ def test_live_models_equal_transformers_beam_search(live_families):
 
 def test_live_encoder_decoder_equals_transformers_beam_search():
     """A live T5 pair: its tree calls carry the relative position bias of each node's own path
-    (live.py: _relative_tree_call); every search and option set against transformers' beam search."""
+    (relative_trees.py); every search and option set against transformers' beam search."""
     model = hf_models.make("t5", seed=10)
     target = speculant.load(model)
     draft = speculant.load(hf_models.drafted(model, noise=0.005, seed=11))

@@ -137,8 +137,9 @@ def test_node_bounds_mixed_tree_is_the_best_per_node_choice():
 
 def test_node_bounds_positional_model():
     """positional(): chains at the rank-0 share, Sequoia's tree at the per-rank shares, the ceiling at the bound's
-    increments, and the selection rule's best regular shape against every shape of at most 6 drafts enumerated (a node may draw fewer children than
-    the rule's best, so its acceptance with k children is the best with at most k)."""
+    increments, and the selection rule's best regular shape against every shape of at most 6 drafts enumerated
+    (a node may draw fewer children than the rule's best, so its acceptance with k children is the best with at
+    most k)."""
     import itertools
     import node_bounds
 

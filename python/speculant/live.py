@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import layer_masks
+from . import layer_masks, relative_trees
 
 
 def is_transformers_model(value) -> bool:
@@ -334,7 +334,7 @@ class LiveModel:
 
     def _relative_obstacle(self) -> str:
         """Why this encoder-decoder's decoder is not T5's (relative position buckets in block 0's self-attention,
-        shared by every block), or "": only that decoder's tree calls are built (_relative_tree_call)."""
+        shared by every block), or "": only that decoder's tree calls are built (relative_trees.py)."""
         decoder = self.model.get_decoder()
         blocks = getattr(decoder, "block", None)
         cls = type(self.model).__name__
@@ -349,30 +349,6 @@ class LiveModel:
             return (f"{cls}'s decoder does not share one relative position bias from its first block, as T5's does: "
                     "its tree calls are not built")
         return ""
-
-    def _relative_tree_call(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """T5's decoder on a token tree: ids [1, T] at positions [T], attending where mask [T, K] -> logits [1, T, V].
-        transformers computes the relative position bias from cache slots, but a tree node's ancestors are not the
-        slots before it: an attended key's position is its rank among the keys its query attends (each query sees
-        exactly its own path, as export/t5.py's tree calls do)."""
-        decoder = self.model.get_decoder()
-        attention = decoder.block[0].layer[0].SelfAttention
-        keys = mask.to(torch.long).cumsum(-1) - 1  # [T, K]: an attended key's position on its query's path
-        buckets = attention._relative_position_bucket(
-            keys - positions.view(-1, 1), bidirectional=False, num_buckets=attention.relative_attention_num_buckets,
-            max_distance=attention.relative_attention_max_distance)  # [T, K]
-        bias = attention.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # [1, H, T, K]
-        hidden = decoder.embed_tokens(ids)  # [1, T, C]
-        blocked = torch.zeros(mask.shape, dtype=hidden.dtype, device=hidden.device)
-        blocked = blocked.masked_fill(~mask, torch.finfo(hidden.dtype).min).view(1, 1, *mask.shape)  # additive
-        source = self._encoder_outputs[0]  # [1, S, C]
-        for block in decoder.block:
-            hidden = block(hidden, attention_mask=blocked, position_bias=bias, encoder_hidden_states=source,
-                           past_key_values=self._cache)[0]
-        hidden = decoder.final_layer_norm(hidden)
-        if getattr(self.model.config, "scale_decoder_outputs", True):
-            hidden = hidden * self.model.model_dim ** -0.5
-        return self.model.lm_head(hidden)
 
     # -- internals ---------------------------------------------------------------------------------------------
     def _new_cache(self):
@@ -403,7 +379,8 @@ class LiveModel:
         kwargs = {"past_key_values": self._cache, "use_cache": True}
         if self.encoder_decoder and mask is not None:
             with torch.inference_mode():
-                tree = self._relative_tree_call(ids, positions, mask)
+                tree = relative_trees.t5_tree_logits(self.model, ids, positions, mask, self._encoder_outputs[0],
+                                                     self._cache)
             return self._finish(tree, start + k)
         if self.encoder_decoder:
             kwargs.update(decoder_input_ids=ids, encoder_outputs=self._encoder_outputs,

@@ -50,8 +50,8 @@ load_metadata_from_package(path, model_name), a map<string, string>, filled from
 "torch_version" (the release that compiled it, without its local suffix), "tree_calls" ("1" for the tree form
 above, "0" otherwise) and, for encoder-decoder packages, "max_source_length" (decimal strings).
 
-This module imports only torch, transformers, the standard library and speculant.layer_masks (not speculant's
-C++ extension).
+This module imports only torch, transformers, the standard library, speculant.layer_masks and
+speculant.relative_trees (not speculant's C++ extension).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ from typing import Dict, Optional, Union
 
 import torch
 
-from .. import layer_masks
+from .. import layer_masks, relative_trees
 
 METADATA_KEY = "speculant.json"
 
@@ -215,31 +215,15 @@ class _T5DecoderTree(_T5Decoder):
     """forward(decoder_ids [1, k], cache_position [k], position_ids [k], mask [k, M], source [n], dest [n],
     hidden, keys_0, values_0, ...) -> logits float32 [1, k, V]: the tree form of the T5 decoder. transformers
     computes T5's relative position bias from cache slots, which a tree's nodes do not follow, so the decoder's
-    blocks run here with each attended key at its rank on its query's path (the live backend's
-    _relative_tree_call, inside the package)."""
+    blocks run here with each attended key at its rank on its query's path (relative_trees.py, as live models'
+    tree calls do)."""
 
     def forward(self, decoder_ids: torch.Tensor, cache_position: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor, source: torch.Tensor, dest: torch.Tensor, hidden: torch.Tensor, *cross):
         self._move(source, dest)
         cache = self._caches(cache_position, cross)
-        decoder = self.model.get_decoder()
-        attention = decoder.block[0].layer[0].SelfAttention
-        ranks = mask.to(torch.long).cumsum(-1) - 1  # [k, M]: an attended key's position on its query's path
-        buckets = attention._relative_position_bucket(
-            ranks - position_ids.view(-1, 1), bidirectional=False,
-            num_buckets=attention.relative_attention_num_buckets,
-            max_distance=attention.relative_attention_max_distance)  # [k, M]
-        bias = attention.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # [1, H, k, M]
-        states = decoder.embed_tokens(decoder_ids)  # [1, k, d]
-        blocked = torch.zeros(mask.shape, dtype=states.dtype, device=states.device)
-        blocked = blocked.masked_fill(~mask, torch.finfo(states.dtype).min).view(1, 1, *mask.shape)  # additive
-        for block in decoder.block:
-            states = block(states, attention_mask=blocked, position_bias=bias, encoder_hidden_states=hidden,
-                           past_key_values=cache, cache_position=cache_position)[0]
-        states = decoder.final_layer_norm(states)
-        if getattr(self.model.config, "scale_decoder_outputs", True):
-            states = states * self.model.model_dim ** -0.5
-        return self.model.lm_head(states).float()  # [1, k, V]
+        return relative_trees.t5_tree_logits(self.model, decoder_ids, position_ids, mask, hidden, cache,
+                                             cache_position).float()  # [1, k, V]
 
 
 def _describe(error: BaseException) -> str:
