@@ -52,6 +52,7 @@ from speculant import analysis
 
 sys.path.insert(0, str(Path(__file__).parent))
 import batch  # noqa: E402  (benchmarks/batch.py: the pairs and their prompts)
+import train_pairs  # noqa: E402
 
 warnings.filterwarnings("ignore", message=r".*TorchScript.*")
 warnings.filterwarnings("ignore", message=r".*torch\.jit.*")
@@ -96,6 +97,35 @@ class Method:
             self.results = results
 
 
+def call_times(target, draft, prompt: Dict, args, mode: str, label: str = "") -> Dict:
+    """Per-call milliseconds of `target` by width k (1 from plain decoding, gamma + 1 from speculative runs) and
+    of `draft` by gamma, and plain decoding's ms per token, in cuda_graphs mode `mode` (differential, per_call)."""
+    def plain(n, profile=False):
+        return speculant.generate(target, **prompt, max_new_tokens=n, temperature=args.temperature, seed=0,
+                                  cuda_graphs=mode, profile=profile)
+
+    for _ in range(2):
+        plain(args.tokens)  # warm-up: the executor's first runs, the width-1 graph captured
+    target_calls = {1: per_call(lambda n: plain(n, profile=True), args.tokens, "target_seconds", "target_calls")}
+    plain_token = per_call(plain, args.tokens, "total_seconds", "new_tokens")
+    draft_calls = {}
+    for gamma in args.gammas:
+        decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=args.temperature,
+                                               cuda_graphs=mode)
+        run = lambda n, d=decoder: d.generate(**prompt, max_new_tokens=n, seed=0, profile=True)  # noqa: E731
+        for _ in range(2):
+            run(args.tokens)  # warm-up: every width captured
+        target_calls[gamma + 1] = per_call(run, args.tokens, "target_seconds", "target_calls")
+        draft_calls[gamma] = per_call(run, args.tokens, "draft_seconds", "draft_calls")
+    out = {"target_ms_by_k": target_calls, "draft_ms_by_gamma": draft_calls, "plain_ms_per_token": plain_token,
+           "graphs_captured": [m._core.graphs_captured for m in (target, draft)],
+           "graph_failure": [m._core.graph_failure for m in (target, draft)]}
+    print(f"[{label or mode}] target ms/call by k: " + ", ".join(f"{k}: {v:.3f}" for k, v in target_calls.items())
+          + "; draft ms/call by gamma: " + ", ".join(f"{g}: {v:.3f}" for g, v in draft_calls.items())
+          + f"; plain decoding {plain_token:.3f} ms/token; graphs {out['graphs_captured']}", flush=True)
+    return out
+
+
 def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
     methods: List[Method] = []
     calls: Dict[str, Dict] = {}
@@ -114,28 +144,7 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
                                                    cuda_graphs=mode)
             methods.append(Method(f"tree {tree}", mode, len(tree), lambda p, n, s, d=decoder: d.generate(
                 **p, max_new_tokens=n, seed=s), tree=True))
-        prompt = prompts[0]
-        for _ in range(2):
-            plain(prompt, args.tokens, 0)  # warm-up: the executor's first runs, the width-1 graph captured
-        target_calls = {1: per_call(lambda n: plain(prompt, n, 0, profile=True), args.tokens, "target_seconds",
-                                    "target_calls")}
-        plain_token = per_call(lambda n: plain(prompt, n, 0), args.tokens, "total_seconds", "new_tokens")
-        draft_calls = {}
-        for gamma in args.gammas:
-            decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=args.temperature,
-                                                   cuda_graphs=mode)
-            run = lambda n, d=decoder: d.generate(**prompt, max_new_tokens=n, seed=0, profile=True)  # noqa: E731
-            for _ in range(2):
-                run(args.tokens)  # warm-up: every width captured
-            target_calls[gamma + 1] = per_call(run, args.tokens, "target_seconds", "target_calls")
-            draft_calls[gamma] = per_call(run, args.tokens, "draft_seconds", "draft_calls")
-        calls[mode] = {"target_ms_by_k": target_calls, "draft_ms_by_gamma": draft_calls,
-                       "plain_ms_per_token": plain_token,
-                       "graphs_captured": [target._core.graphs_captured, draft._core.graphs_captured],
-                       "graph_failure": [target._core.graph_failure, draft._core.graph_failure]}
-        print(f"[{mode}] target ms/call by k: " + ", ".join(f"{k}: {v:.3f}" for k, v in target_calls.items())
-              + "; draft ms/call by gamma: " + ", ".join(f"{g}: {v:.3f}" for g, v in draft_calls.items())
-              + f"; plain decoding {plain_token:.3f} ms/token; graphs {calls[mode]['graphs_captured']}", flush=True)
+        calls[mode] = call_times(target, draft, prompts[0], args, mode)
     for method in methods:  # warm-up round: untimed
         method.run(prompts, args.tokens, device, record=False)
     for r in range(args.repeats):
@@ -169,6 +178,26 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
     same = all(a.tokens == b.tokens for m in methods for a, b in zip(m.results, first[m.name].results))
     print(f"tokens identical across modes: {same}")
     return {"calls": calls, "rows": rows, "tokens_identical_across_modes": same}
+
+
+def other_backends(pair_dir: Path, prompt: Dict, args, device: torch.device, scratch: Path) -> Dict:
+    """The same pair as live transformers objects and as .pt2 packages (AOTInductor, compiled here for `device`):
+    call_times uncaptured (neither can be captured), to set beside the TorchScript modes."""
+    from speculant.export import load_pretrained
+
+    out = {}
+    for backend in args.backends:
+        started = time.perf_counter()
+        models = []
+        for role in ("target", "draft"):
+            model = load_pretrained(pair_dir / role).to(device).eval()
+            if backend == "pt2":
+                speculant.export(model, scratch / f"{role}.pt2")
+                model = scratch / f"{role}.pt2"
+            models.append(speculant.load(model, device=device))
+        print(f"[{backend}] ready in {time.perf_counter() - started:.0f} s", flush=True)
+        out[backend] = call_times(*models, prompt, args, "off", label=backend)
+    return out
 
 
 def hf_compiled(directory: Path, prompt: Dict, tokens: int, device: torch.device) -> Dict:
@@ -243,18 +272,22 @@ def big_llama(args, device: torch.device, scratch: Path) -> Dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=["demo", "gpt2"], default="gpt2")
-    parser.add_argument("--preset", choices=["cpu", "cuda"], default="cpu", help="train_pairs preset (--pair gpt2)")
+    parser.add_argument("--preset", choices=sorted(train_pairs.PRESETS), default="cpu",
+                        help="train_pairs preset (--pair gpt2)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--modes", nargs="+", choices=list(speculant.graphs.CUDA_GRAPHS), default=None,
                         help="cuda_graphs modes to compare (default: off on on CUDA, off fixed on CPU)")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 4, 6])
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--temperature", type=float, nargs="+", default=[0.0],
+                        help="one run of the pair's methods per temperature")
     parser.add_argument("--trees", type=lambda s: [int(k) for k in s.split(",")], nargs="*", default=[],
                         help="token trees beside the chains, each as k1,k2,... (their tree calls captured too)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--backends", nargs="*", choices=["live", "pt2"], default=[],
+                        help="also time the pair as live transformers objects / .pt2 packages (--pair gpt2)")
     parser.add_argument("--hf-compiled", action="store_true")
     parser.add_argument("--big", action="store_true")
     parser.add_argument("--out", default=None)
@@ -269,18 +302,29 @@ def main() -> None:
     target = speculant.load(target_path, device=device)
     draft = speculant.load(draft_path, device=device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    temperatures = args.temperature
     print(f"pair {args.pair}; device: {name}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
-          f"{len(prompts)} prompts x {args.tokens} tokens, T {args.temperature}, modes {args.modes}", flush=True)
-    result = {"device": name, "torch": torch.__version__, "threads": torch.get_num_threads(), "args": vars(args),
-              "pair": measure_pair(target, draft, prompts, args, device)}
-    if args.hf_compiled and args.pair == "gpt2":
-        import train_pairs
-        result["hf_compiled"] = hf_compiled(train_pairs.pair_dir(train_pairs.PRESETS[args.preset]["gpt2"]),
-                                            prompts[0], args.tokens, device)
-    if args.big:
-        result["big"] = big_llama(args, device, scratch)
+          f"{len(prompts)} prompts x {args.tokens} tokens, T {temperatures}, modes {args.modes}", flush=True)
     out = Path(args.out or Path(__file__).parent / "results" / f"graphs-{args.pair}-{device.type}.json")
-    out.write_text(json.dumps(result, indent=1))
+    result = {"device": name, "torch": torch.__version__, "threads": torch.get_num_threads(), "args": dict(vars(args))}
+
+    def save(key, value):  # after each part, so that a run stopped by a time limit keeps what it measured
+        result[key] = value
+        out.write_text(json.dumps(result, indent=1))
+
+    pairs = {}
+    for temperature in temperatures:
+        args.temperature = temperature
+        pairs[str(temperature)] = measure_pair(target, draft, prompts, args, device)
+        save("pair", pairs)
+    args.temperature = temperatures[0]
+    pair_dir = train_pairs.pair_dir(train_pairs.PRESETS[args.preset]["gpt2"])
+    if args.big:
+        save("big", big_llama(args, device, scratch))
+    if args.hf_compiled and args.pair == "gpt2":
+        save("hf_compiled", hf_compiled(pair_dir, prompts[0], args.tokens, device))
+    if args.backends and args.pair == "gpt2":
+        save("backends", other_backends(pair_dir, prompts[0], args, device, scratch))
     print(f"wrote {out}")
 
 
