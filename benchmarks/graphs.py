@@ -200,13 +200,28 @@ def other_backends(pair_dir: Path, prompt: Dict, args, device: torch.device, scr
     return out
 
 
+def untrained_pair(preset: str, scratch: Path) -> Path:
+    """The preset's GPT-2 target and draft with random weights (save_pretrained dirs and TorchScript exports in
+    `scratch`): call latencies do not depend on the weights, so a lease can time them without training."""
+    recipe = train_pairs.PRESETS[preset]["gpt2"]
+    for seed, role in enumerate(("target", "draft")):
+        model = train_pairs.make_model(recipe, role, seed).eval()
+        model.save_pretrained(scratch / role)
+        speculant.export(model, scratch / f"{role}.pt")
+    return scratch
+
+
 def hf_compiled(directory: Path, prompt: Dict, tokens: int, device: torch.device) -> Dict:
     """transformers' static-cache, torch.compile'd greedy generate on the target: ms per token (differential)."""
     from speculant.export import load_pretrained
 
     model = load_pretrained(directory / "target").to(device).eval()
     model.generation_config.eos_token_id = None
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    if device.type != "cuda":
+        # On CUDA generate compiles its decoding steps itself (a static cache, its default CompileConfig,
+        # mode "reduce-overhead"); a forward compiled here too nests two CUDA-graph trees, which fails with
+        # "accessing tensor output of CUDAGraphs that has been overwritten" (H200, transformers 5.17).
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     ids = torch.tensor([prompt["prompt_ids"]], device=device)
 
     def run(n: int) -> float:
@@ -220,6 +235,9 @@ def hf_compiled(directory: Path, prompt: Dict, tokens: int, device: torch.device
 
     for _ in range(3):  # compilation and graph capture
         run(tokens), run(max(tokens // 4, 2))
+    if device.type == "cuda" and not hasattr(model, "_compiled_call"):
+        raise RuntimeError("transformers' generate did not compile its decoding steps (no model._compiled_call): "
+                           "this would time its eager forward")
     ms = [1e3 * (run(tokens) - run(max(tokens // 4, 2))) / (tokens - max(tokens // 4, 2)) for _ in range(5)]
     print(f"transformers static cache + torch.compile: {statistics.median(ms):.3f} ms/token", flush=True)
     return {"ms_per_token": median_range(ms)}
@@ -290,6 +308,9 @@ def main() -> None:
                         help="also time the pair as live transformers objects / .pt2 packages (--pair gpt2)")
     parser.add_argument("--hf-compiled", action="store_true")
     parser.add_argument("--big", action="store_true")
+    parser.add_argument("--untrained", action="store_true",
+                        help="the preset's GPT-2 shapes with random weights, untrained: per-call times in each mode, "
+                             "--backends, --hf-compiled, --big; no tokens/s, alpha or trees")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -297,12 +318,19 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     scratch = Path(tempfile.mkdtemp(prefix="speculant-graphs-"))
-    batch_args = argparse.Namespace(pair=args.pair, preset=args.preset, prompts=args.prompts)
-    target_path, draft_path, prompts = batch.load_pair(batch_args, scratch)
+    if args.untrained:
+        pair_dir = untrained_pair(args.preset, scratch)
+        target_path, draft_path, prompts = pair_dir / "target.pt", pair_dir / "draft.pt", [
+            {"prompt_ids": list(range(2, 26))}]
+    else:
+        batch_args = argparse.Namespace(pair=args.pair, preset=args.preset, prompts=args.prompts)
+        target_path, draft_path, prompts = batch.load_pair(batch_args, scratch)
+        pair_dir = train_pairs.pair_dir(train_pairs.PRESETS[args.preset]["gpt2"]) if args.pair == "gpt2" else None
     target = speculant.load(target_path, device=device)
     draft = speculant.load(draft_path, device=device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     temperatures = args.temperature
+    args.temperature = temperatures[0]  # call_times, --backends, --big: the first
     print(f"pair {args.pair}; device: {name}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
           f"{len(prompts)} prompts x {args.tokens} tokens, T {temperatures}, modes {args.modes}", flush=True)
     out = Path(args.out or Path(__file__).parent / "results" / f"graphs-{args.pair}-{device.type}.json")
@@ -312,18 +340,20 @@ def main() -> None:
         result[key] = value
         out.write_text(json.dumps(result, indent=1))
 
-    pairs = {}
-    for temperature in temperatures:
-        args.temperature = temperature
-        pairs[str(temperature)] = measure_pair(target, draft, prompts, args, device)
-        save("pair", pairs)
-    args.temperature = temperatures[0]
-    pair_dir = train_pairs.pair_dir(train_pairs.PRESETS[args.preset]["gpt2"])
+    if args.untrained:
+        save("calls", {mode: call_times(target, draft, prompts[0], args, mode) for mode in args.modes})
+    else:
+        pairs = {}
+        for temperature in temperatures:
+            args.temperature = temperature
+            pairs[str(temperature)] = measure_pair(target, draft, prompts, args, device)
+            save("pair", pairs)
+        args.temperature = temperatures[0]
     if args.big:
         save("big", big_llama(args, device, scratch))
-    if args.hf_compiled and args.pair == "gpt2":
+    if args.hf_compiled and pair_dir is not None:
         save("hf_compiled", hf_compiled(pair_dir, prompts[0], args.tokens, device))
-    if args.backends and args.pair == "gpt2":
+    if args.backends and pair_dir is not None:
         save("backends", other_backends(pair_dir, prompts[0], args, device, scratch))
     print(f"wrote {out}")
 

@@ -106,7 +106,10 @@ class _DecoderOnly(_StaticKV):
 
     def __init__(self, model, max_length: int):
         from transformers.cache_utils import StaticCache, StaticLayer, StaticSlidingWindowLayer
-        from transformers.configuration_utils import get_head_shapes
+        try:
+            from transformers.configuration_utils import get_head_shapes
+        except ImportError:  # transformers <= 5.17 keeps it beside its executorch wrappers
+            from transformers.integrations.executorch import get_head_shapes
 
         config = model.config.get_text_config(decoder=True)
         cache = StaticCache(max_cache_len=max_length, config=config)
