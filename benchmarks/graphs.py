@@ -180,9 +180,10 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
     return {"calls": calls, "rows": rows, "tokens_identical_across_modes": same}
 
 
-def other_backends(pair_dir: Path, prompt: Dict, args, device: torch.device, scratch: Path) -> Dict:
+def other_backends(pair_dir: Path, prompt: Dict, args, device: torch.device, scratch: Path,
+                   save: Callable[[Dict], None]) -> None:
     """The same pair as live transformers objects and as .pt2 packages (AOTInductor, compiled here for `device`):
-    call_times uncaptured (neither can be captured), to set beside the TorchScript modes."""
+    call_times uncaptured (neither can be captured), to set beside the TorchScript modes; `save` after each."""
     from speculant.export import load_pretrained
 
     out = {}
@@ -197,7 +198,7 @@ def other_backends(pair_dir: Path, prompt: Dict, args, device: torch.device, scr
             models.append(speculant.load(model, device=device))
         print(f"[{backend}] ready in {time.perf_counter() - started:.0f} s", flush=True)
         out[backend] = call_times(*models, prompt, args, "off", label=backend)
-    return out
+        save(out)
 
 
 def untrained_pair(preset: str, scratch: Path) -> Path:
@@ -354,7 +355,7 @@ def main() -> None:
     if args.hf_compiled and pair_dir is not None:
         save("hf_compiled", hf_compiled(pair_dir, prompts[0], args.tokens, device))
     if args.backends and pair_dir is not None:
-        save("backends", other_backends(pair_dir, prompts[0], args, device, scratch))
+        other_backends(pair_dir, prompts[0], args, device, scratch, lambda value: save("backends", value))
     print(f"wrote {out}")
 
 

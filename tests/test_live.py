@@ -25,6 +25,8 @@ import reference
 import speculant
 from chisquare import chi_square_pvalue
 
+TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+
 SIGNIFICANCE = 1e-3
 N_SAMPLES = 1000
 PROMPT = [1, 5, 9]
@@ -73,7 +75,14 @@ def test_greedy_equals_transformers_plain_and_assisted(zoo, family):
     model, draft_model = zoo[family]
     expected = hf_greedy(model, family)
     assert len(expected) == MAX_NEW and len(set(expected)) > 3  # a varied continuation
-    assert hf_greedy(model, family, assistant=draft_model) == expected
+    try:
+        assert hf_greedy(model, family, assistant=draft_model) == expected
+    except RuntimeError as error:
+        # transformers' own assisted generate (the peer checked here, not speculant) breaks on Gemma 3's and Llama
+        # 4's sliding / chunked caches up to 5.17 ("The size of tensor a (9) must match the size of tensor b (8)");
+        # 5.23 runs them
+        if TRANSFORMERS >= (5, 23) or "must match the size of tensor" not in str(error):
+            raise
     eos = expected[MAX_NEW // 2]  # a token transformers emits mid-way: the stop must come at the same place
     expected_eos = hf_greedy(model, family, eos=eos)
     assert expected_eos == expected[:expected.index(eos) + 1]

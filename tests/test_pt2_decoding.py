@@ -31,6 +31,7 @@ from test_live import hf_greedy, two_token_law, _inputs, _start, MAX_NEW, SOURCE
 
 SIGNIFICANCE = 1e-3
 N_SAMPLES = 1000
+TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
 
 @pytest.mark.parametrize("family", PT2_FAMILIES)
@@ -143,6 +144,9 @@ def test_trees_and_beams_equal_transformers(pt2_zoo, family):
     path, each row over its own source."""
     from test_beams import assert_equal_beams, transformers_beams
 
+    if family == "llama4" and TORCH < (2, 15):  # seen with torch 2.11 (transformers 5.17 and 5.23); 2.15 exports it
+        pytest.skip("this torch's export cannot prove its guard on Llama 4's chunked layers in the tree form "
+                    "('Constraints violated (tokens)'); speculant.export raises a ValueError naming it")
     model, path = pt2_zoo(family)
     target = speculant.load(path)
     assert target.tree_obstacle == "" and target.beam_obstacle == ""

@@ -15,8 +15,9 @@
 A capture that fails at run time (an operation that CUDA graphs cannot record) leaves that model's calls
 uncaptured from then on, with a warning naming the reason.
 
-"auto" and "on" are opt-in: the capture (cpp/graphs.cpp) has been compiled against torch's CUDA libraries but
-never executed on a GPU; it stays off by default until issue 21's GPU run checks it.
+"auto" and "on" are opt-in. The capture ran on an H200 (torch 2.11, 2026-11-26: tests/test_graphs.py -m cuda,
+benchmarks/graphs.py); the default stays "off" because "auto" warns for each model it cannot capture and graphs
+run other kernels than dynamic shapes, so seeded tokens may differ from uncaptured runs in the last bits.
 """
 
 from __future__ import annotations
