@@ -177,15 +177,16 @@ class Method:
         return statistics.median(self.tps)
 
 
-def methods_for(pair: Pair, temperature: float, gammas: Sequence[int]) -> List[Method]:
+def methods_for(pair: Pair, temperature: float, gammas: Sequence[int], cuda_graphs: str = "off") -> List[Method]:
     eos = pair.eos
 
     def speculant_plain(prompt, n, seed):
         return speculant.generate(pair.target, **prompt, max_new_tokens=n, temperature=temperature,
-                                  eos_token_id=eos, seed=seed)
+                                  eos_token_id=eos, seed=seed, cuda_graphs=cuda_graphs)
 
     def speculative(gamma):
-        decoder = speculant.SpeculativeDecoder(pair.target, pair.draft, gamma=gamma, temperature=temperature)
+        decoder = speculant.SpeculativeDecoder(pair.target, pair.draft, gamma=gamma, temperature=temperature,
+                                               cuda_graphs=cuda_graphs)
         return lambda prompt, n, seed: decoder.generate(**prompt, max_new_tokens=n, eos_token_id=eos, seed=seed)
 
     def hf(gamma, assisted):
@@ -275,11 +276,11 @@ def add_spread(frame, tps: Dict[str, Sequence[float]]):
 
 
 def measure(pair: Pair, temperature: float, *, gammas: Sequence[int] = GAMMAS, prompts: Sequence[Dict],
-            max_new_tokens: int, repeats: int, progress: bool = True):
+            max_new_tokens: int, repeats: int, progress: bool = True, cuda_graphs: str = "off"):
     """Rows (one per gamma, COLUMNS) and a dict of the run's other facts."""
     from tqdm.auto import tqdm
 
-    methods = methods_for(pair, temperature, gammas)
+    methods = methods_for(pair, temperature, gammas, cuda_graphs)
     bar = tqdm(total=len(methods) * (repeats + 1), desc=f"{pair.kind} T={temperature:g}", disable=not progress)
     for method in methods:  # untimed warm-up
         method.run(pair, prompts[:1], WARMUP_TOKENS, record=False)
@@ -374,8 +375,9 @@ def run(args) -> Path:
     prompts = train_pairs.heldout_prompts(recipe, pair.directory, args.prompts, args.prompt_tokens)
     max_new = args.max_new_tokens or (64 if args.pair == "t5" else 96)
     rows, facts = measure(pair, args.temperature, gammas=args.gammas, prompts=prompts, max_new_tokens=max_new,
-                          repeats=args.repeats, progress=not args.quiet)
+                          repeats=args.repeats, progress=not args.quiet, cuda_graphs=args.cuda_graphs)
     meta = {"pair": args.pair, "preset": args.preset, "device": args.device, "temperature": args.temperature,
+            "cuda_graphs": args.cuda_graphs,
             "prompts": len(prompts), "prompt_tokens": args.prompt_tokens, "max_new_tokens": max_new,
             "repeats": args.repeats, "machine": machine(), "pair_info": _pair_info(pair.directory), **facts}
     out = Path(args.out)
@@ -632,6 +634,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: 96 (GPT-2), 64 (T5)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--cuda-graphs", default="off", choices=speculant.graphs.CUDA_GRAPHS,
+                        help="speculant's cuda_graphs for its plain and speculative methods")
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--plots", default=str(PLOTS))
     parser.add_argument("--quiet", action="store_true")

@@ -73,7 +73,8 @@ def parameters(path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=["demo", "gpt2"], default="demo")
-    parser.add_argument("--preset", choices=["cpu", "cuda"], default="cpu", help="train_pairs preset (--pair gpt2)")
+    parser.add_argument("--preset", choices=["cpu", "cuda", "lease"], default="cpu",
+                        help="train_pairs preset (--pair gpt2)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
@@ -82,6 +83,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    parser.add_argument("--cuda-graphs", default="off", choices=speculant.graphs.CUDA_GRAPHS,
+                        help="both methods' cuda_graphs (each batch size captures its own graphs in the warm-up)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.threads:
@@ -90,16 +93,18 @@ def main() -> None:
     target = speculant.load(target_path, device=args.device)
     draft = speculant.load(draft_path, device=args.device)
     c_hat = parameters(draft_path) / parameters(target_path)
-    decoder = speculant.SpeculativeDecoder(target, draft, gamma=args.gamma, temperature=args.temperature)
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=args.gamma, temperature=args.temperature,
+                                           cuda_graphs=args.cuda_graphs)
 
     def plain(**kwargs):
-        return speculant.generate(target, temperature=args.temperature, **kwargs)
+        return speculant.generate(target, temperature=args.temperature, cuda_graphs=args.cuda_graphs, **kwargs)
 
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or \
         platform.machine()
     print(f"pair {args.pair}; device: {device}, torch {torch.__version__}, threads {torch.get_num_threads()}; "
           f"{len(calls)} prompts x "
-          f"{args.tokens} tokens, gamma {args.gamma}, T {args.temperature}; c-hat (parameters) {c_hat:.3f}")
+          f"{args.tokens} tokens, gamma {args.gamma}, T {args.temperature}, cuda_graphs {args.cuda_graphs}; "
+          f"c-hat (parameters) {c_hat:.3f}")
     rows, base = [], None
     for size in (int(s) for s in args.sizes.split(",")):
         rounds = timing.timed_rounds(decoder.generate, plain, calls, max_new_tokens=args.tokens, seed=0,

@@ -350,12 +350,12 @@ def main() -> None:
             pairs[str(temperature)] = measure_pair(target, draft, prompts, args, device)
             save("pair", pairs)
         args.temperature = temperatures[0]
-    if args.big:
-        save("big", big_llama(args, device, scratch))
     if args.hf_compiled and pair_dir is not None:
         save("hf_compiled", hf_compiled(pair_dir, prompts[0], args.tokens, device))
     if args.backends and pair_dir is not None:
         other_backends(pair_dir, prompts[0], args, device, scratch, lambda value: save("backends", value))
+    if args.big:
+        save("big", big_llama(args, device, scratch))
     print(f"wrote {out}")
 
 
