@@ -26,7 +26,7 @@ case "${1:-}" in
     deadline=$((SECONDS + ${LEASE_SECONDS:-570}))
     exec > >(tee -a "$out/lease.log") 2>&1
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
-    python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
+    python3 -c "import sys, torch, transformers as t; print(sys.version.split()[0], torch.__version__, t.__version__)"
     { CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/wheel . &&
       python3 -m pip install --no-deps /tmp/wheel/speculant-*.whl; } >/tmp/build.log 2>&1 \
       || { tail -40 /tmp/build.log; exit 1; }

@@ -183,7 +183,8 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
 def other_backends(pair_dir: Path, prompt: Dict, args, device: torch.device, scratch: Path,
                    save: Callable[[Dict], None]) -> None:
     """The same pair as live transformers objects and as .pt2 packages (AOTInductor, compiled here for `device`):
-    call_times uncaptured (neither can be captured), to set beside the TorchScript modes; `save` after each."""
+    call_times by mode (live objects cannot be captured: "off" only; .pt2 packages in every mode of --modes),
+    to set beside the TorchScript modes; `save` after each."""
     from speculant.export import load_pretrained
 
     out = {}
@@ -197,7 +198,8 @@ def other_backends(pair_dir: Path, prompt: Dict, args, device: torch.device, scr
                 model = scratch / f"{role}.pt2"
             models.append(speculant.load(model, device=device))
         print(f"[{backend}] ready in {time.perf_counter() - started:.0f} s", flush=True)
-        out[backend] = call_times(*models, prompt, args, "off", label=backend)
+        out[backend] = {mode: call_times(*models, prompt, args, mode, label=f"{backend} {mode}")
+                        for mode in (args.modes if backend == "pt2" else ["off"])}
         save(out)
 
 

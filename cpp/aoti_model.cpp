@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "errors.h"
+#include "graphs.h"
 
 namespace speculant {
 namespace {
@@ -28,9 +29,12 @@ int64_t positive_entry(const Metadata& metadata, const char* key, const std::str
 
 using Loader = torch::inductor::AOTIModelPackageLoader;
 
+// Single-threaded runners: AOTInductor's default runner records an event after each run and queries or waits on
+// it before the next, which a CUDA graph capture cannot hold; the single-threaded runner runs the kernels alone.
+// A model runs one generation at a time (Model::in_use), and each replica has a runner of its own.
 std::unique_ptr<Loader> open_model(const std::string& path, const char* name, std::optional<at::Device> device) {
   try {
-    return std::make_unique<Loader>(path, name, /*run_single_threaded=*/false, /*num_runners=*/1,
+    return std::make_unique<Loader>(path, name, /*run_single_threaded=*/true, /*num_runners=*/1,
                                     device && device->has_index() ? device->index() : c10::DeviceIndex(-1));
   } catch (const std::exception& e) {
     fail("model {}: AOTInductor could not load the package's model '{}': {}", path, name, e.what());
@@ -71,9 +75,9 @@ class AotiModel final : public Model {
   void reset(const at::Tensor& tokens) override {
     length_ = 0;  // stale slots are masked: nothing to clear
     forget_moves(0);
-    if (tokens.numel() > 0) run(tokens);
+    if (tokens.numel() > 0) run(tokens, /*step=*/false);
   }
-  at::Tensor extend(const at::Tensor& tokens) override { return run(tokens); }
+  at::Tensor extend(const at::Tensor& tokens) override { return run(tokens, /*step=*/true); }
   void truncate(int64_t length) override {
     length_ = length;
     forget_moves(length);
@@ -96,7 +100,7 @@ class AotiModel final : public Model {
             length_, k, *max_length_);
     at::Tensor full = at::zeros({k, *max_length_}, mask.options().dtype(at::kBool));  // [k, M]
     full.narrow(1, 0, length_ + k).copy_(mask);
-    return call(tokens, positions.to(at::kLong), full);
+    return call(tokens, positions.to(at::kLong), full, /*step=*/true, /*tree=*/true);
   }
   // Moves are recorded here and made by the next call, before it writes (the package has no other entry).
   void keep(const at::Tensor& entries) override {
@@ -118,20 +122,16 @@ class AotiModel final : public Model {
   int64_t length() const override { return length_; }
   std::string form() const override { return "pt2"; }
   // Each call's shapes depend on its token count alone (the cache is static, cache_position a slice): fixed
-  // shapes are its calls as they are.
+  // shapes are its calls as they are, each decoding step's inputs copied into per-width buffers (graphs.h),
+  // captured into a CUDA graph with graphed shapes. The package writes its cache in place, in its own buffers.
   std::string fixed_shapes_obstacle() const override {
     return encoder_decoder_ ? "an encoder-decoder package's decoder takes the encoded source, whose shape "
                               "changes with every source"
                             : "";
   }
-  // AOTInductor's runner records an event after each run and queries or waits on it before the next: a capture
-  // would record that event inside the graph.
-  std::string capture_obstacle() const override {
-    const std::string fixed = fixed_shapes_obstacle();
-    return !fixed.empty() ? fixed
-                          : "AOTInductor's package runner waits on an event of its previous run, which a CUDA "
-                            "graph capture cannot hold; its calls run uncaptured";
-  }
+  void use_shapes(Shapes shapes) override { shapes_ = shapes; }
+  std::string graph_failure() const override { return graphed_.failure(); }
+  int64_t graphs_captured() const override { return graphed_.captured(); }
   // The cache lives in the loaded package's buffers: a replica loads the package again.
   std::shared_ptr<Model> replica() override {
     const std::optional<at::Device> where(device_);
@@ -141,18 +141,22 @@ class AotiModel final : public Model {
   }
 
  private:
-  at::Tensor run(const at::Tensor& tokens) {
+  // A prefill (step false) or a decoding step of k tokens after the cached ones.
+  at::Tensor run(const at::Tensor& tokens, bool step) {
     const int64_t k = tokens.numel();
     require(length_ + k <= *max_length_, "model {}: {} cached + {} new positions exceed max_length = {}", path_,
             length_, k, *max_length_);
-    if (!trees_) return call(tokens, at::Tensor(), at::Tensor());
+    if (!trees_) return call(tokens, at::Tensor(), at::Tensor(), step, false);
     const at::Tensor slots = positions_.narrow(0, length_, k);
-    return call(tokens, slots, slots.unsqueeze(1) >= positions_.unsqueeze(0));  // causal over the slots [k, M]
+    return call(tokens, slots, slots.unsqueeze(1) >= positions_.unsqueeze(0), step, false);  // causal [k, M]
   }
 
   // One call of the package at slots length_ .. length_ + k - 1: the chain form (position_ids undefined), or
-  // the tree form with position_ids [k], mask [k, M] and the pending moves.
-  at::Tensor call(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& mask) {
+  // the tree form with position_ids [k], mask [k, M] and the pending moves. With fixed or graphed shapes a
+  // decoding step runs through the graph cache of its width, unless cache moves are pending (their count
+  // changes the inputs' shapes: such a call runs as it is, as prefills do).
+  at::Tensor call(const at::Tensor& tokens, const at::Tensor& position_ids, const at::Tensor& mask, bool step,
+                  bool tree) {
     const int64_t k = tokens.numel();
     std::vector<at::Tensor> inputs{tokens.view({1, k}), positions_.narrow(0, length_, k)};
     if (trees_) {
@@ -166,6 +170,18 @@ class AotiModel final : public Model {
       inputs.insert(inputs.end(), {position_ids, mask, source, dest});
     }
     inputs.insert(inputs.end(), encoded_.begin(), encoded_.end());  // encoder-decoder: the cross inputs
+    GraphCache* graphs = shapes_ == Shapes::graphed ? &graphed_ : shapes_ == Shapes::fixed ? &fixed_ : nullptr;
+    const GraphCache::Call package = [this, k](const std::vector<at::Tensor>& in) { return run_package(in, k); };
+    const at::Tensor logits = graphs != nullptr && step && moved_.empty() && !encoder_decoder_
+                                  ? graphs->run(CallKey{k, tree}, inputs, package)
+                                  : package(inputs);
+    forget_moves(0);  // made
+    length_ += k;
+    return logits.squeeze(0);  // [k, V]
+  }
+
+  // The package's model on `inputs` (k tokens): its logits [1, k, V], checked.
+  at::Tensor run_package(const std::vector<at::Tensor>& inputs, int64_t k) {
     std::vector<at::Tensor> outputs;
     try {
       outputs = loader_->run(inputs);
@@ -179,9 +195,7 @@ class AotiModel final : public Model {
     require(logits.dim() == 3 && logits.size(0) == 1 && logits.size(1) == k && logits.size(2) == vocab_size_,
             "model {}: on {} token(s) the .pt2 model must return logits [1, {}, {}], got [{}]", path_, k, k,
             vocab_size_, fmt::join(logits.sizes(), ", "));
-    forget_moves(0);  // made
-    length_ += k;
-    return logits.squeeze(0);  // [k, V]
+    return logits;
   }
 
   // Drops the recorded moves into slots >= from (all of them: 0).
@@ -208,6 +222,8 @@ class AotiModel final : public Model {
   at::Tensor no_move_;             // [1] slot 0: the move that moves nothing
   std::vector<int64_t> origin_;    // per slot: the slot whose entry it will hold once the moves are made
   std::vector<int64_t> moved_;     // the slots whose origin is another
+  Shapes shapes_ = Shapes::dynamic;
+  GraphCache fixed_{false, nullptr}, graphed_{true, nullptr};  // per-width buffers (and graphs) of the steps
 };
 
 }  // namespace

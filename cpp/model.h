@@ -126,6 +126,9 @@ class Model {
 
   // Another model with the same weights (shared where the backend can) and a cache of its own.
   virtual std::shared_ptr<Model> replica() = 0;
+  // The shapes of this model's calls from now on, which the default rows() tells each row's model: a backend
+  // whose calls have fixed shapes as they are (.pt2) runs its decoding steps through its graph caches.
+  virtual void use_shapes(Shapes shapes) { (void)shapes; }
 
  private:
   std::mutex in_use_;

@@ -159,6 +159,7 @@ std::unique_ptr<ModelRows> Model::rows(int64_t count, Shapes shapes) {
   while (static_cast<int64_t>(replicas_.size()) < count - 1) replicas_.push_back(replica());
   std::vector<Model*> models{this};
   for (int64_t r = 1; r < count; ++r) models.push_back(replicas_[r - 1].get());
+  for (Model* model : models) model->use_shapes(shapes);
   return replica_rows(std::move(models));
 }
 

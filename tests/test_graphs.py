@@ -213,11 +213,11 @@ def test_fixed_shapes_with_adaptive_gamma_and_eos(tiny):
 
 def test_pt2_fixed_shapes_equal_dynamic(pt2_zoo):
     """A .pt2 GPT-2 as target and as draft: its calls have fixed shapes as they are (static cache,
-    cache_position), so "fixed" is accepted and runs them unchanged, batch 1 and replicas for batches."""
+    cache_position), so "fixed" is accepted and runs each decoding step through the per-width buffers a graph
+    replays (a step with cache moves pending, and prefills, as they are), batch 1 and replicas for batches."""
     _, path = pt2_zoo("gpt2")
     target, draft = speculant.load(path), speculant.load(path)
-    assert target._core.fixed_shapes_obstacle == ""
-    assert "AOTInductor's package runner waits on an event" in target._core.capture_obstacle
+    assert target._core.fixed_shapes_obstacle == "" and target._core.capture_obstacle == ""
     dynamic, fixed = decoders(target, draft)
     assert fixed.shapes == ("fixed", "fixed")
     assert_same_runs([dynamic.generate, fixed.generate], PROMPTS[:3], seed=90, max_new_tokens=12)
@@ -486,17 +486,20 @@ def test_cuda_same_seed_same_tokens_across_processes(mode):
 
 
 @pytest.mark.cuda
-def test_cuda_pt2_runs_uncaptured_with_a_warning(tmp_path):
+def test_cuda_pt2_graphs_equal_the_calls_they_capture(tmp_path):
+    """A CUDA .pt2 GPT-2 (AOTInductor's single-threaded runner) captured: the tokens of its fixed-shape calls run
+    uncaptured, chains and trees, and its decoding steps replayed from graphs."""
     model = hf_models.make("gpt2", seed=0).to("cuda")
     speculant.export(model, tmp_path / "target.pt2", max_length=FIXED_MAX_LENGTH)
     target, draft = speculant.load(tmp_path / "target.pt2"), speculant.load(tmp_path / "target.pt2")
-    with pytest.warns(RuntimeWarning, match=r"CUDA graphs are off for the target \(pt2 form\): AOTInductor"):
-        decoder = speculant.SpeculativeDecoder(target, draft, gamma=GAMMA, cuda_graphs="auto")
-    assert decoder.shapes == ("dynamic", "dynamic")
-    with pytest.raises(ValueError, match="cannot be captured: AOTInductor"):
-        speculant.SpeculativeDecoder(target, draft, cuda_graphs="on")
-    fixed = speculant.SpeculativeDecoder(target, draft, gamma=GAMMA, cuda_graphs="fixed")
-    assert_same_runs([decoder.generate, fixed.generate], PROMPTS[:2], seed=95, max_new_tokens=12)
+    fixed, on = (speculant.SpeculativeDecoder(target, draft, gamma=GAMMA, cuda_graphs=mode) for mode in ("fixed", "on"))
+    assert on.shapes == ("graphed", "graphed")
+    assert_same_runs([fixed.generate, on.generate], PROMPTS[:2], seed=95, max_new_tokens=12)
+    trees = tree_decoders(target, draft, [2, 1], "without_replacement", ("fixed", "on"))
+    assert_same_runs([d.generate for d in trees], PROMPTS[:2], seed=96, max_new_tokens=12)
+    on.generate(PROMPTS[0], seed=97, max_new_tokens=24)  # batch 1, a fixed gamma: each width called often
+    for model in (target, draft):
+        assert model._core.graph_failure == "" and model._core.graphs_captured >= 1
 
 
 @pytest.mark.cuda

@@ -5,12 +5,13 @@
 
 * ``"off"`` (the default): no capture.
 * ``"auto"``: capture the models on CUDA whose backend can be (speculant.export's decoder-only TorchScript
-  exports, and any cached module with the batched methods); any other CUDA model runs uncaptured with a warning
-  that says why. Models on CPU run as always.
+  exports, any cached module with the batched methods, decoder-only .pt2 packages); any other CUDA model runs
+  uncaptured with a warning that says why. Models on CPU run as always.
 * ``"on"``: as ``"auto"``, but a model that cannot be captured (or is not on CUDA) is a ValueError.
 * ``"fixed"``: the fixed-shape calls that a graph replays, run without capturing, on any device: to check that
   graph mode changes no output, or to separate the shapes' cost from the launches' on a GPU. Decoder-only .pt2
-  packages have fixed shapes too (batch 1 per replica), but AOTInductor's runner cannot be captured.
+  packages have fixed shapes as they are (batch 1 per replica), run by AOTInductor's single-threaded runner so
+  that a capture holds no event of a previous run (their capture has not run on a GPU yet).
 
 A capture that fails at run time (an operation that CUDA graphs cannot record) leaves that model's calls
 uncaptured from then on, with a warning naming the reason.
