@@ -9,7 +9,8 @@
 #                                  # T 0 and 1 (chains, trees, graphs off / on, transformers' compiled generate),
 #                                  # batch.py (B = 1..32, graphs on) and assisted.py (against transformers'
 #                                  # assisted generation), each part cut off at the deadline, saved as it ends
-#   bash benchmarks/gpu.sh again   # a second call, no build: lease's wheel (carried in .whl/) with this tree's
+#   bash benchmarks/gpu.sh again   # a second call, no build: lease's wheel (copied from its $OUT into .whl/,
+#                                  # listed in .git/info/exclude, and named in the call's carry) with this tree's
 #                                  # Python over it; graphs.py --untrained within LEASE_SECONDS (default 280):
 #                                  # per-call times of .pt2 packages and live objects beside the TorchScript
 #                                  # graphs, then the 1.1B bf16 Llama against its weight-streaming floor
