@@ -24,6 +24,9 @@ For each mode of `cuda_graphs` (`--modes`: off and on on a GPU; off and fixed on
 * `--trees k1,k2,...`: token trees beside the chains, their tree calls (the draft's levels, the target's masked
   verification) fixed-shape and captured as the chains' calls are: tokens per second, the speedup over plain
   decoding in the same mode and tokens per target call.
+* for every chain and tree, after the timed rounds: one profiled run over the prompts, its milliseconds per
+  iteration in the draft's calls, the target's calls and the engine's own work (where a tree's iteration
+  costs more than a chain's).
 
 `--hf-compiled`: transformers' generate with a static cache and torch.compile(mode="reduce-overhead") on the
 same target, per token (differential, as above). `--big`: a Llama-architecture target of about 1.1B parameters
@@ -126,6 +129,15 @@ def call_times(target, draft, prompt: Dict, args, mode: str, label: str = "") ->
     return out
 
 
+def iteration_phases(method: Method, prompts, tokens: int) -> Dict[str, float]:
+    """One profiled run of `method` over the prompts (profile=True synchronizes the device around each model
+    call): milliseconds per iteration in the draft's calls, the target's, and the engine's own work."""
+    results = [method.generate(prompt, tokens, i, profile=True) for i, prompt in enumerate(prompts)]
+    iterations = sum(r.stats.iterations for r in results)
+    return {phase: 1e3 * sum(getattr(r.stats, f"{phase}_seconds") for r in results) / iterations
+            for phase in ("draft", "target", "other")}
+
+
 def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
     methods: List[Method] = []
     calls: Dict[str, Dict] = {}
@@ -137,13 +149,13 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
         for gamma in args.gammas:
             decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=args.temperature,
                                                    cuda_graphs=mode)
-            methods.append(Method(f"speculative g{gamma}", mode, gamma, lambda p, n, s, d=decoder: d.generate(
-                **p, max_new_tokens=n, seed=s)))
+            methods.append(Method(f"speculative g{gamma}", mode, gamma, lambda p, n, s, profile=False, d=decoder:
+                                  d.generate(**p, max_new_tokens=n, seed=s, profile=profile)))
         for tree in args.trees:
             decoder = speculant.SpeculativeDecoder(target, draft, tree=tree, temperature=args.temperature,
                                                    cuda_graphs=mode)
-            methods.append(Method(f"tree {tree}", mode, len(tree), lambda p, n, s, d=decoder: d.generate(
-                **p, max_new_tokens=n, seed=s), tree=True))
+            methods.append(Method(f"tree {tree}", mode, len(tree), lambda p, n, s, profile=False, d=decoder:
+                                  d.generate(**p, max_new_tokens=n, seed=s, profile=profile), tree=True))
         calls[mode] = call_times(target, draft, prompts[0], args, mode)
     for method in methods:  # warm-up round: untimed
         method.run(prompts, args.tokens, device, record=False)
@@ -165,6 +177,8 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
             c = calls[method.mode]["draft_ms_by_gamma"][method.gamma] / calls[method.mode]["target_ms_by_k"][1]
             row.update(speedup=median_range([a / b for a, b in zip(method.rates, plain.rates)]), alpha=alpha, c=c,
                        predicted=float(analysis.walltime_improvement(alpha, method.gamma, c)))
+        if method.gamma:
+            row["ms_per_iteration"] = iteration_phases(method, prompts, args.tokens)
         rows.append(row)
         extra = "" if not method.gamma else f", speedup {row['speedup'][0]:.2f}x ({row['speedup'][1]:.2f}-" \
                                             f"{row['speedup'][2]:.2f})"
@@ -172,6 +186,8 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
             extra += f", {row['tokens_per_call']:.2f} tokens / target call"
         elif method.gamma:
             extra += f", alpha {row['alpha']:.3f}, c {row['c']:.3f}, Thm 3.8 {row['predicted']:.2f}x"
+        if method.gamma:
+            extra += "; ms / iteration " + ", ".join(f"{k} {v:.3f}" for k, v in row["ms_per_iteration"].items())
         print(f"[{method.mode}] {method.name}: {row['tokens_per_s'][0]:.1f} tok/s ({row['tokens_per_s'][1]:.1f}-"
               f"{row['tokens_per_s'][2]:.1f}), x{row['over_first_mode'][0]:.2f} of {args.modes[0]}{extra}",
               flush=True)
