@@ -6,9 +6,11 @@
 #   bash benchmarks/gpu.sh lease   # within LEASE_SECONDS (default 570): the build (a wheel, kept in $OUT for
 #                                  # `again`); the CUDA tests, the rest of the suite and the "lease" preset's
 #                                  # GPT-2 pair training side by side; then, on the trained pair, graphs.py at
-#                                  # T 0 and 1 (chains, trees, graphs off / on, transformers' compiled generate),
-#                                  # batch.py (B = 1..32, graphs on) and assisted.py (against transformers'
-#                                  # assisted generation), each part cut off at the deadline, saved as it ends
+#                                  # T = 1 (chains and trees, graphs off / on, each one's time per iteration by
+#                                  # phase), batch.py (B = 1..32, graphs on) and assisted.py (against
+#                                  # transformers' assisted generation), each cut off at the deadline, saved as
+#                                  # it ends (the first lease, 2026-11-26, measured T = 0 and transformers'
+#                                  # compiled generate: BENCHMARKS.md)
 #   bash benchmarks/gpu.sh again   # a second call, no build: lease's wheel (copied from its $OUT into .whl/,
 #                                  # listed in .git/info/exclude, and named in the call's carry) with this tree's
 #                                  # Python over it; graphs.py --untrained within LEASE_SECONDS (default 280):
@@ -48,7 +50,7 @@ case "${1:-}" in
     echo "[$SECONDS s] trained: $(grep -E "parameters|Error" /tmp/train.log | tr '\n' ' ')"
     cp ~/.cache/speculant/bench/gpt2-*/pair.json "$out/" 2>/dev/null || true
     timeout "$(left 110)" python3 benchmarks/graphs.py --pair gpt2 --preset lease --device cuda \
-      --temperature 0 1 --gammas 2 4 6 --trees 2,1,1 3,2,1 --prompts 4 --repeats 3 --hf-compiled \
+      --temperature 1 --gammas 2 4 6 --trees 2,1,1 3,2,1 --prompts 4 --repeats 3 \
       --out "$out/graphs-lease-cuda.json" 2>&1 | grep -v "Loading weights" || true
     timeout "$(left 55)" python3 benchmarks/batch.py --pair gpt2 --preset lease --device cuda --cuda-graphs auto \
       --sizes 1,4,16,32 --repeats 2 --out "$out/batch-lease-cuda.json" || true
