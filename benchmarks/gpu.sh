@@ -13,7 +13,8 @@
 #                                  # compiled generate: BENCHMARKS.md)
 #   bash benchmarks/gpu.sh again   # a second call, no build: lease's wheel (copied from its $OUT into .whl/,
 #                                  # listed in .git/info/exclude, and named in the call's carry) with this tree's
-#                                  # Python over it; graphs.py --untrained within LEASE_SECONDS (default 280):
+#                                  # Python over it (so C++ must not have changed since lease's build);
+#                                  # graphs.py --untrained within LEASE_SECONDS (default 280):
 #                                  # per-call times of .pt2 packages and live objects beside the TorchScript
 #                                  # graphs, then the 1.1B bf16 Llama against its weight-streaming floor
 #
