@@ -43,9 +43,15 @@ case "${1:-}" in
        >"$out/cuda-tests.log" 2>&1
      echo "[$SECONDS s] cuda tests: $(tail -1 "$out/cuda-tests.log")") &
     cuda=$!
-    timeout 250 python3 -m pytest -p no:benchmark -n 10 -m "not cuda" tests -q -rfE --basetemp /tmp/pt-all \
-      >"$out/all-tests.log" 2>&1 || echo "suite rc $?"
+    # CPU .pt2 packages of T5 crashed the process at load on the first lease's machine: one process of their own
+    (timeout 200 python3 -X faulthandler -m pytest -p no:benchmark -k "pt2 and t5" -m "not cuda" tests -q -rfE \
+       --basetemp /tmp/pt-t5 >/tmp/t5-pt2.log 2>&1
+     echo "[$SECONDS s] T5 .pt2 tests, rc $?: $(grep -E "passed|failed|Segmentation" /tmp/t5-pt2.log | tail -1)") &
+    t5=$!
+    timeout 250 python3 -m pytest -p no:benchmark -n 10 -m "not cuda" -k "not (pt2 and t5)" tests -q -rfE \
+      --basetemp /tmp/pt-all >"$out/all-tests.log" 2>&1 || echo "suite rc $?"
     echo "[$SECONDS s] suite: $(tail -1 "$out/all-tests.log")"
+    wait $t5 || true
     wait $cuda || true
     wait $train || echo "training rc $?"
     echo "[$SECONDS s] trained: $(grep -E "parameters|Error" /tmp/train.log | tr '\n' ' ')"
