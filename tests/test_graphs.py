@@ -23,19 +23,19 @@ buffers) without capturing them, so on CPU everything but the capture itself is 
   package; a table model whose tree call refuses anything narrower decodes with fixed shapes only; a tree call
   that rebinds its cache is refused by name; and the law of tree [2, 2] with fixed shapes is the target's
   (chi-square at SIGNIFICANCE, 2 windows: with the 4 above, at most 0.6% family-wise).
-* The option: "off" is the default (the capture is unverified on a GPU until issue 21 runs it); bad values, "on"
-  without CUDA, and "fixed" on backends without fixed-shape calls raise ValueError saying why; "auto" on CPU
+* The option: "off" is the default (README says why, though the capture ran correctly on an H200); bad values,
+  "on" without CUDA, and "fixed" on backends without fixed-shape calls raise ValueError saying why; "auto" on CPU
   leaves the calls as they were, without a warning.
 
 On a GPU (marked ``cuda``; skipped without one, as in CI): graphs are captured (``graphs_captured``, no
 failure), give the same tokens as the fixed-shape calls they capture run uncaptured on every backend that can be
-captured, reproduce with a seed, and keep the exact laws of every sampling mode; a .pt2 package runs uncaptured
-with a warning. The laws: greedy exactly, and temperature 1, top-k, top-p and lenience 0.5 by the chi-square
-test at 1e-3 (4 configurations x 2 windows), plus the device sampling path (_sample_generic) against its
-probabilities at 1e-3: 9 tests, at most 0.9% family-wise false failures. Tree calls captured (a shape, a given
-tree and grown ones, each way of drawing siblings) give the tokens of the same calls uncaptured on every
-backend, and three tree laws by the chi-square test at 1e-3, 2 windows each (6 more tests: at most 1.5%
-family-wise).
+captured, a decoder-only .pt2 package among them (its decoding steps), reproduce with a seed within a process
+and across processes, and keep the exact laws of every sampling mode. The laws: greedy exactly, and temperature
+1, top-k, top-p and lenience 0.5 by the chi-square test at 1e-3 (4 configurations x 2 windows), plus the device
+sampling path (_sample_generic) against its probabilities at 1e-3: 9 tests, at most 0.9% family-wise false
+failures. Tree calls captured (a shape, a given tree and grown ones, each way of drawing siblings) give the
+tokens of the same calls uncaptured on every backend, and three tree laws by the chi-square test at 1e-3, 2
+windows each (6 more tests: at most 1.5% family-wise).
 """
 
 import inspect
@@ -473,7 +473,7 @@ def same_seed_runs(device: str, mode: str, runs: int = 2) -> set:
 
 
 def test_same_seed_script_runs_on_cpu():
-    """The cross-process script below, on the CPU (where tests/test_threads.py checks the same property)."""
+    """The cross-process script above, on the CPU (where tests/test_threads.py checks the same property)."""
     outputs = same_seed_runs("cpu", "off", runs=1)
     assert len(outputs.pop()) > 80
 
