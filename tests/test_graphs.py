@@ -444,45 +444,14 @@ def cuda_pairs(tmp_path_factory):
     return pairs
 
 
-# One process's seeded run, printed: argv = device, cuda_graphs mode. cuBLAS needs a fixed workspace to repeat
-# itself across processes (README, "Determinism on CUDA"); the test sets it.
-SAME_SEED = r"""
-import sys
-import torch
-import speculant
-from speculant import tiny_gpt
-device, mode = sys.argv[1], sys.argv[2]
-models = []
-for seed in (0, 1):
-    torch.manual_seed(seed)
-    models.append(speculant.load(tiny_gpt.script_cached(tiny_gpt.TinyGPT(tiny_gpt.TinyGPTConfig(64, 2, 2, 64, 128))
-                                                        .eval()), device=device))
-decoder = speculant.SpeculativeDecoder(*models, gamma=3, temperature=0.9, top_k=40, cuda_graphs=mode)
-print([r.tokens for r in decoder.generate([[1, 2, 3], [4, 5]], max_new_tokens=40, seed=7)])
-"""
-
-
-def same_seed_runs(device: str, mode: str, runs: int = 2) -> set:
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-    return {subprocess.run([sys.executable, "-c", SAME_SEED, device, mode], capture_output=True, text=True,
-                           check=True, timeout=300, env=env).stdout for _ in range(runs)}
-
-
-def test_same_seed_script_runs_on_cpu():
-    """The cross-process script above, on the CPU (where tests/test_threads.py checks the same property)."""
-    outputs = same_seed_runs("cpu", "off", runs=1)
-    assert len(outputs.pop()) > 80
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("mode", ["off", "on"])
 def test_cuda_same_seed_same_tokens_across_processes(mode):
-    outputs = same_seed_runs("cuda", mode)
-    assert len(outputs) == 1 and len(outputs.pop()) > 80
+    """tests/test_threads.py's seeded run in two processes on CUDA (cuBLAS's workspace fixed), graphs off and on."""
+    from test_threads import same_seed_outputs
+
+    outputs = same_seed_outputs((1, 1), "cuda", mode)
+    assert len(outputs) == 1 and len(outputs.pop()) > 60
 
 
 @pytest.mark.cuda

@@ -104,23 +104,34 @@ def test_every_model_call_runs_without_autograd():
     assert seen and not any(grad or requires for grad, requires in seen)
 
 
+# One process's seeded run, printed. argv: torch threads, device, cuda_graphs mode. cuBLAS repeats itself across
+# processes only with a fixed workspace (README, "Determinism on CUDA"): same_seed_outputs sets it.
 SAME_SEED = r"""
 import sys, torch
 torch.set_num_threads(int(sys.argv[1]))
 import speculant
 from speculant import tiny_gpt
-torch.manual_seed(0)
-model = tiny_gpt.TinyGPT(tiny_gpt.TinyGPTConfig(64, 2, 2, 64, 128)).eval()
-target, draft = speculant.load(tiny_gpt.script_cached(model)), speculant.load(tiny_gpt.script_cached(model))
-print(speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0.9).generate(
+models = []
+for seed in (0, 1):  # a target and a draft that differ: rejections and residual draws happen
+    torch.manual_seed(seed)
+    models.append(speculant.load(tiny_gpt.script_cached(
+        tiny_gpt.TinyGPT(tiny_gpt.TinyGPTConfig(64, 2, 2, 64, 128)).eval()), device=sys.argv[2]))
+print(speculant.SpeculativeDecoder(*models, gamma=3, temperature=0.9, cuda_graphs=sys.argv[3]).generate(
     [1, 2, 3], max_new_tokens=60, seed=7).tokens)
 """
 
 
-def test_same_seed_same_tokens_across_processes_and_thread_counts():
+def same_seed_outputs(threads, device: str = "cpu", mode: str = "off") -> set:
+    """The distinct outputs of SAME_SEED run once per entry of `threads`, each in a fresh process."""
+    import os
     import subprocess
     import sys
 
-    outputs = {subprocess.run([sys.executable, "-c", SAME_SEED, str(threads)], capture_output=True, text=True,
-                              check=True, timeout=120).stdout for threads in (1, 2, 1)}
+    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    return {subprocess.run([sys.executable, "-c", SAME_SEED, str(t), device, mode], capture_output=True, text=True,
+                           check=True, timeout=300, env=env).stdout for t in threads}
+
+
+def test_same_seed_same_tokens_across_processes_and_thread_counts():
+    outputs = same_seed_outputs((1, 2, 1))
     assert len(outputs) == 1 and len(outputs.pop()) > 60
