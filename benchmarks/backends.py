@@ -1,5 +1,6 @@
-"""speculant's three model backends side by side (TorchScript `.pt`, live transformers objects, AOTInductor `.pt2`)
-against transformers' plain and assisted `generate`, for one trained pair at one temperature, in one run.
+"""speculant's model backends side by side (TorchScript `.pt`, live transformers objects eager and compiled,
+AOTInductor `.pt2`) against transformers' plain and assisted `generate`, for one trained pair at one temperature,
+in one run.
 
     python benchmarks/train_pairs.py --threads 2                         # the pairs (cached; ~20 min on 2 cores)
     python benchmarks/backends.py --pair gpt2 --temperature 0            # and 1; --pair t5 likewise
@@ -12,6 +13,8 @@ Methods (batch 1, CPU, the prompts of train_pairs.heldout_prompts, max_new_token
   - `ts`: the pair's exported TorchScript files (target.pt, draft.pt);
   - `live`: the transformers model objects loaded from the pair's save_pretrained dirs (target/, draft/): the
     C++ loop calls their forward in Python;
+  - `compiled`: the same objects loaded with compile=True (a static cache, calls through torch.compile; the
+    first call of each width compiles, in the warm-up); decoder-only pairs only;
   - `pt2`: AOTInductor packages exported once from those dirs and cached beside them (target.pt2, draft.pt2;
     with --pt2-max-length N: target-L<N>.pt2), by default with the same capacity as the .pt files
     (max_length, and max_source_length for T5). For T5 a failed export or load skips pt2 with the reason.
@@ -53,10 +56,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import assisted  # noqa: E402  (benchmarks/ is not a package)
 import train_pairs  # noqa: E402
 
-BACKENDS = ("ts", "live", "pt2")
+BACKENDS = ("ts", "live", "compiled", "pt2")
 # (numerator, denominator, goal or None): the ratios reported, each the median of per-repetition ratios
 RATIOS = [("live_speculative", "hf_assisted", 1.3),  # the issue's goal: live speculative >= 1.3x HF assisted
           ("pt2_plain", "ts_plain", 1.0), ("pt2_speculative", "ts_speculative", 1.0),  # pt2 >= TorchScript
+          ("compiled_plain", "live_plain", None), ("compiled_speculative", "live_speculative", None),
+          ("compiled_speculative", "ts_speculative", None),
           *((f"{b}_speculative", f"{b}_plain", None) for b in BACKENDS),  # speedup over its own plain decoding
           ("hf_assisted", "hf_plain", None)]
 
@@ -87,6 +92,12 @@ def load_backends(pair: assisted.Pair, backends: Sequence[str], pt2_max_length: 
             handles[backend] = (pair.target, pair.draft)
         elif backend == "live":  # the same objects transformers' generate runs below
             handles[backend] = (speculant.load(pair.hf_target), speculant.load(pair.hf_draft))
+        elif backend == "compiled":  # those objects again, with a static cache and torch.compile
+            if pair.kind == "t5":
+                skipped[backend] = "compile=True runs decoder-only models"
+                continue
+            handles[backend] = (speculant.load(pair.hf_target, compile=True),
+                                speculant.load(pair.hf_draft, compile=True))
         else:
             try:
                 handles[backend] = tuple(speculant.load(pt2_file(pair, role, pt2_max_length), device="cpu")

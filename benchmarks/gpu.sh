@@ -15,8 +15,10 @@
 #                                  # listed in .git/info/exclude, and named in the call's carry) with this tree's
 #                                  # Python over it (so C++ must not have changed since lease's build);
 #                                  # graphs.py --untrained within LEASE_SECONDS (default 280):
-#                                  # per-call times of .pt2 packages and live objects beside the TorchScript
-#                                  # graphs, then the 1.1B bf16 Llama against its weight-streaming floor
+#                                  # per-call times beside the TorchScript graphs, the 1.1B bf16 Llama against
+#                                  # its weight-streaming floor (TorchScript, and the live object compiled),
+#                                  # then the pair as live objects compiled (compile=True) and eager, and as
+#                                  # .pt2 packages (their CUDA export compiles for minutes: last)
 #
 # Results and logs go to $OUT (the device tool brings back 8 files) when it is set, else benchmarks/results/.
 set -euo pipefail
@@ -72,7 +74,8 @@ case "${1:-}" in
     python3 -m pip install -q --no-deps .whl/speculant-*.whl
     cp -r python/speculant/. "$(python3 -c "import os, speculant; print(os.path.dirname(speculant.__file__))")/"
     timeout "$(left 3)" python3 benchmarks/graphs.py --untrained --preset lease --device cuda --gammas 2 4 6 8 \
-      --backends pt2 live --big --out "$out/graphs-untrained-cuda.json" 2>&1 | grep -v "Loading weights" || true
+      --backends compiled live pt2 --big --out "$out/graphs-untrained-cuda.json" 2>&1 | grep -v "Loading weights" \
+      || true
     echo "[$SECONDS s] done" ;;
   *) echo "usage: bash benchmarks/gpu.sh lease|again" >&2; exit 2 ;;
 esac

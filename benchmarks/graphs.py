@@ -30,8 +30,10 @@ For each mode of `cuda_graphs` (`--modes`: off and on on a GPU; off and fixed on
 
 `--hf-compiled`: transformers' generate with a static cache and torch.compile(mode="reduce-overhead") on the
 same target, per token (differential, as above). `--big`: a Llama-architecture target of about 1.1B parameters
-in bf16 with random weights (latency only): plain per-token milliseconds in each mode against its weight
-bytes over the measured device-to-device copy bandwidth (bytes read and written).
+in bf16 with random weights (latency only): plain per-token milliseconds in each mode (and as the live object
+with compile=True where --backends names "compiled") against its weight bytes over the measured
+device-to-device copy bandwidth (bytes read and written). `--backends live compiled pt2`: the pair's per-call
+times as live transformers objects (eager; compile=True: static cache and torch.compile) and .pt2 packages.
 Results: benchmarks/results/graphs-<pair>-<device>.json.
 """
 
@@ -198,9 +200,10 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
 
 def other_backends(pair_dir: Path, prompt: Dict, args, device: torch.device, scratch: Path,
                    save: Callable[[Dict], None]) -> None:
-    """The same pair as live transformers objects and as .pt2 packages (AOTInductor, compiled here for `device`):
-    call_times by mode (live objects cannot be captured: "off" only; .pt2 packages in every mode of --modes),
-    to set beside the TorchScript modes; `save` after each."""
+    """The same pair as live transformers objects (eager, "live", and compile=True, "compiled": a static cache
+    and torch.compile, CUDA graphs of its own on a GPU) and as .pt2 packages (AOTInductor, compiled here for
+    `device`): call_times by mode (live objects take no engine capture: "off" only; .pt2 packages in every
+    mode of --modes), to set beside the TorchScript modes; `save` after each."""
     from speculant.export import load_pretrained
 
     out = {}
@@ -212,7 +215,7 @@ def other_backends(pair_dir: Path, prompt: Dict, args, device: torch.device, scr
             if backend == "pt2":
                 speculant.export(model, scratch / f"{role}.pt2")
                 model = scratch / f"{role}.pt2"
-            models.append(speculant.load(model, device=device))
+            models.append(speculant.load(model, device=device, compile=backend == "compiled"))
         print(f"[{backend}] ready in {time.perf_counter() - started:.0f} s", flush=True)
         out[backend] = {mode: call_times(*models, prompt, args, mode, label=f"{backend} {mode}")
                         for mode in (args.modes if backend == "pt2" else ["off"])}
@@ -263,7 +266,8 @@ def hf_compiled(directory: Path, prompt: Dict, tokens: int, device: torch.device
 
 
 def big_llama(args, device: torch.device, scratch: Path) -> Dict:
-    """~1.1B-parameter Llama, bf16, random weights: plain per-token ms per mode vs weight bytes / bandwidth."""
+    """~1.1B-parameter Llama, bf16, random weights: plain per-token ms per mode (and as a live object with
+    compile=True where --backends has "compiled") vs weight bytes / bandwidth."""
     import transformers
 
     config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
@@ -275,9 +279,11 @@ def big_llama(args, device: torch.device, scratch: Path) -> Dict:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     path = scratch / "llama-1b.pt"
     speculant.export(model, path, max_length=512)
+    exported = speculant.load(path, device=device)
+    runs = {mode: (exported, mode) for mode in args.modes}
+    if "compiled" in args.backends:  # the live object itself, compile=True (its own graphs on a GPU)
+        runs["compiled"] = (speculant.load(model, compile=True, max_length=512), "off")
     del model
-    torch.cuda.empty_cache() if device.type == "cuda" else None
-    target = speculant.load(path, device=device)
     block = torch.empty(weight_bytes // 2, dtype=torch.bfloat16, device=device)
     copy = torch.empty_like(block)
     for _ in range(3):
@@ -293,9 +299,9 @@ def big_llama(args, device: torch.device, scratch: Path) -> Dict:
     out = {"parameters": weight_bytes // 2, "weight_bytes": weight_bytes, "copy_bandwidth_bytes_per_s": bandwidth,
            "floor_ms": floor_ms, "modes": {}}
     prompt = {"prompt_ids": list(range(1, 33))}
-    for mode in args.modes:
-        run = lambda n, m=mode: speculant.generate(target, **prompt, max_new_tokens=n, temperature=0.0,  # noqa: E731
-                                                   cuda_graphs=m, profile=True)
+    for mode, (target, graphs) in runs.items():
+        run = lambda n, t=target, m=graphs: speculant.generate(t, **prompt, max_new_tokens=n,  # noqa: E731
+                                                               temperature=0.0, cuda_graphs=m, profile=True)
         for _ in range(2):
             run(64)
         ms = [per_call(run, 64, "target_seconds", "target_calls", repeats=1) for _ in range(5)]
@@ -323,8 +329,9 @@ def main() -> None:
                         help="token trees beside the chains, each as k1,k2,... (their tree calls captured too)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--backends", nargs="*", choices=["live", "pt2"], default=[],
-                        help="also time the pair as live transformers objects / .pt2 packages (--pair gpt2)")
+    parser.add_argument("--backends", nargs="*", choices=["live", "compiled", "pt2"], default=[],
+                        help="also time the pair as live transformers objects (eager / compile=True) and .pt2 "
+                             "packages (--pair gpt2)")
     parser.add_argument("--hf-compiled", action="store_true")
     parser.add_argument("--big", action="store_true")
     parser.add_argument("--untrained", action="store_true",
@@ -370,10 +377,10 @@ def main() -> None:
         args.temperature = temperatures[0]
     if args.hf_compiled and pair_dir is not None:
         save("hf_compiled", hf_compiled(pair_dir, prompts[0], args.tokens, device))
-    if args.backends and pair_dir is not None:
-        other_backends(pair_dir, prompts[0], args, device, scratch, lambda value: save("backends", value))
     if args.big:
         save("big", big_llama(args, device, scratch))
+    if args.backends and pair_dir is not None:
+        other_backends(pair_dir, prompts[0], args, device, scratch, lambda value: save("backends", value))
     print(f"wrote {out}")
 
 

@@ -24,6 +24,7 @@ class PythonModel final : public Model {
     encoder_decoder_ = impl_.attr("encoder_decoder").cast<bool>();
     device_ = at::Device(impl_.attr("device").cast<std::string>());
     metadata_ = impl_.attr("metadata").cast<std::string>();
+    form_ = impl_.attr("form").cast<std::string>();
   }
   ~PythonModel() override {
     py::gil_scoped_acquire gil;
@@ -52,8 +53,12 @@ class PythonModel final : public Model {
     length_ = length;
   }
   int64_t length() const override { return length_; }
-  std::string form() const override { return "live"; }
+  std::string form() const override { return form_; }  // "live", or "compiled" (compiled_live.py)
   std::string fixed_shapes_obstacle() const override {
+    if (form_ == "compiled") {
+      return "a compiled live model's calls run through torch.compile, which replays CUDA graphs of its own on "
+             "a GPU; the engine captures none around them";
+    }
     return "a live model runs through Python; export it with speculant.export (TorchScript or .pt2) for "
            "fixed-shape calls";
   }
@@ -109,6 +114,7 @@ class PythonModel final : public Model {
 
   py::object impl_;
   std::string source_;
+  std::string form_;
   int64_t length_ = 0;
 };
 

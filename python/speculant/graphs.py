@@ -8,6 +8,8 @@
   exports, any cached module with the batched methods, decoder-only .pt2 packages); any other CUDA model runs
   uncaptured with a warning that says why. Models on CPU run as always.
 * ``"on"``: as ``"auto"``, but a model that cannot be captured (or is not on CUDA) is a ValueError.
+  A live model loaded with ``compile=True`` replays CUDA graphs of its own (torch.compile's "reduce-overhead")
+  under every mode but ``"fixed"``, which it has no calls for: ``"auto"`` and ``"on"`` take it as it is.
 * ``"fixed"``: the fixed-shape calls that a graph replays, run without capturing, on any device: to check that
   graph mode changes no output, or to separate the shapes' cost from the launches' on a GPU. Decoder-only .pt2
   packages have fixed shapes as they are (batch 1 per replica), run by AOTInductor's single-threaded runner so
@@ -51,6 +53,8 @@ def shapes(model: _core.Model, mode: str, role: str) -> Tuple[str, Optional[str]
     if not model.device.startswith("cuda"):
         if mode == "on":
             raise ValueError(f"cuda_graphs='on' needs models on CUDA; the {role} is on {model.device}")
+        return "dynamic", None
+    if model.form == "compiled":  # compiled_live.py: torch.compile replays the model's own CUDA graphs
         return "dynamic", None
     why = model.capture_obstacle
     if why:

@@ -150,6 +150,9 @@ def decoder_start(model) -> Optional[int]:
 class LiveModel:
     """The object cpp/python_model.cpp calls: a transformers model and the cache this wrapper owns."""
 
+    form = "live"  # what speculant.Model.form reports (compiled_live.py: "compiled")
+    cache_kind = "a DynamicCache it crops to roll back"  # for messages
+
     def __init__(self, model, *, vocab_size: Optional[int] = None, name: str = ""):
         transformers = _transformers()
         self.name = name or type(model).__name__
@@ -436,8 +439,8 @@ class LiveModel:
             second = self._run(torch.tensor([d, e], device=device), logits=True)  # [2, V]
         except Exception as error:
             raise ValueError(f"model {self.name}: a cached call failed ({type(error).__name__}: {error}); "
-                             "speculant runs transformers models with a DynamicCache it crops to roll back, "
-                             "and this model does not support that") from error
+                             f"speculant runs this model with {self.cache_kind}, and it does not support "
+                             "that") from error
         if first.dim() != 2 or second.shape != (2, first.size(-1)):
             raise ValueError(f"model {self.name}: expected logits [k, V] from its forward, got "
                              f"{list(first.shape)} and {list(second.shape)}")

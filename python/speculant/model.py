@@ -80,7 +80,8 @@ class Model:
 
     @property
     def form(self) -> str:
-        """'cached', 'plain' or 'live' (a transformers model object; see the module docstring)."""
+        """'cached', 'plain', 'live' (a transformers model object; see the module docstring) or 'compiled' (one
+        loaded with compile=True)."""
         return self._core.form
 
     @property
@@ -132,15 +133,22 @@ def _dtype(dtype) -> Optional[torch.dtype]:
     return value
 
 
-def _live(module, device, dtype, vocab_size, source: str) -> Model:
+def _live(module, device, dtype, options: dict, source: str) -> Model:
+    """options: vocab_size, and compile / max_length (load's)."""
     if device is not None or dtype is not None:
         module.to(device=device, dtype=dtype)  # in place, as nn.Module.to does
-    impl = live.LiveModel(module, vocab_size=vocab_size, name=source)
+    if options["compile"]:
+        from .compiled_live import CompiledLiveModel  # imports torch.compile's machinery only when asked
+
+        impl = CompiledLiveModel(module, vocab_size=options["vocab_size"], name=source,
+                                 max_length=options["max_length"])
+    else:
+        impl = live.LiveModel(module, vocab_size=options["vocab_size"], name=source)
     return Model(_core.python_model(impl, source), source, module=module)
 
 
-def _pretrained(directory: str, device, dtype, vocab_size) -> Model:
-    return _live(live.pretrained(directory, dtype), device, None, vocab_size, directory)
+def _pretrained(directory: str, device, dtype, options: dict) -> Model:
+    return _live(live.pretrained(directory, dtype), device, None, options, directory)
 
 
 def archive_problem(path: str) -> Optional[str]:
@@ -182,10 +190,10 @@ def _file_kind(path: str) -> str:
                      f"{', ...' if len(names) > 3 else ''}; {EXPORT_HINT}")
 
 
-def _path(path: str, device, dtype, vocab_size) -> Model:
+def _path(path: str, device, dtype, options: dict) -> Model:
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "config.json")):
-            return _pretrained(path, device, dtype, vocab_size)
+            return _pretrained(path, device, dtype, options)
         files = sorted(f for f in os.listdir(path) if f.endswith((".pt", ".pt2")))
         if files:
             raise ValueError(f"model: {path} is a directory; pass one of its model files: {', '.join(files)}")
@@ -224,7 +232,7 @@ ModelLike = Union[str, os.PathLike, torch.jit.ScriptModule, torch.nn.Module, Mod
 
 
 def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dtype=None, *,
-         vocab_size: Optional[int] = None) -> Model:
+         vocab_size: Optional[int] = None, compile: bool = False, max_length: Optional[int] = None) -> Model:
     """A model the engine runs, from any of:
 
     * a transformers model object: any ``*ForCausalLM`` or encoder-decoder ``*ForConditionalGeneration``, in
@@ -238,6 +246,12 @@ def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dt
     size, for a target and draft whose LM heads are padded differently beyond one tokenizer (the padded ids get
     probability 0: exact). An exported file keeps the vocabulary it was exported with and is refused with it.
 
+    ``compile=True`` (live decoder-only models and save_pretrained directories only): the fast route for a model
+    object, transformers' static cache of ``max_length`` positions (default: the model's context, at most 4096)
+    with the decoding calls compiled by ``torch.compile`` (CUDA graphs on a GPU): two graphs per model (width 1,
+    and widths 2 .. 16), each compiled at its first call (seconds). Exact as the eager route is; chains only (no
+    trees or beams), no sliding-window layers (compiled_live.py says why).
+
     Raises FileNotFoundError for a missing path, ValueError saying what is wrong (and what to do) for
     anything that does not follow the contract: a safetensors file or a torch.save state dict (export the
     model), a directory of model files, a model in training mode, a recurrent model whose state cannot be
@@ -245,15 +259,20 @@ def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dt
     """
     device = _device(device)
     dtype = _dtype(dtype)
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be True or False, got {compile!r}")
+    if max_length is not None and not compile:
+        raise ValueError("max_length= is the static cache's length of compile=True; pass compile=True with it")
+    options = {"vocab_size": vocab_size, "compile": compile, "max_length": max_length}
     if isinstance(model, Model):
-        if device is not None or dtype is not None or vocab_size is not None:
-            raise ValueError("model is already a speculant.Model: pass device / dtype / vocab_size when loading it")
+        if device is not None or dtype is not None or vocab_size is not None or compile:
+            raise ValueError("model is already a speculant.Model: pass device / dtype / vocab_size / compile when "
+                             "loading it")
         return model
-    if vocab_size is not None and not (live.is_transformers_model(model) or isinstance(model, (str, os.PathLike))):
-        raise ValueError(f"vocab_size= is for transformers models and save_pretrained directories (live), whose "
-                         f"logits speculant pads, not a {type(model).__name__}: {VOCAB_HINT}")
+    if not (live.is_transformers_model(model) or isinstance(model, (str, os.PathLike))):
+        _live_options_refused(options, f"a {type(model).__name__}")
     if live.is_transformers_model(model):
-        return _live(model, device, dtype, vocab_size, type(model).__name__)
+        return _live(model, device, dtype, options, type(model).__name__)
     if isinstance(model, torch.jit.ScriptModule):
         if dtype is not None:
             model = model.to(dtype)
@@ -266,7 +285,17 @@ def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dt
         raise ValueError("model must be a path, a transformers model, a torch.jit.ScriptModule or a "
                          f"speculant.Model, got {type(model).__name__}")
     path = os.fspath(model)
-    if vocab_size is not None and not os.path.isdir(path):
+    if not os.path.isdir(path):
+        _live_options_refused(options, f"a file ({path})")
+    return _path(path, device, dtype, options)
+
+
+def _live_options_refused(options: dict, what: str) -> None:
+    """ValueError for load's options that only live models take, passed with `what` (an export, a module)."""
+    if options["vocab_size"] is not None:
         raise ValueError(f"vocab_size= is for transformers models and save_pretrained directories (live), whose "
-                         f"logits speculant pads, not a file ({path}): {VOCAB_HINT}")
-    return _path(path, device, dtype, vocab_size)
+                         f"logits speculant pads, not {what}: {VOCAB_HINT}")
+    if options["compile"]:
+        raise ValueError(f"compile=True is for transformers models and save_pretrained directories (live), not "
+                         f"{what}: a .pt2 package is compiled already (AOTInductor), and a TorchScript export "
+                         "replays CUDA graphs with SpeculativeDecoder(..., cuda_graphs='auto')")

@@ -1,0 +1,190 @@
+"""Live transformers models compiled (speculant.load(model, compile=True), compiled_live.py): a static cache and
+torch.compile, on the CPU here (Inductor's C++ kernels); on a GPU the same calls replay CUDA graphs (the test
+marked ``cuda``).
+
+* Calls: logits of decoding calls of every width 1..5 with rollbacks between them, through the compiled route,
+  against transformers' uncached forward of each prefix (float32: within 1e-4 of the logits' scale).
+* Greedy: plain and speculative decoding (γ ∈ {1, 3}), single prompts and a batch of three, give transformers'
+  own ``generate(do_sample=False)`` output token for token, for Llama (rotary positions), GPT-2 (learned
+  positions) and Bloom (ALiBi: no position ids, and no stated context, so max_length= is required).
+* Sampling: the joint law of the first two tokens sampled by speculative decoding of a compiled pair against the
+  target's exact law from transformers' logits: Pearson chi-square at SIGNIFICANCE = 1e-3 (1,000 samples, fixed
+  seeds), so a correct engine fails it by chance with probability 1e-3 for a fresh draw of seeds.
+* Each loaded model compiles two graphs, whatever the widths (gamma 1 .. 15) and its inputs' origin: dynamo
+  allows 8 per model, and with fullgraph=True one more would be an error, not a slow path.
+* Refusals, each with its message: sliding-window and chunked layers, encoder-decoders, a max_length past the
+  model's context or without compile=True, compile= for an exported file or a ScriptModule, trees, a sequence
+  past the static cache.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import hf_families
+import speculant
+from chisquare import chi_square_pvalue
+from speculant.compiled_live import CompiledLiveModel
+from test_live import two_token_law
+
+PROMPT = [1, 5, 9]
+MAX_NEW = 20
+SIGNIFICANCE = 1e-3
+N_SAMPLES = 1000
+FAMILIES = ["llama", "gpt2", "bloom"]
+OPTIONS = {"bloom": {"max_length": 64}}  # Bloom states no context length
+
+
+def hf_greedy(model, prompt) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=MAX_NEW, eos_token_id=None, pad_token_id=0, top_k=None, top_p=None,
+                             temperature=None)
+    return out[0, ids.size(1):].tolist()
+
+
+@pytest.fixture(scope="module")
+def zoo():
+    """family -> (transformers target, transformers draft, compiled target, compiled draft)."""
+    out = {}
+    for family in FAMILIES:
+        target = hf_families.make(family, seed=10)
+        draft = hf_families.drafted(target, noise=4 * hf_families.NOISE[family], seed=11)
+        options = OPTIONS.get(family, {})
+        out[family] = (target, draft, speculant.load(target, compile=True, **options),
+                       speculant.load(draft, compile=True, **options))
+    return out
+
+
+def test_calls_with_rollbacks_equal_uncached_forwards(zoo):
+    model, _, compiled, _ = zoo["llama"]
+    assert compiled.form == "compiled" and compiled.max_length == 128  # hf_families' context
+    generator = torch.Generator().manual_seed(0)
+    sequence = torch.randint(0, hf_families.VOCAB, (40,), generator=generator).tolist()
+    wrapper = CompiledLiveModel(model, name="llama")  # what the engine's handle calls
+    wrapper.reset(torch.tensor(sequence[:4]))
+    kept = sequence[:4]
+    worst = 0.0
+    for width, back in [(1, 0), (3, 2), (5, 5), (2, 1), (4, 0), (1, 1), (5, 3), (3, 0)]:
+        tokens = sequence[len(kept):len(kept) + width]
+        logits = wrapper.extend(torch.tensor(tokens))  # [width, V]
+        with torch.no_grad():
+            reference = model(torch.tensor([kept + tokens])).logits[0, -width:]
+        worst = max(worst, ((logits - reference).abs().max() / reference.abs().max().clamp(min=1)).item())
+        kept = kept + tokens
+        if back:  # a rollback: the rejected tokens' entries stay behind the write position, unseen
+            kept = kept[:-back]
+            wrapper.truncate(len(kept))
+    assert worst < 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_transformers(zoo, family):
+    model, _, target, draft = zoo[family]
+    expected = hf_greedy(model, PROMPT)
+    assert len(set(expected)) > 3  # a varied continuation
+    assert speculant.generate(target, PROMPT, max_new_tokens=MAX_NEW, temperature=0).tokens == expected
+    accepted = drafted = 0
+    for gamma in (1, 3):
+        result = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0).generate(
+            PROMPT, max_new_tokens=MAX_NEW)
+        assert result.tokens == expected, f"gamma={gamma}"
+        accepted += result.stats.accepted_tokens
+        drafted += result.stats.drafted_tokens
+    assert 0 < accepted < drafted  # kept drafts and corrections both
+
+
+def test_batch_rows_equal_transformers(zoo):
+    """A batch runs row replicas, each with a static cache of its own."""
+    model, _, target, draft = zoo["llama"]
+    prompts = [PROMPT, [7, 2, 30, 11, 4], [60]]
+    results = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0).generate(
+        prompts, max_new_tokens=MAX_NEW)
+    assert [result.tokens for result in results] == [hf_greedy(model, prompt) for prompt in prompts]
+
+
+def test_two_token_law_matches_transformers(zoo):
+    model, _, target, _ = zoo["gpt2"]
+    # a noisier draft than the zoo's, so that rejections (the residual) carry real mass
+    draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE["gpt2"], seed=12), compile=True)
+    law = two_token_law(model, "gpt2", PROMPT, 1.0, 0)
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=2, temperature=1.0)
+    samples = np.array([decoder.generate(PROMPT, max_new_tokens=2, seed=2000 + i).tokens for i in range(N_SAMPLES)])
+    pvalue = chi_square_pvalue(law, samples)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+def test_a_model_compiles_two_graphs_whatever_its_widths_and_inputs():
+    """Width 1, and one graph with a dynamic width for 2 .. 16: dynamo allows 8 graphs per model, and with
+    fullgraph=True a ninth is an error. Inputs of every origin (the load's check makes its own tensors, the
+    engine passes inference tensors at any offset) reach the same two graphs."""
+    counters = torch._dynamo.utils.counters["stats"]
+    before = counters["unique_graphs"]
+    model = hf_families.make("llama", seed=30)
+    target, draft = speculant.load(model, compile=True), speculant.load(model, compile=True)
+    for gamma in (1, 2, 5, 9, 15):  # a model drafting for itself: every draft kept, widths 1, 2 and gamma + 1
+        result = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0).generate(
+            [PROMPT, PROMPT[:1]], max_new_tokens=12)
+        assert result[0].stats.accepted_tokens == result[0].stats.drafted_tokens
+    speculant.generate(target, list(range(1, 40)), max_new_tokens=4, temperature=0)  # an eager prefill first
+    assert counters["unique_graphs"] - before <= 4  # two loads, at most two graphs each
+
+
+@pytest.mark.parametrize("family, why", [
+    ("mistral", "sliding_attention layers"), ("gemma2", "sliding_attention layers"),
+    ("llama4", "chunked_attention layers"), ("t5", "is an encoder-decoder model"),
+    ("bloom", "states no context length; pass max_length=")])
+def test_models_it_cannot_run_are_refused(family, why):
+    with pytest.raises(ValueError, match=why):
+        speculant.load(hf_families.make(family, seed=10), compile=True)
+
+
+def test_option_errors(zoo, tmp_path):
+    model = zoo["llama"][0]
+    with pytest.raises(ValueError, match="max_length must be at most LlamaForCausalLM's context of 128"):
+        speculant.load(model, compile=True, max_length=129)
+    with pytest.raises(ValueError, match="max_length must be an int >= 2"):
+        speculant.load(model, compile=True, max_length=1)
+    with pytest.raises(ValueError, match="max_length= is the static cache's length of compile=True"):
+        speculant.load(model, max_length=32)
+    with pytest.raises(ValueError, match="compile must be True or False"):
+        speculant.load(model, compile="yes")
+    script = torch.jit.script(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="compile=True is for transformers models.*not a RecursiveScriptModule"):
+        speculant.load(script, compile=True)
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"compile=True is for transformers models.*a \.pt2 package is compiled"):
+        speculant.load(path, compile=True)
+
+
+def test_trees_and_long_sequences_are_refused(zoo):
+    _, _, target, draft = zoo["llama"]
+    assert "compile=True) runs chains of drafts only" in target.tree_obstacle
+    with pytest.raises(ValueError, match="chains of drafts only"):
+        speculant.SpeculativeDecoder(target, draft, tree=[2, 1], temperature=0).generate(PROMPT, max_new_tokens=4)
+    with pytest.raises(ValueError, match="max_length = 128"):
+        speculant.generate(target, PROMPT, max_new_tokens=140, temperature=0)
+
+
+@pytest.mark.cuda
+def test_cuda_compiled_calls_replay_graphs_and_decode_as_transformers():
+    """On a GPU the compiled calls replay CUDA graphs ("reduce-overhead"); greedy speculative decoding still gives
+    transformers' greedy tokens, and repeated generations give the same ones (the graphs' outputs are copied out
+    before the next replay overwrites them)."""
+    model = hf_families.make("llama", seed=10).to("cuda")
+    draft_model = hf_families.drafted(hf_families.make("llama", seed=10), noise=4 * hf_families.NOISE["llama"],
+                                      seed=11).to("cuda")
+    target, draft = speculant.load(model, compile=True), speculant.load(draft_model, compile=True)
+    ids = torch.tensor([PROMPT], device="cuda")
+    with torch.no_grad():
+        expected = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                  max_new_tokens=MAX_NEW, pad_token_id=0, top_k=None, top_p=None,
+                                  temperature=None)[0, len(PROMPT):].tolist()
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0, cuda_graphs="on")
+    runs = [decoder.generate(PROMPT, max_new_tokens=MAX_NEW).tokens for _ in range(3)]
+    assert runs == [expected] * 3
+    sampled = [speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=1.0).generate(
+        PROMPT, max_new_tokens=MAX_NEW, seed=5).tokens for _ in range(2)]
+    assert sampled[0] == sampled[1]
