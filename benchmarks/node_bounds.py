@@ -25,7 +25,9 @@ next-token laws at T = 1. For k = 1 .. 8 children at such a node:
   (Sequoia's, analysis.best_tree) under rejection sampling and under the coupled rule, the selection rule's
   best regular shape, and the best tree whose every node takes the better of the coupled and the selection
   rule (mixed_tree()), and the ceiling no exact verifier of i.i.d. children can pass (the prefix sums of a
-  node's shares at most multi_draft_bound: positional()'s docstring).
+  node's shares at most multi_draft_bound: positional()'s docstring);
+* siblings drawn from the draft at other temperatures under the coupled rule (tempered_siblings()): per-rank
+  shares and the best tree of 16 drafts under the positional model.
 
 Results: benchmarks/results/node-bounds-gpt2-cpu.json.
 """
@@ -46,6 +48,7 @@ import train_pairs  # noqa: E402
 
 LENGTH, SKIP = 128, 16
 KS = range(1, 9)
+TEMPERATURES = (0.75, 0.9, 1.0, 1.25, 1.5, 2.0)  # tempered_siblings()
 
 
 def node_laws(windows: int):
@@ -84,13 +87,16 @@ def rejection_sampling(p, q, k: int, replacement: bool, generator) -> torch.Tens
     return torch.stack(shares, 1)
 
 
-def coupled(p, q, k: int) -> torch.Tensor:
+def coupled(p, q, k: int, siblings=None) -> torch.Tensor:
     """[N, k]: the probability that child j is the one accepted under siblings="coupled" (cpp/tree.h: i.i.d.
     children, child j's coin looking at whether child j + 1 is in H_j = {p_j > q_j}), in closed form: child j
     is accepted with sum min(p_j, q_j) of what reaches it, and a rejection leaves p_{j+1} = norm(max(0, p_j - q_j))
     and child j + 1's law q reweighted on H_j and off it (tree.h's q_{j+1}). Unnormalized: left is P(every child
-    so far rejected, and the token then drawn is x)."""
+    so far rejected, and the token then drawn is x). `siblings` [N, V]: children 1 .. k - 1 drawn independently
+    from that law instead of q (the rule and its exactness hold for any law of the next child: its coins average
+    to min(1, r) whatever w is), the first child from q."""
     left, law, shares = p.clone(), q.clone(), []
+    nxt = q if siblings is None else siblings
     for j in range(k):
         reach = left.sum(-1, keepdim=True)
         taken = torch.minimum(left, reach * law)
@@ -99,13 +105,13 @@ def coupled(p, q, k: int) -> torch.Tensor:
             break
         p_j = left / reach.clamp_min(1e-300)
         in_h = p_j > law
-        w = (q * in_h).sum(-1, keepdim=True)
+        w = (nxt * in_h).sum(-1, keepdim=True)
         ratio = torch.where(law > 0, p_j / law.clamp_min(1e-300), torch.ones_like(law))
         coin_in = torch.where(w > 0, ((ratio - (1 - w)) / w.clamp_min(1e-300)).clamp(0.0, 1.0), torch.ones_like(law))
         coin_out = torch.where(w < 1, (ratio / (1 - w).clamp_min(1e-300)).clamp(max=1.0), torch.ones_like(law))
         keep_in = (law * (1 - coin_in)).sum(-1, keepdim=True)
         keep_out = (law * (1 - coin_out)).sum(-1, keepdim=True)
-        law = q * torch.where(in_h, keep_in, keep_out)
+        law = nxt * torch.where(in_h, keep_in, keep_out)
         law = law / law.sum(-1, keepdim=True).clamp_min(1e-300)
         left = left - taken
     return torch.stack(shares, 1)
@@ -186,6 +192,19 @@ def mixed_tree(coupled_ranks, selection, budget: int, max_depth: int = 8) -> flo
     return 1.0 + max(below(0, n) for n in range(budget + 1))
 
 
+def tempered_siblings(p, q, temperatures, budget: int = 16) -> dict:
+    """Siblings drawn from the draft at another temperature, q^(1/t) normalized (the first child from q itself),
+    under the coupled rule: per-rank shares with 8 children and Sequoia's best tree of `budget` drafts under the
+    positional model, by t (t = 1: i.i.d. children). Whether a flatter law (more of the tokens a rejection leaves)
+    or a sharper one draws better siblings than q."""
+    out = {}
+    for t in temperatures:
+        ranks = [float(v) for v in coupled(p, q, 8, torch.softmax(q.log() / t, -1)).mean(0)]
+        best = analysis.best_tree(budget, [ranks] * budget)
+        out[str(t)] = {"ranks": ranks, "expected_tokens": float(best.expected_tokens), "tree": best.tree}
+    return out
+
+
 def mean_se(values: torch.Tensor):
     return float(values.mean()), float(values.std() / len(values) ** 0.5)
 
@@ -238,9 +257,14 @@ def main(argv=None) -> None:
           f"the better of the coupled and the selection rule: {model['coupled_or_selection_per_node']:.3f}; no "
           f"exact verifier of i.i.d. children can keep more than {model['ceiling']['expected_tokens']:.3f} "
           f"({model['ceiling']['expected_tokens'] / chains[5]:.3f}x, tree {model['ceiling']['tree']})")
+    tempered = tempered_siblings(p, q, TEMPERATURES)
+    print("\nsiblings from the draft at temperature t (the first child from q), coupled rule, positional model, 16 "
+          "drafts: " + "; ".join(f"t = {t}: second child {v['ranks'][1]:.4f}, best tree {v['expected_tokens']:.3f}"
+                                 for t, v in tempered.items()))
     args.json.write_text(json.dumps({"machine": platform.platform(), "torch": torch.__version__,
                                      "windows": args.windows, "positions": len(p), "draws": args.draws,
-                                     "rows": rows, "second_child": second, "positional": model}, indent=1))
+                                     "rows": rows, "second_child": second, "positional": model,
+                                     "tempered_siblings": tempered}, indent=1))
     print(f"wrote {args.json}")
 
 
