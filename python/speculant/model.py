@@ -27,6 +27,7 @@ from typing import List, Optional, Union
 import torch
 
 from . import _core, live
+from .compiled_live import CompiledLiveModel
 
 
 class Model:
@@ -138,8 +139,6 @@ def _live(module, device, dtype, options: dict, source: str) -> Model:
     if device is not None or dtype is not None:
         module.to(device=device, dtype=dtype)  # in place, as nn.Module.to does
     if options["compile"]:
-        from .compiled_live import CompiledLiveModel  # imports torch.compile's machinery only when asked
-
         impl = CompiledLiveModel(module, vocab_size=options["vocab_size"], name=source,
                                  max_length=options["max_length"])
     else:
