@@ -27,7 +27,9 @@ next-token laws at T = 1. For k = 1 .. 8 children at such a node:
   rule (mixed_tree()), and the ceiling no exact verifier of i.i.d. children can pass (the prefix sums of a
   node's shares at most multi_draft_bound: positional()'s docstring);
 * siblings drawn from the draft at other temperatures under the coupled rule (tempered_siblings()): per-rank
-  shares and the best tree of 16 drafts under the positional model.
+  shares and the best tree of 16 drafts under the positional model;
+* a wider coupling of three children, the first child's coin looking at the second and the third
+  (lookahead_three()): its shares and the best tree of 16 drafts.
 
 Results: benchmarks/results/node-bounds-gpt2-cpu.json.
 """
@@ -115,6 +117,57 @@ def coupled(p, q, k: int, siblings=None) -> torch.Tensor:
         law = law / law.sum(-1, keepdim=True).clamp_min(1e-300)
         left = left - taken
     return torch.stack(shares, 1)
+
+
+def lookahead_three(p, q, lookahead: bool = True) -> dict:
+    """Three i.i.d. children under a wider coupling, in closed form: child 1's coin looks at whether child 2 OR
+    child 3 lies in H_1 = {p > q} (w_A = 1 - (1 - q(H_1))^2, its coin min(1, r) on average as the coupled rule's),
+    child 2's at whether child 3 lies in H_2 = {p_2 > q_2}, with w_2 = P(child 3 in H_2 | child 2 = y, child 1
+    rejected), which depends on y (child 3's law given child 1's rejection is q reweighted by P(reject | A) on H_1
+    and by the same for not-A off it, where child 2 is off H_1). Each child is verified against what the earlier
+    rejections left of p, with its law given those rejections (q_2, q_3). lookahead=False is siblings="coupled"
+    (coupled(p, q, 3)). Returns the shares [N, 3] and the laws a simulation needs (w_a, p2, q2, w2, p3, q3, and
+    the coins' parts)."""
+    tiny = 1e-300
+    h1 = p > q
+    w = (q * h1).sum(-1, keepdim=True)
+    w_a = 1 - (1 - w) ** 2 if lookahead else w
+
+    def coins(ratio, w_event):  # a candidate's acceptance when the event holds / does not (min(1, r) on average)
+        hit = torch.where(w_event > 0, ((ratio - 1 + w_event) / w_event.clamp_min(tiny)).clamp(0, 1), 1.0)
+        miss = torch.where(w_event < 1, (ratio / (1 - w_event).clamp_min(tiny)).clamp(max=1), 1.0)
+        return hit, miss
+
+    def residual(left, law):
+        rest = (left - law).clamp_min(0)
+        return rest / rest.sum(-1, keepdim=True).clamp_min(tiny)
+
+    def normalized(law):
+        return law / law.sum(-1, keepdim=True).clamp_min(tiny)
+
+    hit1, miss1 = coins(torch.where(q > 0, p / q.clamp_min(tiny), 1.0), w_a)
+    keep_a, keep_n = ((q * (1 - c)).sum(-1, keepdim=True) for c in (hit1, miss1))  # P(child 1 rejected | A, not A)
+    beta = torch.minimum(p, q).sum(-1, keepdim=True)
+    p2 = residual(p, q)
+    q2 = normalized(q * torch.where(h1, keep_a, w * keep_a + (1 - w) * keep_n if lookahead else keep_n))
+    h2 = p2 > q2
+    off_h1 = torch.where(h1, keep_a, keep_n)  # child 3's weight given child 1 rejected, child 2 off H_1
+    w2_off = (q * off_h1 * h2).sum(-1, keepdim=True) / (q * off_h1).sum(-1, keepdim=True).clamp_min(tiny)
+    w2 = torch.where(h1, (q * h2).sum(-1, keepdim=True), w2_off) if lookahead else (q * h2).sum(-1, keepdim=True)
+    w2 = w2.expand_as(q)
+    hit2, miss2 = coins(torch.where(q2 > 0, p2 / q2.clamp_min(tiny), 1.0), w2)
+
+    def both_rejected(z_in_h1: bool, z_in_h2: bool):  # sum_y q(y) P(child 1 rej | y, z) P(child 2 rej | y, z)
+        first = torch.where(h1, keep_a, keep_a if (z_in_h1 and lookahead) else keep_n)
+        return (q * first * (1 - (hit2 if z_in_h2 else miss2))).sum(-1, keepdim=True)
+
+    q3 = normalized(q * torch.where(h1, torch.where(h2, both_rejected(True, True), both_rejected(True, False)),
+                                    torch.where(h2, both_rejected(False, True), both_rejected(False, False))))
+    p3 = residual(p2, q2)
+    second = torch.minimum(p2, q2).sum(-1, keepdim=True)
+    third = torch.minimum(p3, q3).sum(-1, keepdim=True)
+    shares = torch.cat([beta, (1 - beta) * second, (1 - beta) * (1 - second) * third], -1)
+    return {"shares": shares, "h1": h1, "w_a": w_a, "p2": p2, "q2": q2, "h2": h2, "w2": w2, "p3": p3, "q3": q3}
 
 
 def ratio_selection(p, q, k: int) -> torch.Tensor:
@@ -257,6 +310,12 @@ def main(argv=None) -> None:
           f"the better of the coupled and the selection rule: {model['coupled_or_selection_per_node']:.3f}; no "
           f"exact verifier of i.i.d. children can keep more than {model['ceiling']['expected_tokens']:.3f} "
           f"({model['ceiling']['expected_tokens'] / chains[5]:.3f}x, tree {model['ceiling']['tree']})")
+    wider = [float(v) for v in lookahead_three(p, q)["shares"].mean(0)]
+    ranks = wider + rows[-1]["coupled_ranks"][3:]
+    wider_tree = float(analysis.best_tree(16, [ranks] * 16).expected_tokens)
+    print(f"\nchild 1's coin looking at children 2 and 3 (lookahead_three): shares "
+          f"{', '.join(f'{v:.4f}' for v in wider)} against coupled's {', '.join(f'{v:.4f}' for v in rows[2]['coupled_ranks'])}; best tree of 16 drafts "
+          f"(ranks 4 .. 8 coupled's) {wider_tree:.4f} against {model['coupled_tree']['expected_tokens']:.4f}")
     tempered = tempered_siblings(p, q, TEMPERATURES)
     print("\nsiblings from the draft at temperature t (the first child from q), coupled rule, positional model, 16 "
           "drafts: " + "; ".join(f"t = {t}: second child {v['ranks'][1]:.4f}, best tree {v['expected_tokens']:.3f}"
@@ -264,7 +323,8 @@ def main(argv=None) -> None:
     args.json.write_text(json.dumps({"machine": platform.platform(), "torch": torch.__version__,
                                      "windows": args.windows, "positions": len(p), "draws": args.draws,
                                      "rows": rows, "second_child": second, "positional": model,
-                                     "tempered_siblings": tempered}, indent=1))
+                                     "tempered_siblings": tempered,
+                                     "lookahead_three": {"shares": wider, "best_tree_16": wider_tree}}, indent=1))
     print(f"wrote {args.json}")
 
 

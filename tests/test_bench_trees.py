@@ -134,6 +134,41 @@ def test_node_bounds_coupled_with_siblings_of_another_law_is_exact():
         assert abs(float(got - want)) < 4.5 * (float(want) * (1 - float(want)) / n) ** 0.5
 
 
+def test_node_bounds_lookahead_three_is_exact():
+    """node_bounds.lookahead_three: without the lookahead it is the coupled rule's closed form; with it, a
+    simulation of the rule from the laws it returns (400,000 draws of three children and every coin, rejections of
+    all three resolved from the last residual) outputs p (chi-square at significance 1e-3) and accepts each child
+    as often as its shares say (within 4.5 standard errors). Fixed seed."""
+    import node_bounds
+    import torch
+    from chisquare import chi_square_pvalue
+
+    generator = torch.Generator().manual_seed(4)
+    p, q = (torch.softmax(2 * torch.randn(1, 6, generator=generator, dtype=torch.float64), -1) for _ in range(2))
+    assert torch.allclose(node_bounds.lookahead_three(p, q, lookahead=False)["shares"], node_bounds.coupled(p, q, 3))
+    law = node_bounds.lookahead_three(p, q)
+    n = 400_000
+    x1, x2, x3 = (torch.multinomial(q[0], n, replacement=True, generator=generator) for _ in range(3))
+    h1, h2, w_a, w2 = law["h1"][0], law["h2"][0], law["w_a"][0, 0], law["w2"][0]
+    p2, q2, p3, q3 = law["p2"][0], law["q2"][0], law["p3"][0], law["q3"][0]
+
+    def coin(ratio, w, hit):
+        return torch.where(hit, ((ratio - 1 + w) / w).clamp(0, 1), (ratio / (1 - w)).clamp(max=1))
+
+    def flip(prob):
+        return torch.rand(n, generator=generator, dtype=torch.float64) < prob
+
+    first = flip(coin(p[0][x1] / q[0][x1], w_a, h1[x2] | h1[x3]))
+    second = ~first & flip(coin(p2[x2] / q2[x2], w2[x2], h2[x3]))
+    third = ~first & ~second & flip((p3[x3] / q3[x3]).clamp(max=1))
+    rest = (p3 - q3).clamp(min=0)
+    drawn = torch.multinomial(rest / rest.sum(), n, replacement=True, generator=generator)
+    out = torch.where(first, x1, torch.where(second, x2, torch.where(third, x3, drawn)))
+    assert chi_square_pvalue(p[0], out.numpy()[:, None]) > 1e-3
+    for got, want in zip((first, second, third), law["shares"][0]):
+        assert abs(float(got.double().mean() - want)) < 4.5 * (float(want) * (1 - float(want)) / n) ** 0.5
+
+
 def test_node_bounds_mixed_tree_is_the_best_per_node_choice():
     """mixed_tree against brute force: every tree of at most 5 drafts (breadth-first parents), every choice of
     rule per internal node (coupled: rank j accepted with ranks[j]; selection with k children: each accepted with

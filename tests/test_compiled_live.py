@@ -6,7 +6,8 @@ marked ``cuda``).
   against transformers' uncached forward of each prefix (float32: within 1e-4 of the logits' scale).
 * Greedy: plain and speculative decoding (γ ∈ {1, 3}), single prompts and a batch of three, give transformers'
   own ``generate(do_sample=False)`` output token for token, for Llama (rotary positions), GPT-2 (learned
-  positions) and Bloom (ALiBi: no position ids, and no stated context, so max_length= is required).
+  positions) and Bloom (ALiBi: no position ids, and no stated context, so max_length= is required); also with
+  a padded vocabulary (vocab_size=).
 * Sampling: the joint law of the first two tokens sampled by speculative decoding of a compiled pair against the
   target's exact law from transformers' logits: Pearson chi-square at SIGNIFICANCE = 1e-3 (1,000 samples, fixed
   seeds), so a correct engine fails it by chance with probability 1e-3 for a fresh draw of seeds.
@@ -102,6 +103,18 @@ def test_batch_rows_equal_transformers(zoo):
     results = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0).generate(
         prompts, max_new_tokens=MAX_NEW)
     assert [result.tokens for result in results] == [hf_greedy(model, prompt) for prompt in prompts]
+
+
+def test_padded_vocabulary(zoo):
+    """vocab_size= pads the logits with -inf as on the eager route: the same greedy tokens, the padded ids never."""
+    model, draft_model, _, _ = zoo["gpt2"]
+    padded = hf_families.VOCAB + 8
+    target = speculant.load(model, compile=True, vocab_size=padded)
+    draft = speculant.load(draft_model, compile=True, vocab_size=padded)
+    assert target.vocab_size == padded
+    result = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0).generate(PROMPT,
+                                                                                          max_new_tokens=MAX_NEW)
+    assert result.tokens == hf_greedy(model, PROMPT)
 
 
 def test_two_token_law_matches_transformers(zoo):
