@@ -5,11 +5,13 @@ in one run.
     python benchmarks/train_pairs.py --threads 2                         # the pairs (cached; ~20 min on 2 cores)
     python benchmarks/backends.py --pair gpt2 --temperature 0            # and 1; --pair t5 likewise
     python benchmarks/backends.py --pair gpt2 --temperature 0 --quick    # smoke run: 2 prompts, 16 tokens, 1 repeat
+    python benchmarks/backends.py --pair gpt2 --temperature 1 --tree 2,1,1 --backends ts live compiled  # trees
 
 Methods (batch 1, CPU, the prompts of train_pairs.heldout_prompts, max_new_tokens per prompt as in assisted.py):
 
 * `<backend>_plain`: `speculant.generate(target)`; `<backend>_speculative`: `SpeculativeDecoder(target, draft,
-  gamma)` with a fixed gamma, for backend in
+  gamma)` with a fixed gamma (with --tree k1,k2,...: that token tree of drafts instead, siblings coupled), for
+  backend in
   - `ts`: the pair's exported TorchScript files (target.pt, draft.pt);
   - `live`: the transformers model objects loaded from the pair's save_pretrained dirs (target/, draft/): the
     C++ loop calls their forward in Python;
@@ -110,7 +112,8 @@ def load_backends(pair: assisted.Pair, backends: Sequence[str], pt2_max_length: 
     return handles
 
 
-def methods_for(pair: assisted.Pair, handles: Dict, temperature: float, gamma: int) -> List[assisted.Method]:
+def methods_for(pair: assisted.Pair, handles: Dict, temperature: float, gamma: int,
+                tree: Optional[List[int]] = None) -> List[assisted.Method]:
     eos = pair.eos
 
     def plain(target):
@@ -118,7 +121,8 @@ def methods_for(pair: assisted.Pair, handles: Dict, temperature: float, gamma: i
                                                           temperature=temperature, eos_token_id=eos, seed=seed)
 
     def speculative(target, draft):
-        decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=temperature)
+        shape = {"gamma": gamma} if tree is None else {"tree": tree}
+        decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, **shape)
         return lambda prompt, n, seed: decoder.generate(**prompt, max_new_tokens=n, eos_token_id=eos, seed=seed)
 
     def hf(assisted_):
@@ -188,19 +192,22 @@ def run(args) -> Path:
     max_new = args.max_new_tokens or (64 if args.pair == "t5" else 96)
     skipped: Dict[str, str] = {}
     handles = load_backends(pair, args.backends, args.pt2_max_length, skipped)
-    methods = methods_for(pair, handles, args.temperature, args.gamma)
+    methods = methods_for(pair, handles, args.temperature, args.gamma, args.tree)
     greedy = args.temperature == 0
     results = measure(pair, methods, prompts, max_new, args.repeats, greedy)
     meta = {"pair": args.pair, "smoke": args.smoke, "temperature": args.temperature, "gamma": args.gamma,
+            "tree": args.tree,
             "prompts": len(prompts), "prompt_tokens": args.prompt_tokens, "max_new_tokens": max_new,
             "repeats": args.repeats, "backends": list(handles), "skipped": skipped,
             "pt2_max_length": handles["pt2"][0].max_length if "pt2" in handles else None, "machine": assisted.machine(),
             "pair_info": assisted._pair_info(pair.directory), **results}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"backends-{args.pair}-T{args.temperature:g}{'-quick' if args.quick else ''}.json"
+    tree = "" if args.tree is None else "-tree" + "".join(map(str, args.tree))
+    path = out / f"backends-{args.pair}-T{args.temperature:g}{tree}{'-quick' if args.quick else ''}.json"
     path.write_text(json.dumps(meta, indent=2, default=str))
-    print(f"{args.pair}, T={args.temperature:g}, gamma={args.gamma}: {len(prompts)} prompts x {max_new} new tokens, "
+    drafts = f"gamma={args.gamma}" if args.tree is None else f"tree={args.tree} (assisted: gamma={args.gamma})"
+    print(f"{args.pair}, T={args.temperature:g}, {drafts}: {len(prompts)} prompts x {max_new} new tokens, "
           f"{args.repeats} repeats, {args.threads} threads{'; skipped: ' + str(skipped) if skipped else ''}\n")
     print(tables(results))
     print(f"\nresults: {path}")
@@ -219,6 +226,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Path:
     parser.add_argument("--pair", choices=["gpt2", "t5"], default="gpt2")
     parser.add_argument("--temperature", type=float, choices=[0.0, 1.0], default=0.0)
     parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--tree", type=lambda s: [int(k) for k in s.split(",")], default=None,
+                        help="k1,k2,...: speculant's speculative methods draft this token tree instead of gamma")
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--pt2-max-length", type=int, default=None,
                         help="static KV cache positions of the .pt2 packages (default: the .pt files' max_length)")

@@ -1,6 +1,7 @@
 """benchmarks/backends.py's main path in --quick mode (2 prompts, 16 new tokens, 1 repeat) on the smoke recipe (tiny
 models trained for 2 steps, as in test_bench_recipe.py), TorchScript and live backends: the results file, the
 printed tables, the ratios, and greedy equality of every speculant method with transformers' greedy generate.
+With --tree, the same on token trees (TorchScript, live and compiled).
 pt2 is left out here: exporting the two smoke models compiles C++ for about a minute on the 2-core VM
 (tests/test_pt2_*.py cover the backend)."""
 
@@ -43,3 +44,16 @@ def test_quick_backends(kind, tmp_path, capsys):
             assert "greedy sanity: every speculant method equals" in printed
         else:
             assert result["greedy_mismatches"] == {}
+
+
+def test_quick_backends_with_a_tree(tmp_path, capsys):
+    """--tree: the speculative methods draft a token tree (here on the TorchScript files, the live objects and the
+    compiled ones), greedy equal to transformers' on every prompt; the file and the table say which tree."""
+    path = backends.main(["--pair", "gpt2", "--temperature", "0", "--smoke", "--quick", "--threads", "1",
+                          "--tree", "2,1", "--backends", "ts", "live", "compiled", "--cache", str(tmp_path),
+                          "--out", str(tmp_path / "out")])
+    assert path == tmp_path / "out" / "backends-gpt2-T0-tree21-quick.json"
+    result = json.loads(path.read_text())
+    assert result["tree"] == [2, 1] and result["backends"] == ["ts", "live", "compiled"]
+    assert result["greedy_mismatches"] == {name: 0 for name in result["tokens_per_second"] if name != "hf_plain"}
+    assert "tree=[2, 1] (assisted: gamma=4)" in capsys.readouterr().out

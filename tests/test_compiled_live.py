@@ -11,14 +11,18 @@ marked ``cuda``).
 * Sampling: the joint law of the first two tokens sampled by speculative decoding of a compiled pair against the
   target's exact law from transformers' logits: Pearson chi-square at SIGNIFICANCE = 1e-3 (1,000 samples, fixed
   seeds), so a correct engine fails it by chance with probability 1e-3 for a fresh draw of seeds.
-* Each loaded model compiles two graphs, whatever the widths (gamma 1 .. 15) and its inputs' origin: dynamo
-  allows 8 per model, and with fullgraph=True one more would be an error, not a slow path.
+* Token trees and beams: masked calls of several tree shapes in a row, each node's logits against an uncached
+  forward of its path, and kept paths (gathered in place, stale slots behind them) against the forward of the
+  kept sequence (1e-4); greedy trees (a row, a batch) and beam search equal to transformers' generate for Llama
+  and GPT-2; the two-token law of tree=[3, 2] at T = 1 by chi-square (SIGNIFICANCE, fixed seeds), siblings
+  drawn without replacement and coupled.
+* Each loaded model compiles two graphs for chains, whatever the widths (gamma 1 .. 15) and its inputs' origin,
+  and at most two more for trees: dynamo allows 8 per model, and with fullgraph=True one more would be an error, not a
+  slow path.
 * Refusals, each with its message: sliding-window and chunked layers, encoder-decoders, a max_length past the
-  model's context or without compile=True, compile= for an exported file or a ScriptModule, trees, a sequence
-  past the static cache.
+  model's context or without compile=True, compile= for an exported file or a ScriptModule, trees for a model
+  without position_ids (Bloom), a sequence past the static cache.
 """
-
-import types
 
 import numpy as np
 import pytest
@@ -131,27 +135,113 @@ def test_two_token_law_matches_transformers(zoo):
     assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
 
 
-def test_a_model_compiles_two_graphs_whatever_its_widths_and_inputs():
-    """Width 1, and one graph with a dynamic width for 2 .. 16: dynamo allows 8 graphs per function, and with
+def test_a_model_compiles_two_graphs_for_chains_and_two_for_trees_whatever_its_widths_and_inputs():
+    """Width 1, and one graph with a dynamic width for 2 .. 32: dynamo allows 8 graphs per function, and with
     fullgraph=True a ninth is an error. Chains of gamma 1 .. 15 (target widths 2 .. 16), batch rows with caches
-    of their own and an eager prefill add no third: the compiled function's cache entries on its code object
-    (dynamo's own list) are counted, for a function compiled here alone (a fresh code object)."""
+    of their own and an eager prefill add no third; trees add at most the masked calls' two (width 1, dynamic),
+    whatever their shapes (widths up to 31). Counted in dynamo's own list of cache entries on the model's function, a
+    code object of its own (so the other tests' models, three families of other shapes with four graphs each,
+    stay under the limit only because each counts alone)."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
+    from speculant import _core
+    from speculant.model import Model
+
     model = hf_families.make("llama", seed=30)
-    impl_forward = compiled_live._forward
-    fresh = types.FunctionType(impl_forward.__code__.replace(), impl_forward.__globals__, impl_forward.__name__,
-                               impl_forward.__defaults__)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(compiled_live, "_forward", fresh)
-        target = speculant.load(model, compile=True)
-        draft = speculant.load(model, compile=True)
-        for gamma in (1, 2, 5, 9, 15):  # a model drafting for itself: every draft kept, widths 1, 2 and gamma + 1
-            result = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0).generate(
-                [PROMPT, PROMPT[:1]], max_new_tokens=12)
-            assert result[0].stats.accepted_tokens == result[0].stats.drafted_tokens
-        speculant.generate(target, list(range(1, 40)), max_new_tokens=4, temperature=0)  # an eager prefill first
-    assert len(_debug_get_cache_entry_list(fresh.__code__)) == 2
+    target, draft = (CompiledLiveModel(model, name=name) for name in ("target", "draft"))
+    handles = [Model(_core.python_model(impl, impl.name), impl.name, module=model) for impl in (target, draft)]
+    for gamma in (1, 2, 5, 9, 15):  # a model drafting for itself: every draft kept, widths 1, 2 and gamma + 1
+        result = speculant.SpeculativeDecoder(*handles, gamma=gamma, temperature=0).generate(
+            [PROMPT, PROMPT[:1]], max_new_tokens=12)
+        assert result[0].stats.accepted_tokens == result[0].stats.drafted_tokens
+    speculant.generate(handles[0], list(range(1, 40)), max_new_tokens=4, temperature=0)  # an eager prefill first
+    assert [len(_debug_get_cache_entry_list(impl._function.__code__)) for impl in (target, draft)] == [2, 2]
+    for shape in ([2, 1], [1, 2], [3, 2, 1], [4, 2, 2, 1]):  # target calls of widths 3 .. 31, draft calls 1 .. 16
+        speculant.SpeculativeDecoder(*handles, tree=shape, temperature=0).generate([PROMPT, PROMPT[:1]],
+                                                                                   max_new_tokens=12)
+    # the target's masked calls hold a root and its drafts (width >= 2); the draft's masked width-1 call is
+    # shape [1, 2]'s second level
+    assert [len(_debug_get_cache_entry_list(impl._function.__code__)) for impl in (target, draft)] == [3, 4]
+
+
+def test_tree_calls_and_kept_paths_equal_uncached_forwards(zoo):
+    """Trees of several shapes in a row on one static cache: every node's logits from one masked call against an
+    uncached forward of its path, then a random path kept (gathered to the front of the buffers, stale slots
+    behind it) and one token appended, against the forward of the kept sequence."""
+    model, _, _, _ = zoo["llama"]
+    wrapper = CompiledLiveModel(model, name="llama")
+    generator = torch.Generator().manual_seed(3)
+    kept = torch.randint(0, hf_families.VOCAB, (5,), generator=generator).tolist()
+    wrapper.reset(torch.tensor(kept))
+    worst = 0.0
+
+    def error(got, tokens):
+        with torch.no_grad():
+            reference = model(torch.tensor([tokens])).logits[0, -1]
+        return ((got - reference).abs().max() / reference.abs().max().clamp(min=1)).item()
+
+    for parents in ([-1, 0, 0, 1, 1, 2], [-1, 0, 1, 1, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [-1, 0], [-1]):
+        nodes = len(parents)  # node 0 is the root, the next token; the others drafts below it
+        tokens = torch.randint(0, hf_families.VOCAB, (nodes,), generator=generator).tolist()
+        paths = []
+        for node, parent in enumerate(parents):
+            paths.append((paths[parent] if parent >= 0 else []) + [node])
+        start = len(kept)
+        mask = torch.zeros(nodes, start + nodes, dtype=torch.bool)
+        mask[:, :start] = True
+        for node, path in enumerate(paths):
+            mask[node, [start + i for i in path]] = True
+        positions = torch.tensor([start + len(path) - 1 for path in paths])
+        logits = wrapper.extend_masked(torch.tensor(tokens), positions, mask)  # [nodes, V]
+        for node, path in enumerate(paths):
+            worst = max(worst, error(logits[node], kept + [tokens[i] for i in path]))
+        path = paths[int(torch.randint(0, nodes, (1,), generator=generator))]
+        wrapper.keep(torch.tensor(list(range(start)) + [start + i for i in path]))
+        kept = kept + [tokens[i] for i in path]
+        appended = int(torch.randint(0, hf_families.VOCAB, (1,), generator=generator))
+        worst = max(worst, error(wrapper.extend(torch.tensor([appended]))[0], kept + [appended]))
+        kept.append(appended)
+    assert worst < 1e-4
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_greedy_trees_and_beams_equal_transformers(zoo, family):
+    """tree= drafts (one row and a batch) give transformers' greedy tokens, beam search its beams; the load-time
+    probe (a tree call and a kept path against uncached forwards) passed. Bloom takes no position_ids, which a
+    tree's nodes need: refused by name, as on the eager route."""
+    from test_beams import OPTIONS, assert_equal_beams, run, transformers_beams
+
+    model, _, target, draft = zoo[family]
+    assert target.tree_obstacle == draft.tree_obstacle == ""
+    expected = hf_greedy(model, PROMPT)
+    for shape in ([2, 2], [3, 1, 1], [4, 2, 1, 1]):
+        result = speculant.SpeculativeDecoder(target, draft, tree=shape, temperature=0).generate(
+            PROMPT, max_new_tokens=MAX_NEW)
+        assert result.tokens == expected, f"tree {shape}"
+        assert result.stats.accepted_tokens > 0
+    prompts = [PROMPT, [7, 2, 30, 11, 4]]
+    batch = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], temperature=0).generate(
+        prompts, max_new_tokens=MAX_NEW)
+    assert [r.tokens for r in batch] == [hf_greedy(model, prompt) for prompt in prompts]
+    length_penalty, early_stopping, eos = OPTIONS[0]
+    beams = transformers_beams(model, PROMPT, 3, length_penalty, early_stopping, eos)
+    assert_equal_beams(run(target, draft, PROMPT, 3, 4, 2, length_penalty, early_stopping, eos), beams, eos,
+                       f"{family} beams")
+    assert "takes no position_ids" in zoo["bloom"][2].tree_obstacle
+
+
+def test_tree_law_matches_transformers(zoo):
+    """The joint law of the first two tokens of tree=[3, 2] decoding at T = 1 (siblings drawn without
+    replacement and coupled) against the target's exact law: chi-square at SIGNIFICANCE, fixed seeds."""
+    model, _, target, _ = zoo["gpt2"]
+    draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE["gpt2"], seed=12), compile=True)
+    law = two_token_law(model, "gpt2", PROMPT, 1.0, 0)
+    for siblings in ("without_replacement", "coupled"):
+        decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], temperature=1.0, siblings=siblings)
+        samples = np.array([r.tokens for b in range(4)
+                            for r in decoder.generate([PROMPT] * 250, max_new_tokens=2, seed=3000 + 250 * b)])
+        pvalue = chi_square_pvalue(law, samples)
+        assert pvalue > SIGNIFICANCE, f"{siblings}: p = {pvalue:.3g}"
 
 
 @pytest.mark.parametrize("family, why", [
@@ -182,20 +272,17 @@ def test_option_errors(zoo, tmp_path):
         speculant.load(path, compile=True)
 
 
-def test_trees_and_long_sequences_are_refused(zoo):
-    _, _, target, draft = zoo["llama"]
-    assert "compile=True) runs chains of drafts only" in target.tree_obstacle
-    with pytest.raises(ValueError, match="chains of drafts only"):
-        speculant.SpeculativeDecoder(target, draft, tree=[2, 1], temperature=0).generate(PROMPT, max_new_tokens=4)
+def test_long_sequences_are_refused(zoo):
+    _, _, target, _ = zoo["llama"]
     with pytest.raises(ValueError, match="max_length = 128"):
         speculant.generate(target, PROMPT, max_new_tokens=140, temperature=0)
 
 
 @pytest.mark.cuda
 def test_cuda_compiled_calls_replay_graphs_and_decode_as_transformers():
-    """On a GPU the compiled calls replay CUDA graphs ("reduce-overhead"); greedy speculative decoding still gives
-    transformers' greedy tokens, and repeated generations give the same ones (the graphs' outputs are copied out
-    before the next replay overwrites them)."""
+    """On a GPU the compiled calls replay CUDA graphs ("reduce-overhead"); greedy speculative decoding, chains and
+    trees, still gives transformers' greedy tokens, and repeated generations give the same ones (the graphs'
+    outputs are copied out before the next replay overwrites them)."""
     model = hf_families.make("llama", seed=10).to("cuda")
     draft_model = hf_families.drafted(hf_families.make("llama", seed=10), noise=4 * hf_families.NOISE["llama"],
                                       seed=11).to("cuda")
@@ -211,3 +298,5 @@ def test_cuda_compiled_calls_replay_graphs_and_decode_as_transformers():
     sampled = [speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=1.0).generate(
         PROMPT, max_new_tokens=MAX_NEW, seed=5).tokens for _ in range(2)]
     assert sampled[0] == sampled[1]
+    trees = speculant.SpeculativeDecoder(target, draft, tree=[3, 2, 1], temperature=0)  # masked calls, keep()
+    assert [trees.generate(PROMPT, max_new_tokens=MAX_NEW).tokens for _ in range(2)] == [expected] * 2

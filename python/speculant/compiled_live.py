@@ -14,29 +14,38 @@ costs more than a small model's arithmetic. Here:
 * Calls of at most COMPILED_WIDTH tokens (every decoding step) run the forward through ``torch.compile`` with
   ``fullgraph=True``: a graph break is an error, never a silent slow path. A model compiles two graphs, one for
   width 1 and one with a dynamic width for 2 .. COMPILED_WIDTH (seconds each, at their first calls), far below
-  dynamo's limit of 8 per model; to keep it at two, every input is made the same way whoever calls (inference
-  tensors of their own). On CUDA the mode is "reduce-overhead": Inductor's fused kernels replayed as CUDA
-  graphs, and each call's logits are copied out of the graphs' memory before a later replay can overwrite them.
+  dynamo's limit of 8 per function (each model compiles a function of its own, so other models in the process
+  do not count); to keep it at two, every input is made the same way whoever calls (inference tensors of their
+  own). On CUDA the mode is "reduce-overhead": Inductor's fused kernels replayed as CUDA graphs, and each call's
+  logits are copied out of the graphs' memory before a later replay can overwrite them.
   Longer calls (prefills) run the same forward eagerly into the same cache.
-* The attention mask is all ones over the whole static cache, one tensor for every call (its shape never
-  changes, so it never recompiles): the causal part does the masking, as above.
+* The attention mask of a chain's call is all ones over the whole static cache, one tensor for every call (its
+  shape never changes, so it never recompiles): the causal part does the masking, as above.
+* Token trees and beams (extend_masked, keep): a tree call writes its nodes' entries at the next slots, each
+  query at its node's depth (position_ids), and its 4-D mask [1, 1, k, max_length] shows a node the kept
+  entries, its ancestors and itself, nothing past them (transformers takes a 4-D mask as it is, in place of
+  the causal one: the stale slots past the write position are hidden by the mask here). keep() gathers the
+  kept entries to the front of every layer's buffers in place (the buffers keep their addresses, which CUDA
+  graphs replay) and sets the write position after them. Masked calls compile as two more graphs (width 1,
+  dynamic width), so a model compiles at most four; the tree probe (live.py, on first use) checks a tree call
+  and a kept path against uncached forwards through these calls.
 
 Refused at load, by name: encoder-decoders (the encoder's cross-attention cache has no compiled route here),
 sliding-window or chunked layers (their static layers keep a rolling buffer, which a rollback cannot restore),
-and everything live.py refuses. Token trees and beams need the eager route (tree_obstacle says so). Whatever
-a call returns is checked at load as live.py's probe checks it: a crop and new tokens against an uncached forward,
-here through the compiled calls.
+and everything live.py refuses. Whatever a call returns is checked at load as live.py's probe checks it: a crop
+and new tokens against an uncached forward, here through the compiled calls.
 """
 from __future__ import annotations
 
 import json
+import types
 from typing import Optional
 
 import torch
 
 from . import layer_masks, live
 
-COMPILED_WIDTH = 16  # calls of up to this many tokens are compiled: every decoding step of chains up to gamma 15
+COMPILED_WIDTH = 32  # calls of up to this many tokens are compiled: chains up to gamma 31, trees up to 31 drafts
 DEFAULT_LENGTH = 4096  # the static cache's positions when the model's context is longer (memory: one per row)
 
 
@@ -67,6 +76,7 @@ class CompiledLiveModel(live.LiveModel):
 
     form = "compiled"
     cache_kind = "a StaticCache whose write position it sets back to roll back, its decoding calls compiled"
+    tree_layer = "StaticLayer"
 
     def __init__(self, model, *, vocab_size: Optional[int] = None, name: str = "",
                  max_length: Optional[int] = None):
@@ -94,7 +104,11 @@ class CompiledLiveModel(live.LiveModel):
         self._static_length = max_length
         self._static = None  # the StaticCache, made by the first reset
         self._graphs = model.device.type == "cuda"
-        self._compiled = torch.compile(_forward, fullgraph=True, **_how(model.device))
+        # a code object of its own: dynamo keeps a function's graphs on its code object and allows 8 there, so
+        # models of other shapes in the same process (each compiles its own) would otherwise count against it
+        self._function = types.FunctionType(_forward.__code__.replace(), _forward.__globals__, _forward.__name__,
+                                            _forward.__defaults__)
+        self._compiled = torch.compile(self._function, fullgraph=True, **_how(model.device))
         with torch.inference_mode():  # as every input of a compiled call (_run)
             self._full_mask = torch.ones(1, max_length, dtype=torch.long, device=model.device)
         super().__init__(model, vocab_size=vocab_size, name=name)  # probes the compiled calls
@@ -116,17 +130,20 @@ class CompiledLiveModel(live.LiveModel):
                     layer.cumulative_length.fill_(length)
         self._length = length
 
-    def tree_obstacle(self) -> str:
-        return ("the compiled route (compile=True) runs chains of drafts only: its static cache cannot keep an "
-                "arbitrary path of a tree's entries; load the model without compile= for trees and beams")
-
-    beam_obstacle = tree_obstacle
-
-    def extend_masked(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        raise ValueError(self.tree_obstacle())
-
     def keep(self, entries: torch.Tensor) -> None:
-        raise ValueError(self.tree_obstacle())
+        """Keeps the cache entries at `entries` (int64 [M], ascending) as entries 0 .. M - 1: gathered to the front
+        of each layer's buffers in place; the slots past M are stale, hidden as a rollback's are."""
+        count = entries.numel()
+        with torch.inference_mode():
+            # ascending distinct entries have entries[i] >= i, and once one is past its index all after it are:
+            # the matches are the prefix that stays where it is (the committed tokens), so only the rest moves
+            settled = int((entries == self._positions[:count]).sum())
+            moved = entries[settled:]
+            for layer in self._cache.layers:
+                for buffer in (layer.keys, layer.values):  # [1, heads, max_length, head_dim]
+                    buffer[:, :, settled:count].copy_(buffer.index_select(-2, moved))
+                layer.cumulative_length.fill_(count)
+        self._length = count
 
     def _new_cache(self):
         """The static cache, emptied: every layer's write position back to 0 (its old entries unseen)."""
@@ -146,8 +163,6 @@ class CompiledLiveModel(live.LiveModel):
 
     def _run(self, tokens: torch.Tensor, logits: bool, positions: Optional[torch.Tensor] = None,
              mask: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-        if positions is not None or mask is not None:
-            raise ValueError(self.tree_obstacle())
         k, start = tokens.numel(), self._length
         if start + k > self._static_length:
             raise ValueError(f"model {self.name}: {start + k} positions exceed its static cache's max_length = "
@@ -161,17 +176,31 @@ class CompiledLiveModel(live.LiveModel):
             # their own (no storage offset into another), made in inference mode, or dynamo would guard on the
             # difference and compile the same width again
             ids = tokens.reshape(1, k).clone()
-            at = self._positions[start:start + k].reshape(1, k).clone() if "position_ids" in self._params else None
+            if positions is None:
+                positions = self._positions[start:start + k]
+            at = positions.reshape(1, k).clone() if "position_ids" in self._params else None
+            attention = self._full_mask if mask is None else self._tree_mask(mask, positions)
             if k > COMPILED_WIDTH:  # a prefill: eagerly, into the same cache
                 keep = 0 if logits or "logits_to_keep" not in self._params else 1
-                out = _forward(self.model, self._cache, ids, at, self._full_mask, keep)
+                out = _forward(self.model, self._cache, ids, at, attention, keep)
             else:
                 if k > 1:  # one graph for widths 2 .. COMPILED_WIDTH, one for width 1 (the decoding step)
-                    for tensor in (ids, at) if at is not None else (ids,):
-                        torch._dynamo.mark_dynamic(tensor, 1, min=2, max=COMPILED_WIDTH)
+                    # "maybe": without a stated range dynamo cannot refuse a guard that narrows it, as a graph
+                    # from Inductor's on-disk cache compiled with other bounds (another version's) would give
+                    for tensor, dim in ((ids, 1), (at, 1), (None if mask is None else attention, 2)):
+                        if tensor is not None:
+                            torch._dynamo.maybe_mark_dynamic(tensor, dim)
                 if self._graphs:
                     torch.compiler.cudagraph_mark_step_begin()
-                out = self._compiled(self.model, self._cache, ids, at, self._full_mask)
+                out = self._compiled(self.model, self._cache, ids, at, attention)
                 if self._graphs:
                     out = out.clone()  # the graphs' output memory is reused by the next replay
         return self._finish(out if logits else None, start + k)
+
+    def _tree_mask(self, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """A tree call's mask over the static cache: bool [k, S] (S = the kept entries + k) -> the model's
+        [1, 1, k, max_length], the slots past S masked (layer_masks: additive for eager attention)."""
+        k, size = mask.shape
+        full = torch.zeros(k, self._static_length, dtype=torch.bool, device=mask.device)
+        full[:, :size] = mask
+        return layer_masks.attention_mask(full, None, positions, self._layers, self._attention, self.model.dtype)

@@ -152,6 +152,7 @@ class LiveModel:
 
     form = "live"  # what speculant.Model.form reports (compiled_live.py: "compiled")
     cache_kind = "a DynamicCache it crops to roll back"  # for messages
+    tree_layer = "DynamicLayer"  # the cache layers whose entries keep() can select (transformers' class name)
 
     def __init__(self, model, *, vocab_size: Optional[int] = None, name: str = ""):
         transformers = _transformers()
@@ -280,15 +281,14 @@ class LiveModel:
         why = layer_masks.obstacle(self._layers)
         if why:
             return why
-        from transformers.cache_utils import DynamicLayer
         if self.encoder_decoder:
             self.encode(torch.tensor([1 % self._ids], device=self.model.device))
         self.reset(torch.tensor([1 % self._ids], device=self.model.device))
         cache = self._cache.self_attention_cache if self.encoder_decoder else self._cache
         kinds = {type(layer).__name__ for layer in getattr(cache, "layers", [])}
-        if kinds != {DynamicLayer.__name__}:
-            return (f"its cache layers ({', '.join(sorted(kinds)) or 'none'}) are not plain DynamicLayers (sliding "
-                    "windows and other kinds cannot keep an arbitrary path of entries)")
+        if kinds != {self.tree_layer}:
+            return (f"its cache layers ({', '.join(sorted(kinds)) or 'none'}) are not plain {self.tree_layer}s "
+                    "(sliding windows and other kinds cannot keep an arbitrary path of entries)")
         device = self.model.device
         try:
             worst, dtype = self._tree_call_error()

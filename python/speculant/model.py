@@ -247,9 +247,10 @@ def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dt
 
     ``compile=True`` (live decoder-only models and save_pretrained directories only): the fast route for a model
     object, transformers' static cache of ``max_length`` positions (default: the model's context, at most 4096)
-    with the decoding calls compiled by ``torch.compile`` (CUDA graphs on a GPU): two graphs per model (width 1,
-    and widths 2 .. 16), each compiled at its first call (seconds). Exact as the eager route is; chains only (no
-    trees or beams), no sliding-window layers (compiled_live.py says why).
+    with the decoding calls compiled by ``torch.compile`` (CUDA graphs on a GPU): two graphs per model for chains
+    (width 1, and widths 2 .. 32) and up to two for token trees and beams, each compiled at its first call
+    (seconds). Exact as the eager route is; no encoder-decoders or sliding-window layers (compiled_live.py says
+    why).
 
     Raises FileNotFoundError for a missing path, ValueError saying what is wrong (and what to do) for
     anything that does not follow the contract: a safetensors file or a torch.save state dict (export the
