@@ -20,7 +20,8 @@ next-token laws at T = 1. For k = 1 .. 8 children at such a node:
   positions;
 * analysis.multi_draft_bound(p, q, k): the largest acceptance of any exact verifier of k i.i.d. children (the
   optimal coupling, in closed form), mean over positions, and analysis.second_child_bound(p, q): the most a
-  second child can be accepted while the first keeps beta;
+  second child can be accepted while the first keeps beta (attained by some verifier), and the best tree of 16
+  drafts under the positional model if the second child had that share;
 * what the node laws give under the positional model for 16 drafts (positional()): chains, the best tree
   (Sequoia's, analysis.best_tree) under rejection sampling and under the coupled rule, the selection rule's
   best regular shape, and the best tree whose every node takes the better of the coupled and the selection
@@ -294,9 +295,14 @@ def main(argv=None) -> None:
               f"{row['bound']:.4f} |", flush=True)
     second = {"with_replacement": rows[1]["with_ranks"][1], "coupled": rows[1]["coupled_ranks"][1],
               "bound": float(analysis.second_child_bound(p, q).mean())}
+    ranks = list(rows[-1]["coupled_ranks"])
+    ranks[1] = second["bound"]  # the second child at its optimum, the others at the coupled rule's shares
+    second["best_tree_16"] = float(analysis.best_tree(16, [ranks] * 16).expected_tokens)
     print(f"\nthe second of two children: accepted {second['with_replacement']:.4f} under rejection sampling with "
           f"replacement, {second['coupled']:.4f} coupled; the most any exact verifier gives it while the first keeps "
-          f"beta (analysis.second_child_bound): {second['bound']:.4f}")
+          f"beta (analysis.second_child_bound): {second['bound']:.4f}; at that share (the other ranks coupled's) "
+          f"the best tree of 16 drafts keeps {second['best_tree_16']:.3f} tokens per target call under the "
+          "positional model")
     model = positional(rows)
     chains, sequoia, selection = model["chains"], model["rejection_sampling_tree"], model["selection_shape"]
     best_coupled = model["coupled_tree"]

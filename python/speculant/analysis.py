@@ -109,18 +109,39 @@ def multi_draft_bound(p: torch.Tensor, q: torch.Tensor, k: int) -> torch.Tensor:
 
 def second_child_bound(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The most that any exact verification of two drafts Y1, Y2 drawn i.i.d. from q can accept the second with
-    (P(output = Y2 != Y1)) while the first keeps Algorithm 1's chance beta = sum min(p, q), the most it can have:
-    sum_b min(max(0, p(b) - q(b)), q(b) q({p < q})). Over the last dimension, any leading shape.
+    (P(output = Y2 != Y1)) while the first keeps Algorithm 1's chance beta = sum min(p, q), the most it can have;
+    attained (the linear program's optimum, tests/test_tree.py). Over the last dimension, any leading shape.
 
     Why: P(output = Y1) = beta forces P(output = Y1 | Y1 = a) = min(1, p(a) / q(a)) for every a, so whenever Y1
-    is a token of p(a) >= q(a) the output is Y1, whatever Y2 is. Hence P(output = Y2 = b != Y1) is at most
-    q(b) q({p < q}), and at most what b's mass p(b) has left after min(p, q)(b) went to Y1. A tree wants its first
-    child to keep beta (that child gets the deepest subtree), so this is the ceiling on what a second sibling can
-    add there; siblings="coupled" (cpp/tree.h) is a rule under it, rejection sampling with independent coins
-    another (tests/test_tree.py compares the bound with the linear program it relaxes)."""
+    is a token of p(a) >= q(a) the output is Y1, whatever Y2 is. The rejections are the rest: a token a of
+    p(a) < q(a) drawn first is rejected with total probability s(a) = q(a) - p(a), spread over the second draws
+    as the verifier likes, at most q(a) q(b) where Y2 = b; and the output can be Y2 = b only for b of
+    p(b) > q(b), at most d(b) = p(b) - q(b) in all (the rest of b's mass went to Y1 = b). So the answer is the
+    largest flow from the a's (supplies s) to the b's (demands d) through cells of capacity q(a) q(b), and the
+    rejections it leaves unused fall on useless Y2 (each a has q(a) >= s(a) of cells in all). By max-flow
+    min-cut it is the least over sets C of b's of sum_a q(a) min(1 - p(a) / q(a), q(C)) + sum_(b not in C) d(b)
+    (a cut with C on the sink's side keeps a on the source's side, A, when s(a) exceeds q(a) q(C), and for a
+    given A puts b in C when d(b) >= q(b) q(A)), so the best C is a set {b : p(b) / q(b) >= t}: one sort, then
+    every such set at once.
+
+    A tree wants its first child to keep beta (that child gets the deepest subtree), so this is the ceiling on
+    what a second sibling can add there; siblings="coupled" (cpp/tree.h) is a rule under it (its coins depend
+    on Y2 only through whether Y2 is a b), rejection sampling with independent coins another."""
     p, q = torch.broadcast_tensors(torch.as_tensor(p, dtype=torch.float64), torch.as_tensor(q, dtype=torch.float64))
-    below = (q * (p < q)).sum(-1, keepdim=True)
-    return torch.minimum((p - q).clamp_min(0.0), q * below).sum(-1)
+    ratio = torch.where(q > 0, p / q.clamp_min(1e-300), torch.where(p > 0, math.inf, 1.0))
+    supply, order = torch.where(p < q, 1.0 - ratio, 0.0).sort(-1)  # s(a) / q(a), ascending
+    q_supply = q.gather(-1, order) * (supply > 0)
+    zero = torch.zeros_like(q[..., :1])
+    mass_q = torch.cat([zero, q_supply.cumsum(-1)], -1)  # over the first i budgets
+    mass_s = torch.cat([zero, (q_supply * supply).cumsum(-1)], -1)
+    by_ratio = torch.where(p > q, ratio, -1.0).argsort(-1, descending=True)  # the b's, largest p / q first
+    q_need = (q * (p > q)).gather(-1, by_ratio)
+    need = (p - q).clamp_min(0.0).gather(-1, by_ratio)
+    covered = torch.cat([zero, q_need.cumsum(-1)], -1)  # q(C) for C = each prefix, the empty one first
+    outside = need.sum(-1, keepdim=True) - torch.cat([zero, need.cumsum(-1)], -1)  # sum of d outside C
+    below = torch.searchsorted(supply.contiguous(), covered.contiguous(), right=True)  # budgets <= q(C)
+    spent = mass_s.gather(-1, below) + covered * (mass_q[..., -1:] - mass_q.gather(-1, below))
+    return (spent + outside).amin(-1)
 
 
 # --------------------------------------------------------------------------------------------------
