@@ -31,7 +31,6 @@ import torch
 import hf_families
 import speculant
 from chisquare import chi_square_pvalue
-from speculant import compiled_live
 from speculant.compiled_live import CompiledLiveModel
 from test_live import two_token_law
 
