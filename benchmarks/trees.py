@@ -13,9 +13,10 @@ prompts, batch 1, each temperature:
 2. A probe run with the tree PROBE = [4, 2, 2, 1, 1, 1] estimates the acceptance table by depth and rank
    (analysis.acceptance_from_counts of stats.tree_visits / tree_accepted), one probe per way of drawing siblings
    in --siblings but "top" (the first one's also predicts the chains).
-3. For every chain gamma = 1 .. 5 (Algorithm 1's loop) and every shape in SHAPES: tokens per target call
-   measured and predicted
-   (analysis.tree_expected_tokens at the probe's table; and, as speculant.sweep predicts, from the setting's own
+3. For every chain gamma in --gammas (default 1 .. 5; Algorithm 1's loop) and every shape in SHAPES: tokens
+   per target call measured and predicted
+   (analysis.tree_expected_tokens at the probe's table, its deepest row repeated below a setting deeper than the
+   probe; and, as speculant.sweep predicts, from the setting's own
    measured acceptance: Equation (1) for chains, the tree theory at its own table for trees, timing.summarize),
    and the speedup over plain decoding of the same target
    measured (speculant.timing: warm-up, then --repeats rounds interleaved ABBA; median with min-max) and
@@ -148,6 +149,12 @@ def probe_table(target_path, draft_path, prompts, temperature, siblings, tokens)
     return analysis.acceptance_from_counts(accepted, visits)
 
 
+def below(table, tree):
+    """The probe's table with a row for every depth of `tree` (a shape or parents): a tree deeper than the probe
+    (a long chain) is predicted with the probe's deepest row repeated below it, the positional model."""
+    return table + [table[-1]] * max(0, len(tree) - len(table))
+
+
 def decoder_for(row, target_path, draft_path, temperature):
     """A fresh decoder of a row of the table: a chain, a shape or parents, or a grown tree."""
     shape = row["shape"]
@@ -181,7 +188,8 @@ def main(argv=None) -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--pair", choices=["demo", "gpt2"], default="demo")
-    parser.add_argument("--shapes", type=lambda s: [int(k) for k in s.split(",")], nargs="+", default=SHAPES,
+    parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4, 5], help="the chains' lengths")
+    parser.add_argument("--shapes", type=lambda s: [int(k) for k in s.split(",")], nargs="*", default=SHAPES,
                         help="tree shapes besides the chains, each as k1,k2,... (default: SHAPES)")
     parser.add_argument("--siblings", nargs="+", choices=speculant.decoder.SIBLINGS, default=["coupled"],
                         help="how the trees' children are drawn at temperature > 0, each a set of rows (the chains "
@@ -228,14 +236,14 @@ def main(argv=None) -> None:
         print("\n| draft | drafts | tokens / target call ± s.e. (probe's prediction) | own prediction | "
               "speedup [min-max] | predicted speedup |")
         print("|---|---|---|---|---|---|")
-        settings = [(f"chain gamma = {g}", [1] * g, sampled[0]) for g in range(1, 6)]
+        settings = [(f"chain gamma = {g}", [1] * g, sampled[0]) for g in args.gammas]
         for sib in modes:
             settings += [(f"{s}{label(sib)}", s, sib) for s in args.shapes]
         # Sequoia's trees: the best of each budget at each rule's probe table (analysis.best_tree), run as given
         settings += [(f"best of {b} (Sequoia){label(sib)}", analysis.best_tree(b, rule_table).tree, sib)
                      for sib, rule_table in tables.items() if sib in modes for b in args.budgets]
-        predicted = {name: analysis.tree_speedup(shape, tables[sib], c, verify) for name, shape, sib in settings
-                     if sib in tables}
+        predicted = {name: analysis.tree_speedup(shape, below(tables[sib], shape), c, verify)
+                     for name, shape, sib in settings if sib in tables}
         pick = max(predicted, key=predicted.get)
         settings += [(f"grown {g.budget}, depth {g.depth}, {g.children} x {g.width}{label(modes[0])}", g, modes[0])
                      for g in GROWN]
@@ -269,7 +277,8 @@ def main(argv=None) -> None:
                 expected, predicted[name] = timing.tree_prediction(rounds[0].speculative, shape, c, verify)
                 drafts, probe = analysis.tree_size(shape), "-"
             else:
-                expected, drafts = analysis.tree_expected_tokens(shape, tables[sib]), analysis.tree_size(shape)
+                expected = analysis.tree_expected_tokens(shape, below(tables[sib], shape))
+                drafts = analysis.tree_size(shape)
                 probe = f"{expected:.2f}"
             rows.append({"draft": name, "shape": shape, "siblings": None if chain else sib, "drafts": drafts,
                          "tokens_per_target_call": per_call, "tokens_per_target_call_se": per_call_se,
