@@ -205,9 +205,9 @@ def test_tree_calls_and_kept_paths_equal_uncached_forwards(zoo):
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_greedy_trees_and_beams_equal_transformers(zoo, family):
-    """tree= drafts (one row and a batch) give transformers' greedy tokens, beam search its beams; the load-time
-    probe (a tree call and a kept path against uncached forwards) passed. Bloom takes no position_ids, which a
-    tree's nodes need: refused by name, as on the eager route."""
+    """tree= drafts (one row and a batch) give transformers' greedy tokens, beam search its beams; the tree
+    probe (a tree call and a kept path against uncached forwards, on first use) passed. Bloom takes no
+    position_ids, which a tree's nodes need: refused by name, as on the eager route."""
     from test_beams import OPTIONS, assert_equal_beams, run, transformers_beams
 
     model, _, target, draft = zoo[family]
