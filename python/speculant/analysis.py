@@ -119,7 +119,8 @@ def second_child_bound(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     p(b) > q(b), at most d(b) = p(b) - q(b) in all (the rest of b's mass went to Y1 = b). So the answer is the
     largest flow from the a's (supplies s) to the b's (demands d) through cells of capacity q(a) q(b), and the
     rejections it leaves unused fall on useless Y2 (each a has q(a) >= s(a) of cells in all). By max-flow
-    min-cut it is the least over sets C of b's of sum_a q(a) min(1 - p(a) / q(a), q(C)) + sum_(b not in C) d(b)
+    min-cut it is the least over sets C of b's of
+        sum_(a: p(a) < q(a)) q(a) min(1 - p(a) / q(a), q(C)) + sum_(b not in C) d(b)
     (a cut with C on the sink's side keeps a on the source's side, A, when s(a) exceeds q(a) q(C), and for a
     given A puts b in C when d(b) >= q(b) q(A)), so the best C is a set {b : p(b) / q(b) >= t}: one sort, then
     every such set at once.
