@@ -38,19 +38,23 @@ case "${1:-}" in
       || { tail -40 /tmp/build.log; exit 1; }
     cp /tmp/wheel/speculant-*.whl "$out/"
     echo "[$SECONDS s] built"
+    # the second lease's image crashed in torch's own loader of any CPU .pt2 package (pt2_load_check.py): there
+    # the .pt2 tests stay out of the test processes, or each crash takes a worker and its tests with it
+    if python3 benchmarks/pt2_load_check.py >/tmp/pt2-check.log 2>&1; then skip="pt2 and t5"; else skip="pt2"; fi
+    echo "[$SECONDS s] $(grep -m1 "^torch" /tmp/pt2-check.log); tests without: $skip"
     timeout "$(left 150)" python3 benchmarks/train_pairs.py --preset lease --device cuda --stage gpt2 \
       >/tmp/train.log 2>&1 &
     train=$!
-    (timeout 220 python3 -m pytest -p no:benchmark -m cuda tests -q -rfEs --basetemp /tmp/pt-cuda \
+    (timeout 220 python3 -m pytest -p no:benchmark -m cuda -k "not ($skip)" tests -q -rfEs --basetemp /tmp/pt-cuda \
        >"$out/cuda-tests.log" 2>&1
      echo "[$SECONDS s] cuda tests: $(tail -1 "$out/cuda-tests.log")") &
     cuda=$!
-    # CPU .pt2 packages of T5 crashed the process at load on the first lease's machine: one process of their own
-    (timeout 200 python3 -X faulthandler -m pytest -p no:benchmark -k "pt2 and t5" -m "not cuda" tests -q -rfE \
+    # .pt2 tests that may crash at load (T5 on the first lease's machine; all on the second's): a process of their own
+    (timeout 200 python3 -X faulthandler -m pytest -p no:benchmark -k "$skip" -m "not cuda" tests -q -rfE \
        --basetemp /tmp/pt-t5 >/tmp/t5-pt2.log 2>&1
-     echo "[$SECONDS s] T5 .pt2 tests, rc $?: $(grep -E "passed|failed|Segmentation" /tmp/t5-pt2.log | tail -1)") &
+     echo "[$SECONDS s] tests of \"$skip\", rc $?: $(grep -E "passed|failed|Segmentation" /tmp/t5-pt2.log | tail -1)") &
     t5=$!
-    timeout 250 python3 -m pytest -p no:benchmark -n 10 -m "not cuda" -k "not (pt2 and t5)" tests -q -rfE \
+    timeout 250 python3 -m pytest -p no:benchmark -n 10 -m "not cuda" -k "not ($skip)" tests -q -rfE \
       --basetemp /tmp/pt-all >"$out/all-tests.log" 2>&1 || echo "suite rc $?"
     echo "[$SECONDS s] suite: $(tail -1 "$out/all-tests.log")"
     wait $t5 || true

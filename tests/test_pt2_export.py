@@ -225,3 +225,17 @@ def test_t5_metadata(t5):
         assert json.loads(metadata[pt2.METADATA_KEY])["architecture"] == "T5ForConditionalGeneration"
         assert (metadata["vocab_size"], metadata["max_length"], metadata["max_source_length"]) == (
             "64", str(PT2_MAX_LENGTH), str(PT2_MAX_SOURCE_LENGTH))
+
+
+def test_the_load_check_that_gpu_sh_gates_pt2_tests_on_passes_where_torch_loads_packages():
+    """benchmarks/pt2_load_check.py (torch alone: a CPU nn.Linear package loaded in a process of its own) says
+    yes where torch loads packages, as here, so benchmarks/gpu.sh keeps the .pt2 tests in the suite on a sane
+    image and leaves them out only where torch's own loader crashes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "benchmarks" / "pt2_load_check.py"
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "a CPU AOTInductor package loads and runs" in result.stdout
