@@ -3,6 +3,13 @@ bookkeeping, cache rollback): speculant's C++ engine against a straightforward p
 the same algorithm on the same TorchScript models, measured side by side in one run.
 
     python benchmarks/overhead.py [--gamma 4] [--generations 6] [--tokens 128]
+    python benchmarks/overhead.py --trees 2,1,1 3,2,1 [--siblings coupled]   # chains and trees, both paths
+
+With --trees: the engine's overhead per iteration for the chain of --gamma and each tree, on the CPU's host
+kernels and on the tensor path that accelerators run (speculant.testing.tensor_path: the same code as on a GPU,
+less the CUDA graphs; on a CPU each tensor operation costs microseconds of dispatch, as each costs a kernel launch
+on a GPU, so this path's overhead on the CPU shows what a GPU's host pays per iteration for it). Medians over the
+generations with min-max, the configurations interleaved.
 
 Goal (issue 2): the engine's overhead is under 20% of the pure-PyTorch one's, and under 5% of an iteration for
 a target of at least 10M parameters. Weights are random (seeded): overhead depends on shapes and on how many
@@ -12,13 +19,16 @@ drafts are accepted, not on what the models learned; alpha is printed so the acc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
+import statistics
 import time
 import warnings
 
 import torch
 
 import speculant
+from speculant.testing import tensor_path
 from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 
 warnings.filterwarnings("ignore", message=r".*TorchScript.*")
@@ -80,6 +90,33 @@ class PurePyTorch:
         return tokens, iterations
 
 
+def tree_overhead(target, draft, args) -> None:
+    """The engine's overhead per iteration for the chain and each tree, on host kernels and on the tensor path."""
+    drafts = [(f"chain gamma = {args.gamma}", dict(gamma=args.gamma))]
+    drafts += [(f"tree {shape} {args.siblings}", dict(tree=[int(k) for k in shape.split(",")], siblings=args.siblings))
+               for shape in args.trees]
+    decoders = {name: speculant.SpeculativeDecoder(target, draft, temperature=args.temperature, **options)
+                for name, options in drafts}
+    prompt = list(range(1, 17))
+    runs = {}
+    for path in ("host kernels", "tensor path"):
+        with tensor_path() if path == "tensor path" else contextlib.nullcontext():
+            for decoder in decoders.values():  # warm-up
+                decoder.generate(prompt, max_new_tokens=32, seed=0)
+            for g in range(args.generations):
+                for name, decoder in decoders.items():
+                    stats = decoder.generate(prompt, max_new_tokens=args.tokens, seed=g).stats
+                    runs.setdefault((name, path), []).append(
+                        (stats.other_seconds / stats.iterations * 1e6, stats.total_seconds / stats.iterations * 1e3,
+                         stats.new_tokens / stats.iterations))
+    print(f"| draft | path | engine overhead / iteration (µs) [min-max] | iteration (ms) | tokens / iteration |")
+    print("|---|---|---|---|---|")
+    for (name, path), values in runs.items():
+        other, total, tokens = (sorted(column) for column in zip(*values))
+        print(f"| {name} | {path} | {statistics.median(other):.0f} [{other[0]:.0f}-{other[-1]:.0f}] | "
+              f"{statistics.median(total):.2f} | {statistics.median(tokens):.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gamma", type=int, default=4)
@@ -88,6 +125,9 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--trees", nargs="*", default=None, metavar="K1,K2,..",
+                        help="measure the chain and these trees on both paths instead of the pure-PyTorch comparison")
+    parser.add_argument("--siblings", default="coupled")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -98,6 +138,12 @@ def main() -> None:
     params = sum(p.numel() for p in target.parameters())
     draft_params = sum(p.numel() for p in draft.parameters())
     target_script, draft_script = script_cached(target), script_cached(draft)
+    if args.trees is not None:
+        print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+              f"torch {torch.__version__}, CPU; target {params / 1e6:.1f}M params, draft {draft_params / 1e6:.2f}M, "
+              f"vocab {args.vocab}, temperature {args.temperature}, {args.generations} x {args.tokens} tokens")
+        tree_overhead(speculant.load(target_script), speculant.load(draft_script), args)
+        return
     engine = speculant.SpeculativeDecoder(speculant.load(target_script), speculant.load(draft_script),
                                           gamma=args.gamma, temperature=args.temperature)
     pure = PurePyTorch(target_script, draft_script, args.gamma, args.temperature)

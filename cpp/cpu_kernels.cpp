@@ -3,6 +3,7 @@
 #include <ATen/Dispatch.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -11,6 +12,8 @@
 
 namespace speculant::cpu {
 namespace {
+
+std::atomic<bool> host_kernels_on{true};
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -210,6 +213,10 @@ Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* dra
 }
 
 }  // namespace
+
+bool host_kernels(const at::Tensor& t) { return t.is_cpu() && host_kernels_on.load(std::memory_order_relaxed); }
+
+bool set_host_kernels(bool on) { return host_kernels_on.exchange(on); }
 
 at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, std::vector<uint8_t>* finite) {
   const at::Tensor x = logits.contiguous();

@@ -21,6 +21,12 @@
 
 namespace speculant::cpu {
 
+// Whether CPU tensors run these host kernels (the default) or the tensor path that accelerators run. Tests and
+// benchmarks turn them off process-wide (speculant.testing.tensor_path) to run the accelerators' sampling and
+// verification code, all of it but the CUDA graphs, on a CPU.
+bool host_kernels(const at::Tensor& t);
+bool set_host_kernels(bool on);  // returns the previous setting
+
 // A source of independent uniforms in [0, 1): the decoder's generator, or given values in tests.
 using Uniform = std::function<double()>;
 

@@ -38,7 +38,7 @@ at::ScalarType working_type(const at::Tensor& t) {
 
 at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima) {
   check_matrix(logits, "logits");
-  if (!logits.is_cpu()) return standardize_generic(logits, config, maxima);
+  if (!cpu::host_kernels(logits)) return standardize_generic(logits, config, maxima);
   if (maxima) *maxima = row_maxima(logits);
   return cpu::standardize(logits, config, nullptr);
 }
@@ -99,7 +99,7 @@ at::Tensor sample_inverse_cdf(const at::Tensor& probs, const at::Tensor& uniform
 
 at::Tensor sample(const at::Tensor& probs, at::Generator& generator) {
   check_matrix(probs, "probs");
-  return probs.is_cpu() ? cpu::sample(probs, generator) : sample_generic(probs, generator);
+  return cpu::host_kernels(probs) ? cpu::sample(probs, generator) : sample_generic(probs, generator);
 }
 
 at::Generator make_generator(const at::Device& device, uint64_t seed) {

@@ -32,7 +32,7 @@ DraftDraw draft_step_generic(const at::Tensor& logits, const SamplingConfig& con
 }
 
 DraftDraw draft_step(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator) {
-  if (!logits.is_cpu()) return draft_step_generic(logits, config, generator);
+  if (!cpu::host_kernels(logits)) return draft_step_generic(logits, config, generator);
   DraftDraw out;
   std::vector<uint8_t> finite;
   out.q = cpu::standardize(logits, config, &finite);  // [1, V]
@@ -115,7 +115,7 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
 
 std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
                                  const std::vector<at::Generator*>& generators) {
-  if (rows.empty() || !rows.front().target_logits.is_cpu()) return verify_rows_generic(rows, config, generators);
+  if (rows.empty() || !cpu::host_kernels(rows.front().target_logits)) return verify_rows_generic(rows, config, generators);
   std::vector<Verdict> out(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     const VerifyInput& row = rows[i];

@@ -63,7 +63,7 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, bool
             q.size(0));
     return top_tokens(q, k);
   }
-  if (q.is_cpu()) {
+  if (cpu::host_kernels(q)) {
     check_top(q, k, siblings);
     cpu::GeneratorUniform uniform(generator);
     return cpu::draw_children(q, k, siblings, [&uniform] { return uniform(); });
@@ -138,7 +138,7 @@ void check_tree_inputs(const Tree& tree, const at::Tensor& target_logits, const 
 TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
                         const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
                         at::Generator& generator, const at::Tensor& draft_maxima) {
-  if (!target_logits.is_cpu()) {
+  if (!cpu::host_kernels(target_logits)) {
     return verify_tree_generic(tree, target_logits, q, tokens, config, siblings, generator, draft_maxima);
   }
   check_tree_inputs(tree, target_logits, q, tokens, config);

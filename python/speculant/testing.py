@@ -28,16 +28,17 @@ on a top-k / top-p boundary could fall on either side of it in the two (floating
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from . import sampling
+from . import _core, sampling
 from .decoder import SpeculativeDecoder
 from .model import Model, load
 from .trace import _decoder
@@ -74,6 +75,19 @@ class DistributionCheck:
 
     def __str__(self) -> str:
         return self.report
+
+
+@contextlib.contextmanager
+def tensor_path() -> Iterator[None]:
+    """Within the block, CPU tensors run the sampling and verification code that accelerators run (tensor
+    operations with one device-to-host read per verification) instead of the CPU's host kernels: the GPU's loop,
+    all of it but the CUDA graphs, checked on a machine without one. The laws are the same; the draws differ. The
+    setting is process-wide: decoders running in other threads meanwhile take the same path."""
+    previous = _core._set_host_kernels(False)
+    try:
+        yield
+    finally:
+        _core._set_host_kernels(previous)
 
 
 def _engine_model(model: ModelLike):

@@ -1,0 +1,77 @@
+"""The accelerators' code path, end to end on the CPU (``speculant.testing.tensor_path``).
+
+On CUDA tensors the engine draws, verifies and walks token trees with tensor operations and one device-to-host
+read per verification (cpp/step.cpp, cpp/tree.cpp: the *_generic functions); on CPU tensors it runs host kernels
+(cpp/cpu_kernels.cpp). tests/test_step.py and tests/test_tree.py check each generic function alone; here whole
+decodes take that path, batches, level-wide draws, tree verification and rollback included, so the loop a GPU
+runs (all of it but the CUDA graphs) is checked on every machine:
+
+* the law: Pearson chi-square of the first LAW_NEW tokens against the target's exact law on native Markov tables
+  (tests/test_batch.py's MarkovRows, 4,000 rows in batches of 1,000), at SIGNIFICANCE = 1e-3 per window, 2 windows
+  per case, fixed seeds: 7 cases (chains, trees of each way of drawing siblings, a grown tree whose last level has
+  unequal child counts), at most 1.4% family-wise false failures for a fresh choice of seeds (Bonferroni);
+* greedy decoding token for token the pure-torch greedy loop (tests/test_greedy.py), chains and trees, one
+  prompt and a batch;
+* that the switch switches: sampled tokens differ from the host kernels' under the same seed (other draws of the
+  same law), and the host kernels are back after the block, an exception included.
+"""
+
+import pytest
+
+import markov
+import speculant
+from speculant.testing import tensor_path
+from test_batch import LAW_NEW, LAW_PROMPT, LAW_VOCAB, batched_samples
+from test_distribution import assert_law
+from test_tree_decoding import GIVEN, PROMPTS, NEW, table_model
+from test_tree_decoding import expected, models  # noqa: F401 (fixtures)
+
+LAW_CASES = [  # id, decoder options, sampling, table seed
+    ("chain-g3-T1-topk2", dict(gamma=3), dict(temperature=1.0, top_k=2), 71),
+    ("chain-g5-T0.7-topp0.8", dict(gamma=5), dict(temperature=0.7, top_p=0.8), 72),
+    ("2x2-coupled-T1", dict(tree=[2, 2], siblings="coupled"), dict(temperature=1.0), 73),
+    ("3x1-without-T0.8", dict(tree=[3, 1], siblings="without_replacement"), dict(temperature=0.8), 74),
+    ("2x2-top-T1", dict(tree=[2, 2], siblings="top"), dict(temperature=1.0), 75),
+    ("given-with-T1", dict(tree=GIVEN, siblings="with_replacement"), dict(temperature=1.0), 76),
+    ("grown-5-coupled-T1", dict(tree=speculant.DynamicTree(budget=5, depth=3, children=2, width=2),
+                                siblings="coupled"), dict(temperature=1.0), 77),
+]
+
+
+@pytest.mark.parametrize("case", LAW_CASES, ids=[c[0] for c in LAW_CASES])
+def test_tensor_path_law_equals_target_law(case):
+    name, options, sampling, seed = case
+    target, draft = markov.target_and_draft(LAW_VOCAB, seed, mask_prob=0.1)
+    decoder = speculant.SpeculativeDecoder(table_model(target), table_model(draft), **options, **sampling)
+    with tensor_path():
+        samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=seed * 1000)
+    law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, sampling.get("temperature", 1.0),
+                                  sampling.get("top_k", 0), sampling.get("top_p", 1.0))
+    assert_law(samples, law, name)
+
+
+@pytest.mark.parametrize("options", [dict(gamma=4), dict(tree=[2, 2], siblings="coupled"),
+                                     dict(tree=[3, 1, 1], siblings="top"), dict(tree=GIVEN)], ids=str)
+def test_tensor_path_greedy_is_plain_greedy(models, expected, options):  # noqa: F811 (fixtures)
+    target, drafts = models
+    decoder = speculant.SpeculativeDecoder(target, drafts["near"], temperature=0.0, **options)
+    with tensor_path():
+        results = decoder.generate(PROMPTS, max_new_tokens=NEW, seed=0)
+        alone = decoder.generate(PROMPTS[1], max_new_tokens=NEW, seed=0)
+    assert [r.tokens for r in results] == expected
+    assert alone.tokens == expected[1]
+
+
+def test_tensor_path_switches_and_switches_back(models):  # noqa: F811 (fixtures)
+    target, drafts = models
+    for options in (dict(gamma=4), dict(tree=[2, 2])):
+        decoder = speculant.SpeculativeDecoder(target, drafts["near"], temperature=1.0, **options)
+        host = [decoder.generate(p, max_new_tokens=NEW, seed=5).tokens for p in PROMPTS]
+        with tensor_path():
+            tensor = [decoder.generate(p, max_new_tokens=NEW, seed=5).tokens for p in PROMPTS]
+            assert [decoder.generate(p, max_new_tokens=NEW, seed=5).tokens for p in PROMPTS] == tensor  # seeded
+        assert tensor != host, options
+        with pytest.raises(RuntimeError, match="inside"):
+            with tensor_path():
+                raise RuntimeError("inside")
+        assert [decoder.generate(p, max_new_tokens=NEW, seed=5).tokens for p in PROMPTS] == host
