@@ -8,6 +8,7 @@
 
 #include "errors.h"
 #include "graphs.h"
+#include "upload.h"
 
 namespace speculant {
 namespace {
@@ -164,8 +165,8 @@ class AotiModel final : public Model {
       if (!moved_.empty()) {
         std::vector<int64_t> from;
         for (const int64_t slot : moved_) from.push_back(origin_[slot]);
-        source = at::tensor(from, positions_.options());
-        dest = at::tensor(moved_, positions_.options());
+        source = upload(from, positions_.device());
+        dest = upload(moved_, positions_.device());
       }
       inputs.insert(inputs.end(), {position_ids, mask, source, dest});
     }

@@ -228,13 +228,18 @@ PYBIND11_MODULE(_core, m) {
   // drawn with each of `seeds` -> [(path, path_tokens, t, accepted_rank, finite)].
   m.def("_tree_parents", [](const std::vector<int64_t>& shape) { return Tree::from_shape(shape).parents(); },
         py::arg("shape"));
+  // k children of one node (q [V], k an int) or counts[i] children of each of several (q [n, V], k a list).
   m.def("_draw_children",
-        [](const at::Tensor& q, int64_t k, const std::string& siblings_name, bool greedy, uint64_t seed,
+        [](const at::Tensor& q, const py::object& k, const std::string& siblings_name, bool greedy, uint64_t seed,
            bool generic) {
           at::Generator generator = make_generator(q.device(), seed);
           const Siblings siblings = parse_siblings(siblings_name);
-          return generic && !greedy ? draw_children_generic(q, k, siblings, generator)
-                                    : draw_children(q, k, siblings, greedy, generator);
+          const bool one = py::isinstance<py::int_>(k);
+          const at::Tensor rows = one ? q.unsqueeze(0) : q;
+          const std::vector<int64_t> counts = one ? std::vector<int64_t>{k.cast<int64_t>()}
+                                                  : k.cast<std::vector<int64_t>>();
+          return generic && !greedy ? draw_children_generic(rows, counts, siblings, generator)
+                                    : draw_children(rows, counts, siblings, greedy, generator);
         },
         py::arg("q"), py::arg("k"), py::arg("siblings"), py::arg("greedy"), py::arg("seed"),
         py::arg("generic") = false);

@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "interrupt.h"
 #include "step.h"
+#include "upload.h"
 
 namespace speculant {
 
@@ -48,19 +49,14 @@ TreeProposal SequenceDrafter::propose_tree(TreeDraft& draft, const SamplingConfi
     for (const int64_t v : draft.expand()) level_paths.push_back(paths[v]);
     at::Tensor scores;
     const at::Tensor q = tree_laws(level_paths, config, &scores);  // [n, V]
-    std::vector<at::Tensor> drawn, values;
-    for (size_t i = 0; i < draft.expand().size(); ++i) {
-      const auto row = static_cast<int64_t>(i);
-      qs[draft.expand()[i]] = q.narrow(0, row, 1);
-      drawn.push_back(draw_children(config.greedy() ? scores[row] : q[row], draft.counts()[i], siblings,
-                                    config.greedy(), generator));
-      if (draft.values()) values.push_back(child_log_values(q[row], scores[row], drawn.back(), config.greedy()));
-    }
-    const at::Tensor children = at::cat(drawn).to(at::kCPU);  // host ids: the next level's paths need them
+    for (size_t i = 0; i < draft.expand().size(); ++i) qs[draft.expand()[i]] = q.narrow(0, static_cast<int64_t>(i), 1);
+    const at::Tensor drawn =
+        draw_children(config.greedy() ? scores : q, draft.counts(), siblings, config.greedy(), generator);
+    const at::Tensor children = drawn.to(at::kCPU);  // host ids: the next level's paths need them
     std::vector<int64_t> ids(children.data_ptr<int64_t>(), children.data_ptr<int64_t>() + children.numel());
     std::vector<double> log_q;
     if (draft.values()) {
-      const at::Tensor host = at::cat(values).to(at::kCPU);
+      const at::Tensor host = child_log_values(q, scores, drawn, draft.counts(), config.greedy()).to(at::kCPU);
       log_q.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
     }
     const int64_t first = draft.size();
@@ -165,12 +161,13 @@ class ModelDraftRows final : public DraftRows {
                                          bool profile) override {
     const size_t count = drafts.size();
     std::vector<TreeProposal> out(count);
-    std::vector<std::vector<at::Tensor>> tokens(count), qs(count), maxima(count);
+    // levels[r]: the tokens of each depth drawn so far (depth 0: the root), in node order
+    std::vector<std::vector<at::Tensor>> levels(count), qs(count), maxima(count);
     for (size_t r = 0; r < count; ++r) {
       tree_[r].reset();
       fed_[r].clear();
       tentative_[r] = 0;
-      if (drafts[r]) tokens[r].push_back(pending_[r].narrow(0, pending_[r].numel() - 1, 1));
+      if (drafts[r]) levels[r].push_back(pending_[r].narrow(0, pending_[r].numel() - 1, 1));
     }
     const bool sync = profile && device_.is_cuda();
     for (bool first = true;; first = false) {
@@ -184,15 +181,20 @@ class ModelDraftRows final : public DraftRows {
           feed[r] = pending_[r];
           continue;
         }
-        std::vector<at::Tensor> level_tokens;
+        // the nodes expanded are of the newest depth: all of it, or some of its nodes
+        const at::Tensor& newest = levels[r].back();
+        const int64_t first_node = drafts[r]->size() - newest.numel();
+        std::vector<int64_t> picked;
         for (const int64_t v : drafts[r]->expand()) {
-          level_tokens.push_back(tokens[r][v]);
+          picked.push_back(v - first_node);
           nodes[r].offsets.push_back(drafts[r]->depth(v) - 1);
           const int64_t parent = drafts[r]->parent(v);
           nodes[r].parents.push_back(parent == 0 ? -1 : fed_[r][parent]);
           fed_[r][v] = static_cast<int64_t>(nodes[r].parents.size()) - 1 + tentative_[r];
         }
-        feed[r] = at::cat(level_tokens);
+        feed[r] = static_cast<int64_t>(picked.size()) == newest.numel()
+                      ? newest  // expand() ascends: all of the depth, in order
+                      : newest.index_select(0, upload(picked, device_));
       }
       if (!any) break;
       if (!first) check_interrupt();  // the decoder checked before the first
@@ -206,25 +208,23 @@ class ModelDraftRows final : public DraftRows {
         out[r].calls += 1;
         if (!first) tentative_[r] += feed[r].numel();
         TreeDraft& draft = *drafts[r];
-        std::vector<at::Tensor> drawn, values;
-        for (size_t i = 0; i < draft.expand().size(); ++i) {
-          const int64_t v = draft.expand()[i];
-          const at::Tensor row = logits[r].narrow(0, first ? feed[r].numel() - 1 : static_cast<int64_t>(i), 1);
-          at::Tensor maximum;
-          qs[r].resize(draft.size());
-          qs[r][v] = standardize(row, config, &maximum);  // [1, V]
-          maxima[r].push_back(maximum);
-          drawn.push_back(draw_children(config.greedy() ? row[0] : qs[r][v][0], draft.counts()[i], siblings,
-                                        config.greedy(), generators[r]));
-          if (draft.values()) values.push_back(child_log_values(qs[r][v][0], row[0], drawn.back(), config.greedy()));
-        }
-        const at::Tensor children = at::cat(drawn);  // [k] on the device
-        for (int64_t j = 0; j < children.numel(); ++j) tokens[r].push_back(children.narrow(0, j, 1));
+        // the level's rows: after the last pending token (the root), or one per expanded node, in order
+        const auto n = static_cast<int64_t>(draft.expand().size());
+        const at::Tensor raw = first ? logits[r].narrow(0, feed[r].numel() - 1, 1) : logits[r].narrow(0, 0, n);
+        at::Tensor maximum;
+        const at::Tensor q = standardize(raw, config, &maximum);  // [n, V]
+        maxima[r].push_back(maximum);
+        qs[r].resize(draft.size());
+        for (int64_t i = 0; i < n; ++i) qs[r][draft.expand()[i]] = q.narrow(0, i, 1);
+        const at::Tensor children =  // [sum counts] on the device
+            draw_children(config.greedy() ? raw : q, draft.counts(), siblings, config.greedy(), generators[r]);
+        levels[r].push_back(children);
         // A fixed shape needs no host copy of its tokens; a grown one reads the level's tokens and values.
         std::vector<int64_t> ids(children.numel(), -1);
         std::vector<double> log_q;
         if (draft.values()) {
-          const at::Tensor host = at::cat({children.to(at::kDouble), at::cat(values)}).to(at::kCPU);
+          const at::Tensor values = child_log_values(q, raw, children, draft.counts(), config.greedy());
+          const at::Tensor host = at::cat({children.to(at::kDouble), values}).to(at::kCPU);
           const double* h = host.const_data_ptr<double>();
           for (int64_t j = 0; j < children.numel(); ++j) ids[j] = static_cast<int64_t>(h[j]);
           log_q.assign(h + children.numel(), h + 2 * children.numel());
@@ -237,16 +237,13 @@ class ModelDraftRows final : public DraftRows {
       if (!drafts[r]) continue;
       out[r].tree = drafts[r]->tree();
       tree_[r] = out[r].tree;
-      if (out[r].tree.size() == 1) {
-        out[r].tokens = tokens[r][0];
-        continue;
-      }
+      out[r].tokens = at::cat(levels[r]);  // breadth-first: depth by depth
+      if (out[r].tree.size() == 1) continue;
       qs[r].resize(out[r].tree.size());
       const at::Tensor like = qs[r][0];  // the root always has children here
       for (auto& q : qs[r]) {
         if (!q.defined()) q = at::zeros_like(like);
       }
-      out[r].tokens = at::cat(tokens[r]);
       out[r].q = at::cat(qs[r]);
       if (!maxima[r].empty()) out[r].maxima = at::cat(maxima[r]);
       last_[r] = out[r].tokens;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "upload.h"
 
 namespace speculant {
 namespace {
@@ -59,9 +60,8 @@ class NativeRows final : public ModelRows {
     if (width == 0) return out;
     if (fixed) keys = max_length_;
     const auto count = static_cast<int64_t>(rows.size());
-    const auto host = at::TensorOptions().pinned_memory(device_.is_cuda());
-    at::Tensor layout = at::empty({count, 2 * width + 1}, host.dtype(at::kLong));  // positions | slots | row
-    at::Tensor mask = at::zeros({count, width, keys}, host.dtype(at::kBool));
+    at::Tensor layout = host_buffer({count, 2 * width + 1}, at::kLong, device_);  // positions | slots | row
+    at::Tensor mask = host_buffer({count, width, keys}, at::kBool, device_).zero_();
     int64_t* cell = layout.data_ptr<int64_t>();
     bool* seen = mask.data_ptr<bool>();
     std::vector<at::Tensor> ids(count);
@@ -93,10 +93,10 @@ class NativeRows final : public ModelRows {
         ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
       }
     }
-    const at::Tensor on_device = layout.to(device_, /*non_blocking=*/true);
+    const at::Tensor on_device = upload(layout, device_);
     const std::vector<at::Tensor> inputs{at::stack(ids), on_device.select(1, 2 * width),
                                          on_device.narrow(1, 0, width), on_device.narrow(1, width, width),
-                                         mask.to(device_, /*non_blocking=*/true)};
+                                         upload(mask, device_)};
     const GraphCache::Call call = [this](const std::vector<at::Tensor>& in) {
       return tree_.masked(in[0], in[1], in[2], in[3], in[4]);
     };
@@ -131,15 +131,13 @@ class NativeRows final : public ModelRows {
     if (moves.empty()) return;
     require(static_cast<bool>(tree_.copy), "model {}: has no tree calls (copy_slots)", source_);
     const auto m = static_cast<int64_t>(moves.size());
-    at::Tensor layout =
-        at::empty({2 * m + 1}, at::TensorOptions().dtype(at::kLong).pinned_memory(device_.is_cuda()));
-    int64_t* cell = layout.data_ptr<int64_t>();
+    std::vector<int64_t> layout(2 * m + 1);  // sources | destinations | row
     for (int64_t j = 0; j < m; ++j) {
-      cell[j] = length + nodes[moves[j]];
-      cell[m + j] = length + moves[j];
+      layout[j] = length + nodes[moves[j]];
+      layout[m + j] = length + moves[j];
     }
-    cell[2 * m] = row;
-    const at::Tensor on_device = layout.to(device_, /*non_blocking=*/true);
+    layout[2 * m] = row;
+    const at::Tensor on_device = upload(layout, device_);
     tree_.copy(on_device.narrow(0, 2 * m, 1), on_device.narrow(0, 0, m).view({1, m}),
                on_device.narrow(0, m, m).view({1, m}));
   }
@@ -170,9 +168,8 @@ class NativeRows final : public ModelRows {
     if (width == 0) return out;
     if (fixed) keys = max_length_;
     const auto count = static_cast<int64_t>(rows.size());
-    // positions [R, W] | slots [R, W] | row [R, 1], copied to the device at once (from pinned memory on CUDA)
-    at::Tensor layout = at::empty({count, 2 * width + 1}, at::TensorOptions().dtype(at::kLong).pinned_memory(
-                                                              device_.is_cuda()));
+    // positions [R, W] | slots [R, W] | row [R, 1], copied to the device at once (upload.h)
+    at::Tensor layout = host_buffer({count, 2 * width + 1}, at::kLong, device_);
     int64_t* cell = layout.data_ptr<int64_t>();
     std::vector<at::Tensor> ids(count);
     at::Tensor padding;
@@ -190,7 +187,7 @@ class NativeRows final : public ModelRows {
         ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
       }
     }
-    const at::Tensor on_device = layout.to(device_, /*non_blocking=*/true);
+    const at::Tensor on_device = upload(layout, device_);
     const at::Tensor positions = on_device.narrow(1, 0, width), slots = on_device.narrow(1, width, width);
     const at::Tensor row_index = on_device.select(1, 2 * width);
     at::Tensor logits;  // [R, W, V]

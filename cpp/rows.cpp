@@ -1,9 +1,11 @@
 #include "rows.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "errors.h"
 #include "model.h"
+#include "upload.h"
 
 namespace speculant {
 namespace {
@@ -49,37 +51,36 @@ class ReplicaRows final : public ModelRows {
               "extend_tree: row {} has {} tokens but {} offsets and {} parents", r, k, tree.offsets.size(),
               tree.parents.size());
       const int64_t entries = models_[r]->length() + k;
-      at::Tensor positions = at::empty({k}, at::kLong);
-      at::Tensor mask = at::zeros({k, entries}, at::kBool);
-      tentative_[r].append(tree, committed, positions.data_ptr<int64_t>(), mask.data_ptr<bool>(), entries);
       const at::Device device = tokens[r].device();
-      logits[r] = models_[r]->extend_masked(tokens[r], positions.to(device), mask.to(device));
+      at::Tensor positions = host_buffer({k}, at::kLong, device);
+      at::Tensor mask = host_buffer({k, entries}, at::kBool, device).zero_();
+      tentative_[r].append(tree, committed, positions.data_ptr<int64_t>(), mask.data_ptr<bool>(), entries);
+      logits[r] = models_[r]->extend_masked(tokens[r], upload(positions, device), upload(mask, device));
     }
     return logits;
   }
   // The committed entries, then the path's, in one keep call.
   void commit(int64_t row, const std::vector<int64_t>& path) override {
     tentative_[row].check_path(path, row);
-    const int64_t length = this->length(row);
-    at::Tensor entries = at::empty({length + static_cast<int64_t>(path.size())}, at::kLong);
-    int64_t* cell = entries.data_ptr<int64_t>();
-    for (int64_t e = 0; e < length; ++e) cell[e] = e;
-    for (size_t i = 0; i < path.size(); ++i) cell[length + static_cast<int64_t>(i)] = length + path[i];
-    models_[row]->keep(entries.to(models_[row]->device()));
+    keep(row, length(row), path);
     tentative_[row].clear();
   }
   // The committed entries, then the kept nodes', in one keep call.
   void prune(int64_t row, const std::vector<int64_t>& nodes) override {
-    const int64_t length = this->length(row);
+    const int64_t committed = length(row);
     tentative_[row].keep(nodes, row);
-    at::Tensor entries = at::empty({length + static_cast<int64_t>(nodes.size())}, at::kLong);
-    int64_t* cell = entries.data_ptr<int64_t>();
-    for (int64_t e = 0; e < length; ++e) cell[e] = e;
-    for (size_t i = 0; i < nodes.size(); ++i) cell[length + static_cast<int64_t>(i)] = length + nodes[i];
-    models_[row]->keep(entries.to(models_[row]->device()));
+    keep(row, committed, nodes);
   }
 
  private:
+  // Keeps the `length` committed entries, then the given tentative nodes', in one keep call.
+  void keep(int64_t row, int64_t length, const std::vector<int64_t>& nodes) {
+    std::vector<int64_t> entries(length);
+    std::iota(entries.begin(), entries.end(), 0);
+    for (const int64_t node : nodes) entries.push_back(length + node);
+    models_[row]->keep(upload(entries, models_[row]->device()));
+  }
+
   std::vector<Model*> models_;
   std::vector<TentativeTree> tentative_;
 };

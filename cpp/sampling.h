@@ -54,7 +54,8 @@ at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
 // The device-generic implementation (tensor ops; what accelerators run). sample() takes the host kernel of
 // cpu_kernels.h on CPU, with the same law; this one is exposed so that tests check it too.
 at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator);
-// What sample_generic does with its uniforms: uniforms float64 [n, 1] in [0, 1), drawn by the caller.
+// What sample_generic does with its uniforms: uniforms float64 [n, m] in [0, 1), drawn by the caller; m draws
+// from each row: int64 [n] for m = 1, else [n, m].
 at::Tensor sample_inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms);
 
 // Inverse-CDF sampling draws the first token whose cumulative mass exceeds u * total * kBelowOne, u in [0, 1):

@@ -6,6 +6,7 @@
 #include "cpu_kernels.h"
 #include "errors.h"
 #include "speculative.h"
+#include "upload.h"
 
 namespace speculant {
 
@@ -48,77 +49,90 @@ int64_t Tree::max_children() const { return *std::max_element(children_.begin(),
 
 namespace {
 
-void check_top(const at::Tensor& q, int64_t k, Siblings siblings) {
-  require(siblings != Siblings::top || k <= q.size(0),
-          "a node's {} top children are the draft's top {} and one draw, but V = {}", k, k - 1, q.size(0));
+void check_counts(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy) {
+  require(q.dim() == 2 && q.size(0) == static_cast<int64_t>(counts.size()) && q.size(1) > 0,
+          "draw_children: q must be [nodes, V] with one row per count, got {} rows for {} counts", q.size(0),
+          counts.size());
+  for (const int64_t k : counts) {
+    require(k >= 1, "draw_children: every node's count must be >= 1, got {}", k);
+    require(!greedy || k <= q.size(1), "a node's {} children at temperature 0 are the draft's top {}, but V = {}", k,
+            k, q.size(1));
+    require(greedy || siblings != Siblings::top || k <= q.size(1),
+            "a node's {} top children are the draft's top {} and one draw, but V = {}", k, k - 1, q.size(1));
+  }
+}
+
+// The tokens of a [n, K] table (row i's first counts[i] of its K columns), row after row: int64 [sum counts].
+at::Tensor leading_columns(const at::Tensor& table, const std::vector<int64_t>& counts) {
+  const int64_t width = table.size(1);
+  if (std::all_of(counts.begin(), counts.end(), [width](int64_t k) { return k == width; })) return table.flatten();
+  std::vector<int64_t> cells;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    for (int64_t j = 0; j < counts[i]; ++j) cells.push_back(static_cast<int64_t>(i) * width + j);
+  }
+  return table.flatten().index_select(0, upload(cells, table.device()));
 }
 
 }  // namespace
 
-at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, bool greedy, at::Generator& generator) {
-  require(q.dim() == 1 && q.size(0) > 0, "draw_children: q must be one row [V]");
-  require(k >= 1, "draw_children: k must be >= 1, got {}", k);
-  if (greedy) {
-    require(k <= q.size(0), "a node's {} children at temperature 0 are the draft's top {}, but V = {}", k, k,
-            q.size(0));
-    return top_tokens(q, k);
+at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy,
+                         at::Generator& generator) {
+  check_counts(q, counts, siblings, greedy);
+  const int64_t widest = *std::max_element(counts.begin(), counts.end());
+  if (greedy) return leading_columns(top_tokens(q, widest), counts);
+  if (!cpu::host_kernels(q)) return draw_children_generic(q, counts, siblings, generator);
+  cpu::GeneratorUniform uniform(generator);
+  std::vector<at::Tensor> drawn;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    drawn.push_back(cpu::draw_children(q[static_cast<int64_t>(i)], counts[i], siblings, [&uniform] { return uniform(); }));
   }
-  if (cpu::host_kernels(q)) {
-    check_top(q, k, siblings);
-    cpu::GeneratorUniform uniform(generator);
-    return cpu::draw_children(q, k, siblings, [&uniform] { return uniform(); });
-  }
-  return draw_children_generic(q, k, siblings, generator);
+  return drawn.size() == 1 ? drawn[0] : at::cat(drawn);
 }
 
 at::Tensor top_tokens(const at::Tensor& q, int64_t k) {
-  // the k highest scores, the first index on ties (a stable descending sort)
-  return std::get<1>(q.sort(/*stable=*/true, /*dim=*/0, /*descending=*/true)).narrow(0, 0, k);
+  // each row's k highest scores, the first index on ties (a stable descending sort)
+  return std::get<1>(q.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(-1, 0, k);
 }
 
-at::Tensor draw_children_generic(const at::Tensor& q, int64_t k, Siblings siblings, at::Generator& generator) {
-  check_top(q, k, siblings);
-  at::Tensor rows = q.to(at::kDouble).unsqueeze(0);  // [1, V]
-  if (independent_draws(siblings)) {
-    const at::Tensor uniforms = at::rand({k, 1}, generator, rows.options());
-    return sample_inverse_cdf(rows.expand({k, q.size(0)}), uniforms);  // [k]
+at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
+                                 at::Generator& generator) {
+  check_counts(q, counts, siblings, /*greedy=*/false);
+  const at::Tensor rows = q.to(at::kDouble);  // [n, V]
+  const int64_t n = rows.size(0);
+  const int64_t widest = *std::max_element(counts.begin(), counts.end());
+  if (independent_draws(siblings)) {  // every row's widest draws in one pass, then each row's first counts[i]
+    const at::Tensor uniforms = at::rand({n, widest}, generator, rows.options());
+    return leading_columns(sample_inverse_cdf(rows, uniforms).view({n, widest}), counts);
   }
-  // Without replacement: each draw from what the earlier ones left. Once q's support is used up the remaining
-  // children are drawn from a zero row (an arbitrary token), and verify_tree never accepts them. Top: the first
-  // k - 1 are q's most probable tokens, removed before the one draw.
-  std::vector<at::Tensor> drawn;
+  if (siblings == Siblings::top) {  // rows of one count at once: their top count - 1 tokens, then one draw
+    const bool one_count = std::all_of(counts.begin(), counts.end(), [&](int64_t k) { return k == counts[0]; });
+    if (!one_count) {
+      std::vector<at::Tensor> drawn;
+      for (int64_t i = 0; i < n; ++i) {
+        drawn.push_back(draw_children_generic(q.narrow(0, i, 1), {counts[i]}, siblings, generator));
+      }
+      return at::cat(drawn);
+    }
+    const int64_t fixed = counts[0] - 1;
+    const at::Tensor top = top_tokens(rows, fixed);  // [n, k - 1]
+    const at::Tensor left = fixed > 0 ? rows.scatter(1, top, 0.0) : rows;
+    const at::Tensor last = sample_inverse_cdf(left, at::rand({n, 1}, generator, rows.options()));  // [n]
+    return at::cat({top, last.unsqueeze(1)}, 1).flatten();
+  }
+  // Without replacement: column j of every row from what that row's earlier columns left. Once a row's support is
+  // used up its remaining children are drawn from a zero row (an arbitrary token), and verify_tree never accepts
+  // them.
+  std::vector<at::Tensor> columns;
   at::Tensor left = rows.clone();
-  int64_t j = 0;
-  if (siblings == Siblings::top && k > 1) {
-    const at::Tensor top = top_tokens(q, k - 1);
-    left.index_fill_(1, top, 0.0);
-    drawn.push_back(top);
-    j = k - 1;
+  for (int64_t j = 0; j < widest; ++j) {
+    const at::Tensor x = sample_inverse_cdf(left, at::rand({n, 1}, generator, rows.options())).unsqueeze(1);  // [n, 1]
+    if (j + 1 < widest) left.scatter_(1, x, 0.0);
+    columns.push_back(x);
   }
-  for (; j < k; ++j) {
-    const at::Tensor x = sample_inverse_cdf(left, at::rand({1, 1}, generator, rows.options()));  // [1]
-    left.index_fill_(1, x, 0.0);
-    drawn.push_back(x);
-  }
-  return at::cat(drawn);
+  return leading_columns(at::cat(columns, 1), counts);
 }
 
 namespace {
-
-// The coupled rule's coins (tree.h's coupled_coin) for every token's ratio [M, V] at once, w [M, 1]: when the next
-// child is in H_j, and when it is not.
-struct CoupledCoins {
-  at::Tensor in_h, out_h;
-};
-
-CoupledCoins coupled_coins(const at::Tensor& ratio, const at::Tensor& w) {
-  const at::Tensor one = at::ones_like(ratio);
-  const at::Tensor in_h = at::where(w > 0, ((ratio - (1 - w)) / w.clamp_min(std::numeric_limits<double>::min()))
-                                               .clamp(0.0, 1.0), one);
-  const at::Tensor out_h = at::where(w < 1, (ratio / (1 - w).clamp_min(std::numeric_limits<double>::min()))
-                                                .clamp_max(1.0), one);
-  return {in_h, out_h};
-}
 
 void check_tree_inputs(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
                        const at::Tensor& tokens, const SamplingConfig& config) {
@@ -163,13 +177,15 @@ TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logit
   const int64_t size = tree.size();
   const auto long_options = target_logits.options().dtype(at::kLong);
 
-  // The internal nodes (with children) and their children as an [M, K] table, padded with node 0.
-  std::vector<int64_t> internal, child_nodes, index_of(size, -1);
+  // The internal nodes (with children) M, their children as an [M, K] table padded with node 0, and their
+  // child counts: one upload.
+  std::vector<int64_t> internal, child_nodes, counts, index_of(size, -1);
   const int64_t k_max = std::max<int64_t>(tree.max_children(), 1);
   for (int64_t node = 0; node < size; ++node) {
     if (tree.children(node) == 0) continue;
     index_of[node] = static_cast<int64_t>(internal.size());
     internal.push_back(node);
+    counts.push_back(tree.children(node));
     for (int64_t j = 0; j < k_max; ++j) child_nodes.push_back(j < tree.children(node) ? tree.first_child(node) + j : 0);
   }
   const auto m = static_cast<int64_t>(internal.size());
@@ -180,16 +196,20 @@ TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logit
   at::Tensor accept = at::zeros({m, k_max}, p.options());  // [M, K]
   at::Tensor beta = at::zeros({m}, p.options());
   if (m > 0) {
-    const at::Tensor nodes = at::tensor(internal, long_options);                                   // [M]
-    const at::Tensor x = tokens.index_select(0, at::tensor(child_nodes, long_options)).view({m, k_max});  // [M, K]
-    std::vector<int64_t> counts;
-    for (const int64_t node : internal) counts.push_back(tree.children(node));
-    const at::Tensor count = at::tensor(counts, long_options);                                     // [M]
+    std::vector<int64_t> layout(internal);
+    layout.insert(layout.end(), child_nodes.begin(), child_nodes.end());
+    layout.insert(layout.end(), counts.begin(), counts.end());
+    const at::Tensor index = upload(layout, p.device());
+    const at::Tensor nodes = index.narrow(0, 0, m);                                                // [M]
+    const at::Tensor x = tokens.index_select(0, index.narrow(0, m, m * k_max)).view({m, k_max});   // [M, K]
+    const at::Tensor count = index.narrow(0, m + m * k_max, m);                                    // [M]
     at::Tensor p_j = p.index_select(0, nodes);                                                     // [M, V]
     const at::Tensor q_nodes = q.to(p.scalar_type()).index_select(0, nodes);                       // [M, V]
-    at::Tensor q_left = q_nodes;
-    beta = at::minimum(p_j, q_left).sum(-1);
+    at::Tensor q_left = q_nodes;  // the law child j was drawn from, given every rejection before it
+    bool normalized = true;       // q_left is (q itself, until the first coupled or without-replacement step)
+    beta = at::minimum(p_j, q_nodes).sum(-1);
     const at::Tensor greedy_token = p_j.argmax(-1);                                                // [M]
+    constexpr double tiny = std::numeric_limits<double>::min();
     std::vector<at::Tensor> columns;
     for (int64_t j = 0; j < k_max; ++j) {
       const at::Tensor has = count > j;                                                            // [M]
@@ -198,40 +218,39 @@ TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logit
         columns.push_back((x_j.squeeze(1) == greedy_token).logical_and(has).to(p.scalar_type()));
         continue;
       }
-      // q_j: q without the earlier siblings (without replacement, top), renormalized; a zero row: no draft left.
-      // Top: the first k - 1 children's q_j is the point mass at x_j (tree.h).
-      const at::Tensor mass = q_left.sum(-1, /*keepdim=*/true);                                    // [M, 1]
-      at::Tensor q_j = q_left / mass.clamp_min(std::numeric_limits<double>::min());
+      // q_j: q_left renormalized (a zero row: no draft left). Top: the first k - 1 children's q_j is the point mass
+      // at x_j (tree.h).
+      at::Tensor q_j = normalized ? q_left : q_left / q_left.sum(-1, /*keepdim=*/true).clamp_min(tiny);
       if (siblings == Siblings::top) {
-        const at::Tensor fixed = (count - 1 > j).unsqueeze(1);                                     // [M, 1]
-        q_j = at::where(fixed, at::zeros_like(q_j).scatter(1, x_j, 1.0), q_j);
+        q_j = at::where((count - 1 > j).unsqueeze(1), at::zeros_like(q_j).scatter(1, x_j, 1.0), q_j);
       }
       const at::Tensor q_x = q_j.gather(1, x_j);                                                   // [M, 1]
-      at::Tensor a = acceptance_probability(p_j.gather(1, x_j), q_x, 1.0).squeeze(1);
-      at::Tensor next_law;  // coupled: the next child's law given a rejection here (tree.h), unnormalized
+      at::Tensor a = acceptance_probability(p_j.gather(1, x_j), q_x, 1.0);                         // [M, 1]
+      at::Tensor next;  // the law of child j + 1 given a rejection here, unnormalized
       if (siblings == Siblings::coupled && j + 1 < k_max) {
-        const at::Tensor has_next = count > j + 1;                                                 // [M]
+        // tree.h's coins in closed form: a token a of ratio r = p_j(a) / q_j(a) < 1 is rejected with probability
+        // min(1, (1 - r) / w) when the next child is in H_j and max(0, 1 - r / (1 - w)) when it is not (w = q(H_j),
+        // the next child being a draw of q); tokens of r >= 1 never are. Times q_j(a), for every token:
         const at::Tensor in_h = p_j > q_j;                                                         // [M, V]
         const at::Tensor w = (q_nodes * in_h).sum(-1, /*keepdim=*/true);                           // [M, 1]
-        const at::Tensor ratio = at::where(q_j > 0, p_j / q_j.clamp_min(std::numeric_limits<double>::min()),
-                                           at::ones_like(p_j));                                     // [M, V]
-        const CoupledCoins coins = coupled_coins(ratio, w);
-        const at::Tensor next_in_h = in_h.gather(1, x.select(1, j + 1).unsqueeze(1));               // [M, 1]
-        const at::Tensor coupled =
-            at::where(next_in_h, coins.in_h.gather(1, x_j), coins.out_h.gather(1, x_j)).squeeze(1);  // [M]
-        a = at::where(has_next, coupled, a);
-        const at::Tensor keep_in = (q_j * (1 - coins.in_h)).sum(-1, /*keepdim=*/true);             // [M, 1]
-        const at::Tensor keep_out = (q_j * (1 - coins.out_h)).sum(-1, /*keepdim=*/true);
-        next_law = at::where(has_next.unsqueeze(1), q_nodes * at::where(in_h, keep_in, keep_out), q_left);
+        const at::Tensor reject_in = at::minimum(q_j, (q_j - p_j).clamp_min(0.0) / w.clamp_min(tiny));
+        const at::Tensor reject_out = (q_j - p_j / (1 - w).clamp_min(tiny)).clamp_min(0.0);
+        const at::Tensor next_in_h = in_h.gather(1, x.select(1, j + 1).unsqueeze(1));              // [M, 1]
+        const at::Tensor rejected = at::where(next_in_h, reject_in.gather(1, x_j), reject_out.gather(1, x_j)) /
+                                    q_x.clamp_min(tiny);                                           // [M, 1]
+        a = at::where((count > j + 1).unsqueeze(1), 1 - rejected.clamp_max(1.0), a);
+        next = q_nodes * at::where(in_h, reject_in.sum(-1, /*keepdim=*/true), reject_out.sum(-1, /*keepdim=*/true));
       }
       // a child q_j could not have drawn (its support used up) is never accepted
-      columns.push_back(at::where(has.logical_and(q_x.squeeze(1) > 0), a, at::zeros_like(a)));
+      columns.push_back(at::where(has.unsqueeze(1).logical_and(q_x > 0), a, 0.0).squeeze(1));
       // a rejection leaves the residual, once x_j is tried (rows without a child j keep theirs)
       p_j = at::where(has.unsqueeze(1), residual(p_j, q_j), p_j);
-      if (next_law.defined()) {
-        q_left = next_law;
-      } else if (!independent_draws(siblings)) {
-        q_left = at::where(has.unsqueeze(1), q_left.scatter(1, x_j, 0.0), q_left);
+      if (j + 1 == k_max) break;
+      // child j + 1's law (read only in rows that have that child): given the rejection (coupled), without x_j
+      // (without replacement, top), or q again (with replacement)
+      if (next.defined() || !independent_draws(siblings)) {
+        q_left = next.defined() ? next : q_left.scatter(1, x_j, 0.0);
+        normalized = false;
       }
     }
     accept = at::stack(columns, 1);                                                                // [M, K]

@@ -116,16 +116,21 @@ inline double coupled_coin(double r, bool next_in_h, double w) {
   return w < 1 ? std::min(1.0, r / (1.0 - w)) : 1.0;
 }
 
-// k children of one node from q [V] (a standardized row): k independent draws (with replacement, coupled), or k
-// draws without replacement (each from q without the tokens drawn before it, renormalized; once q's support is
-// used up, the remaining children are arbitrary tokens, which verify_tree never accepts), or (top) q's k - 1 most
-// probable tokens, the first index on ties, then one draw from q without them; greedy: the k most probable
-// tokens, the first index on ties. Returns int64 [k] on q's device. CPU rows are drawn by cpu::draw_children.
-at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, bool greedy, at::Generator& generator);
-// q's k most probable tokens, the first index on ties: int64 [k].
+// The children of n nodes at once, counts[i] of them for node i, from q [n, V] (row i: node i's standardized
+// row; greedy: its raw scores): for each node, counts[i] independent draws (with replacement, coupled), or draws
+// without replacement (each from q without the tokens drawn before it, renormalized; once q's support is used up,
+// the remaining children are arbitrary tokens, which verify_tree never accepts), or (top) q's counts[i] - 1 most
+// probable tokens, the first index on ties, then one draw from q without them; greedy: the counts[i] most probable
+// tokens, the first index on ties. Returns int64 [sum counts] on q's device, node 0's children first. CPU rows are
+// drawn by cpu::draw_children, row after row.
+at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy,
+                         at::Generator& generator);
+// The tensor path of the sampled (not greedy) draws, which accelerators run: the draws of every row in a few
+// operations for the level, not per node.
+at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
+                                 at::Generator& generator);
+// Each row's k most probable tokens, the first index on ties: int64 [..., k].
 at::Tensor top_tokens(const at::Tensor& q, int64_t k);
-// The tensor path of the sampled (not greedy) draws, which accelerators run.
-at::Tensor draw_children_generic(const at::Tensor& q, int64_t k, Siblings siblings, at::Generator& generator);
 
 struct TreeVerdict {
   std::vector<int64_t> path;  // the accepted nodes, root excluded, by depth

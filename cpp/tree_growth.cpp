@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "errors.h"
+#include "upload.h"
 
 namespace speculant {
 
@@ -74,9 +75,13 @@ void TreeDraft::next_level() {
   }
 }
 
-at::Tensor child_log_values(const at::Tensor& q, const at::Tensor& raw, const at::Tensor& children, bool greedy) {
-  const at::Tensor law = greedy ? raw.to(at::kDouble).log_softmax(-1) : q.to(at::kDouble).log();
-  return law.index_select(0, children);
+at::Tensor child_log_values(const at::Tensor& q, const at::Tensor& raw, const at::Tensor& children,
+                            const std::vector<int64_t>& counts, bool greedy) {
+  const at::Tensor law = greedy ? raw.to(at::kDouble).log_softmax(-1) : q.to(at::kDouble).log();  // [n, V]
+  std::vector<int64_t> owner;  // each child's row
+  for (size_t i = 0; i < counts.size(); ++i) owner.insert(owner.end(), counts[i], static_cast<int64_t>(i));
+  const at::Tensor cells = upload(owner, law.device()) * law.size(1) + children;
+  return law.flatten().index_select(0, cells);
 }
 
 TreeDraft TreePlan::draft(int64_t depth, int64_t nodes) const {

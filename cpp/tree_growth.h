@@ -70,10 +70,11 @@ class TreeDraft {
   std::vector<int64_t> expand_, counts_;
 };
 
-// The values a grown tree needs of k children drawn at one node: log q there at each (q: the standardized row
-// [V] they were drawn from); at temperature 0 (greedy) the log_softmax of the raw row [V] instead. float64 [k]
-// on the rows' device.
-at::Tensor child_log_values(const at::Tensor& q, const at::Tensor& raw, const at::Tensor& children, bool greedy);
+// The values a grown tree needs of the children drawn at n nodes (draw_children's output, counts[i] for node i):
+// log q at each (q [n, V]: the standardized rows they were drawn from); at temperature 0 (greedy) the log_softmax of
+// the raw rows [n, V] instead. float64 [sum counts] on the rows' device.
+at::Tensor child_log_values(const at::Tensor& q, const at::Tensor& raw, const at::Tensor& children,
+                            const std::vector<int64_t>& counts, bool greedy);
 
 // What every iteration drafts: a fixed shape (by_depth[i]: its first i depths) or a grown tree.
 struct TreePlan {

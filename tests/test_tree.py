@@ -423,6 +423,37 @@ def test_top_children_are_the_top_then_one_draw(generic):
         _core._draw_children(q, 6, "top", False, seed=0, generic=generic)
 
 
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+@pytest.mark.parametrize("siblings", ["with_replacement", "coupled", "without_replacement", "top"])
+def test_a_level_of_nodes_draws_each_nodes_children_from_its_own_row(siblings, generic):
+    """The drafter draws a whole depth at once: rows of disjoint supports and counts 2, 1, 3 (a grown tree's level)
+    and 2, 2, 2 (a fixed shape's). Each node's children come from its own row, in node order, distinct without
+    replacement, the row's top tokens first for top; greedy: each row's top tokens."""
+    q = torch.zeros(3, 9, dtype=F64)
+    q[0, 0:3] = torch.tensor([0.5, 0.3, 0.2])
+    q[1, 3:6] = torch.tensor([0.2, 0.7, 0.1])
+    q[2, 6:9] = torch.tensor([0.3, 0.3, 0.4])
+    for counts in ([2, 1, 3], [2, 2, 2]):
+        for seed in range(50):
+            drawn = _core._draw_children(q, counts, siblings, False, seed, generic).tolist()
+            assert len(drawn) == sum(counts)
+            start = 0
+            for row, k in enumerate(counts):
+                children = drawn[start:start + k]
+                start += k
+                assert all(q[row, c] > 0 for c in children), (counts, row, children)
+                if siblings in ("without_replacement", "top"):
+                    assert len(set(children)) == k
+                if siblings == "top":
+                    assert children[:k - 1] == q[row].argsort(descending=True, stable=True)[:k - 1].tolist()
+        top = {(2, 1, 3): [0, 1, 4, 8, 6, 7], (2, 2, 2): [0, 1, 4, 3, 8, 6]}[tuple(counts)]  # first index on ties
+        assert _core._draw_children(q, counts, siblings, True, 0, generic).tolist() == top
+    with pytest.raises(ValueError, match="one row per count, got 3 rows for 2 counts"):
+        _core._draw_children(q, [1, 1], siblings, False, 0, generic)
+    with pytest.raises(ValueError, match="every node's count must be >= 1, got 0"):
+        _core._draw_children(q, [1, 0, 1], siblings, False, 0, generic)
+
+
 def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, generic=False):
     """Node tokens drawn as the decoder's drafter draws them: each internal node's children from q at its token."""
     tokens = [root] * len(parents)
