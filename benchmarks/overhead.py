@@ -109,7 +109,7 @@ def tree_overhead(target, draft, args) -> None:
                     runs.setdefault((name, path), []).append(
                         (stats.other_seconds / stats.iterations * 1e6, stats.total_seconds / stats.iterations * 1e3,
                          stats.new_tokens / stats.iterations))
-    print(f"| draft | path | engine overhead / iteration (µs) [min-max] | iteration (ms) | tokens / iteration |")
+    print("| draft | path | engine overhead / iteration (µs) [min-max] | iteration (ms) | tokens / iteration |")
     print("|---|---|---|---|---|")
     for (name, path), values in runs.items():
         other, total, tokens = (sorted(column) for column in zip(*values))

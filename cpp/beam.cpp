@@ -13,6 +13,7 @@
 #include "decoder.h"
 #include "errors.h"
 #include "interrupt.h"
+#include "upload.h"
 
 namespace speculant {
 namespace {
@@ -91,7 +92,7 @@ class NodeCache {
       entries_.push_back(node);
     }
     const at::Tensor logits =
-        rows_->extend_tree({at::tensor(tokens, at::kLong).to(model_.device())}, {tree})[0];
+        rows_->extend_tree({upload(tokens, model_.device())}, {tree})[0];
     require(at::isfinite(logits).all().item<bool>(), "the {} model's logits hold NaN or infinity: beam search "
             "cannot rank its continuations", role_);
     for (size_t j = 0; j < run.size(); ++j) logits_[run[j]] = logits[static_cast<int64_t>(j)];
@@ -323,7 +324,7 @@ BeamSearch beam_search(Model& target, Model* draft, const std::vector<int64_t>& 
       first.push_back(i);
     }
     at::Tensor scores = search.running_scores().index_select(
-        1, at::tensor(first, at::kLong).to(target.device())).view({-1, 1});
+        1, upload(first, target.device())).view({-1, 1});
     for (int64_t level = 1; level <= levels; ++level) {
       drafter->run(drafter->missing(frontier, nodes), nodes);
       std::vector<at::Tensor> rows;
@@ -343,7 +344,7 @@ BeamSearch beam_search(Model& target, Model* draft, const std::vector<int64_t>& 
       if (next.empty()) break;
       tree.insert(tree.end(), next.begin(), next.end());
       frontier = std::move(next);
-      scores = best.index_select(1, at::tensor(kept, at::kLong).to(best.device())).view({-1, 1});
+      scores = best.index_select(1, upload(kept, best.device())).view({-1, 1});
     }
 
     // One target call for the running beams it has not run and the draft's tree.

@@ -8,8 +8,9 @@ runs (all of it but the CUDA graphs) is checked on every machine:
 
 * the law: Pearson chi-square of the first LAW_NEW tokens against the target's exact law on native Markov tables
   (tests/test_batch.py's MarkovRows, 4,000 rows in batches of 1,000), at SIGNIFICANCE = 1e-3 per window, 2 windows
-  per case, fixed seeds: 7 cases (chains, trees of each way of drawing siblings, a grown tree whose last level has
-  unequal child counts), at most 1.4% family-wise false failures for a fresh choice of seeds (Bonferroni);
+  per case, fixed seeds: 8 cases (chains, trees of each way of drawing siblings, a grown tree whose last level has
+  unequal child counts, and a chain with lenience against its own exact law, A.5), at most 1.6% family-wise false
+  failures for a fresh choice of seeds (Bonferroni);
 * greedy decoding token for token the pure-torch greedy loop (tests/test_greedy.py), chains and trees, one
   prompt and a batch;
 * that the switch switches: sampled tokens differ from the host kernels' under the same seed (other draws of the
@@ -20,11 +21,13 @@ import pytest
 
 import markov
 import speculant
+from chisquare import chi_square_pvalue
 from speculant.testing import tensor_path
+from speculant.tiny_gpt import script_cached
 from test_batch import LAW_NEW, LAW_PROMPT, LAW_VOCAB, batched_samples
-from test_distribution import assert_law
-from test_tree_decoding import GIVEN, PROMPTS, NEW, table_model
-from test_tree_decoding import expected, models  # noqa: F401 (fixtures)
+from test_distribution import SIGNIFICANCE, assert_law
+from test_greedy import TARGET, perturbed, torch_greedy
+from test_tree_decoding import GIVEN, NEW, PROMPTS, table_model
 
 LAW_CASES = [  # id, decoder options, sampling, table seed
     ("chain-g3-T1-topk2", dict(gamma=3), dict(temperature=1.0, top_k=2), 71),
@@ -50,11 +53,33 @@ def test_tensor_path_law_equals_target_law(case):
     assert_law(samples, law, name)
 
 
+def test_tensor_path_lenient_law():
+    """Lenience (A.5) changes the law on purpose: the samples follow the exact lenient law, enumerated with
+    tests/reference.py (one more case in the family above: at most 1.6% in all)."""
+    lenience, gamma, temperature = 0.3, 2, 1.0
+    target, draft = markov.target_and_draft(LAW_VOCAB, 78, independent_draft=True, concentration=0.5)
+    decoder = speculant.SpeculativeDecoder(table_model(target), table_model(draft), gamma=gamma,
+                                           temperature=temperature, lenience=lenience)
+    with tensor_path():
+        samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=78000)
+    assert_law(samples, markov.speculative_law(target, draft, LAW_PROMPT, LAW_NEW, gamma, temperature,
+                                               lenience=lenience), "lenience 0.3")
+    exact = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, temperature)  # lenience is applied: not this law
+    assert chi_square_pvalue(markov.marginal(exact, [0, 1, 2]), samples[:, [0, 1, 2]]) < SIGNIFICANCE
+
+
+@pytest.fixture(scope="module")
+def models():
+    """tests/test_tree_decoding.py's TinyGPT target, a draft close to it, and the target's greedy continuations."""
+    draft = speculant.load(script_cached(perturbed(TARGET, seed=3, scale=0.05)))
+    return speculant.load(script_cached(TARGET)), draft, [torch_greedy(TARGET, prompt, NEW) for prompt in PROMPTS]
+
+
 @pytest.mark.parametrize("options", [dict(gamma=4), dict(tree=[2, 2], siblings="coupled"),
                                      dict(tree=[3, 1, 1], siblings="top"), dict(tree=GIVEN)], ids=str)
-def test_tensor_path_greedy_is_plain_greedy(models, expected, options):  # noqa: F811 (fixtures)
-    target, drafts = models
-    decoder = speculant.SpeculativeDecoder(target, drafts["near"], temperature=0.0, **options)
+def test_tensor_path_greedy_is_plain_greedy(models, options):
+    target, draft, expected = models
+    decoder = speculant.SpeculativeDecoder(target, draft, temperature=0.0, **options)
     with tensor_path():
         results = decoder.generate(PROMPTS, max_new_tokens=NEW, seed=0)
         alone = decoder.generate(PROMPTS[1], max_new_tokens=NEW, seed=0)
@@ -62,10 +87,10 @@ def test_tensor_path_greedy_is_plain_greedy(models, expected, options):  # noqa:
     assert alone.tokens == expected[1]
 
 
-def test_tensor_path_switches_and_switches_back(models):  # noqa: F811 (fixtures)
-    target, drafts = models
+def test_tensor_path_switches_and_switches_back(models):
+    target, draft, _ = models
     for options in (dict(gamma=4), dict(tree=[2, 2])):
-        decoder = speculant.SpeculativeDecoder(target, drafts["near"], temperature=1.0, **options)
+        decoder = speculant.SpeculativeDecoder(target, draft, temperature=1.0, **options)
         host = [decoder.generate(p, max_new_tokens=NEW, seed=5).tokens for p in PROMPTS]
         with tensor_path():
             tensor = [decoder.generate(p, max_new_tokens=NEW, seed=5).tokens for p in PROMPTS]
