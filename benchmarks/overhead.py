@@ -3,13 +3,14 @@ bookkeeping, cache rollback): speculant's C++ engine against a straightforward p
 the same algorithm on the same TorchScript models, measured side by side in one run.
 
     python benchmarks/overhead.py [--gamma 4] [--generations 6] [--tokens 128]
-    python benchmarks/overhead.py --trees 2,1,1 3,2,1 [--siblings coupled]   # chains and trees, both paths
+    python benchmarks/overhead.py --trees 2,1,1 3,2,1 [--siblings coupled] [--batch 16]   # chains and trees, both paths
 
 With --trees: the engine's overhead per iteration for the chain of --gamma and each tree, on the CPU's host
 kernels and on the tensor path that accelerators run (speculant.testing.tensor_path: the same code as on a GPU,
 less the CUDA graphs; on a CPU each tensor operation costs microseconds of dispatch, as each costs a kernel launch
 on a GPU, so this path's overhead on the CPU shows what a GPU's host pays per iteration for it). Medians over the
-generations with min-max, the configurations interleaved.
+generations with min-max, the configurations interleaved. With --batch B, B prompts decode as one batch: each row's
+overhead per iteration (the batch's time outside its model calls, over the row's iterations), averaged over the rows.
 
 Goal (issue 2): the engine's overhead is under 20% of the pure-PyTorch one's, and under 5% of an iteration for
 a target of at least 10M parameters. Weights are random (seeded): overhead depends on shapes and on how many
@@ -97,18 +98,18 @@ def tree_overhead(target, draft, args) -> None:
                for shape in args.trees]
     decoders = {name: speculant.SpeculativeDecoder(target, draft, temperature=args.temperature, **options)
                 for name, options in drafts}
-    prompt = list(range(1, 17))
+    prompts = [list(range(1 + b, 17 + b)) for b in range(args.batch)]
     runs = {}
     for path in ("host kernels", "tensor path"):
         with tensor_path() if path == "tensor path" else contextlib.nullcontext():
             for decoder in decoders.values():  # warm-up
-                decoder.generate(prompt, max_new_tokens=32, seed=0)
+                decoder.generate(prompts, max_new_tokens=32, seed=0)
             for g in range(args.generations):
                 for name, decoder in decoders.items():
-                    stats = decoder.generate(prompt, max_new_tokens=args.tokens, seed=g).stats
-                    runs.setdefault((name, path), []).append(
-                        (stats.other_seconds / stats.iterations * 1e6, stats.total_seconds / stats.iterations * 1e3,
-                         stats.new_tokens / stats.iterations))
+                    rows = [r.stats for r in decoder.generate(prompts, max_new_tokens=args.tokens, seed=g)]
+                    runs.setdefault((name, path), []).append(tuple(statistics.mean(column) for column in zip(*(
+                        (s.other_seconds / s.iterations * 1e6, s.total_seconds / s.iterations * 1e3,
+                         s.new_tokens / s.iterations) for s in rows))))
     print("| draft | path | engine overhead / iteration (µs) [min-max] | iteration (ms) | tokens / iteration |")
     print("|---|---|---|---|---|")
     for (name, path), values in runs.items():
@@ -128,6 +129,7 @@ def main() -> None:
     parser.add_argument("--trees", nargs="*", default=None, metavar="K1,K2,..",
                         help="measure the chain and these trees on both paths instead of the pure-PyTorch comparison")
     parser.add_argument("--siblings", default="coupled")
+    parser.add_argument("--batch", type=int, default=1, help="with --trees: prompts decoded as one batch")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -141,7 +143,8 @@ def main() -> None:
     if args.trees is not None:
         print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
               f"torch {torch.__version__}, CPU; target {params / 1e6:.1f}M params, draft {draft_params / 1e6:.2f}M, "
-              f"vocab {args.vocab}, temperature {args.temperature}, {args.generations} x {args.tokens} tokens")
+              f"vocab {args.vocab}, temperature {args.temperature}, {args.generations} x {args.tokens} tokens, "
+              f"batch {args.batch}")
         tree_overhead(speculant.load(target_script), speculant.load(draft_script), args)
         return
     engine = speculant.SpeculativeDecoder(speculant.load(target_script), speculant.load(draft_script),

@@ -225,15 +225,14 @@ std::vector<TreeVerdict> Batch::verify_trees() {
   check_interrupt();
   std::vector<at::Tensor> logits;
   timed(&Stats::target_seconds, [&] { logits = target_rows_->extend_tree(inputs, nodes); });  // [N + 1, V]
-  std::vector<TreeVerdict> verdicts;
+  std::vector<TreeInput> trees;
   for (size_t r = 0; r < rows_.size(); ++r) {
     Row& row = rows_[r];
     if (!row.running) continue;
     const at::Tensor q = row.tree_proposal.q.defined() ? row.tree_proposal.q : at::zeros_like(logits[r]);
-    verdicts.push_back(verify_tree(row.tree_proposal.tree, logits[r], q, inputs[r], s_.config, s_.siblings,
-                                   row.generator, row.tree_proposal.maxima));
+    trees.push_back({&row.tree_proposal.tree, logits[r], q, inputs[r], row.tree_proposal.maxima, &row.generator});
   }
-  return verdicts;
+  return speculant::verify_trees(trees, s_.config, s_.siblings);
 }
 
 // Accept and emit, then roll back, for each running row's tree (verdicts as verify_trees returns them).

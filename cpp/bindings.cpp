@@ -243,23 +243,40 @@ PYBIND11_MODULE(_core, m) {
         },
         py::arg("q"), py::arg("k"), py::arg("siblings"), py::arg("greedy"), py::arg("seed"),
         py::arg("generic") = false);
+  auto verify = [](const std::vector<std::tuple<std::vector<int64_t>, at::Tensor, at::Tensor, at::Tensor>>& trees,
+                   double temperature, int64_t top_k, double top_p, double lenience, const std::string& siblings_name,
+                   const std::vector<uint64_t>& seeds, bool generic) {
+    require(seeds.size() == trees.size(), "seeds: one per tree ({}), got {}", trees.size(), seeds.size());
+    const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
+    std::vector<Tree> shapes;
+    std::vector<at::Generator> generators;
+    for (size_t i = 0; i < trees.size(); ++i) {
+      shapes.emplace_back(std::get<0>(trees[i]));
+      generators.push_back(make_generator(std::get<1>(trees[i]).device(), seeds[i]));
+    }
+    std::vector<TreeInput> rows;
+    for (size_t i = 0; i < trees.size(); ++i) {
+      rows.push_back({&shapes[i], std::get<1>(trees[i]), std::get<2>(trees[i]), std::get<3>(trees[i]).to(at::kLong),
+                      at::Tensor(), &generators[i]});
+    }
+    const Siblings siblings = parse_siblings(siblings_name);
+    py::list out;
+    for (const TreeVerdict& v : generic ? verify_trees_generic(rows, config, siblings)
+                                        : verify_trees(rows, config, siblings)) {
+      out.append(py::make_tuple(v.path, v.path_tokens, v.host_token, v.accepted_rank, v.finite));
+    }
+    return out;
+  };
+  // Several trees in one batch, tree i drawing from a generator seeded with seeds[i].
+  m.def("_verify_trees_seeded", verify, py::arg("trees"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+        py::arg("lenience"), py::arg("siblings"), py::arg("seeds"), py::arg("generic") = false);
+  // One tree verified with each of `seeds` (a batch of copies of it).
   m.def("_verify_tree_seeded",
-        [](const std::vector<int64_t>& parents, const at::Tensor& target_logits, const at::Tensor& q,
-           const at::Tensor& tokens, double temperature, int64_t top_k, double top_p, double lenience,
-           const std::string& siblings_name, const std::vector<uint64_t>& seeds, bool generic) {
-          const Tree tree(parents);
-          const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
-          const Siblings siblings = parse_siblings(siblings_name);
-          py::list out;
-          for (const uint64_t seed : seeds) {
-            at::Generator generator = make_generator(target_logits.device(), seed);
-            TreeVerdict v = generic ? verify_tree_generic(tree, target_logits, q, tokens.to(at::kLong), config,
-                                                          siblings, generator)
-                                    : verify_tree(tree, target_logits, q, tokens.to(at::kLong), config, siblings,
-                                                  generator);
-            out.append(py::make_tuple(v.path, v.path_tokens, v.host_token, v.accepted_rank, v.finite));
-          }
-          return out;
+        [verify](const std::vector<int64_t>& parents, const at::Tensor& target_logits, const at::Tensor& q,
+                 const at::Tensor& tokens, double temperature, int64_t top_k, double top_p, double lenience,
+                 const std::string& siblings_name, const std::vector<uint64_t>& seeds, bool generic) {
+          return verify({seeds.size(), {parents, target_logits, q, tokens}}, temperature, top_k, top_p, lenience,
+                        siblings_name, seeds, generic);
         },
         py::arg("parents"), py::arg("target_logits"), py::arg("q"), py::arg("tokens"), py::arg("temperature"),
         py::arg("top_k"), py::arg("top_p"), py::arg("lenience"), py::arg("siblings"), py::arg("seeds"),

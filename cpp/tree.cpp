@@ -1,6 +1,7 @@
 #include "tree.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "cpu_kernels.h"
@@ -147,51 +148,78 @@ void check_tree_inputs(const Tree& tree, const at::Tensor& target_logits, const 
           "draft per position); got {}", config.lenience);
 }
 
+bool all_finite(const at::Tensor& maxima) {  // CPU maxima: no NaN, no +inf
+  if (!maxima.defined()) return true;
+  const at::Tensor host = maxima.to(at::kDouble).contiguous();
+  const double* value = host.const_data_ptr<double>();
+  return std::all_of(value, value + host.numel(), [](double v) { return std::isfinite(v); });
+}
+
 }  // namespace
 
-TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
-                        const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
-                        at::Generator& generator, const at::Tensor& draft_maxima) {
-  if (!cpu::host_kernels(target_logits)) {
-    return verify_tree_generic(tree, target_logits, q, tokens, config, siblings, generator, draft_maxima);
+std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+                                      Siblings siblings) {
+  if (rows.empty()) return {};
+  if (!cpu::host_kernels(rows.front().target_logits)) return verify_trees_generic(rows, config, siblings);
+  std::vector<TreeVerdict> out;
+  for (const TreeInput& row : rows) {
+    check_tree_inputs(*row.tree, row.target_logits, row.q, row.tokens, config);
+    const at::Tensor host_tokens = row.tokens.contiguous();
+    {
+      cpu::GeneratorUniform uniform(*row.generator);
+      out.push_back(cpu::verify_tree(*row.tree, row.target_logits, row.q, host_tokens.const_data_ptr<int64_t>(),
+                                     config, siblings, [&uniform] { return uniform(); }));
+    }
+    TreeVerdict& verdict = out.back();
+    verdict.finite = verdict.finite && all_finite(row.draft_maxima);
+    verdict.token = at::tensor({verdict.host_token}, row.tokens.options());
   }
-  check_tree_inputs(tree, target_logits, q, tokens, config);
-  const at::Tensor host_tokens = tokens.contiguous();
-  TreeVerdict out;
-  {
-    cpu::GeneratorUniform uniform(generator);
-    out = cpu::verify_tree(tree, target_logits, q, host_tokens.const_data_ptr<int64_t>(), config, siblings,
-                           [&uniform] { return uniform(); });
-  }
-  if (out.finite && draft_maxima.defined() && draft_maxima.numel() > 0) {
-    out.finite = at::isfinite(draft_maxima).all().item<bool>();
-  }
-  out.token = at::tensor({out.host_token}, tokens.options());
   return out;
 }
 
-TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
-                                const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
-                                at::Generator& generator, const at::Tensor& draft_maxima) {
-  check_tree_inputs(tree, target_logits, q, tokens, config);
-  const int64_t size = tree.size();
-  const auto long_options = target_logits.options().dtype(at::kLong);
+std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+                                              Siblings siblings) {
+  if (rows.empty()) return {};
+  // Every row's nodes one after the other: row r's node i is node base[r] + i of the batch.
+  const auto count = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> base(count + 1, 0), widths(count);
+  int64_t k_max = 1;
+  for (int64_t r = 0; r < count; ++r) {
+    const TreeInput& row = rows[r];
+    check_tree_inputs(*row.tree, row.target_logits, row.q, row.tokens, config);
+    base[r + 1] = base[r] + row.tree->size();
+    widths[r] = std::max<int64_t>(row.tree->max_children(), 1);
+    k_max = std::max(k_max, widths[r]);
+  }
+  const int64_t size = base[count];
+  auto joined = [&](at::Tensor TreeInput::*field) {
+    std::vector<at::Tensor> parts;
+    for (const TreeInput& row : rows) parts.push_back(row.*field);
+    return parts.size() == 1 ? parts[0] : at::cat(parts);
+  };
+  const at::Tensor target_logits = joined(&TreeInput::target_logits), q = joined(&TreeInput::q);
+  const at::Tensor tokens = joined(&TreeInput::tokens);
 
-  // The internal nodes (with children) M, their children as an [M, K] table padded with node 0, and their
-  // child counts: one upload.
-  std::vector<int64_t> internal, child_nodes, counts, index_of(size, -1);
-  const int64_t k_max = std::max<int64_t>(tree.max_children(), 1);
-  for (int64_t node = 0; node < size; ++node) {
-    if (tree.children(node) == 0) continue;
-    index_of[node] = static_cast<int64_t>(internal.size());
-    internal.push_back(node);
-    counts.push_back(tree.children(node));
-    for (int64_t j = 0; j < k_max; ++j) child_nodes.push_back(j < tree.children(node) ? tree.first_child(node) + j : 0);
+  // The internal nodes (with children) M, their children as an [M, K] table padded with their row's root, and
+  // their child counts: one upload.
+  std::vector<int64_t> internal, child_nodes, counts, index_of(size, -1), internal_in(count + 1, 0);
+  for (int64_t r = 0; r < count; ++r) {
+    const Tree& tree = *rows[r].tree;
+    for (int64_t node = 0; node < tree.size(); ++node) {
+      if (tree.children(node) == 0) continue;
+      index_of[base[r] + node] = static_cast<int64_t>(internal.size());
+      internal.push_back(base[r] + node);
+      counts.push_back(tree.children(node));
+      for (int64_t j = 0; j < k_max; ++j) {
+        child_nodes.push_back(base[r] + (j < tree.children(node) ? tree.first_child(node) + j : 0));
+      }
+    }
+    internal_in[r + 1] = static_cast<int64_t>(internal.size());
   }
   const auto m = static_cast<int64_t>(internal.size());
 
   at::Tensor maxima;
-  at::Tensor p = standardize_generic(target_logits, config, &maxima);  // [N + 1, V]
+  at::Tensor p = standardize_generic(target_logits, config, &maxima);  // [nodes, V]
   at::Tensor dist = p.clone();  // row i: the law of t if the walk stops at node i
   at::Tensor accept = at::zeros({m, k_max}, p.options());  // [M, K]
   at::Tensor beta = at::zeros({m}, p.options());
@@ -256,45 +284,58 @@ TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logit
     accept = at::stack(columns, 1);                                                                // [M, K]
     if (!config.greedy()) dist.index_copy_(0, nodes, p_j);  // every child rejected: t ~ p_{k+1}
   }
-  // Draws: one uniform per (internal node, child), then one per node for its candidate t.
-  const at::Tensor accepted = at::rand({m, k_max}, generator, p.options()) < accept;               // [M, K]
-  const at::Tensor candidates = config.greedy()
-                                    ? dist.argmax(-1)
-                                    : sample_inverse_cdf(dist, at::rand({size, 1}, generator,
-                                                                        p.options().dtype(at::kDouble)));  // [N + 1]
-  const at::Tensor all_maxima = draft_maxima.defined() && draft_maxima.numel() > 0
-                                    ? at::cat({maxima, draft_maxima.to(maxima.scalar_type())})
-                                    : maxima;
-  const at::Tensor bad = at::isfinite(all_maxima).all().logical_not().view({1});
+  // Draws, each row from its generator as alone: one uniform per (internal node, child of its tree's widest),
+  // then one per node for its candidate t. Columns past a row's widest get 2, which no acceptance passes.
+  std::vector<at::Tensor> coins, draws, draft_maxima;
+  for (int64_t r = 0; r < count; ++r) {
+    at::Generator& generator = *rows[r].generator;
+    const at::Tensor u = at::rand({internal_in[r + 1] - internal_in[r], widths[r]}, generator, p.options());
+    coins.push_back(widths[r] < k_max ? at::constant_pad_nd(u, {0, k_max - widths[r]}, 2.0) : u);
+    if (!config.greedy()) draws.push_back(at::rand({rows[r].tree->size(), 1}, generator, p.options().dtype(at::kDouble)));
+    if (rows[r].draft_maxima.defined()) draft_maxima.push_back(rows[r].draft_maxima.to(maxima.scalar_type()));
+  }
+  const at::Tensor accepted = at::cat(coins) < accept;                                             // [M, K]
+  const at::Tensor candidates = config.greedy() ? dist.argmax(-1) : sample_inverse_cdf(dist, at::cat(draws));
+  // per node and per draft row: not finite (NaN or +inf in the raw logits)
+  const at::Tensor bad = at::isfinite(draft_maxima.empty() ? maxima : at::cat({maxima, at::cat(draft_maxima)}))
+                             .logical_not();
 
-  // The one device -> host read, in float64: [accepted (M K), candidates (N + 1), tokens (N + 1), beta (M), bad].
+  // The one device -> host read, in float64: [accepted (M K), candidates (nodes), tokens (nodes), beta (M), bad].
   const at::Tensor host = at::cat({accepted.flatten().to(at::kDouble), candidates.to(at::kDouble),
                                    tokens.to(at::kDouble), beta.to(at::kDouble), bad.to(at::kDouble)}).cpu();
-  const double* h = host.const_data_ptr<double>();
-  const double* flags = h;
-  const double* candidate = h + m * k_max;
+  const double* flags = host.const_data_ptr<double>();
+  const double* candidate = flags + m * k_max;
   const double* token = candidate + size;
   const double* betas = token + size;
-  TreeVerdict out;
-  out.finite = betas[m] == 0;
-  for (int64_t node = 0;;) {
-    const int64_t row = index_of[node];
-    int64_t chosen = -1;
-    if (row >= 0) {
-      out.betas.push_back(betas[row]);
-      for (int64_t j = 0; j < tree.children(node) && chosen < 0; ++j) {
-        if (flags[row * k_max + j] != 0) chosen = j;
+  const double* bad_node = betas + m;
+  const double* bad_draft = bad_node + size;
+  std::vector<TreeVerdict> out(count);
+  for (int64_t r = 0; r < count; ++r) {
+    const Tree& tree = *rows[r].tree;
+    TreeVerdict& verdict = out[r];
+    const int64_t drafted = rows[r].draft_maxima.defined() ? rows[r].draft_maxima.numel() : 0;
+    verdict.finite = std::none_of(bad_node + base[r], bad_node + base[r + 1], [](double b) { return b != 0; }) &&
+                     std::none_of(bad_draft, bad_draft + drafted, [](double b) { return b != 0; });
+    bad_draft += drafted;
+    for (int64_t node = 0;;) {
+      const int64_t at = base[r] + node, row = index_of[at];
+      int64_t chosen = -1;
+      if (row >= 0) {
+        verdict.betas.push_back(betas[row]);
+        for (int64_t j = 0; j < tree.children(node) && chosen < 0; ++j) {
+          if (flags[row * k_max + j] != 0) chosen = j;
+        }
       }
+      verdict.accepted_rank.push_back(chosen);
+      if (chosen < 0) {
+        verdict.host_token = static_cast<int64_t>(candidate[at]);
+        verdict.token = candidates.narrow(0, at, 1);
+        break;
+      }
+      node = tree.first_child(node) + chosen;
+      verdict.path.push_back(node);
+      verdict.path_tokens.push_back(static_cast<int64_t>(token[base[r] + node]));
     }
-    out.accepted_rank.push_back(chosen);
-    if (chosen < 0) {
-      out.host_token = static_cast<int64_t>(candidate[node]);
-      out.token = candidates.narrow(0, node, 1);
-      break;
-    }
-    node = tree.first_child(node) + chosen;
-    out.path.push_back(node);
-    out.path_tokens.push_back(static_cast<int64_t>(token[node]));
   }
   return out;
 }

@@ -143,18 +143,24 @@ struct TreeVerdict {
   bool finite = true;         // every target row (and draft row given) had finite logits
 };
 
-// One row's tree. target_logits [N + 1, V]: row i is the target after node i. q [N + 1, V]: row i is the
-// draft's standardized distribution at node i, which node i's children were drawn from (rows of leaves are
-// not read). tokens int64 [N + 1]: node i's token (the root's is not read). Lenience must be 1.
-// draft_maxima (may be undefined): the draft's raw row maxima, checked for NaN / +inf.
-// On accelerators (verify_tree_generic) every node's acceptance tests and every candidate t are computed as
-// tensors, with one device -> host read, and the walk down the tree is done on the host from that read. CPU
-// tensors go to cpu::verify_tree, which evaluates only the nodes on the walk (the same law, other draws).
-TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
-                        const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
-                        at::Generator& generator, const at::Tensor& draft_maxima = at::Tensor());
-TreeVerdict verify_tree_generic(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q,
-                                const at::Tensor& tokens, const SamplingConfig& config, Siblings siblings,
-                                at::Generator& generator, const at::Tensor& draft_maxima = at::Tensor());
+// One row's tree and what its verification needs. target_logits [N + 1, V]: row i is the target after node i.
+// q [N + 1, V]: row i is the draft's standardized distribution at node i, which node i's children were drawn from
+// (rows of leaves are not read). tokens int64 [N + 1]: node i's token (the root's is not read). draft_maxima (may
+// be undefined): the draft's raw row maxima, checked for NaN / +inf. The row draws from *generator.
+struct TreeInput {
+  const Tree* tree = nullptr;
+  at::Tensor target_logits, q, tokens, draft_maxima;
+  at::Generator* generator = nullptr;
+};
+
+// Every row's tree (lenience must be 1). CPU tensors go to cpu::verify_tree row by row, which evaluates only the
+// nodes on the walk. On accelerators (verify_trees_generic) the acceptance tests of every internal node of every
+// row and every candidate t are computed as tensors in one pass, with one device -> host read for the batch, and
+// each row's walk down its tree is done on the host from that read (the same law, other draws than the host
+// kernel's). A row gets the verdict it gets alone: its generator gives the same draws in the same order.
+std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+                                      Siblings siblings);
+std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+                                              Siblings siblings);
 
 }  // namespace speculant

@@ -592,6 +592,35 @@ def run_one(shape, target, draft, siblings, root, seed, generic):
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+@pytest.mark.parametrize("siblings", ["with_replacement", "without_replacement", "top", "coupled"])
+def test_a_batch_of_trees_gives_each_its_verdict_alone(siblings, temperature, generic):
+    """verify_trees: trees of other shapes (widest 3, 2, 1, the root alone) in one batch, on the tensor path one
+    pass and one read for all of them; each row's verdict is the one it gets alone with its seed, and a row whose
+    target logits hold a NaN is the only one flagged."""
+    target, draft = tables(seed=43)
+    q_table = standardized(draft, (max(temperature, 1.0), 0, 1.0))
+    trees, seeds = [], []
+    for i, shape in enumerate([[3, 1], [2, 2], [1, 1, 1], [], [1, 3]]):
+        parents = _core._tree_parents(shape)
+        tokens = draw_tree(parents, q_table, draft, 1 + i % 3, siblings, temperature == 0, seed=i)
+        trees.append((parents, target[tokens], q_table[tokens], tokens))
+        seeds.append(100 + i)
+    for rounds in range(20):
+        seeds = [seed + 1000 for seed in seeds]
+        together = _core._verify_trees_seeded(trees, temperature, 0, 1.0, 1.0, siblings, seeds, generic)
+        alone = [_core._verify_trees_seeded([tree], temperature, 0, 1.0, 1.0, siblings, [seed], generic)[0]
+                 for tree, seed in zip(trees, seeds)]
+        assert together == alone
+    parents, logits, q, tokens = trees[1]
+    logits = logits.clone()
+    logits[2, 3] = float("nan")
+    flagged = _core._verify_trees_seeded([trees[0], (parents, logits, q, tokens), trees[2]], temperature, 0, 1.0,
+                                         1.0, siblings, [1, 2, 3], generic)
+    assert [verdict[-1] for verdict in flagged] == [True, False, True]
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
 @pytest.mark.parametrize("shape", [[2, 2], [3, 1], [1, 1, 1], [4, 2]], ids=str)
 def test_greedy_is_the_longest_argmax_agreement(shape, generic):
     target, draft = tables(seed=41, masked=False)
