@@ -218,6 +218,13 @@ bool host_kernels(const at::Tensor& t) { return t.is_cpu() && host_kernels_on.lo
 
 bool set_host_kernels(bool on) { return host_kernels_on.exchange(on); }
 
+bool all_finite(const at::Tensor& maxima) {
+  if (!maxima.defined()) return true;
+  const at::Tensor values = maxima.to(at::kDouble).contiguous();
+  const double* data = values.const_data_ptr<double>();
+  return std::all_of(data, data + values.numel(), [](double m) { return std::isfinite(m); });
+}
+
 at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, std::vector<uint8_t>* finite) {
   const at::Tensor x = logits.contiguous();
   if (x.scalar_type() == at::kDouble) return standardize_rows<double, double>(x, config, finite);

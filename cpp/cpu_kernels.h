@@ -27,6 +27,9 @@ namespace speculant::cpu {
 bool host_kernels(const at::Tensor& t);
 bool set_host_kernels(bool on);  // returns the previous setting
 
+// Whether a CPU tensor of raw row maxima holds no NaN and no +inf (read on the host; undefined: true).
+bool all_finite(const at::Tensor& maxima);
+
 // A source of independent uniforms in [0, 1): the decoder's generator, or given values in tests.
 using Uniform = std::function<double()>;
 

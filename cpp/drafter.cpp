@@ -131,15 +131,23 @@ class ModelDraftRows final : public DraftRows {
       std::vector<at::Tensor> logits = rows_->extend(feed);  // [k_r, V] for the rows still drafting
       if (sync) torch::cuda::synchronize();
       const double seconds = seconds_since(start);
+      std::vector<size_t> drafting;
+      std::vector<at::Tensor> last;  // each drafting row's distribution after its last fed token
+      std::vector<at::Generator*> drawing;
       for (size_t r = 0; r < count; ++r) {
         if (i >= gammas[r]) continue;
         out[r].seconds += seconds;  // a batched call takes this long for each row in it
-        // the distribution after the last fed token
-        DraftDraw draw = draft_step(logits[r].narrow(0, logits[r].size(0) - 1, 1), config, generators[r]);
-        q_rows[r].push_back(draw.q);
-        x_rows[r].push_back(draw.token);
-        if (draw.maximum.defined()) maxima[r].push_back(draw.maximum);
-        out[r].finite = out[r].finite && draw.finite;
+        drafting.push_back(r);
+        last.push_back(logits[r].narrow(0, logits[r].size(0) - 1, 1));
+        drawing.push_back(&generators[r]);
+      }
+      const std::vector<DraftDraw> draws = draft_steps(last, config, drawing);
+      for (size_t j = 0; j < drafting.size(); ++j) {
+        const size_t r = drafting[j];
+        q_rows[r].push_back(draws[j].q);
+        x_rows[r].push_back(draws[j].token);
+        if (draws[j].maximum.defined()) maxima[r].push_back(draws[j].maximum);
+        out[r].finite = out[r].finite && draws[j].finite;
       }
     }
     for (size_t r = 0; r < count; ++r) {

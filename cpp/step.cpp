@@ -9,13 +9,6 @@
 namespace speculant {
 namespace {
 
-bool all_finite(const at::Tensor& maxima) {  // a CPU tensor, read on the host
-  if (!maxima.defined()) return true;
-  const at::Tensor values = maxima.to(at::kDouble).contiguous();
-  const double* data = values.const_data_ptr<double>();
-  return std::all_of(data, data + values.numel(), [](double m) { return std::isfinite(m); });
-}
-
 at::Tensor scalar_token(int64_t token) {
   at::Tensor out = at::empty({1}, at::TensorOptions().dtype(at::kLong));
   *out.mutable_data_ptr<int64_t>() = token;
@@ -24,11 +17,41 @@ at::Tensor scalar_token(int64_t token) {
 
 }  // namespace
 
-DraftDraw draft_step_generic(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator) {
-  DraftDraw out;
-  out.q = standardize_generic(logits, config, &out.maximum);  // [1, V]
-  out.token = config.greedy() ? out.q.argmax(-1) : sample(out.q, generator);  // [1]
+std::vector<DraftDraw> draft_steps_generic(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
+                                           const std::vector<at::Generator*>& generators) {
+  if (logits.empty()) return {};
+  at::Tensor maxima;
+  const at::Tensor q = standardize_generic(logits.size() == 1 ? logits[0] : at::cat(logits), config, &maxima);  // [R, V]
+  at::Tensor tokens;  // [R]
+  if (config.greedy()) {
+    tokens = q.argmax(-1);
+  } else {  // row r's one uniform from its own generator, as sample() draws it alone
+    std::vector<at::Tensor> uniforms;
+    for (at::Generator* generator : generators) {
+      uniforms.push_back(at::rand({1, 1}, *generator, q.options().dtype(at::kDouble)));
+    }
+    tokens = sample_inverse_cdf(q, uniforms.size() == 1 ? uniforms[0] : at::cat(uniforms));
+  }
+  std::vector<DraftDraw> out(logits.size());
+  for (size_t r = 0; r < logits.size(); ++r) {
+    const auto i = static_cast<int64_t>(r);
+    out[r].q = q.narrow(0, i, 1);
+    out[r].token = tokens.narrow(0, i, 1);
+    out[r].maximum = maxima.narrow(0, i, 1);
+  }
   return out;
+}
+
+std::vector<DraftDraw> draft_steps(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
+                                   const std::vector<at::Generator*>& generators) {
+  if (logits.empty() || !cpu::host_kernels(logits.front())) return draft_steps_generic(logits, config, generators);
+  std::vector<DraftDraw> out;
+  for (size_t r = 0; r < logits.size(); ++r) out.push_back(draft_step(logits[r], config, *generators[r]));
+  return out;
+}
+
+DraftDraw draft_step_generic(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator) {
+  return draft_steps_generic({logits}, config, {&generator})[0];
 }
 
 DraftDraw draft_step(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator) {
@@ -56,55 +79,64 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
   const int64_t vocab = first.size(1);
   const auto long_options = first.options().dtype(at::kLong);
   const auto work = first.options().dtype(first.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
-  // Every row padded to G drafts: logits with rows of zeros, q with zero rows, tokens 0 (never accepted below).
-  std::vector<at::Tensor> logits(count), qs(count), tokens(count), uniforms(count), draws(count), draft_bad(count);
+  // Every row padded to G drafts (rows of G drafts are as they are): logits with rows of zeros, q with zero rows,
+  // tokens 0 (never accepted below); the per-row operations are the padding of shorter rows and the draws.
+  std::vector<at::Tensor> logits(count), qs(count), tokens(count), uniforms(count), draws(count), draft_maxima;
+  std::vector<int64_t> draft_rows(count, 0);  // how many draft maxima each row has to check
   for (int64_t i = 0; i < count; ++i) {
     const VerifyInput& row = rows[i];
     const int64_t pad = g - gammas[i];
-    logits[i] = at::constant_pad_nd(row.target_logits, {0, 0, 0, pad}, 0.0);                      // [G + 1, V]
-    qs[i] = gammas[i] > 0 ? at::constant_pad_nd(row.q.to(work.dtype()), {0, 0, 0, pad + 1}, 0.0)  // [G + 1, V]
-                          : at::zeros({g + 1, vocab}, work);
-    tokens[i] = gammas[i] > 0 ? at::constant_pad_nd(row.drafted, {0, pad}, 0) : at::zeros({g}, long_options);
+    auto padded = [pad](const at::Tensor& t, std::vector<int64_t> pads, double value) {
+      return pad == 0 ? t : at::constant_pad_nd(t, pads, value);
+    };
+    logits[i] = padded(row.target_logits, {0, 0, 0, pad}, 0.0);                            // [G + 1, V]
+    qs[i] = gammas[i] > 0 ? padded(row.q, {0, 0, 0, pad}, 0.0) : at::zeros({g, vocab}, work);  // [G, V]
+    tokens[i] = gammas[i] > 0 ? padded(row.drafted, {0, pad}, 0) : at::zeros({g}, long_options);  // [G]
     at::Generator& generator = *generators[i];
     // The row's draws in verify order: one uniform per draft token, then (sampling) the residual's uniform.
-    const at::Tensor r = at::rand({gammas[i]}, generator, work);
-    uniforms[i] = at::constant_pad_nd(r.to(at::kDouble), {0, pad}, 2.0);  // [G]: a padded draft fails r < 1
+    uniforms[i] = padded(at::rand({gammas[i]}, generator, work), {0, pad}, 2.0);  // [G]: a padded draft fails r < 1
     if (!config.greedy()) draws[i] = at::rand({1, 1}, generator, first.options().dtype(at::kDouble));
-    draft_bad[i] = row.draft_maxima.defined() && row.draft_maxima.numel() > 0
-                       ? at::isfinite(row.draft_maxima).all().logical_not()
-                       : at::zeros({}, first.options().dtype(at::kBool));
+    if (row.draft_maxima.defined() && row.draft_maxima.numel() > 0) {
+      draft_maxima.push_back(row.draft_maxima.flatten());
+      draft_rows[i] = row.draft_maxima.numel();
+    }
   }
   at::Tensor target_logits = at::stack(logits);                                          // [R, G + 1, V]
   at::Tensor target_maxima;
   at::Tensor p = standardize_generic(target_logits.view({count * (g + 1), vocab}), config, &target_maxima)
                      .view({count, g + 1, vocab});                                       // [R, G + 1, V]
-  at::Tensor q_padded = at::stack(qs);                                                   // [R, G + 1, V], q_{G+1} = 0
-  at::Tensor q = q_padded.narrow(1, 0, g);                                               // [R, G, V]
+  at::Tensor q = at::stack(qs).to(work.dtype());                                         // [R, G, V]
+  at::Tensor q_padded = at::constant_pad_nd(q, {0, 0, 0, 1}, 0.0);                       // [R, G + 1, V], q_{G+1} = 0
   at::Tensor drafted = at::stack(tokens);                                                // [R, G]
   at::Tensor accept_prob = accept_probabilities(p, q, drafted, target_logits, config);  // [R, G]
 
   // n = min({i - 1 | r_i > p_i(x) / q_i(x)} U {gamma}), then t ~ residual(p_{n+1}, q_{n+1}).
-  at::Tensor accepted = at::stack(uniforms) < accept_prob.to(at::kDouble);               // [R, G]
+  at::Tensor accepted = at::stack(uniforms).to(at::kDouble) < accept_prob.to(at::kDouble);  // [R, G]
   at::Tensor n = accepted.to(at::kLong).cumprod(1).sum(1);                               // [R]
   at::Tensor at_n = n.view({count, 1, 1}).expand({count, 1, vocab});
   at::Tensor dist = residual(p.gather(1, at_n).squeeze(1), q_padded.gather(1, at_n).squeeze(1));  // [R, V]
   at::Tensor t = config.greedy() ? dist.argmax(-1) : sample_inverse_cdf(dist, at::cat(draws));  // [R]
   at::Tensor beta = at::minimum(p.narrow(1, 0, g), q).sum(-1);                          // [R, G]
-  at::Tensor bad = at::isfinite(target_maxima.view({count, g + 1})).all(1).logical_not()
-                       .logical_or(at::stack(draft_bad));                                // [R]
+  at::Tensor bad = at::isfinite(target_maxima.view({count, g + 1})).all(1).logical_not();  // [R]
+  at::Tensor draft_bad = draft_maxima.empty() ? at::zeros({0}, work)
+                                              : at::isfinite(at::cat(draft_maxima)).logical_not();  // [D]
 
   // The batch's one device -> host transfer, in float64 (token ids are exact there up to 2^53), row i:
-  // [n, bad, x_1 .. x_G, t, beta_1 .. beta_G].
-  at::Tensor host = at::cat({n.to(at::kDouble).unsqueeze(1), bad.to(at::kDouble).unsqueeze(1),
-                             drafted.to(at::kDouble), t.to(at::kDouble).unsqueeze(1), beta.to(at::kDouble)},
-                            1).cpu();                                                    // [R, 2 G + 3]
+  // [n, bad, x_1 .. x_G, t, beta_1 .. beta_G]; then each draft maximum's flag, row after row.
+  at::Tensor matrix = at::cat({n.to(at::kDouble).unsqueeze(1), bad.to(at::kDouble).unsqueeze(1),
+                               drafted.to(at::kDouble), t.to(at::kDouble).unsqueeze(1), beta.to(at::kDouble)},
+                              1);                                                        // [R, 2 G + 3]
+  at::Tensor host = at::cat({matrix.flatten(), draft_bad.to(at::kDouble)}).cpu();
   const double* h = host.const_data_ptr<double>();
+  const double* draft_flags = h + count * (2 * g + 3);
   std::vector<Verdict> out(count);
   for (int64_t i = 0; i < count; ++i, h += 2 * g + 3) {
     Verdict& v = out[i];
     const int64_t gamma = gammas[i];
     v.accepted = static_cast<int64_t>(h[0]);
-    v.finite = rows[i].draft_finite && h[1] == 0;
+    v.finite = rows[i].draft_finite && h[1] == 0 &&
+               std::none_of(draft_flags, draft_flags + draft_rows[i], [](double flag) { return flag != 0; });
+    draft_flags += draft_rows[i];
     for (int64_t j = 0; j < gamma; ++j) v.drafted.push_back(static_cast<int64_t>(h[2 + j]));
     v.host_token = static_cast<int64_t>(h[2 + g]);
     v.token = t.narrow(0, i, 1);
@@ -131,7 +163,7 @@ std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const Sam
     v.host_token = cv.token;
     v.token = scalar_token(cv.token);
     v.betas = std::move(cv.betas);
-    v.finite = cv.finite && row.draft_finite && all_finite(row.draft_maxima);
+    v.finite = cv.finite && row.draft_finite && cpu::all_finite(row.draft_maxima);
   }
   return out;
 }

@@ -23,6 +23,11 @@ struct DraftDraw {
 
 // logits [1, V] on any device.
 DraftDraw draft_step(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator);
+// The draft steps of several rows at once: logits[r] [1, V], all on one device, row r drawing from *generators[r].
+// CPU tensors run draft_step row by row; accelerators standardize every row in one pass and draw every token in
+// one inverse-CDF pass over the rows' uniforms, each from its own generator: row r gets the draw it gets alone.
+std::vector<DraftDraw> draft_steps(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
+                                   const std::vector<at::Generator*>& generators);
 
 struct Verdict {
   int64_t accepted = 0;          // n
@@ -54,6 +59,8 @@ std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const Sam
 
 // The tensor path on any device, CPU included (what accelerators run; exposed so that tests check it on CPU).
 DraftDraw draft_step_generic(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator);
+std::vector<DraftDraw> draft_steps_generic(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
+                                           const std::vector<at::Generator*>& generators);
 std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
                                          const std::vector<at::Generator*>& generators);
 

@@ -1,7 +1,6 @@
 #include "tree.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 
 #include "cpu_kernels.h"
@@ -148,13 +147,6 @@ void check_tree_inputs(const Tree& tree, const at::Tensor& target_logits, const 
           "draft per position); got {}", config.lenience);
 }
 
-bool all_finite(const at::Tensor& maxima) {  // CPU maxima: no NaN, no +inf
-  if (!maxima.defined()) return true;
-  const at::Tensor host = maxima.to(at::kDouble).contiguous();
-  const double* value = host.const_data_ptr<double>();
-  return std::all_of(value, value + host.numel(), [](double v) { return std::isfinite(v); });
-}
-
 }  // namespace
 
 std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
@@ -171,7 +163,7 @@ std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const 
                                      config, siblings, [&uniform] { return uniform(); }));
     }
     TreeVerdict& verdict = out.back();
-    verdict.finite = verdict.finite && all_finite(row.draft_maxima);
+    verdict.finite = verdict.finite && cpu::all_finite(row.draft_maxima);
     verdict.token = at::tensor({verdict.host_token}, row.tokens.options());
   }
   return out;

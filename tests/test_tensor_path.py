@@ -12,7 +12,7 @@ runs (all of it but the CUDA graphs) is checked on every machine:
   unequal child counts, and a chain with lenience against its own exact law, A.5), at most 1.6% family-wise false
   failures for a fresh choice of seeds (Bonferroni);
 * greedy decoding token for token the pure-torch greedy loop (tests/test_greedy.py), chains and trees, one
-  prompt and a batch;
+  prompt and a batch; sampled rows of a batch equal to each row decoded alone with its seed;
 * that the switch switches: sampled tokens differ from the host kernels' under the same seed (other draws of the
   same law), and the host kernels are back after the block, an exception included.
 """
@@ -24,8 +24,9 @@ import speculant
 from chisquare import chi_square_pvalue
 from speculant.testing import tensor_path
 from speculant.tiny_gpt import script_cached
-from test_batch import LAW_NEW, LAW_PROMPT, LAW_VOCAB, batched_samples
+from test_batch import LAW_NEW, LAW_PROMPT, LAW_VOCAB, SETTINGS, batched_samples, check_rows, markov_model
 from test_distribution import SIGNIFICANCE, assert_law
+from test_engine import poisoned_table
 from test_greedy import TARGET, perturbed, torch_greedy
 from test_tree_decoding import GIVEN, NEW, PROMPTS, table_model
 
@@ -85,6 +86,34 @@ def test_tensor_path_greedy_is_plain_greedy(models, options):
         alone = decoder.generate(PROMPTS[1], max_new_tokens=NEW, seed=0)
     assert [r.tokens for r in results] == expected
     assert alone.tokens == expected[1]
+
+
+@pytest.mark.parametrize("options", [dict(gamma=3), dict(tree=[2, 2], siblings="coupled"),
+                                     dict(tree=[3, 1], siblings="without_replacement")], ids=str)
+@pytest.mark.parametrize("setting", ["T1", "T0.8-topk8-topp0.9"])
+def test_tensor_path_rows_equal_batch_one(models, options, setting):
+    """The batched passes (every row's draft step at once, every row's tree in one verification) give row r of a
+    batch what it gets alone with seed + r: its draws come from its own generator in the same order."""
+    target, draft, _ = models
+    decoder = speculant.SpeculativeDecoder(target, draft, **options)
+    with tensor_path():
+        batch = check_rows(decoder.generate, PROMPTS, seed=40, max_new_tokens=NEW, **SETTINGS[setting])
+    assert len({tuple(result.tokens) for result in batch}) == len(batch)
+
+
+@pytest.mark.parametrize("options", [dict(gamma=1), dict(tree=[2])], ids=str)
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_tensor_path_names_the_row_with_non_finite_logits(options, role):
+    """The batch's one read-back carries each row's flags: row 1's prompt ends in token 0, after which the table's
+    logits are NaN (tests/test_batch.py's case, on native Markov rows)."""
+    bad = markov_model(poisoned_table(float("nan")), "native")
+    good = markov_model(markov.random_table(3, 5), "native")
+    prompts = [[1, 2], [1, 0], [2, 1]]
+    with tensor_path(), pytest.raises(ValueError, match="NaN or \\+inf logits.* of row 1 "):
+        if role == "target":
+            speculant.SpeculativeDecoder(bad, good, **options).generate(prompts, max_new_tokens=1, seed=0)
+        else:
+            speculant.SpeculativeDecoder(good, bad, **options).generate(prompts[:2], max_new_tokens=2, seed=0)
 
 
 def test_tensor_path_switches_and_switches_back(models):
