@@ -107,7 +107,8 @@ def tree_overhead(target, draft, args) -> None:
             for g in range(args.generations):
                 for name, decoder in decoders.items():
                     results = decoder.generate(prompts, max_new_tokens=args.tokens, seed=g)
-                    rows = [r.stats for r in (results if isinstance(results, list) else [results])]  # one prompt: a Result
+                    results = results if isinstance(results, list) else [results]  # one prompt: one Result
+                    rows = [r.stats for r in results]
                     runs.setdefault((name, path), []).append(tuple(statistics.mean(column) for column in zip(*(
                         (s.other_seconds / s.iterations * 1e6, s.total_seconds / s.iterations * 1e3,
                          s.new_tokens / s.iterations) for s in rows))))

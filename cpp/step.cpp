@@ -21,7 +21,8 @@ std::vector<DraftDraw> draft_steps_generic(const std::vector<at::Tensor>& logits
                                            const std::vector<at::Generator*>& generators) {
   if (logits.empty()) return {};
   at::Tensor maxima;
-  const at::Tensor q = standardize_generic(logits.size() == 1 ? logits[0] : at::cat(logits), config, &maxima);  // [R, V]
+  const at::Tensor rows = logits.size() == 1 ? logits[0] : at::cat(logits);  // [R, V]
+  const at::Tensor q = standardize_generic(rows, config, &maxima);
   at::Tensor tokens;  // [R]
   if (config.greedy()) {
     tokens = q.argmax(-1);
@@ -147,7 +148,9 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
 
 std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
                                  const std::vector<at::Generator*>& generators) {
-  if (rows.empty() || !cpu::host_kernels(rows.front().target_logits)) return verify_rows_generic(rows, config, generators);
+  if (rows.empty() || !cpu::host_kernels(rows.front().target_logits)) {
+    return verify_rows_generic(rows, config, generators);
+  }
   std::vector<Verdict> out(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
     const VerifyInput& row = rows[i];

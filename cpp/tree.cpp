@@ -84,7 +84,8 @@ at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts
   cpu::GeneratorUniform uniform(generator);
   std::vector<at::Tensor> drawn;
   for (size_t i = 0; i < counts.size(); ++i) {
-    drawn.push_back(cpu::draw_children(q[static_cast<int64_t>(i)], counts[i], siblings, [&uniform] { return uniform(); }));
+    const at::Tensor row = q[static_cast<int64_t>(i)];
+    drawn.push_back(cpu::draw_children(row, counts[i], siblings, [&uniform] { return uniform(); }));
   }
   return drawn.size() == 1 ? drawn[0] : at::cat(drawn);
 }
@@ -283,7 +284,9 @@ std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows
     at::Generator& generator = *rows[r].generator;
     const at::Tensor u = at::rand({internal_in[r + 1] - internal_in[r], widths[r]}, generator, p.options());
     coins.push_back(widths[r] < k_max ? at::constant_pad_nd(u, {0, k_max - widths[r]}, 2.0) : u);
-    if (!config.greedy()) draws.push_back(at::rand({rows[r].tree->size(), 1}, generator, p.options().dtype(at::kDouble)));
+    if (!config.greedy()) {
+      draws.push_back(at::rand({rows[r].tree->size(), 1}, generator, p.options().dtype(at::kDouble)));
+    }
     if (rows[r].draft_maxima.defined()) draft_maxima.push_back(rows[r].draft_maxima.to(maxima.scalar_type()));
   }
   const at::Tensor accepted = at::cat(coins) < accept;                                             // [M, K]
