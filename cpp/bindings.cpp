@@ -228,21 +228,26 @@ PYBIND11_MODULE(_core, m) {
   // drawn with each of `seeds` -> [(path, path_tokens, t, accepted_rank, finite)].
   m.def("_tree_parents", [](const std::vector<int64_t>& shape) { return Tree::from_shape(shape).parents(); },
         py::arg("shape"));
-  // k children of one node (q [V], k an int) or counts[i] children of each of several (q [n, V], k a list).
+  // k children of one node (q [V], k an int) or counts[i] children of each of several (q [n, V], k a list); groups:
+  // the rows of each generator, group g seeded with seed + g (default: one group).
   m.def("_draw_children",
         [](const at::Tensor& q, const py::object& k, const std::string& siblings_name, bool greedy, uint64_t seed,
-           bool generic) {
-          at::Generator generator = make_generator(q.device(), seed);
+           bool generic, std::vector<int64_t> groups) {
           const Siblings siblings = parse_siblings(siblings_name);
           const bool one = py::isinstance<py::int_>(k);
           const at::Tensor rows = one ? q.unsqueeze(0) : q;
           const std::vector<int64_t> counts = one ? std::vector<int64_t>{k.cast<int64_t>()}
                                                   : k.cast<std::vector<int64_t>>();
-          return generic && !greedy ? draw_children_generic(rows, counts, siblings, generator)
-                                    : draw_children(rows, counts, siblings, greedy, generator);
+          if (groups.empty()) groups.push_back(rows.size(0));
+          std::vector<at::Generator> generators;
+          for (size_t g = 0; g < groups.size(); ++g) generators.push_back(make_generator(q.device(), seed + g));
+          std::vector<DrawGroup> drawing;
+          for (size_t g = 0; g < groups.size(); ++g) drawing.push_back({&generators[g], groups[g]});
+          return generic && !greedy ? draw_children_generic(rows, counts, siblings, drawing)
+                                    : draw_children(rows, counts, siblings, greedy, drawing);
         },
         py::arg("q"), py::arg("k"), py::arg("siblings"), py::arg("greedy"), py::arg("seed"),
-        py::arg("generic") = false);
+        py::arg("generic") = false, py::arg("groups") = std::vector<int64_t>{});
   auto verify = [](const std::vector<std::tuple<std::vector<int64_t>, at::Tensor, at::Tensor, at::Tensor>>& trees,
                    double temperature, int64_t top_k, double top_p, double lenience, const std::string& siblings_name,
                    const std::vector<uint64_t>& seeds, bool generic) {

@@ -50,8 +50,8 @@ TreeProposal SequenceDrafter::propose_tree(TreeDraft& draft, const SamplingConfi
     at::Tensor scores;
     const at::Tensor q = tree_laws(level_paths, config, &scores);  // [n, V]
     for (size_t i = 0; i < draft.expand().size(); ++i) qs[draft.expand()[i]] = q.narrow(0, static_cast<int64_t>(i), 1);
-    const at::Tensor drawn =
-        draw_children(config.greedy() ? scores : q, draft.counts(), siblings, config.greedy(), generator);
+    const at::Tensor drawn = draw_children(config.greedy() ? scores : q, draft.counts(), siblings, config.greedy(),
+                                           {{&generator, q.size(0)}});
     const at::Tensor children = drawn.to(at::kCPU);  // host ids: the next level's paths need them
     std::vector<int64_t> ids(children.data_ptr<int64_t>(), children.data_ptr<int64_t>() + children.numel());
     std::vector<double> log_q;
@@ -210,32 +210,53 @@ class ModelDraftRows final : public DraftRows {
       std::vector<at::Tensor> logits = first ? rows_->extend(feed) : rows_->extend_tree(feed, nodes);
       if (sync) torch::cuda::synchronize();
       const double seconds = seconds_since(start);
+      // Every fed row's level at once: one standardization, one draw of the children (each row from its own
+      // generator, as alone). Row r's level rows: after its last pending token (the root), or one per expanded node.
+      std::vector<size_t> level;
+      std::vector<at::Tensor> raws;
+      std::vector<int64_t> counts, sizes;  // every node's child count; each row's children
+      std::vector<DrawGroup> groups;
+      bool grown = false;
       for (size_t r = 0; r < count; ++r) {
         if (!feed[r].defined()) continue;
         out[r].seconds += seconds;
         out[r].calls += 1;
         if (!first) tentative_[r] += feed[r].numel();
-        TreeDraft& draft = *drafts[r];
-        // the level's rows: after the last pending token (the root), or one per expanded node, in order
+        const TreeDraft& draft = *drafts[r];
         const auto n = static_cast<int64_t>(draft.expand().size());
-        const at::Tensor raw = first ? logits[r].narrow(0, feed[r].numel() - 1, 1) : logits[r].narrow(0, 0, n);
-        at::Tensor maximum;
-        const at::Tensor q = standardize(raw, config, &maximum);  // [n, V]
-        maxima[r].push_back(maximum);
+        raws.push_back(first ? logits[r].narrow(0, feed[r].numel() - 1, 1) : logits[r].narrow(0, 0, n));
+        counts.insert(counts.end(), draft.counts().begin(), draft.counts().end());
+        sizes.push_back(std::accumulate(draft.counts().begin(), draft.counts().end(), int64_t{0}));
+        groups.push_back({&generators[r], n});
+        level.push_back(r);
+        grown = grown || draft.values();
+      }
+      const at::Tensor raw = raws.size() == 1 ? raws[0] : at::cat(raws);  // [nodes, V]
+      at::Tensor maximum;
+      const at::Tensor q = standardize(raw, config, &maximum);
+      const at::Tensor children =  // [sum counts] on the device
+          draw_children(config.greedy() ? raw : q, counts, siblings, config.greedy(), groups);
+      // A fixed shape needs no host copy of its tokens; a grown one reads the level's tokens and values (one read
+      // for every row).
+      at::Tensor host;
+      if (grown) {
+        const at::Tensor values = child_log_values(q, raw, children, counts, config.greedy());
+        host = at::cat({children.to(at::kDouble), values}).to(at::kCPU);
+      }
+      for (size_t j = 0, node = 0, child = 0; j < level.size(); node += groups[j].rows, child += sizes[j], ++j) {
+        const size_t r = level[j];
+        TreeDraft& draft = *drafts[r];
+        const int64_t k = sizes[j];
+        maxima[r].push_back(maximum.narrow(0, node, groups[j].rows));
         qs[r].resize(draft.size());
-        for (int64_t i = 0; i < n; ++i) qs[r][draft.expand()[i]] = q.narrow(0, i, 1);
-        const at::Tensor children =  // [sum counts] on the device
-            draw_children(config.greedy() ? raw : q, draft.counts(), siblings, config.greedy(), generators[r]);
-        levels[r].push_back(children);
-        // A fixed shape needs no host copy of its tokens; a grown one reads the level's tokens and values.
-        std::vector<int64_t> ids(children.numel(), -1);
+        for (int64_t i = 0; i < groups[j].rows; ++i) qs[r][draft.expand()[i]] = q.narrow(0, node + i, 1);
+        levels[r].push_back(children.narrow(0, child, k));
+        std::vector<int64_t> ids(k, -1);
         std::vector<double> log_q;
         if (draft.values()) {
-          const at::Tensor values = child_log_values(q, raw, children, draft.counts(), config.greedy());
-          const at::Tensor host = at::cat({children.to(at::kDouble), values}).to(at::kCPU);
           const double* h = host.const_data_ptr<double>();
-          for (int64_t j = 0; j < children.numel(); ++j) ids[j] = static_cast<int64_t>(h[j]);
-          log_q.assign(h + children.numel(), h + 2 * children.numel());
+          for (int64_t i = 0; i < k; ++i) ids[i] = static_cast<int64_t>(h[child + i]);
+          log_q.assign(h + children.numel() + child, h + children.numel() + child + k);
         }
         draft.grow(ids, log_q);
         fed_[r].resize(draft.size(), -1);

@@ -1,6 +1,7 @@
 #include "tree.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 #include "cpu_kernels.h"
@@ -49,10 +50,17 @@ int64_t Tree::max_children() const { return *std::max_element(children_.begin(),
 
 namespace {
 
-void check_counts(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy) {
+void check_counts(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy,
+                  const std::vector<DrawGroup>& groups) {
   require(q.dim() == 2 && q.size(0) == static_cast<int64_t>(counts.size()) && q.size(1) > 0,
           "draw_children: q must be [nodes, V] with one row per count, got {} rows for {} counts", q.size(0),
           counts.size());
+  int64_t grouped = 0;
+  for (const DrawGroup& group : groups) {
+    require(group.generator != nullptr && group.rows >= 1, "draw_children: every group has a generator and rows");
+    grouped += group.rows;
+  }
+  require(grouped == q.size(0), "draw_children: the groups hold {} rows of q's {}", grouped, q.size(0));
   for (const int64_t k : counts) {
     require(k >= 1, "draw_children: every node's count must be >= 1, got {}", k);
     require(!greedy || k <= q.size(1), "a node's {} children at temperature 0 are the draft's top {}, but V = {}", k,
@@ -76,16 +84,18 @@ at::Tensor leading_columns(const at::Tensor& table, const std::vector<int64_t>& 
 }  // namespace
 
 at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy,
-                         at::Generator& generator) {
-  check_counts(q, counts, siblings, greedy);
+                         const std::vector<DrawGroup>& groups) {
+  check_counts(q, counts, siblings, greedy, groups);
   const int64_t widest = *std::max_element(counts.begin(), counts.end());
   if (greedy) return leading_columns(top_tokens(q, widest), counts);
-  if (!cpu::host_kernels(q)) return draw_children_generic(q, counts, siblings, generator);
-  cpu::GeneratorUniform uniform(generator);
+  if (!cpu::host_kernels(q)) return draw_children_generic(q, counts, siblings, groups);
   std::vector<at::Tensor> drawn;
-  for (size_t i = 0; i < counts.size(); ++i) {
-    const at::Tensor row = q[static_cast<int64_t>(i)];
-    drawn.push_back(cpu::draw_children(row, counts[i], siblings, [&uniform] { return uniform(); }));
+  int64_t i = 0;
+  for (const DrawGroup& group : groups) {
+    cpu::GeneratorUniform uniform(*group.generator);
+    for (const int64_t end = i + group.rows; i < end; ++i) {
+      drawn.push_back(cpu::draw_children(q[i], counts[i], siblings, [&uniform] { return uniform(); }));
+    }
   }
   return drawn.size() == 1 ? drawn[0] : at::cat(drawn);
 }
@@ -96,37 +106,58 @@ at::Tensor top_tokens(const at::Tensor& q, int64_t k) {
 }
 
 at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
-                                 at::Generator& generator) {
-  check_counts(q, counts, siblings, /*greedy=*/false);
+                                 const std::vector<DrawGroup>& groups) {
+  check_counts(q, counts, siblings, /*greedy=*/false, groups);
   const at::Tensor rows = q.to(at::kDouble);  // [n, V]
   const int64_t n = rows.size(0);
   const int64_t widest = *std::max_element(counts.begin(), counts.end());
-  if (independent_draws(siblings)) {  // every row's widest draws in one pass, then each row's first counts[i]
-    const at::Tensor uniforms = at::rand({n, widest}, generator, rows.options());
-    return leading_columns(sample_inverse_cdf(rows, uniforms).view({n, widest}), counts);
+  // Each group's uniforms for columns [0, columns(g)) of its rows, as it draws them alone, padded to `width`
+  // columns with values nothing reads.
+  auto uniforms = [&](const std::function<int64_t(size_t, int64_t, int64_t)>& columns, int64_t width) {
+    std::vector<at::Tensor> parts;
+    int64_t begin = 0;
+    for (size_t g = 0; g < groups.size(); begin += groups[g].rows, ++g) {
+      const int64_t drawn = columns(g, begin, begin + groups[g].rows);
+      const at::Tensor u = drawn > 0 ? at::rand({groups[g].rows, drawn}, *groups[g].generator, rows.options())
+                                     : at::empty({groups[g].rows, 0}, rows.options());
+      parts.push_back(drawn < width ? at::constant_pad_nd(u, {0, width - drawn}, 0.5) : u);
+    }
+    return parts.size() == 1 ? parts[0] : at::cat(parts);  // [n, width]
+  };
+  auto group_widest = [&](size_t, int64_t begin, int64_t end) {
+    return *std::max_element(counts.begin() + begin, counts.begin() + end);
+  };
+  if (independent_draws(siblings)) {  // every row's draws in one pass, then each row's first counts[i]
+    return leading_columns(sample_inverse_cdf(rows, uniforms(group_widest, widest)).view({n, widest}), counts);
   }
   if (siblings == Siblings::top) {  // rows of one count at once: their top count - 1 tokens, then one draw
     const bool one_count = std::all_of(counts.begin(), counts.end(), [&](int64_t k) { return k == counts[0]; });
     if (!one_count) {
       std::vector<at::Tensor> drawn;
-      for (int64_t i = 0; i < n; ++i) {
-        drawn.push_back(draw_children_generic(q.narrow(0, i, 1), {counts[i]}, siblings, generator));
+      int64_t i = 0;
+      for (const DrawGroup& group : groups) {
+        for (const int64_t end = i + group.rows; i < end; ++i) {
+          drawn.push_back(draw_children_generic(q.narrow(0, i, 1), {counts[i]}, siblings, {{group.generator, 1}}));
+        }
       }
       return at::cat(drawn);
     }
     const int64_t fixed = counts[0] - 1;
     const at::Tensor top = top_tokens(rows, fixed);  // [n, k - 1]
     const at::Tensor left = fixed > 0 ? rows.scatter(1, top, 0.0) : rows;
-    const at::Tensor last = sample_inverse_cdf(left, at::rand({n, 1}, generator, rows.options()));  // [n]
-    return at::cat({top, last.unsqueeze(1)}, 1).flatten();
+    const at::Tensor one = uniforms([](size_t, int64_t, int64_t) { return int64_t{1}; }, 1);
+    return at::cat({top, sample_inverse_cdf(left, one).unsqueeze(1)}, 1).flatten();
   }
-  // Without replacement: column j of every row from what that row's earlier columns left. Once a row's support is
-  // used up its remaining children are drawn from a zero row (an arbitrary token), and verify_tree never accepts
-  // them.
+  // Without replacement: column j of every row from what that row's earlier columns left (a group draws column j
+  // while it has rows with more than j children). Once a row's support is used up its remaining children are drawn
+  // from a zero row (an arbitrary token), and verify_tree never accepts them.
   std::vector<at::Tensor> columns;
   at::Tensor left = rows.clone();
   for (int64_t j = 0; j < widest; ++j) {
-    const at::Tensor x = sample_inverse_cdf(left, at::rand({n, 1}, generator, rows.options())).unsqueeze(1);  // [n, 1]
+    const at::Tensor u = uniforms([&](size_t g, int64_t begin, int64_t end) {
+      return int64_t{group_widest(g, begin, end) > j};
+    }, 1);
+    const at::Tensor x = sample_inverse_cdf(left, u).unsqueeze(1);  // [n, 1]
     if (j + 1 < widest) left.scatter_(1, x, 0.0);
     columns.push_back(x);
   }

@@ -121,14 +121,20 @@ inline double coupled_coin(double r, bool next_in_h, double w) {
 // without replacement (each from q without the tokens drawn before it, renormalized; once q's support is used up,
 // the remaining children are arbitrary tokens, which verify_tree never accepts), or (top) q's counts[i] - 1 most
 // probable tokens, the first index on ties, then one draw from q without them; greedy: the counts[i] most probable
-// tokens, the first index on ties. Returns int64 [sum counts] on q's device, node 0's children first. CPU rows are
-// drawn by cpu::draw_children, row after row.
+// tokens, the first index on ties. Returns int64 [sum counts] on q's device, node 0's children first. The rows come
+// in consecutive groups (a batch's rows' nodes), each drawing from its own generator the uniforms it would draw
+// alone, so that a group's children do not depend on the others. CPU rows are drawn by cpu::draw_children, row
+// after row.
+struct DrawGroup {
+  at::Generator* generator = nullptr;
+  int64_t rows = 0;  // its rows of q, after the previous groups'
+};
 at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy,
-                         at::Generator& generator);
-// The tensor path of the sampled (not greedy) draws, which accelerators run: the draws of every row in a few
-// operations for the level, not per node.
+                         const std::vector<DrawGroup>& groups);
+// The tensor path of the sampled (not greedy) draws, which accelerators run: the draws of every row of every group
+// in a few operations, not per node.
 at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
-                                 at::Generator& generator);
+                                 const std::vector<DrawGroup>& groups);
 // Each row's k most probable tokens, the first index on ties: int64 [..., k].
 at::Tensor top_tokens(const at::Tensor& q, int64_t k);
 

@@ -89,11 +89,13 @@ def test_tensor_path_greedy_is_plain_greedy(models, options):
 
 
 @pytest.mark.parametrize("options", [dict(gamma=3), dict(tree=[2, 2], siblings="coupled"),
-                                     dict(tree=[3, 1], siblings="without_replacement")], ids=str)
+                                     dict(tree=[3, 1], siblings="without_replacement"),
+                                     dict(tree=speculant.DynamicTree(budget=5, depth=3, children=2, width=2))],
+                         ids=str)
 @pytest.mark.parametrize("setting", ["T1", "T0.8-topk8-topp0.9"])
 def test_tensor_path_rows_equal_batch_one(models, options, setting):
-    """The batched passes (every row's draft step at once, every row's tree in one verification) give row r of a
-    batch what it gets alone with seed + r: its draws come from its own generator in the same order."""
+    """The batched passes (every row's draft step or tree level at once, every row's tree in one verification) give
+    row r of a batch what it gets alone with seed + r: its draws come from its own generator in the same order."""
     target, draft, _ = models
     decoder = speculant.SpeculativeDecoder(target, draft, **options)
     with tensor_path():

@@ -428,7 +428,8 @@ def test_top_children_are_the_top_then_one_draw(generic):
 def test_a_level_of_nodes_draws_each_nodes_children_from_its_own_row(siblings, generic):
     """The drafter draws a whole depth at once: rows of disjoint supports and counts 2, 1, 3 (a grown tree's level)
     and 2, 2, 2 (a fixed shape's). Each node's children come from its own row, in node order, distinct without
-    replacement, the row's top tokens first for top; greedy: each row's top tokens."""
+    replacement, the row's top tokens first for top; greedy: each row's top tokens. The rows of a batch's rows
+    (groups, each with its generator) get the children they get alone."""
     q = torch.zeros(3, 9, dtype=F64)
     q[0, 0:3] = torch.tensor([0.5, 0.3, 0.2])
     q[1, 3:6] = torch.tensor([0.2, 0.7, 0.1])
@@ -448,10 +449,17 @@ def test_a_level_of_nodes_draws_each_nodes_children_from_its_own_row(siblings, g
                     assert children[:k - 1] == q[row].argsort(descending=True, stable=True)[:k - 1].tolist()
         top = {(2, 1, 3): [0, 1, 4, 8, 6, 7], (2, 2, 2): [0, 1, 4, 3, 8, 6]}[tuple(counts)]  # first index on ties
         assert _core._draw_children(q, counts, siblings, True, 0, generic).tolist() == top
+        for seed in range(20):  # a batch's rows: group g of the rows draws from its own generator, as alone
+            together = _core._draw_children(q, counts, siblings, False, seed, generic, groups=[1, 2]).tolist()
+            first = _core._draw_children(q[:1], counts[:1], siblings, False, seed, generic).tolist()
+            rest = _core._draw_children(q[1:], counts[1:], siblings, False, seed + 1, generic).tolist()
+            assert together == first + rest, (counts, seed)
     with pytest.raises(ValueError, match="one row per count, got 3 rows for 2 counts"):
         _core._draw_children(q, [1, 1], siblings, False, 0, generic)
     with pytest.raises(ValueError, match="every node's count must be >= 1, got 0"):
         _core._draw_children(q, [1, 0, 1], siblings, False, 0, generic)
+    with pytest.raises(ValueError, match="the groups hold 2 rows of q's 3"):
+        _core._draw_children(q, [1, 1, 1], siblings, False, 0, generic, groups=[1, 1])
 
 
 def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, generic=False):
