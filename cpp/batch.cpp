@@ -238,6 +238,8 @@ std::vector<TreeVerdict> Batch::verify_trees() {
 // Accept and emit, then roll back, for each running row's tree (verdicts as verify_trees returns them).
 void Batch::accept_trees(std::vector<TreeVerdict>& verdicts) {
   size_t next = 0;
+  std::vector<int64_t> committing;
+  std::vector<std::vector<int64_t>> kept;  // each row's root (the pending token) and accepted path
   for (size_t r = 0; r < rows_.size(); ++r) {
     Row& row = rows_[r];
     if (!row.running) continue;
@@ -245,9 +247,9 @@ void Batch::accept_trees(std::vector<TreeVerdict>& verdicts) {
     require_finite(row, r, verdict.finite);
     Iteration it = record_tree(row, verdict);
     const bool stopped = emit(row, it);
-    std::vector<int64_t> kept{0};  // the root (the pending token) and the accepted path
-    kept.insert(kept.end(), verdict.path.begin(), verdict.path.end());
-    target_rows_->commit(static_cast<int64_t>(r), kept);
+    committing.push_back(static_cast<int64_t>(r));
+    kept.push_back({0});
+    kept.back().insert(kept.back().end(), verdict.path.begin(), verdict.path.end());
     if (draft_rows_) {
       draft_rows_->advance_tree(static_cast<int64_t>(r), verdict.path, verdict.token, verdict.path_tokens,
                                 verdict.host_token);
@@ -256,6 +258,7 @@ void Batch::accept_trees(std::vector<TreeVerdict>& verdicts) {
     row.sequence_length += it.accepted + 1;
     end(row, it, stopped);
   }
+  target_rows_->commit(committing, kept);  // every row's kept entries moved in one call where the rows can
 }
 
 void Batch::restart(int64_t r, int64_t length, const at::Tensor& t, int64_t t_host) {

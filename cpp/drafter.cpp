@@ -294,7 +294,7 @@ class ModelDraftRows final : public DraftRows {
     for (const int64_t v : path) {
       if (fed_[row][v] >= 0) fed.push_back(fed_[row][v]);
     }
-    rows_->commit(row, fed);
+    rows_->commit({row}, {fed});
     const bool leaf = !path.empty() && fed_[row][path.back()] < 0;
     pending_[row] = leaf ? at::cat({last_[row].narrow(0, path.back(), 1), t}) : t;
   }

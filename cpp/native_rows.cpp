@@ -107,39 +107,54 @@ class NativeRows final : public ModelRows {
     return out;
   }
 
-  void commit(int64_t row, const std::vector<int64_t>& path) override {
-    tentative_[row].check_path(path, row);
-    gather(row, path);
-    lengths_[row] += static_cast<int64_t>(path.size());
-    tentative_[row].clear();
+  void commit(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& paths) override {
+    for (size_t i = 0; i < rows.size(); ++i) tentative_[rows[i]].check_path(paths[i], rows[i]);
+    gather(rows, paths);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      lengths_[rows[i]] += static_cast<int64_t>(paths[i].size());
+      tentative_[rows[i]].clear();
+    }
   }
 
   void prune(int64_t row, const std::vector<int64_t>& nodes) override {
     tentative_[row].keep(nodes, row);
-    gather(row, nodes);
+    gather({row}, {nodes});
   }
 
  private:
-  // Moves row `row`'s tentative nodes `nodes` (ascending) to tentative places 0, 1, ... with one copy_slots call
-  // for those not already in place.
-  void gather(int64_t row, const std::vector<int64_t>& nodes) {
-    const int64_t length = lengths_[row];
-    std::vector<int64_t> moves;  // the indices whose node is not already in place
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      if (nodes[i] != static_cast<int64_t>(i)) moves.push_back(static_cast<int64_t>(i));
+  // Moves each row rows[i]'s tentative nodes nodes[i] (ascending) to tentative places 0, 1, ... with one
+  // copy_slots call for every row's nodes not already in place. Rows with fewer moves than the most repeat their
+  // first move: the same value written to the same slot again.
+  void gather(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& nodes) {
+    std::vector<int64_t> moving;                    // the rows with a move
+    std::vector<std::vector<int64_t>> moves;        // their indices whose node is not already in place
+    int64_t m = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::vector<int64_t> out_of_place;
+      for (size_t j = 0; j < nodes[i].size(); ++j) {
+        if (nodes[i][j] != static_cast<int64_t>(j)) out_of_place.push_back(static_cast<int64_t>(j));
+      }
+      if (out_of_place.empty()) continue;
+      m = std::max(m, static_cast<int64_t>(out_of_place.size()));
+      moving.push_back(static_cast<int64_t>(i));
+      moves.push_back(std::move(out_of_place));
     }
-    if (moves.empty()) return;
+    if (moving.empty()) return;
     require(static_cast<bool>(tree_.copy), "model {}: has no tree calls (copy_slots)", source_);
-    const auto m = static_cast<int64_t>(moves.size());
-    std::vector<int64_t> layout(2 * m + 1);  // sources | destinations | row
-    for (int64_t j = 0; j < m; ++j) {
-      layout[j] = length + nodes[moves[j]];
-      layout[m + j] = length + moves[j];
+    const auto count = static_cast<int64_t>(moving.size());
+    std::vector<int64_t> layout(count * (2 * m + 1));  // row i: sources [m] | destinations [m] | row
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t row = rows[moving[i]], length = lengths_[row];
+      int64_t* cell = layout.data() + i * (2 * m + 1);
+      for (int64_t j = 0; j < m; ++j) {
+        const int64_t move = j < static_cast<int64_t>(moves[i].size()) ? moves[i][j] : moves[i][0];
+        cell[j] = length + nodes[moving[i]][move];
+        cell[m + j] = length + move;
+      }
+      cell[2 * m] = row;
     }
-    layout[2 * m] = row;
-    const at::Tensor on_device = upload(layout, device_);
-    tree_.copy(on_device.narrow(0, 2 * m, 1), on_device.narrow(0, 0, m).view({1, m}),
-               on_device.narrow(0, m, m).view({1, m}));
+    const at::Tensor on_device = upload(layout, device_).view({count, 2 * m + 1});
+    tree_.copy(on_device.select(1, 2 * m), on_device.narrow(1, 0, m), on_device.narrow(1, m, m));
   }
 
   // One call for the rows with tokens (every row with fixed shapes); `step`: a decoding step (graphed shapes

@@ -60,10 +60,12 @@ class ReplicaRows final : public ModelRows {
     return logits;
   }
   // The committed entries, then the path's, in one keep call.
-  void commit(int64_t row, const std::vector<int64_t>& path) override {
-    tentative_[row].check_path(path, row);
-    keep(row, length(row), path);
-    tentative_[row].clear();
+  void commit(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& paths) override {
+    for (size_t i = 0; i < rows.size(); ++i) {  // a model per row: a keep call each
+      tentative_[rows[i]].check_path(paths[i], rows[i]);
+      keep(rows[i], length(rows[i]), paths[i]);
+      tentative_[rows[i]].clear();
+    }
   }
   // The committed entries, then the kept nodes', in one keep call.
   void prune(int64_t row, const std::vector<int64_t>& nodes) override {
@@ -133,7 +135,7 @@ std::vector<at::Tensor> ModelRows::extend_tree(const std::vector<at::Tensor>&, c
   fail("this model's rows have no tree calls (Model::tree_obstacle says why)");
 }
 
-void ModelRows::commit(int64_t, const std::vector<int64_t>&) {
+void ModelRows::commit(const std::vector<int64_t>&, const std::vector<std::vector<int64_t>>&) {
   fail("this model's rows have no tree calls (Model::tree_obstacle says why)");
 }
 

@@ -49,9 +49,10 @@ class ModelRows {
   };
   virtual std::vector<at::Tensor> extend_tree(const std::vector<at::Tensor>& tokens,
                                               const std::vector<TreeNodes>& nodes);
-  // Row r keeps the tentative nodes `path` (a chain down the tree, in order) at positions length(r),
+  // Each row rows[i] keeps its tentative nodes paths[i] (a chain down its tree, in order) at positions length(r),
   // length(r) + 1, ..., their cache entries moved there without recomputing a token; the others are dropped.
-  virtual void commit(int64_t row, const std::vector<int64_t>& path);
+  // Native rows move every row's entries in one call.
+  virtual void commit(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& paths);
   // Row r keeps the tentative nodes `nodes` (ascending, each one's parent kept too or -1) as its tentative
   // nodes 0 .. M - 1, in that order, their cache entries moved there without recomputing a token; the others
   // are dropped. Beam search (beam.h) keeps its beams' ancestors this way, a tree of them, uncommitted.
