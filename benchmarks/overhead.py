@@ -120,7 +120,7 @@ def tree_overhead(target, draft, args) -> None:
               f"{statistics.median(total):.2f} | {statistics.median(tokens):.2f} |")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--generations", type=int, default=6)
@@ -132,7 +132,7 @@ def main() -> None:
                         help="measure the chain and these trees on both paths instead of the pure-PyTorch comparison")
     parser.add_argument("--siblings", default="coupled")
     parser.add_argument("--batch", type=int, default=1, help="with --trees: prompts decoded as one batch")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)

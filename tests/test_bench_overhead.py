@@ -1,0 +1,29 @@
+"""benchmarks/overhead.py --trees at toy sizes: the chain and a tree on the host kernels and on the accelerators'
+tensor path (speculant.testing.tensor_path), one prompt and a batch, each row of the printed table filled."""
+
+import os
+import re
+import sys
+
+import pytest
+
+from speculant import _core
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import overhead  # noqa: E402
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_trees_on_both_paths(batch, capsys):
+    overhead.main(["--trees", "2,1", "--gamma", "2", "--threads", "1", "--generations", "2", "--tokens", "12",
+                   "--vocab", "64", "--batch", str(batch)])
+    out = capsys.readouterr().out
+    assert f"batch {batch}" in out
+    rows = re.findall(r"^\| (chain gamma = 2|tree 2,1 coupled) \| (host kernels|tensor path) \| (\d+) \[(\d+)-(\d+)\] "
+                      r"\| ([\d.]+) \| ([\d.]+) \|$", out, re.MULTILINE)
+    assert sorted((name, path) for name, path, *_ in rows) == [
+        ("chain gamma = 2", "host kernels"), ("chain gamma = 2", "tensor path"),
+        ("tree 2,1 coupled", "host kernels"), ("tree 2,1 coupled", "tensor path")]
+    for _, _, median, low, high, iteration, tokens in rows:
+        assert 0 < int(low) <= int(median) <= int(high) and float(iteration) > 0 and 1 <= float(tokens) <= 3
+    assert _core._set_host_kernels(True)  # the host kernels are back after the tensor path's block
