@@ -5,8 +5,8 @@
 Exports a 4 x 4 nn.Linear on the CPU with torch.export and torch._inductor.aoti_compile_and_package, then loads it
 with torch._inductor.aoti_load_package in a process of its own (a crash there is a signal, not an exception).
 On the GPU image of the second lease (H200, torch 2.11.0+cu130, 2026-11-26) the load died of a segmentation
-fault (benchmarks/results/pt2-load-crash-lease2-h200.log); benchmarks/gpu.sh runs this first and keeps the
-.pt2 tests out of the suite's processes where it fails.
+fault (benchmarks/results/pt2-load-crash-lease2-h200.log), and again on the third lease's H100 (same image);
+benchmarks/gpu.sh runs this beside the .pt2 tests, which it keeps in a process of their own.
 """
 import subprocess
 import sys

@@ -24,6 +24,8 @@ marked ``cuda``).
   without position_ids (Bloom), a sequence past the static cache.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -275,6 +277,21 @@ def test_long_sequences_are_refused(zoo):
     _, _, target, _ = zoo["llama"]
     with pytest.raises(ValueError, match="max_length = 128"):
         speculant.generate(target, PROMPT, max_new_tokens=140, temperature=0)
+
+
+def test_the_probe_hides_the_graph_pools_warning_and_no_other(monkeypatch):
+    """torch < 2.15 warns "The CUDA Graph is empty" when the first CUDA-graphed call makes its graph pool (an empty
+    capture on purpose): the probe, where that call happens, hides that warning (it failed the CUDA test below as
+    an error on an H100, torch 2.11) and lets every other through."""
+    from speculant import live
+
+    model = object.__new__(CompiledLiveModel)  # _probe's own code only: the base probe is replaced
+    pool = "The CUDA Graph is empty. This usually means that the graph was attempted to be captured on wrong device"
+    monkeypatch.setattr(live.LiveModel, "_probe", lambda self: warnings.warn(pool, UserWarning) or 7)
+    assert model._probe() == 7  # warnings are errors in the suite
+    monkeypatch.setattr(live.LiveModel, "_probe", lambda self: warnings.warn("another", UserWarning) or 7)
+    with pytest.raises(UserWarning, match="another"):
+        model._probe()
 
 
 @pytest.mark.cuda

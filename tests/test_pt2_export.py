@@ -227,10 +227,10 @@ def test_t5_metadata(t5):
             "64", str(PT2_MAX_LENGTH), str(PT2_MAX_SOURCE_LENGTH))
 
 
-def test_the_load_check_that_gpu_sh_gates_pt2_tests_on_passes_where_torch_loads_packages():
+def test_the_load_check_passes_where_torch_loads_packages():
     """benchmarks/pt2_load_check.py (torch alone: a CPU nn.Linear package loaded in a process of its own) says
-    yes where torch loads packages, as here, so benchmarks/gpu.sh keeps the .pt2 tests in the suite on a sane
-    image and leaves them out only where torch's own loader crashes."""
+    yes where torch loads packages, as here, so that where it says no (benchmarks/gpu.sh runs it beside the .pt2
+    tests on a GPU machine) the fault is torch's loader on that image."""
     import subprocess
     import sys
     from pathlib import Path

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import types
+import warnings
 from typing import Optional
 
 import torch
@@ -116,6 +117,14 @@ class CompiledLiveModel(live.LiveModel):
         metadata = json.loads(self.metadata)
         metadata["max_length"] = max_length
         self.metadata = json.dumps(metadata)
+
+    def _probe(self) -> int:
+        # The first compiled call on CUDA makes the thread's CUDAGraphTreeManager, which captures an empty graph on
+        # purpose (it holds the graphs' memory pool); torch below 2.15 warns of it as of a failed capture ("The CUDA
+        # Graph is empty ... wrong device or stream"), 2.15 hides the warning itself. That call is the probe's.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty", category=UserWarning)
+            return super()._probe()
 
     def replica(self) -> "CompiledLiveModel":
         """The same module and compiled calls with a static cache of its own: another row of a batch."""
