@@ -9,8 +9,11 @@ With --trees: the engine's overhead per iteration for the chain of --gamma and e
 kernels and on the tensor path that accelerators run (speculant.testing.tensor_path: the same code as on a GPU,
 less the CUDA graphs; on a CPU each tensor operation costs microseconds of dispatch, as each costs a kernel launch
 on a GPU, so this path's overhead on the CPU shows what a GPU's host pays per iteration for it). Medians over the
-generations with min-max, the configurations interleaved. With --batch B, B prompts decode as one batch: each row's
-overhead per iteration (the batch's time outside its model calls, over the row's iterations), averaged over the rows.
+generations with min-max, the configurations interleaved. Beside them, from one profiled generation each (seed 0),
+the engine's operations per iteration that would each launch a GPU kernel (views and no-op conversions left out):
+exact counts, where a CPU's timings of microsecond operations are noisy. With --batch B, B prompts decode as one
+batch: each row's overhead per iteration (the batch's time outside its model calls, over the row's iterations),
+averaged over the rows; the operations per iteration are the batch's.
 
 Goal (issue 2): the engine's overhead is under 20% of the pure-PyTorch one's, and under 5% of an iteration for
 a target of at least 10M parameters. Weights are random (seeded): overhead depends on shapes and on how many
@@ -91,6 +94,31 @@ class PurePyTorch:
         return tokens, iterations
 
 
+# Operations that launch no kernel on a GPU (views, allocations, metadata); `to`, `reshape`, `contiguous` and
+# `flatten` launch one only where they copy (a child that copies).
+NO_LAUNCH = {"aten::" + name for name in (
+    "narrow", "slice", "select", "squeeze", "unsqueeze", "view", "reshape", "expand", "flatten", "as_strided",
+    "permute", "transpose", "t", "alias", "detach", "to", "contiguous", "empty", "empty_strided", "numel", "size",
+    "resolve_conj", "resolve_neg", "lift_fresh", "_reshape_alias", "unbind", "split", "chunk")}
+COPIES = {"aten::_to_copy", "aten::copy_", "aten::clone"}
+
+
+def operations_per_iteration(decoder, prompts, tokens: int) -> float:
+    """The engine's tensor operations per iteration that would each launch a kernel on a GPU (views and no-op
+    conversions left out), outside the models' calls: one generation under torch.profiler, counting the operations
+    the engine itself calls (a model's calls are TorchScript methods, whose operations nest under them)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        results = decoder.generate(prompts, max_new_tokens=tokens, seed=0)
+    results = results if isinstance(results, list) else [results]
+    launches = 0
+    for event in profile.events():
+        if event.cpu_parent is not None or not event.name.startswith("aten::"):
+            continue
+        if event.name not in NO_LAUNCH or any(child.name in COPIES for child in event.cpu_children):
+            launches += 1
+    return launches / max(r.stats.iterations for r in results)
+
+
 def tree_overhead(target, draft, args) -> None:
     """The engine's overhead per iteration for the chain and each tree, on host kernels and on the tensor path."""
     drafts = [(f"chain gamma = {args.gamma}", dict(gamma=args.gamma))]
@@ -99,11 +127,12 @@ def tree_overhead(target, draft, args) -> None:
     decoders = {name: speculant.SpeculativeDecoder(target, draft, temperature=args.temperature, **options)
                 for name, options in drafts}
     prompts = [list(range(1 + b, 17 + b)) for b in range(args.batch)]
-    runs = {}
+    runs, operations = {}, {}
     for path in ("host kernels", "tensor path"):
         with tensor_path() if path == "tensor path" else contextlib.nullcontext():
-            for decoder in decoders.values():  # warm-up
+            for name, decoder in decoders.items():  # warm-up, then the operations count (not timed)
                 decoder.generate(prompts, max_new_tokens=32, seed=0)
+                operations[name, path] = operations_per_iteration(decoder, prompts, args.tokens)
             for g in range(args.generations):
                 for name, decoder in decoders.items():
                     results = decoder.generate(prompts, max_new_tokens=args.tokens, seed=g)
@@ -112,12 +141,13 @@ def tree_overhead(target, draft, args) -> None:
                     runs.setdefault((name, path), []).append(tuple(statistics.mean(column) for column in zip(*(
                         (s.other_seconds / s.iterations * 1e6, s.total_seconds / s.iterations * 1e3,
                          s.new_tokens / s.iterations) for s in rows))))
-    print("| draft | path | engine overhead / iteration (µs) [min-max] | iteration (ms) | tokens / iteration |")
-    print("|---|---|---|---|---|")
+    print("| draft | path | engine overhead / iteration (µs) [min-max] | operations / iteration | iteration (ms) | "
+          "tokens / iteration |")
+    print("|---|---|---|---|---|---|")
     for (name, path), values in runs.items():
         other, total, tokens = (sorted(column) for column in zip(*values))
         print(f"| {name} | {path} | {statistics.median(other):.0f} [{other[0]:.0f}-{other[-1]:.0f}] | "
-              f"{statistics.median(total):.2f} | {statistics.median(tokens):.2f} |")
+              f"{operations[name, path]:.1f} | {statistics.median(total):.2f} | {statistics.median(tokens):.2f} |")
 
 
 def main(argv=None) -> None:

@@ -156,9 +156,25 @@ void Batch::draft() {
 // then every running row's n leading acceptances and t ~ residual(p_{n+1}, q_{n+1}) at once (step.h), each
 // row with its own generator. Returns the verdicts of the running rows, in row order.
 std::vector<Verdict> Batch::verify() {
-  std::vector<at::Tensor> inputs(rows_.size());
+  // Each running row's input, [pending, x_1 .. x_gamma]: where every row's has the same shape (the usual case) the
+  // batch's are joined in three operations, else row by row.
+  std::vector<at::Tensor> inputs(rows_.size()), pending, drafted;
+  std::vector<size_t> running;
   for (size_t r = 0; r < rows_.size(); ++r) {
-    if (rows_[r].running) inputs[r] = at::cat({rows_[r].pending, rows_[r].drafted});
+    if (!rows_[r].running) continue;
+    running.push_back(r);
+    pending.push_back(rows_[r].pending);
+    drafted.push_back(rows_[r].drafted);
+  }
+  const auto same = [](const std::vector<at::Tensor>& tensors) {
+    const int64_t size = tensors.empty() ? 0 : tensors[0].numel();
+    return std::all_of(tensors.begin(), tensors.end(), [size](const at::Tensor& t) { return t.numel() == size; });
+  };
+  if (running.size() > 1 && same(pending) && same(drafted)) {
+    const at::Tensor all = at::cat({at::stack(pending), at::stack(drafted)}, 1);  // [R, k]
+    for (size_t i = 0; i < running.size(); ++i) inputs[running[i]] = all.select(0, static_cast<int64_t>(i));
+  } else {
+    for (size_t i = 0; i < running.size(); ++i) inputs[running[i]] = at::cat({pending[i], drafted[i]});
   }
   check_interrupt();
   std::vector<at::Tensor> logits;

@@ -9,8 +9,10 @@
 #include <optional>
 #include <chrono>
 
+#include "cpu_kernels.h"
 #include "errors.h"
 #include "interrupt.h"
+#include "join.h"
 #include "step.h"
 #include "upload.h"
 
@@ -122,6 +124,21 @@ class ModelDraftRows final : public DraftRows {
       steps = std::max(steps, gammas[r]);
     }
     const bool sync = profile && device_.is_cuda();
+    // On the accelerators' path a row's uniforms for the whole proposal come in one operation, already scaled
+    // for the inverse CDF (where a draw per step took two operations per step): a row's draws still depend on its
+    // generator alone, as when alone.
+    const bool tensor_path = count > 0 && !cpu::host_kernels(pending_[0]);
+    std::vector<at::Tensor> uniforms(count);
+    if (!config.greedy() && tensor_path) {
+      for (size_t r = 0; r < count; ++r) {
+        if (gammas[r] > 0) uniforms[r] = scaled_uniforms({gammas[r], 1}, generators[r], pending_[r].device());
+      }
+    }
+    // Rows drafting the same gamma on that path: each step's draws kept as the batch's tensors and stacked once at
+    // the end (three operations, where joining each row's took three per row)
+    const bool together = tensor_path && steps > 0 &&
+                          std::all_of(gammas.begin(), gammas.end(), [&](int64_t g) { return g == steps; });
+    std::vector<at::Tensor> step_q, step_tokens, step_maxima;
     for (int64_t i = 0; i < steps; ++i) {
       if (i > 0) check_interrupt();  // the decoder checked before the first
       for (size_t r = 0; r < count; ++r) {
@@ -134,28 +151,46 @@ class ModelDraftRows final : public DraftRows {
       std::vector<size_t> drafting;
       std::vector<at::Tensor> last;  // each drafting row's distribution after its last fed token
       std::vector<at::Generator*> drawing;
+      std::vector<at::Tensor> drawn;  // the drafting rows' uniforms of this step, where drawn above
       for (size_t r = 0; r < count; ++r) {
         if (i >= gammas[r]) continue;
         out[r].seconds += seconds;  // a batched call takes this long for each row in it
         drafting.push_back(r);
         last.push_back(logits[r].narrow(0, logits[r].size(0) - 1, 1));
         drawing.push_back(&generators[r]);
+        if (uniforms[r].defined()) drawn.push_back(uniforms[r].narrow(0, i, 1));
       }
-      const std::vector<DraftDraw> draws = draft_steps(last, config, drawing);
+      DraftBatch batch;
+      const std::vector<DraftDraw> draws = draft_steps(last, config, drawing, drawn, together ? &batch : nullptr);
+      if (together) {
+        step_q.push_back(batch.q);
+        step_tokens.push_back(batch.tokens);
+        if (batch.maximum.defined()) step_maxima.push_back(batch.maximum);
+      }
       for (size_t j = 0; j < drafting.size(); ++j) {
         const size_t r = drafting[j];
-        q_rows[r].push_back(draws[j].q);
-        x_rows[r].push_back(draws[j].token);
-        if (draws[j].maximum.defined()) maxima[r].push_back(draws[j].maximum);
+        x_rows[r].push_back(draws[j].token);  // the next step's input
+        if (!together) {
+          q_rows[r].push_back(draws[j].q);
+          if (draws[j].maximum.defined()) maxima[r].push_back(draws[j].maximum);
+        }
         out[r].finite = out[r].finite && draws[j].finite;
       }
     }
+    at::Tensor all_tokens, all_q, all_maxima;  // together: [R, gamma], [R, gamma, V], [R, gamma]
+    if (together) {
+      all_tokens = at::stack(step_tokens, 1);
+      all_q = at::stack(step_q, 1);
+      if (!step_maxima.empty()) all_maxima = at::stack(step_maxima, 1);
+    }
     for (size_t r = 0; r < count; ++r) {
       if (gammas[r] == 0) continue;
+      const auto row = static_cast<int64_t>(r);
       out[r].calls = gammas[r];
-      out[r].tokens = at::cat(x_rows[r], 0);
-      out[r].q = at::cat(q_rows[r], 0);
-      if (!maxima[r].empty()) out[r].maxima = at::cat(maxima[r], 0);
+      out[r].tokens = together ? all_tokens.select(0, row) : at::cat(x_rows[r], 0);
+      out[r].q = together ? all_q.select(0, row) : at::cat(q_rows[r], 0);
+      if (together && all_maxima.defined()) out[r].maxima = all_maxima.select(0, row);
+      if (!together && !maxima[r].empty()) out[r].maxima = at::cat(maxima[r], 0);
       last_[r] = out[r].tokens;
     }
     return out;
@@ -231,7 +266,7 @@ class ModelDraftRows final : public DraftRows {
         level.push_back(r);
         grown = grown || draft.values();
       }
-      const at::Tensor raw = raws.size() == 1 ? raws[0] : at::cat(raws);  // [nodes, V]
+      const at::Tensor raw = joined(raws);  // [nodes, V]
       at::Tensor maximum;
       const at::Tensor q = standardize(raw, config, &maximum);
       const at::Tensor children =  // [sum counts] on the device

@@ -57,10 +57,18 @@ at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator);
 // What sample_generic does with its uniforms: uniforms float64 [n, m] in [0, 1), drawn by the caller; m draws
 // from each row: int64 [n] for m = 1, else [n, m].
 at::Tensor sample_inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms);
+// The same with the uniforms already multiplied by kBelowOne (a caller that draws several at once scales them in
+// one operation, not one per call); `mass`, when given, receives each row's total mass [n, 1] in float64, which
+// is finite exactly when the row is (softmax rows are NaN for non-finite logits): a finiteness check for free.
+at::Tensor sample_inverse_cdf_scaled(const at::Tensor& probs, const at::Tensor& scaled, at::Tensor* mass = nullptr);
 
 // Inverse-CDF sampling draws the first token whose cumulative mass exceeds u * total * kBelowOne, u in [0, 1):
 // the largest double strictly below 1, so the target stays below the total even after rounding.
 inline constexpr double kBelowOne = 1.0 - 4 * std::numeric_limits<double>::epsilon();
+
+// Uniforms times kBelowOne, float64 of `shape` on `device`, in one operation: uniform on [0, kBelowOne), which
+// is rand()'s draw times kBelowOne (the same arithmetic), for sample_inverse_cdf_scaled.
+at::Tensor scaled_uniforms(at::IntArrayRef shape, at::Generator& generator, const at::Device& device);
 
 // A generator on `device` seeded with `seed` (CPU or an accelerator, through ATen's hooks).
 at::Generator make_generator(const at::Device& device, uint64_t seed);

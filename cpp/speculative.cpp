@@ -2,16 +2,18 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "errors.h"
 
 namespace speculant {
 
 at::Tensor acceptance_probability(const at::Tensor& p_x, const at::Tensor& q_x, double lenience) {
-  // In float64 whatever the inputs (l q can underflow in float16 or float32); where l q is 0 the ratio is
-  // 1 for p(x) > 0 and 0 for p(x) = 0.
-  const at::Tensor p = p_x.to(at::kDouble), denominator = q_x.to(at::kDouble) * lenience;
-  const at::Tensor ratio = at::where(denominator > 0, p / denominator, (p > 0).to(at::kDouble)).clamp_max(1.0);
+  // In float64 whatever the inputs (l q can underflow in float16 or float32; p_x is promoted in the division).
+  // Where l q is 0 the quotient is +inf for p(x) > 0, clamped to 1, and NaN for p(x) = 0, made 0: five tensor
+  // operations (each a kernel launch on a GPU), where testing l q > 0 and p > 0 took nine.
+  const at::Tensor q = q_x.to(at::kDouble);
+  const at::Tensor ratio = at::div(p_x, lenience < 1.0 ? q * lenience : q).nan_to_num(0.0).clamp_max(1.0);
   return ratio.to(p_x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
 }
 
@@ -22,20 +24,46 @@ at::Tensor residual(const at::Tensor& p, const at::Tensor& q) {
   return at::where(mass > 0, excess / mass.clamp_min(std::numeric_limits<double>::min()), p);
 }
 
+namespace {
+
+// p_i(x_i) and q_i(x_i) [..., gamma] for the draft tokens [..., gamma], in p's and q's own types.
+std::pair<at::Tensor, at::Tensor> at_drafts(const at::Tensor& p, const at::Tensor& q, const at::Tensor& index) {
+  const int64_t gamma = index.size(-2);
+  return {p.narrow(-2, 0, gamma).gather(-1, index).squeeze(-1), q.gather(-1, index).squeeze(-1)};
+}
+
+// A.5's argmax variant, on the raw distribution: p(x) >= l max p  <=>  logit(x) - max logit >= log l.
+at::Tensor lenient_argmax(const at::Tensor& target_logits, const at::Tensor& index, double lenience,
+                          at::ScalarType type) {
+  at::Tensor raw = target_logits.narrow(-2, 0, index.size(-2)).to(type);              // [..., gamma, V]
+  return raw.gather(-1, index).squeeze(-1) - at::amax(raw, -1) >= std::log(lenience);  // [..., gamma]
+}
+
+}  // namespace
+
 at::Tensor accept_probabilities(const at::Tensor& p, const at::Tensor& q, const at::Tensor& draft_tokens,
                                 const at::Tensor& target_logits, const SamplingConfig& config) {
-  const int64_t gamma = draft_tokens.size(-1);
-  at::Tensor index = draft_tokens.unsqueeze(-1);                                        // [..., gamma, 1]
-  at::Tensor p_x = p.narrow(-2, 0, gamma).gather(-1, index).squeeze(-1);               // [..., gamma]
-  at::Tensor q_x = q.gather(-1, index).squeeze(-1).to(p.scalar_type());                // [..., gamma]
-  at::Tensor accept = acceptance_probability(p_x, q_x, config.lenience);               // [..., gamma]
+  const at::Tensor index = draft_tokens.unsqueeze(-1);  // [..., gamma, 1]
+  const auto [p_x, q_x] = at_drafts(p, q, index);
+  at::Tensor accept = acceptance_probability(p_x, q_x.to(p.scalar_type()), config.lenience);  // [..., gamma]
   if (config.greedy() && config.lenience < 1.0) {
-    // A.5, argmax variant, on the raw distribution: p(x) >= l max p  <=>  logit(x) - max logit >= log l.
-    at::Tensor raw = target_logits.narrow(-2, 0, gamma).to(p.scalar_type());           // [..., gamma, V]
-    at::Tensor margin = raw.gather(-1, index).squeeze(-1) - at::amax(raw, -1);          // [..., gamma]
-    accept = at::maximum(accept, (margin >= std::log(config.lenience)).to(accept.scalar_type()));
+    accept = at::maximum(accept, lenient_argmax(target_logits, index, config.lenience, p.scalar_type())
+                                          .to(accept.scalar_type()));
   }
   return accept;
+}
+
+at::Tensor accept_draws(const at::Tensor& p, const at::Tensor& q, const at::Tensor& draft_tokens,
+                        const at::Tensor& target_logits, const at::Tensor& uniforms, const SamplingConfig& config) {
+  const at::Tensor index = draft_tokens.unsqueeze(-1);  // [..., gamma, 1]
+  const auto [p_x, q_x] = at_drafts(p, q, index);
+  // r l q(x) < p(x), float64 by promotion (uniforms are float64): q(x) = 0 < p(x) accepts, p(x) = 0 never does
+  const at::Tensor r = config.lenience < 1.0 ? uniforms * config.lenience : uniforms;
+  at::Tensor accepted = at::mul(r, q_x) < p_x;
+  if (config.greedy() && config.lenience < 1.0) {
+    accepted = accepted.logical_or(lenient_argmax(target_logits, index, config.lenience, p.scalar_type()));
+  }
+  return accepted.logical_and(uniforms < 1.0);  // r < min(1, ...): a padded draft (r >= 1) is never accepted
 }
 
 Verification verify(const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& draft_tokens,

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "cpu_kernels.h"
+#include "join.h"
 #include "speculative.h"
 
 namespace speculant {
@@ -18,21 +19,29 @@ at::Tensor scalar_token(int64_t token) {
 }  // namespace
 
 std::vector<DraftDraw> draft_steps_generic(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
-                                           const std::vector<at::Generator*>& generators) {
+                                           const std::vector<at::Generator*>& generators,
+                                           const std::vector<at::Tensor>& scaled, DraftBatch* batch) {
   if (logits.empty()) return {};
-  at::Tensor maxima;
-  const at::Tensor rows = logits.size() == 1 ? logits[0] : at::cat(logits);  // [R, V]
-  const at::Tensor q = standardize_generic(rows, config, &maxima);
+  at::Tensor maxima;  // each row's finiteness witness: its raw maximum, or (sampling at T >= 1) its mass
+  const at::Tensor rows = joined(logits);  // [R, V]
+  // at T >= 1 standardizing needs no row maximum, and the draw's mass tells as well whether the row is finite
+  const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0;
+  const at::Tensor q = standardize_generic(rows, config, witness_is_mass ? nullptr : &maxima);
   at::Tensor tokens;  // [R]
   if (config.greedy()) {
     tokens = q.argmax(-1);
-  } else {  // row r's one uniform from its own generator, as sample() draws it alone
-    std::vector<at::Tensor> uniforms;
-    for (at::Generator* generator : generators) {
-      uniforms.push_back(at::rand({1, 1}, *generator, q.options().dtype(at::kDouble)));
+  } else {  // row r's one uniform, given or from its own generator (as sample() draws it alone)
+    std::vector<at::Tensor> u = scaled;
+    if (u.empty()) {
+      for (at::Generator* generator : generators) {
+        u.push_back(scaled_uniforms({1, 1}, *generator, q.device()));
+      }
     }
-    tokens = sample_inverse_cdf(q, uniforms.size() == 1 ? uniforms[0] : at::cat(uniforms));
+    at::Tensor mass;
+    tokens = sample_inverse_cdf_scaled(q, joined(u), &mass);
+    if (witness_is_mass) maxima = mass.squeeze(1);
   }
+  if (batch) *batch = {q, tokens, maxima};
   std::vector<DraftDraw> out(logits.size());
   for (size_t r = 0; r < logits.size(); ++r) {
     const auto i = static_cast<int64_t>(r);
@@ -44,8 +53,11 @@ std::vector<DraftDraw> draft_steps_generic(const std::vector<at::Tensor>& logits
 }
 
 std::vector<DraftDraw> draft_steps(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
-                                   const std::vector<at::Generator*>& generators) {
-  if (logits.empty() || !cpu::host_kernels(logits.front())) return draft_steps_generic(logits, config, generators);
+                                   const std::vector<at::Generator*>& generators,
+                                   const std::vector<at::Tensor>& scaled, DraftBatch* batch) {
+  if (logits.empty() || !cpu::host_kernels(logits.front())) {
+    return draft_steps_generic(logits, config, generators, scaled, batch);
+  }
   std::vector<DraftDraw> out;
   for (size_t r = 0; r < logits.size(); ++r) out.push_back(draft_step(logits[r], config, *generators[r]));
   return out;
@@ -93,34 +105,33 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
     logits[i] = padded(row.target_logits, {0, 0, 0, pad}, 0.0);                            // [G + 1, V]
     qs[i] = gammas[i] > 0 ? padded(row.q, {0, 0, 0, pad}, 0.0) : at::zeros({g, vocab}, work);  // [G, V]
     tokens[i] = gammas[i] > 0 ? padded(row.drafted, {0, pad}, 0) : at::zeros({g}, long_options);  // [G]
-    at::Generator& generator = *generators[i];
-    // The row's draws in verify order: one uniform per draft token, then (sampling) the residual's uniform.
-    uniforms[i] = padded(at::rand({gammas[i]}, generator, work), {0, pad}, 2.0);  // [G]: a padded draft fails r < 1
-    if (!config.greedy()) draws[i] = at::rand({1, 1}, generator, first.options().dtype(at::kDouble));
+    // The row's draws in one operation, float64: one uniform per draft token, then the residual's uniform.
+    const at::Tensor block = at::rand({gammas[i] + 1}, *generators[i], first.options().dtype(at::kDouble));
+    uniforms[i] = padded(block.narrow(0, 0, gammas[i]), {0, pad}, 2.0);  // [G]: a padded draft fails r < 1
+    draws[i] = block.narrow(0, gammas[i], 1).view({1, 1});
     if (row.draft_maxima.defined() && row.draft_maxima.numel() > 0) {
       draft_maxima.push_back(row.draft_maxima.flatten());
       draft_rows[i] = row.draft_maxima.numel();
     }
   }
-  at::Tensor target_logits = at::stack(logits);                                          // [R, G + 1, V]
+  at::Tensor target_logits = stacked(logits);                                          // [R, G + 1, V]
   at::Tensor target_maxima;
-  at::Tensor p = standardize_generic(target_logits.view({count * (g + 1), vocab}), config, &target_maxima)
+  at::Tensor p = standardize_generic(target_logits.reshape({count * (g + 1), vocab}), config, &target_maxima)
                      .view({count, g + 1, vocab});                                       // [R, G + 1, V]
-  at::Tensor q = at::stack(qs).to(work.dtype());                                         // [R, G, V]
+  at::Tensor q = stacked(qs).to(work.dtype());                                         // [R, G, V]
   at::Tensor q_padded = at::constant_pad_nd(q, {0, 0, 0, 1}, 0.0);                       // [R, G + 1, V], q_{G+1} = 0
-  at::Tensor drafted = at::stack(tokens);                                                // [R, G]
-  at::Tensor accept_prob = accept_probabilities(p, q, drafted, target_logits, config);  // [R, G]
+  at::Tensor drafted = stacked(tokens);                                                // [R, G]
 
   // n = min({i - 1 | r_i > p_i(x) / q_i(x)} U {gamma}), then t ~ residual(p_{n+1}, q_{n+1}).
-  at::Tensor accepted = at::stack(uniforms).to(at::kDouble) < accept_prob.to(at::kDouble);  // [R, G]
+  at::Tensor accepted = accept_draws(p, q, drafted, target_logits, stacked(uniforms), config);  // [R, G]
   at::Tensor n = accepted.to(at::kLong).cumprod(1).sum(1);                               // [R]
   at::Tensor at_n = n.view({count, 1, 1}).expand({count, 1, vocab});
   at::Tensor dist = residual(p.gather(1, at_n).squeeze(1), q_padded.gather(1, at_n).squeeze(1));  // [R, V]
-  at::Tensor t = config.greedy() ? dist.argmax(-1) : sample_inverse_cdf(dist, at::cat(draws));  // [R]
+  at::Tensor t = config.greedy() ? dist.argmax(-1) : sample_inverse_cdf(dist, joined(draws));  // [R]
   at::Tensor beta = at::minimum(p.narrow(1, 0, g), q).sum(-1);                          // [R, G]
   at::Tensor bad = at::isfinite(target_maxima.view({count, g + 1})).all(1).logical_not();  // [R]
   at::Tensor draft_bad = draft_maxima.empty() ? at::zeros({0}, work)
-                                              : at::isfinite(at::cat(draft_maxima)).logical_not();  // [D]
+                                              : at::isfinite(joined(draft_maxima)).logical_not();  // [D]
 
   // The batch's one device -> host transfer, in float64 (token ids are exact there up to 2^53), row i:
   // [n, bad, x_1 .. x_G, t, beta_1 .. beta_G]; then each draft maximum's flag, row after row.

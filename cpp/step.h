@@ -17,7 +17,7 @@ namespace speculant {
 struct DraftDraw {
   at::Tensor q;        // [1, V] the standardized row the token was drawn from
   at::Tensor token;    // int64 [1] on the device
-  at::Tensor maximum;  // float [1] the raw row maximum, for the finiteness check (accelerators only)
+  at::Tensor maximum;  // [1] finite exactly when the raw row is (accelerators only): its maximum, or its mass
   bool finite = true;  // the raw row maximum was finite (checked on the host: CPU only)
 };
 
@@ -26,8 +26,17 @@ DraftDraw draft_step(const at::Tensor& logits, const SamplingConfig& config, at:
 // The draft steps of several rows at once: logits[r] [1, V], all on one device, row r drawing from *generators[r].
 // CPU tensors run draft_step row by row; accelerators standardize every row in one pass and draw every token in
 // one inverse-CDF pass over the rows' uniforms, each from its own generator: row r gets the draw it gets alone.
+// `scaled` (accelerators; empty: drawn here): row r's uniform times kBelowOne, float64 [1, 1] on the device,
+// drawn by the caller from *generators[r] (a drafter draws a row's uniforms for a whole proposal at once).
+// `batch` (accelerators): receives the rows' draws as batch tensors, of which each DraftDraw's are views.
+struct DraftBatch {
+  at::Tensor q;        // [R, V]
+  at::Tensor tokens;   // int64 [R]
+  at::Tensor maximum;  // [R]
+};
 std::vector<DraftDraw> draft_steps(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
-                                   const std::vector<at::Generator*>& generators);
+                                   const std::vector<at::Generator*>& generators,
+                                   const std::vector<at::Tensor>& scaled = {}, DraftBatch* batch = nullptr);
 
 struct Verdict {
   int64_t accepted = 0;          // n
@@ -60,7 +69,8 @@ std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const Sam
 // The tensor path on any device, CPU included (what accelerators run; exposed so that tests check it on CPU).
 DraftDraw draft_step_generic(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator);
 std::vector<DraftDraw> draft_steps_generic(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
-                                           const std::vector<at::Generator*>& generators);
+                                           const std::vector<at::Generator*>& generators,
+                                           const std::vector<at::Tensor>& scaled = {}, DraftBatch* batch = nullptr);
 std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
                                          const std::vector<at::Generator*>& generators);
 

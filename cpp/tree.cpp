@@ -6,6 +6,7 @@
 
 #include "cpu_kernels.h"
 #include "errors.h"
+#include "join.h"
 #include "speculative.h"
 #include "upload.h"
 
@@ -97,7 +98,7 @@ at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts
       drawn.push_back(cpu::draw_children(q[i], counts[i], siblings, [&uniform] { return uniform(); }));
     }
   }
-  return drawn.size() == 1 ? drawn[0] : at::cat(drawn);
+  return joined(drawn);
 }
 
 at::Tensor top_tokens(const at::Tensor& q, int64_t k) {
@@ -122,7 +123,7 @@ at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>
                                      : at::empty({groups[g].rows, 0}, rows.options());
       parts.push_back(drawn < width ? at::constant_pad_nd(u, {0, width - drawn}, 0.5) : u);
     }
-    return parts.size() == 1 ? parts[0] : at::cat(parts);  // [n, width]
+    return joined(parts);  // [n, width]
   };
   auto group_widest = [&](size_t, int64_t begin, int64_t end) {
     return *std::max_element(counts.begin() + begin, counts.begin() + end);
@@ -216,13 +217,13 @@ std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows
     k_max = std::max(k_max, widths[r]);
   }
   const int64_t size = base[count];
-  auto joined = [&](at::Tensor TreeInput::*field) {
+  auto every_row = [&](at::Tensor TreeInput::*field) {
     std::vector<at::Tensor> parts;
     for (const TreeInput& row : rows) parts.push_back(row.*field);
-    return parts.size() == 1 ? parts[0] : at::cat(parts);
+    return joined(parts);
   };
-  const at::Tensor target_logits = joined(&TreeInput::target_logits), q = joined(&TreeInput::q);
-  const at::Tensor tokens = joined(&TreeInput::tokens);
+  const at::Tensor target_logits = every_row(&TreeInput::target_logits), q = every_row(&TreeInput::q);
+  const at::Tensor tokens = every_row(&TreeInput::tokens);
 
   // The internal nodes (with children) M, their children as an [M, K] table padded with their row's root, and
   // their child counts: one upload.
@@ -308,22 +309,23 @@ std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows
     accept = at::stack(columns, 1);                                                                // [M, K]
     if (!config.greedy()) dist.index_copy_(0, nodes, p_j);  // every child rejected: t ~ p_{k+1}
   }
-  // Draws, each row from its generator as alone: one uniform per (internal node, child of its tree's widest),
-  // then one per node for its candidate t. Columns past a row's widest get 2, which no acceptance passes.
+  // Draws, each row from its generator as alone, in one operation per row (float64): one uniform per (internal
+  // node, child of its tree's widest), then one per node for its candidate t. Columns past a row's widest get 2,
+  // which no acceptance passes.
   std::vector<at::Tensor> coins, draws, draft_maxima;
   for (int64_t r = 0; r < count; ++r) {
-    at::Generator& generator = *rows[r].generator;
-    const at::Tensor u = at::rand({internal_in[r + 1] - internal_in[r], widths[r]}, generator, p.options());
+    const int64_t internal = internal_in[r + 1] - internal_in[r], nodes = rows[r].tree->size();
+    const at::Tensor block = at::rand({internal * widths[r] + (config.greedy() ? 0 : nodes)}, *rows[r].generator,
+                                      p.options().dtype(at::kDouble));
+    const at::Tensor u = block.narrow(0, 0, internal * widths[r]).view({internal, widths[r]});
     coins.push_back(widths[r] < k_max ? at::constant_pad_nd(u, {0, k_max - widths[r]}, 2.0) : u);
-    if (!config.greedy()) {
-      draws.push_back(at::rand({rows[r].tree->size(), 1}, generator, p.options().dtype(at::kDouble)));
-    }
+    if (!config.greedy()) draws.push_back(block.narrow(0, internal * widths[r], nodes).view({nodes, 1}));
     if (rows[r].draft_maxima.defined()) draft_maxima.push_back(rows[r].draft_maxima.to(maxima.scalar_type()));
   }
-  const at::Tensor accepted = at::cat(coins) < accept;                                             // [M, K]
-  const at::Tensor candidates = config.greedy() ? dist.argmax(-1) : sample_inverse_cdf(dist, at::cat(draws));
+  const at::Tensor accepted = joined(coins) < accept;                                              // [M, K]
+  const at::Tensor candidates = config.greedy() ? dist.argmax(-1) : sample_inverse_cdf(dist, joined(draws));
   // per node and per draft row: not finite (NaN or +inf in the raw logits)
-  const at::Tensor bad = at::isfinite(draft_maxima.empty() ? maxima : at::cat({maxima, at::cat(draft_maxima)}))
+  const at::Tensor bad = at::isfinite(draft_maxima.empty() ? maxima : at::cat({maxima, joined(draft_maxima)}))
                              .logical_not();
 
   // The one device -> host read, in float64: [accepted (M K), candidates (nodes), tokens (nodes), beta (M), bad].

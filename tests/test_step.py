@@ -161,6 +161,24 @@ def verify_one(logits, q, tokens, config, seed, generic):
     return _core._verify_rows_seeded([(logits, q, tokens)], *config, seeds=[seed], generic=generic)[0]
 
 
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == 0], ids=str)
+def test_greedy_verification_is_the_same_on_both_paths(config):
+    """At temperature 0 a verdict is a function of the logits (no draw): the tensor path's acceptance test (r l q(x) <
+    p(x) in float64, and A.5's argmax variant with lenience) gives the host kernel's n and t on every case: drafts
+    that are the target's argmax, its runner-up (kept by lenience when close enough) or any other token."""
+    vocab, gamma = 6, 3
+    gen = torch.Generator().manual_seed(5)
+    for case in range(200):
+        logits = logits_case(gamma + 1, vocab, seed=100 + case)
+        ranked = logits.argsort(1, descending=True)
+        choice = torch.randint(0, 3, (gamma,), generator=gen)  # the argmax, the runner-up or a random token
+        anything = torch.randint(0, vocab, (gamma,), generator=gen)
+        tokens = torch.where(choice == 0, ranked[:gamma, 0], torch.where(choice == 1, ranked[:gamma, 1], anything))
+        q = torch.nn.functional.one_hot(tokens, vocab).float()  # the draft's greedy q: the point mass at its token
+        host, tensor = (verify_one(logits, q, tokens, config, case, generic) for generic in (False, True))
+        assert tensor[:2] == host[:2], f"case {case}: tensor path (n, t) {tensor[:2]} != host kernel's {host[:2]}"
+
+
 def test_seeded_verification_flags_non_finite_target_rows():
     logits = logits_case(3, 5, seed=1)
     logits[2, 0] = float("nan")  # the bonus row: never read unless both drafts are kept, still checked
