@@ -23,7 +23,8 @@
 
 namespace speculant {
 
-// Elementwise min(1, p(x) / (l q(x))): 0 where p(x) = 0, 1 where q(x) = 0 < p(x). No division by zero.
+// Elementwise min(1, p(x) / (l q(x))): 0 where p(x) = 0, 1 where q(x) = 0 < p(x) (and 0 for a NaN p(x): callers
+// check the logits' finiteness themselves).
 at::Tensor acceptance_probability(const at::Tensor& p_x, const at::Tensor& q_x, double lenience);
 
 // p, q [..., V] -> norm(max(0, p - q)) [..., V]. A row whose residual mass is zero (p == q there) returns p
