@@ -129,30 +129,30 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
   at::Tensor dist = residual(p.gather(1, at_n).squeeze(1), q_padded.gather(1, at_n).squeeze(1));  // [R, V]
   at::Tensor t = config.greedy() ? dist.argmax(-1) : sample_inverse_cdf(dist, joined(draws));  // [R]
   at::Tensor beta = at::minimum(p.narrow(1, 0, g), q).sum(-1);                          // [R, G]
-  at::Tensor bad = at::isfinite(target_maxima.view({count, g + 1})).all(1).logical_not();  // [R]
-  at::Tensor draft_bad = draft_maxima.empty() ? at::zeros({0}, work)
-                                              : at::isfinite(joined(draft_maxima)).logical_not();  // [D]
 
-  // The batch's one device -> host transfer, in float64 (token ids are exact there up to 2^53), row i:
-  // [n, bad, x_1 .. x_G, t, beta_1 .. beta_G]; then each draft maximum's flag, row after row.
-  at::Tensor matrix = at::cat({n.to(at::kDouble).unsqueeze(1), bad.to(at::kDouble).unsqueeze(1),
-                               drafted.to(at::kDouble), t.to(at::kDouble).unsqueeze(1), beta.to(at::kDouble)},
-                              1);                                                        // [R, 2 G + 3]
-  at::Tensor host = at::cat({matrix.flatten(), draft_bad.to(at::kDouble)}).cpu();
-  const double* h = host.const_data_ptr<double>();
-  const double* draft_flags = h + count * (2 * g + 3);
+  // The batch's one device -> host transfer, in float64 (token ids are exact there up to 2^53; the cat promotes
+  // every part to beta's float64), in blocks: n [R], x [R, G], t [R], beta [R, G], the target rows' maxima
+  // [R, G + 1], then every draft row's finiteness witness [D], row after row. Finiteness is checked on the host.
+  std::vector<at::Tensor> parts{n, drafted.flatten(), t, beta.to(at::kDouble).flatten(), target_maxima.flatten()};
+  if (!draft_maxima.empty()) parts.push_back(joined(draft_maxima));
+  const at::Tensor host = at::cat(parts).cpu();
+  const double* ns = host.const_data_ptr<double>();
+  const double *xs = ns + count, *ts = xs + count * g, *betas = ts + count, *maxima = betas + count * g;
+  const double* witness = maxima + count * (g + 1);
+  const auto finite = [](const double* begin, int64_t size) {
+    return std::all_of(begin, begin + size, [](double value) { return std::isfinite(value); });
+  };
   std::vector<Verdict> out(count);
-  for (int64_t i = 0; i < count; ++i, h += 2 * g + 3) {
+  for (int64_t i = 0; i < count; ++i) {
     Verdict& v = out[i];
     const int64_t gamma = gammas[i];
-    v.accepted = static_cast<int64_t>(h[0]);
-    v.finite = rows[i].draft_finite && h[1] == 0 &&
-               std::none_of(draft_flags, draft_flags + draft_rows[i], [](double flag) { return flag != 0; });
-    draft_flags += draft_rows[i];
-    for (int64_t j = 0; j < gamma; ++j) v.drafted.push_back(static_cast<int64_t>(h[2 + j]));
-    v.host_token = static_cast<int64_t>(h[2 + g]);
+    v.accepted = static_cast<int64_t>(ns[i]);
+    v.finite = rows[i].draft_finite && finite(maxima + i * (g + 1), g + 1) && finite(witness, draft_rows[i]);
+    witness += draft_rows[i];
+    for (int64_t j = 0; j < gamma; ++j) v.drafted.push_back(static_cast<int64_t>(xs[i * g + j]));
+    v.host_token = static_cast<int64_t>(ts[i]);
     v.token = t.narrow(0, i, 1);
-    v.betas.assign(h + 3 + g, h + 3 + g + std::min(v.accepted + 1, gamma));
+    v.betas.assign(betas + i * g, betas + i * g + std::min(v.accepted + 1, gamma));
   }
   return out;
 }
