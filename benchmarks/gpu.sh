@@ -23,7 +23,8 @@
 #                                  # then the pair as live objects compiled (compile=True) and eager, and as
 #                                  # .pt2 packages (their CUDA export compiles for minutes: last)
 #
-# Results and logs go to $OUT (the device tool brings back 8 files: no more) when it is set, else benchmarks/results/.
+# Results and logs go to $OUT when it is set (the device tool brings back 8 files: no more), else
+# benchmarks/results/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-benchmarks/results}"
