@@ -146,7 +146,13 @@ def probe_table(target_path, draft_path, prompts, temperature, siblings, tokens)
     results = [probe.generate(p, max_new_tokens=tokens, seed=1000 + i) for i, p in enumerate(prompts)]
     visits = [sum(r.stats.tree_visits[i] for r in results) for i in range(len(PROBE))]
     accepted = [[sum(r.stats.tree_accepted[i][j] for r in results) for j in range(k)] for i, k in enumerate(PROBE)]
-    return analysis.acceptance_from_counts(accepted, visits)
+    # depths no iteration reached (short generations, early rejections) have no estimate: the table stops above
+    # them and `below` repeats its deepest row there
+    depth = visits.index(0) if 0 in visits else len(visits)
+    if depth < len(visits):
+        print(f"probe ({siblings}): depths {depth}..{len(visits) - 1} never verified; the table stops at depth "
+              f"{depth - 1}", flush=True)
+    return analysis.acceptance_from_counts(accepted[:depth], visits[:depth])
 
 
 def below(table, tree):

@@ -54,6 +54,14 @@ def test_trees_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
     assert "head to head:" in capsys.readouterr().out
 
 
+def test_the_probe_table_stops_above_depths_never_verified(smoke_pair, capsys):
+    """Two tokens leave room for a tree of depth 1 only (then none): the probe's deeper depths are never verified,
+    and its table stops above them (the fourth GPU lease's suite failed where a short smoke run missed depth 5)."""
+    table = bench.probe_table(*smoke_pair, [list(range(1, 9))], 1.0, "coupled", 2)
+    assert len(table) == 1 and len(table[0]) == bench.PROBE[0]
+    assert "never verified; the table stops at depth 0" in capsys.readouterr().out
+
+
 def test_node_bounds_rejection_sampling_is_unbiased():
     """benchmarks/node_bounds.py's Monte Carlo of one node of k children against the node's exact acceptance
     (tests/test_tree.py's iteration_law, enumerated), with and without replacement: 40,000 draws of one node,
