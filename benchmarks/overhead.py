@@ -103,20 +103,30 @@ NO_LAUNCH = {"aten::" + name for name in (
 COPIES = {"aten::_to_copy", "aten::copy_", "aten::clone"}
 
 
-def operations_per_iteration(decoder, prompts, tokens: int) -> float:
+PHASES = ("draft", "verify", "accept")  # the engine's profiler scopes, "speculant::<phase>" (cpp/batch.cpp)
+
+
+def operations_per_iteration(decoder, prompts, tokens: int) -> dict:
     """The engine's tensor operations per iteration that would each launch a kernel on a GPU (views and no-op
-    conversions left out), outside the models' calls: one generation under torch.profiler, counting the operations
-    the engine itself calls (a model's calls are TorchScript methods, whose operations nest under them)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+    conversions left out), outside the models' calls, by phase (PHASES; "other": outside them, once per
+    generation): one generation under torch.profiler, counting the operations the engine itself calls, at the top
+    level or directly in a phase's scope (a model's calls are TorchScript methods, whose operations nest under
+    them)."""
+    # acc_events: no schedule, so one cycle either way; without it torch 2.11's profiler warns that it clears events
+    # at each cycle's end (an error under the suite's warnings-as-errors; fixed in later releases)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], acc_events=True) as profile:
         results = decoder.generate(prompts, max_new_tokens=tokens, seed=0)
     results = results if isinstance(results, list) else [results]
-    launches = 0
+    launches = dict.fromkeys(PHASES + ("other",), 0)
     for event in profile.events():
-        if event.cpu_parent is not None or not event.name.startswith("aten::"):
+        parent = event.cpu_parent
+        phase = parent.name.removeprefix("speculant::") if parent is not None else "other"
+        if phase not in launches or not event.name.startswith("aten::"):
             continue
         if event.name not in NO_LAUNCH or any(child.name in COPIES for child in event.cpu_children):
-            launches += 1
-    return launches / max(r.stats.iterations for r in results)
+            launches[phase] += 1
+    iterations = max(r.stats.iterations for r in results)
+    return {phase: count / iterations for phase, count in launches.items()}
 
 
 def tree_overhead(target, draft, args) -> None:
@@ -141,13 +151,15 @@ def tree_overhead(target, draft, args) -> None:
                     runs.setdefault((name, path), []).append(tuple(statistics.mean(column) for column in zip(*(
                         (s.other_seconds / s.iterations * 1e6, s.total_seconds / s.iterations * 1e3,
                          s.new_tokens / s.iterations) for s in rows))))
-    print("| draft | path | engine overhead / iteration (µs) [min-max] | operations / iteration | iteration (ms) | "
-          "tokens / iteration |")
-    print("|---|---|---|---|---|---|")
+    print("| draft | path | engine overhead / iteration (µs) [min-max] | operations / iteration | of which draft, "
+          "verify, accept, other | iteration (ms) | tokens / iteration |")
+    print("|---|---|---|---|---|---|---|")
     for (name, path), values in runs.items():
         other, total, tokens = (sorted(column) for column in zip(*values))
+        counts = operations[name, path]
         print(f"| {name} | {path} | {statistics.median(other):.0f} [{other[0]:.0f}-{other[-1]:.0f}] | "
-              f"{operations[name, path]:.1f} | {statistics.median(total):.2f} | {statistics.median(tokens):.2f} |")
+              f"{sum(counts.values()):.1f} | {', '.join(f'{v:.1f}' for v in counts.values())} | "
+              f"{statistics.median(total):.2f} | {statistics.median(tokens):.2f} |")
 
 
 def main(argv=None) -> None:

@@ -1,6 +1,6 @@
 """benchmarks/overhead.py --trees at toy sizes: the chain and a tree on the host kernels and on the accelerators'
 tensor path (speculant.testing.tensor_path), one prompt and a batch, each row of the printed table filled, the
-tensor path counting more operations per iteration than the host kernels."""
+tensor path counting more operations per iteration than the host kernels, and counting them by phase."""
 
 import os
 import re
@@ -21,14 +21,19 @@ def test_trees_on_both_paths(batch, capsys):
     out = capsys.readouterr().out
     assert f"batch {batch}" in out
     rows = re.findall(r"^\| (chain gamma = 2|tree 2,1 coupled) \| (host kernels|tensor path) \| (\d+) \[(\d+)-(\d+)\] "
-                      r"\| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", out, re.MULTILINE)
+                      r"\| ([\d.]+) \| ([\d.]+), ([\d.]+), ([\d.]+), ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", out,
+                      re.MULTILINE)
     assert sorted((name, path) for name, path, *_ in rows) == [
         ("chain gamma = 2", "host kernels"), ("chain gamma = 2", "tensor path"),
         ("tree 2,1 coupled", "host kernels"), ("tree 2,1 coupled", "tensor path")]
     operations = {}
-    for name, path, median, low, high, count, iteration, tokens in rows:
+    for name, path, median, low, high, count, draft, verify, accept, other, iteration, tokens in rows:
         assert 0 < int(low) <= int(median) <= int(high) and float(iteration) > 0 and 1 <= float(tokens) <= 3
         operations[name, path] = float(count)
+        phases = [float(v) for v in (draft, verify, accept, other)]
+        assert sum(phases) == pytest.approx(float(count), abs=0.2)  # each printed to 0.1
+        if path == "tensor path":  # every phase launches operations there: the engine's scopes are seen
+            assert min(phases[:3]) > 0
     for name in ("chain gamma = 2", "tree 2,1 coupled"):  # the host kernels run a row's math as one operation
         assert 0 < operations[name, "host kernels"] < operations[name, "tensor path"]
     assert _core._set_host_kernels(True)  # the host kernels are back after the tensor path's block
