@@ -267,10 +267,15 @@ class ModelDraftRows final : public DraftRows {
         grown = grown || draft.values();
       }
       const at::Tensor raw = joined(raws);  // [nodes, V]
+      // The raw rows' finiteness witnesses: their maxima, or on the accelerators' path when sampling at T >= 1 the
+      // draws' masses (standardizing needs no row maximum there: step.cpp's draft steps do the same)
+      const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0 && !cpu::host_kernels(raw);
       at::Tensor maximum;
-      const at::Tensor q = standardize(raw, config, &maximum);
+      const at::Tensor q = standardize(raw, config, witness_is_mass ? nullptr : &maximum);
       const at::Tensor children =  // [sum counts] on the device
-          draw_children(config.greedy() ? raw : q, counts, siblings, config.greedy(), groups);
+          draw_children(config.greedy() ? raw : q, counts, siblings, config.greedy(), groups,
+                        witness_is_mass ? &maximum : nullptr);
+      if (witness_is_mass) maximum = maximum.squeeze(1);
       // A fixed shape needs no host copy of its tokens; a grown one reads the level's tokens and values (one read
       // for every row).
       at::Tensor host;
@@ -304,9 +309,8 @@ class ModelDraftRows final : public DraftRows {
       out[r].tokens = at::cat(levels[r]);  // breadth-first: depth by depth
       if (out[r].tree.size() == 1) continue;
       qs[r].resize(out[r].tree.size());
-      const at::Tensor like = qs[r][0];  // the root always has children here
-      for (auto& q : qs[r]) {
-        if (!q.defined()) q = at::zeros_like(like);
+      for (auto& q : qs[r]) {  // leaves: a row nothing reads (TreeProposal), the root's (it always has children here)
+        if (!q.defined()) q = qs[r][0];
       }
       out[r].q = at::cat(qs[r]);
       if (!maxima[r].empty()) out[r].maxima = at::cat(maxima[r]);

@@ -42,8 +42,9 @@ struct Proposal {
 struct TreeProposal {
   Tree tree;          // the tree drafted (the root alone when the row drafted nothing)
   at::Tensor tokens;  // int64 [N + 1] on the device: node i's token; node 0 is the root, the row's last token
-  at::Tensor q;       // [N + 1, V] row i: the standardized law node i's children were drawn from (leaves: zeros)
-  at::Tensor maxima;  // row maxima of the raw logits, still to check for NaN / +inf (may be undefined)
+  at::Tensor q;       // [N + 1, V] row i: the standardized law node i's children were drawn from (leaves: not read)
+  at::Tensor maxima;  // finiteness witnesses of the raw logits still to check (row maxima or draw masses; may be
+                      // undefined)
   double seconds = 0.0;
   int64_t calls = 0;
 };

@@ -130,12 +130,16 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
   at::Tensor t = config.greedy() ? dist.argmax(-1) : sample_inverse_cdf(dist, joined(draws));  // [R]
   at::Tensor beta = at::minimum(p.narrow(1, 0, g), q).sum(-1);                          // [R, G]
 
-  // The batch's one device -> host transfer, in float64 (token ids are exact there up to 2^53; the cat promotes
-  // every part to beta's float64), in blocks: n [R], x [R, G], t [R], beta [R, G], the target rows' maxima
-  // [R, G + 1], then every draft row's finiteness witness [D], row after row. Finiteness is checked on the host.
-  std::vector<at::Tensor> parts{n, drafted.flatten(), t, beta.to(at::kDouble).flatten(), target_maxima.flatten()};
+  // The batch's one device -> host transfer, in float64 (token ids are exact there up to 2^53; the cat converts
+  // every part), in blocks: n [R], x [R, G], t [R], beta [R, G], the target rows' maxima [R, G + 1], then every
+  // draft row's finiteness witness [D], row after row. Finiteness is checked on the host.
+  std::vector<at::Tensor> parts{n, drafted.flatten(), t, beta.flatten(), target_maxima.flatten()};
   if (!draft_maxima.empty()) parts.push_back(joined(draft_maxima));
-  const at::Tensor host = at::cat(parts).cpu();
+  int64_t total = 0;
+  for (const at::Tensor& part : parts) total += part.numel();
+  at::Tensor joined_parts = at::empty({total}, n.options().dtype(at::kDouble));
+  at::cat_out(joined_parts, parts);
+  const at::Tensor host = joined_parts.cpu();
   const double* ns = host.const_data_ptr<double>();
   const double *xs = ns + count, *ts = xs + count * g, *betas = ts + count, *maxima = betas + count * g;
   const double* witness = maxima + count * (g + 1);

@@ -129,12 +129,14 @@ struct DrawGroup {
   at::Generator* generator = nullptr;
   int64_t rows = 0;  // its rows of q, after the previous groups'
 };
+// `mass` (the tensor path of sampled draws only; left undefined elsewhere): each row's total mass [n, 1], float64,
+// which is finite exactly when q's row is (a finiteness witness of the draft's logits, as sample_inverse_cdf_scaled's).
 at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy,
-                         const std::vector<DrawGroup>& groups);
+                         const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr);
 // The tensor path of the sampled (not greedy) draws, which accelerators run: the draws of every row of every group
 // in a few operations, not per node.
 at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
-                                 const std::vector<DrawGroup>& groups);
+                                 const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr);
 // Each row's k most probable tokens, the first index on ties: int64 [..., k].
 at::Tensor top_tokens(const at::Tensor& q, int64_t k);
 
@@ -159,11 +161,16 @@ struct TreeInput {
   at::Generator* generator = nullptr;
 };
 
+// ValueError unless the row's tensors are shaped as above for its tree and lenience is 1.
+void check_tree_input(const TreeInput& row, const SamplingConfig& config);
+
 // Every row's tree (lenience must be 1). CPU tensors go to cpu::verify_tree row by row, which evaluates only the
-// nodes on the walk. On accelerators (verify_trees_generic) the acceptance tests of every internal node of every
-// row and every candidate t are computed as tensors in one pass, with one device -> host read for the batch, and
-// each row's walk down its tree is done on the host from that read (the same law, other draws than the host
-// kernel's). A row gets the verdict it gets alone: its generator gives the same draws in the same order.
+// nodes on the walk. On accelerators (verify_trees_generic, tree_verification.cpp) every internal node of every row
+// runs its steps as tensors at once (the residuals p_j and the children's laws q_j over the vocabulary, every
+// node's candidate t drawn from its last row), with one device -> host read for the batch: the children's
+// probabilities under p and q, each step's sums and the row's coins. The host follows each child's token through
+// the steps, tests it, and walks down the tree (the same law, other draws than the host kernel's). A row gets the
+// verdict it gets alone: its generator gives the same draws in the same order.
 std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                       Siblings siblings);
 std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
