@@ -32,14 +32,14 @@ std::pair<at::Tensor, at::Tensor> at_drafts(const at::Tensor& p, const at::Tenso
   return {p.narrow(-2, 0, gamma).gather(-1, index).squeeze(-1), q.gather(-1, index).squeeze(-1)};
 }
 
-// A.5's argmax variant, on the raw distribution: p(x) >= l max p  <=>  logit(x) - max logit >= log l.
+}  // namespace
+
 at::Tensor lenient_argmax(const at::Tensor& target_logits, const at::Tensor& index, double lenience,
                           at::ScalarType type) {
+  // on the raw distribution: p(x) >= l max p  <=>  logit(x) - max logit >= log l
   at::Tensor raw = target_logits.narrow(-2, 0, index.size(-2)).to(type);              // [..., gamma, V]
   return raw.gather(-1, index).squeeze(-1) - at::amax(raw, -1) >= std::log(lenience);  // [..., gamma]
 }
-
-}  // namespace
 
 at::Tensor accept_probabilities(const at::Tensor& p, const at::Tensor& q, const at::Tensor& draft_tokens,
                                 const at::Tensor& target_logits, const SamplingConfig& config) {
@@ -51,19 +51,6 @@ at::Tensor accept_probabilities(const at::Tensor& p, const at::Tensor& q, const 
                                           .to(accept.scalar_type()));
   }
   return accept;
-}
-
-at::Tensor accept_draws(const at::Tensor& p, const at::Tensor& q, const at::Tensor& draft_tokens,
-                        const at::Tensor& target_logits, const at::Tensor& uniforms, const SamplingConfig& config) {
-  const at::Tensor index = draft_tokens.unsqueeze(-1);  // [..., gamma, 1]
-  const auto [p_x, q_x] = at_drafts(p, q, index);
-  // r l q(x) < p(x), float64 by promotion (uniforms are float64): q(x) = 0 < p(x) accepts, p(x) = 0 never does
-  const at::Tensor r = config.lenience < 1.0 ? uniforms * config.lenience : uniforms;
-  at::Tensor accepted = at::mul(r, q_x) < p_x;
-  if (config.greedy() && config.lenience < 1.0) {
-    accepted = accepted.logical_or(lenient_argmax(target_logits, index, config.lenience, p.scalar_type()));
-  }
-  return accepted.logical_and(uniforms < 1.0);  // r < min(1, ...): a padded draft (r >= 1) is never accepted
 }
 
 Verification verify(const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& draft_tokens,

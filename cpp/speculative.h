@@ -38,19 +38,18 @@ at::Tensor residual(const at::Tensor& p, const at::Tensor& q);
 at::Tensor accept_probabilities(const at::Tensor& p, const at::Tensor& q, const at::Tensor& draft_tokens,
                                 const at::Tensor& target_logits, const SamplingConfig& config);
 
-// The test itself on uniforms [..., gamma] (float64, in [0, 1); a uniform >= 1 is never accepted: padding):
-// bool [..., gamma], r_i < accept_probabilities(...)_i, evaluated as r_i < 1 and r_i l q_i(x_i) < p_i(x_i) in
-// float64 (the same event without a division: q(x) = 0 < p(x) accepts every r < 1, p(x) = 0 none), in four
-// tensor operations where the probability and the comparison take a dozen (each a kernel launch on a GPU).
-at::Tensor accept_draws(const at::Tensor& p, const at::Tensor& q, const at::Tensor& draft_tokens,
-                        const at::Tensor& target_logits, const at::Tensor& uniforms, const SamplingConfig& config);
+// A.5's argmax variant of the test (temperature 0, lenience l < 1): bool [..., gamma], whether each draft token x
+// has p(x) >= l max p under the raw target distribution. target_logits [..., gamma + 1, V], index int64
+// [..., gamma, 1]; computed in `type`.
+at::Tensor lenient_argmax(const at::Tensor& target_logits, const at::Tensor& index, double lenience,
+                          at::ScalarType type);
 
 // The token after n acceptances is drawn from residual(p_{n+1}, q_{n+1}) with q_{gamma+1} = 0: since
 // residual(p, 0) = p, the bonus token needs no special case. Callers keep q as [gamma + 1, V] with a zero
 // last row ("padded").
 
 // Everything about one iteration of Algorithm 1 once both models have run, for all n at once (tests and
-// analysis; the decoder evaluates only the row it needs, with the same two functions).
+// analysis; the decoder's host kernels evaluate only the row they need, its tensor path every row: step.cpp).
 struct Verification {
   at::Tensor p;            // [gamma + 1, V] standardized target distributions p_1 .. p_{gamma+1}
   at::Tensor accept_prob;  // [gamma]

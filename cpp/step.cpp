@@ -5,6 +5,7 @@
 
 #include "cpu_kernels.h"
 #include "join.h"
+#include "read_back.h"
 #include "speculative.h"
 
 namespace speculant {
@@ -93,9 +94,12 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
   const auto long_options = first.options().dtype(at::kLong);
   const auto work = first.options().dtype(first.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   // Every row padded to G drafts (rows of G drafts are as they are): logits with rows of zeros, q with zero rows,
-  // tokens 0 (never accepted below); the per-row operations are the padding of shorter rows and the draws.
-  std::vector<at::Tensor> logits(count), qs(count), tokens(count), uniforms(count), draws(count), draft_maxima;
-  std::vector<int64_t> draft_rows(count, 0);  // how many draft maxima each row has to check
+  // tokens 0 (the host tests a row's own drafts only); the per-row operations are the padding of shorter rows and
+  // the draws. A row's uniforms come in one operation, float64 and scaled for the inverse CDF: a coin per draft,
+  // then a draw for each position's candidate t (of the padded positions, read by nothing).
+  std::vector<at::Tensor> logits(count), qs(count), tokens(count), uniforms(count), draws(count);
+  ReadBack read;
+  std::vector<size_t> draft_parts(count, SIZE_MAX);  // each row's draft witnesses, where given
   for (int64_t i = 0; i < count; ++i) {
     const VerifyInput& row = rows[i];
     const int64_t pad = g - gammas[i];
@@ -105,44 +109,46 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
     logits[i] = padded(row.target_logits, {0, 0, 0, pad}, 0.0);                            // [G + 1, V]
     qs[i] = gammas[i] > 0 ? padded(row.q, {0, 0, 0, pad}, 0.0) : at::zeros({g, vocab}, work);  // [G, V]
     tokens[i] = gammas[i] > 0 ? padded(row.drafted, {0, pad}, 0) : at::zeros({g}, long_options);  // [G]
-    // The row's draws in one operation, float64: one uniform per draft token, then the residual's uniform.
-    const at::Tensor block = at::rand({gammas[i] + 1}, *generators[i], first.options().dtype(at::kDouble));
-    uniforms[i] = padded(block.narrow(0, 0, gammas[i]), {0, pad}, 2.0);  // [G]: a padded draft fails r < 1
-    draws[i] = block.narrow(0, gammas[i], 1).view({1, 1});
-    if (row.draft_maxima.defined() && row.draft_maxima.numel() > 0) {
-      draft_maxima.push_back(row.draft_maxima.flatten());
-      draft_rows[i] = row.draft_maxima.numel();
-    }
+    uniforms[i] = scaled_uniforms({2 * gammas[i] + 1}, *generators[i], first.device());
+    draws[i] = padded(uniforms[i].narrow(0, gammas[i], gammas[i] + 1), {0, pad}, 0.5);  // [G + 1]
+    if (row.draft_maxima.defined() && row.draft_maxima.numel() > 0) draft_parts[i] = read.add(row.draft_maxima);
   }
-  at::Tensor target_logits = stacked(logits);                                          // [R, G + 1, V]
-  at::Tensor target_maxima;
-  at::Tensor p = standardize_generic(target_logits.reshape({count * (g + 1), vocab}), config, &target_maxima)
-                     .view({count, g + 1, vocab});                                       // [R, G + 1, V]
-  at::Tensor q = stacked(qs).to(work.dtype());                                         // [R, G, V]
-  at::Tensor q_padded = at::constant_pad_nd(q, {0, 0, 0, 1}, 0.0);                       // [R, G + 1, V], q_{G+1} = 0
-  at::Tensor drafted = stacked(tokens);                                                // [R, G]
+  const at::Tensor target_logits = stacked(logits);                                    // [R, G + 1, V]
+  // finiteness witnesses: the rows' maxima where standardizing computes them, else (T >= 1) the candidates' mass
+  const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0;
+  at::Tensor witness;
+  at::Tensor p = standardize_generic(target_logits.reshape({count * (g + 1), vocab}), config,
+                                     witness_is_mass ? nullptr : &witness)
+                     .view({count, g + 1, vocab});                                      // [R, G + 1, V]
+  const at::Tensor q = stacked(qs).to(work.dtype());                                   // [R, G, V]
+  const at::Tensor drafted = stacked(tokens);                                          // [R, G]
+  const at::Tensor index = drafted.unsqueeze(-1);
+  at::Tensor front = p.narrow(1, 0, g);                                                // [R, G, V]
+  const size_t p_part = read.add(front.gather(-1, index)), q_part = read.add(q.gather(-1, index));
+  const size_t lenient_part = config.greedy() && config.lenience < 1.0
+                                  ? read.add(lenient_argmax(target_logits, index, config.lenience, p.scalar_type()))
+                                  : SIZE_MAX;
+  // Every position's law of t, in place: residual(p_i, q_i) after a rejection of draft i (p_i where it has no
+  // mass), p_{G+1} after all G accepted; then every position's candidate.
+  const at::Tensor excess = front - q, positive = excess.clamp_min(0.0);
+  const at::Tensor mass = positive.sum(-1, /*keepdim=*/true);  // [R, G, 1]: 1 - beta_i (A.1)
+  at::where_out(front, mass > 0, positive / mass, front);
+  const at::Tensor dist = p.view({count * (g + 1), vocab});
+  at::Tensor candidate_mass;
+  const at::Tensor candidates = (config.greedy() ? dist.argmax(-1)
+                                                 : sample_inverse_cdf_scaled(dist, joined(draws).view({-1, 1}),
+                                                                             &candidate_mass))
+                                    .view({count, g + 1});
+  if (witness_is_mass) witness = candidate_mass;
 
-  // n = min({i - 1 | r_i > p_i(x) / q_i(x)} U {gamma}), then t ~ residual(p_{n+1}, q_{n+1}).
-  at::Tensor accepted = accept_draws(p, q, drafted, target_logits, stacked(uniforms), config);  // [R, G]
-  at::Tensor n = accepted.to(at::kLong).cumprod(1).sum(1);                               // [R]
-  at::Tensor at_n = n.view({count, 1, 1}).expand({count, 1, vocab});
-  at::Tensor dist = residual(p.gather(1, at_n).squeeze(1), q_padded.gather(1, at_n).squeeze(1));  // [R, V]
-  at::Tensor t = config.greedy() ? dist.argmax(-1) : sample_inverse_cdf(dist, joined(draws));  // [R]
-  at::Tensor beta = at::minimum(p.narrow(1, 0, g), q).sum(-1);                          // [R, G]
-
-  // The batch's one device -> host transfer, in float64 (token ids are exact there up to 2^53; the cat converts
-  // every part), in blocks: n [R], x [R, G], t [R], beta [R, G], the target rows' maxima [R, G + 1], then every
-  // draft row's finiteness witness [D], row after row. Finiteness is checked on the host.
-  std::vector<at::Tensor> parts{n, drafted.flatten(), t, beta.flatten(), target_maxima.flatten()};
-  if (!draft_maxima.empty()) parts.push_back(joined(draft_maxima));
-  int64_t total = 0;
-  for (const at::Tensor& part : parts) total += part.numel();
-  at::Tensor joined_parts = at::empty({total}, n.options().dtype(at::kDouble));
-  at::cat_out(joined_parts, parts);
-  const at::Tensor host = joined_parts.cpu();
-  const double* ns = host.const_data_ptr<double>();
-  const double *xs = ns + count, *ts = xs + count * g, *betas = ts + count, *maxima = betas + count * g;
-  const double* witness = maxima + count * (g + 1);
+  // The batch's one device -> host transfer (read_back.h). Finiteness is checked on the host.
+  std::vector<size_t> uniform_parts;
+  for (const at::Tensor& u : uniforms) uniform_parts.push_back(read.add(u));
+  const size_t mass_part = read.add(mass), candidate_part = read.add(candidates), drafted_part = read.add(drafted);
+  const size_t witness_part = read.add(witness);
+  read.read();
+  const double *p_x = read.at(p_part), *q_x = read.at(q_part), *masses = read.at(mass_part);
+  const double *ts = read.at(candidate_part), *xs = read.at(drafted_part), *witnesses = read.at(witness_part);
   const auto finite = [](const double* begin, int64_t size) {
     return std::all_of(begin, begin + size, [](double value) { return std::isfinite(value); });
   };
@@ -150,13 +156,26 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
   for (int64_t i = 0; i < count; ++i) {
     Verdict& v = out[i];
     const int64_t gamma = gammas[i];
-    v.accepted = static_cast<int64_t>(ns[i]);
-    v.finite = rows[i].draft_finite && finite(maxima + i * (g + 1), g + 1) && finite(witness, draft_rows[i]);
-    witness += draft_rows[i];
+    const double* coin = read.at(uniform_parts[i]);
+    // n = the first draft whose test fails: r < min(1, p(x) / (l q(x))) as r l q(x) < p(x), in float64 (the same
+    // event without a division: q(x) = 0 < p(x) accepts, p(x) = 0 never does), or A.5's argmax variant
+    v.accepted = gamma;
+    for (int64_t j = 0; j < gamma; ++j) {
+      const double r = coin[j] / kBelowOne;
+      const int64_t at = i * g + j;
+      const bool accepted = r * config.lenience * q_x[at] < p_x[at] ||
+                            (lenient_part != SIZE_MAX && read.at(lenient_part)[at] != 0);
+      if (!accepted) {
+        v.accepted = j;
+        break;
+      }
+    }
+    v.finite = rows[i].draft_finite && finite(witnesses + i * (g + 1), g + 1) &&
+               (draft_parts[i] == SIZE_MAX || finite(read.at(draft_parts[i]), rows[i].draft_maxima.numel()));
     for (int64_t j = 0; j < gamma; ++j) v.drafted.push_back(static_cast<int64_t>(xs[i * g + j]));
-    v.host_token = static_cast<int64_t>(ts[i]);
-    v.token = t.narrow(0, i, 1);
-    v.betas.assign(betas + i * g, betas + i * g + std::min(v.accepted + 1, gamma));
+    v.host_token = static_cast<int64_t>(ts[i * (g + 1) + v.accepted]);
+    v.token = candidates.select(0, i).narrow(0, v.accepted, 1);
+    for (int64_t j = 0; j < std::min(v.accepted + 1, gamma); ++j) v.betas.push_back(1.0 - masses[i * g + j]);
   }
   return out;
 }

@@ -60,9 +60,9 @@ struct VerifyInput {
 
 // Every row of a batch at once, row i drawing from *generators[i]. CPU tensors run the host kernel row by row
 // (nothing to read back). Accelerators run one batched tensor pass over all rows, each padded to the longest
-// draft (a padded position is never accepted), and read every row's verdict back in one transfer. Row i gets
-// the verdict it gets alone: its generator gives the same draws in the same order, and every operation is
-// row-wise.
+// draft: every position's residual and candidate t, and the probabilities of the drafts under p and q, read back
+// in one transfer, where the host tests each row's drafts against its coins and picks its t. Row i gets the
+// verdict it gets alone: its generator gives the same draws in the same order, and every operation is row-wise.
 std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
                                  const std::vector<at::Generator*>& generators);
 
