@@ -162,9 +162,9 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
     v.accepted = gamma;
     for (int64_t j = 0; j < gamma; ++j) {
       const double r = coin[j] / kBelowOne;
-      const int64_t at = i * g + j;
-      const bool accepted = r * config.lenience * q_x[at] < p_x[at] ||
-                            (lenient_part != SIZE_MAX && read.at(lenient_part)[at] != 0);
+      const int64_t cell = i * g + j;
+      const bool accepted = r * config.lenience * q_x[cell] < p_x[cell] ||
+                            (lenient_part != SIZE_MAX && read.at(lenient_part)[cell] != 0);
       if (!accepted) {
         v.accepted = j;
         break;
