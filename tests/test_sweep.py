@@ -164,7 +164,9 @@ def test_a_slow_first_call_is_not_timed():
     frame = speculant.sweep(target, drafter, [[1, 2, 3]], gammas=[2], temperatures=[0.0], max_new_tokens=8,
                             progress=False)
     assert calls[0] > 8  # the untimed round and the timed ones all drafted
-    assert frame.seconds.item() < 0.25 and frame.speedup_min.item() > 0.1
+    # a timed round holding the 0.5 s call would take plain seconds / its speedup >= 0.5 s; the bound is 0.25 s, not
+    # a speedup (the fifth GPU lease's 12 loaded workers saw a round 12x the plain one, 0.1 s: a hiccup, not the call)
+    assert frame.seconds.item() < 0.25 and frame.plain_seconds.item() / frame.speedup_min.item() < 0.25
 
 
 def test_siblings_are_an_axis_of_the_trees():
