@@ -3,7 +3,8 @@ bookkeeping, cache rollback): speculant's C++ engine against a straightforward p
 the same algorithm on the same TorchScript models, measured side by side in one run.
 
     python benchmarks/overhead.py [--gamma 4] [--generations 6] [--tokens 128]
-    python benchmarks/overhead.py --trees 2,1,1 3,2,1 [--siblings coupled] [--batch 16]   # chains and trees, both paths
+    python benchmarks/overhead.py --trees 2,1,1 3,2,1 [--siblings coupled] [--batch 16] [--cuda-graphs fixed]
+                                                        # chains and trees, both paths
 
 With --trees: the engine's overhead per iteration for the chain of --gamma and each tree, on the CPU's host
 kernels and on the tensor path that accelerators run (speculant.testing.tensor_path: the same code as on a GPU,
@@ -13,7 +14,10 @@ generations with min-max, the configurations interleaved. Beside them, from one 
 the engine's operations per iteration that would each launch a GPU kernel (views and no-op conversions left out):
 exact counts, where a CPU's timings of microsecond operations are noisy. With --batch B, B prompts decode as one
 batch: each row's overhead per iteration (the batch's time outside its model calls, over the row's iterations),
-averaged over the rows; the operations per iteration are the batch's.
+averaged over the rows; the operations per iteration are the batch's. With --cuda-graphs fixed every model call
+runs through the fixed-shape buffers that a GPU's CUDA graphs replay (uncaptured on a CPU), as calls do on a GPU
+with graphs on: the count then includes the copies into those buffers (on a GPU, besides, each graph replay and
+the copy of its output; a host-to-device copy stays a copy on the CPU).
 
 Goal (issue 2): the engine's overhead is under 20% of the pure-PyTorch one's, and under 5% of an iteration for
 a target of at least 10M parameters. Weights are random (seeded): overhead depends on shapes and on how many
@@ -134,7 +138,8 @@ def tree_overhead(target, draft, args) -> None:
     drafts = [(f"chain gamma = {args.gamma}", dict(gamma=args.gamma))]
     drafts += [(f"tree {shape} {args.siblings}", dict(tree=[int(k) for k in shape.split(",")], siblings=args.siblings))
                for shape in args.trees]
-    decoders = {name: speculant.SpeculativeDecoder(target, draft, temperature=args.temperature, **options)
+    decoders = {name: speculant.SpeculativeDecoder(target, draft, temperature=args.temperature,
+                                                   cuda_graphs=args.cuda_graphs, **options)
                 for name, options in drafts}
     prompts = [list(range(1 + b, 17 + b)) for b in range(args.batch)]
     runs, operations = {}, {}
@@ -174,6 +179,9 @@ def main(argv=None) -> None:
                         help="measure the chain and these trees on both paths instead of the pure-PyTorch comparison")
     parser.add_argument("--siblings", default="coupled")
     parser.add_argument("--batch", type=int, default=1, help="with --trees: prompts decoded as one batch")
+    parser.add_argument("--cuda-graphs", choices=("off", "fixed"), default="off",
+                        help="with --trees: 'fixed' runs every model call through the fixed-shape buffers that a GPU's "
+                             "graphs replay (uncaptured here), so that the count includes the copies into them")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -188,7 +196,7 @@ def main(argv=None) -> None:
         print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
               f"torch {torch.__version__}, CPU; target {params / 1e6:.1f}M params, draft {draft_params / 1e6:.2f}M, "
               f"vocab {args.vocab}, temperature {args.temperature}, {args.generations} x {args.tokens} tokens, "
-              f"batch {args.batch}")
+              f"batch {args.batch}, cuda_graphs {args.cuda_graphs}")
         tree_overhead(speculant.load(target_script), speculant.load(draft_script), args)
         return
     engine = speculant.SpeculativeDecoder(speculant.load(target_script), speculant.load(draft_script),

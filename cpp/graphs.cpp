@@ -64,7 +64,10 @@ at::Tensor GraphCache::run(CallKey key, const std::vector<at::Tensor>& inputs, c
   std::unique_ptr<Entry>& slot = entries_[key];
   if (!slot) {
     slot = std::make_unique<Entry>();
-    for (const at::Tensor& input : inputs) slot->inputs.push_back(at::empty_like(input, at::MemoryFormat::Contiguous));
+    const at::Device device = inputs.front().device();  // graphs.h: later inputs may be on the host
+    for (const at::Tensor& input : inputs) {
+      slot->inputs.push_back(at::empty(input.sizes(), at::TensorOptions().dtype(input.scalar_type()).device(device)));
+    }
   }
   Entry& entry = *slot;
   for (size_t i = 0; i < inputs.size(); ++i) entry.inputs[i].copy_(inputs[i], /*non_blocking=*/true);

@@ -57,7 +57,9 @@ class GraphCache {
 
   // Drops every graph and buffer: the backend calls it when it reallocates what the graphs write (its cache).
   void clear();
-  // call(inputs) for the key `key` (inputs of the same shapes and dtypes at every call of a key).
+  // call(inputs) for the key `key` (inputs of the same shapes and dtypes at every call of a key). The buffers are on
+  // the first input's device; a later input may be a host tensor (upload.h's host_buffer, pinned for CUDA), copied
+  // straight into its buffer: one copy where an upload and then a copy into the buffer would be two.
   at::Tensor run(CallKey key, const std::vector<at::Tensor>& inputs, const Call& call);
 
   // Safe to read while another thread runs the model.

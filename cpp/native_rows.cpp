@@ -9,6 +9,20 @@
 namespace speculant {
 namespace {
 
+// The rows' ids as one [R, W] tensor: a view of a lone row's (no copy to launch).
+at::Tensor stacked(const std::vector<at::Tensor>& ids) {
+  return ids.size() == 1 ? ids[0].unsqueeze(0) : at::stack(ids);
+}
+
+// A call's layout, positions [R, W] | slots [R, W] | row [R, 1] (one upload, or one copy into a graph's buffer),
+// taken apart.
+struct CallLayout {
+  CallLayout(const at::Tensor& layout, int64_t width)
+      : row(layout.select(1, 2 * width)), positions(layout.narrow(1, 0, width)),
+        slots(layout.narrow(1, width, width)) {}
+  at::Tensor row, positions, slots;
+};
+
 class NativeRows final : public ModelRows {
  public:
   NativeRows(RowsCall call, int64_t count, int64_t max_length, at::Device device, std::string source, Shapes shapes,
@@ -93,14 +107,14 @@ class NativeRows final : public ModelRows {
         ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
       }
     }
-    const at::Tensor on_device = upload(layout, device_);
-    const std::vector<at::Tensor> inputs{at::stack(ids), on_device.select(1, 2 * width),
-                                         on_device.narrow(1, 0, width), on_device.narrow(1, width, width),
-                                         upload(mask, device_)};
-    const GraphCache::Call call = [this](const std::vector<at::Tensor>& in) {
-      return tree_.masked(in[0], in[1], in[2], in[3], in[4]);
+    const GraphCache::Call call = [this, width](const std::vector<at::Tensor>& in) {
+      const CallLayout parts(in[1], width);
+      return tree_.masked(in[0], parts.row, parts.positions, parts.slots, in[2]);
     };
-    const at::Tensor logits = fixed ? graphs_->run({width, true}, inputs, call) : call(inputs);  // [R, W, V]
+    // fixed shapes: the host's layout and mask straight into the graph's buffers (graphs.h)
+    const at::Tensor logits =  // [R, W, V]
+        fixed ? graphs_->run({width, true}, {stacked(ids), layout, mask}, call)
+              : call({stacked(ids), upload(layout, device_), upload(mask, device_)});
     for (int64_t i = 0; i < count; ++i) {
       if (tokens[rows[i]].defined()) out[rows[i]] = logits[i].narrow(0, 0, tokens[rows[i]].numel());
     }
@@ -202,17 +216,15 @@ class NativeRows final : public ModelRows {
         ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
       }
     }
-    const at::Tensor on_device = upload(layout, device_);
-    const at::Tensor positions = on_device.narrow(1, 0, width), slots = on_device.narrow(1, width, width);
-    const at::Tensor row_index = on_device.select(1, 2 * width);
     at::Tensor logits;  // [R, W, V]
     if (!fixed || !step) {
-      logits = call_(at::stack(ids), row_index, positions, slots, keys);
-    } else {
-      logits = graphs_->run({width, false}, {at::stack(ids), row_index, positions, slots},
-                            [this](const std::vector<at::Tensor>& in) {
-                              return call_(in[0], in[1], in[2], in[3], max_length_);
-                            });
+      const CallLayout parts(upload(layout, device_), width);
+      logits = call_(stacked(ids), parts.row, parts.positions, parts.slots, keys);
+    } else {  // the host's layout straight into the graph's buffer (graphs.h)
+      logits = graphs_->run({width, false}, {stacked(ids), layout}, [this, width](const std::vector<at::Tensor>& in) {
+        const CallLayout parts(in[1], width);
+        return call_(in[0], parts.row, parts.positions, parts.slots, max_length_);
+      });
     }
     for (int64_t i = 0; i < count; ++i) {
       const int64_t r = rows[i];

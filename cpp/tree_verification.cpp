@@ -68,6 +68,15 @@ void walk(const Nodes& nodes, int64_t r, const double* token, TreeVerdict& verdi
   }
 }
 
+// rows[i] of `from` for i < n, given on the host (`rows`) and on the device (`index`): a view where they are
+// consecutive (as a single tree's layout is, its nodes already in the layout's order), else one gather.
+at::Tensor take_rows(const at::Tensor& from, const std::vector<int64_t>& rows, const at::Tensor& index, int64_t n) {
+  for (int64_t i = 1; i < n; ++i) {
+    if (rows[i] != rows[0] + i) return from.index_select(0, index.narrow(0, 0, n));
+  }
+  return n > 0 ? from.narrow(0, rows[0], n) : from.index_select(0, index.narrow(0, 0, 0));
+}
+
 bool all_finite(const double* values, int64_t n) {
   return std::all_of(values, values + n, [](double v) { return std::isfinite(v); });
 }
@@ -150,7 +159,8 @@ struct Layout {
       const int64_t first = nodes.first_child(order[i]);
       for (int64_t j = 0; j < nodes.widest; ++j) layout.push_back(first + (j < nodes.children(order[i]) ? j : 0));
     }
-    for (int64_t i = 0; i < nodes.size; ++i) layout.push_back(draw_at[order[i]]);
+    for (int64_t i = 0; i < nodes.size; ++i) draw_of.push_back(draw_at[order[i]]);
+    layout.insert(layout.end(), draw_of.begin(), draw_of.end());
     const at::Tensor index = upload(layout, device);
     rows = index.narrow(0, 0, nodes.size);
     children = index.narrow(0, nodes.size, internal * nodes.widest);
@@ -161,6 +171,7 @@ struct Layout {
   int64_t internal = 0;                   // M
   std::vector<int64_t> leading;           // M_j: the internal nodes with more than j children (j = 0 .. K)
   std::vector<int64_t> coin_at;           // an internal node's first coin in `uniforms`
+  std::vector<int64_t> draw_of;           // each position's candidate uniform in `uniforms`
   at::Tensor uniforms;                    // every row's block, float64, scaled (sampling.h)
   at::Tensor rows, children, draws;       // on the device: order, children [M K], candidate uniforms [nodes]
 };
@@ -186,10 +197,11 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const SamplingCo
   DeviceParts out;
   out.steps.resize(nodes.widest);
   const int64_t m = layout.internal, k = nodes.widest;
+  // standardizing makes a new tensor (T > 0), which P may overwrite where the layout keeps the nodes' order
   const at::Tensor p = standardize_generic(nodes.every_row(&TreeInput::target_logits), config);  // [nodes, V]
-  at::Tensor P = p.index_select(0, layout.rows);                                                 // [nodes, V]
+  at::Tensor P = take_rows(p, layout.order, layout.rows, nodes.size);                            // [nodes, V]
   const at::Tensor x = nodes.tokens.index_select(0, layout.children).view({m, k});  // [M, K]
-  const at::Tensor q = nodes.every_row(&TreeInput::q).to(p.scalar_type()).index_select(0, layout.rows.narrow(0, 0, m));
+  const at::Tensor q = take_rows(nodes.every_row(&TreeInput::q).to(p.scalar_type()), layout.order, layout.rows, m);
   out.p = read.add(P.narrow(0, 0, m).gather(1, x));
   out.q = read.add(q.gather(1, x));
   if (siblings == Siblings::top) out.beta = read.add(at::minimum(P.narrow(0, 0, m), q).sum(-1));
@@ -248,8 +260,8 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const SamplingCo
     at::where_out(p_j, mass > 0, positive / mass, p_j);
   }
   at::Tensor mass;  // each node's final row's total: NaN where the target's logits were not finite
-  out.candidates_tensor = sample_inverse_cdf_scaled(P, layout.uniforms.index_select(0, layout.draws).view({-1, 1}),
-                                                    &mass);  // [nodes]
+  out.candidates_tensor = sample_inverse_cdf_scaled(
+      P, take_rows(layout.uniforms, layout.draw_of, layout.draws, nodes.size).view({-1, 1}), &mass);  // [nodes]
   out.uniforms = read.add(layout.uniforms);
   out.mass = read.add(mass);
   out.candidates = read.add(out.candidates_tensor);

@@ -1,6 +1,7 @@
 """benchmarks/overhead.py --trees at toy sizes: the chain and a tree on the host kernels and on the accelerators'
-tensor path (speculant.testing.tensor_path), one prompt and a batch, each row of the printed table filled, the
-tensor path counting more operations per iteration than the host kernels, and counting them by phase."""
+tensor path (speculant.testing.tensor_path), for one prompt, a batch, and one prompt through the fixed-shape buffers
+of CUDA graphs: each row of the printed table filled, the tensor path counting more operations per iteration than
+the host kernels, and counting them by phase."""
 
 import os
 import re
@@ -14,12 +15,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import overhead  # noqa: E402
 
 
-@pytest.mark.parametrize("batch", [1, 3])
-def test_trees_on_both_paths(batch, capsys):
+@pytest.mark.parametrize("batch, graphs", [(1, "off"), (3, "off"), (1, "fixed")])
+def test_trees_on_both_paths(batch, graphs, capsys):
     overhead.main(["--trees", "2,1", "--gamma", "2", "--threads", "1", "--generations", "2", "--tokens", "12",
-                   "--vocab", "64", "--batch", str(batch)])
+                   "--vocab", "64", "--batch", str(batch), "--cuda-graphs", graphs])
     out = capsys.readouterr().out
-    assert f"batch {batch}" in out
+    assert f"batch {batch}, cuda_graphs {graphs}" in out
     rows = re.findall(r"^\| (chain gamma = 2|tree 2,1 coupled) \| (host kernels|tensor path) \| (\d+) \[(\d+)-(\d+)\] "
                       r"\| ([\d.]+) \| ([\d.]+), ([\d.]+), ([\d.]+), ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", out,
                       re.MULTILINE)
