@@ -264,7 +264,7 @@ std::vector<TreeVerdict> Batch::verify_trees() {
     const at::Tensor q = row.tree_proposal.q.defined() ? row.tree_proposal.q : at::zeros_like(logits[r]);
     trees.push_back({&row.tree_proposal.tree, logits[r], q, inputs[r], row.tree_proposal.maxima, &row.generator});
   }
-  return speculant::verify_trees(trees, s_.config, s_.siblings);
+  return speculant::verify_trees(trees, s_.config, s_.siblings, s_.verify_graphs);
 }
 
 // Accept and emit, then roll back, for each running row's tree (verdicts as verify_trees returns them).

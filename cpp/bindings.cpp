@@ -469,5 +469,6 @@ PYBIND11_MODULE(_core, m) {
           [](const Decoder& decoder, const std::string& gamma_policy, std::optional<int64_t> max_gamma, double cost) {
             return decoder.as_draft(GammaSchedule{gamma_policy, max_gamma, cost});
           },
-          py::arg("gamma_policy") = "fixed", py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0);
+          py::arg("gamma_policy") = "fixed", py::arg("max_gamma") = py::none(), py::arg("cost") = 0.0)
+      .def_property_readonly("verification_graphs", &Decoder::verification_graphs);
 }

@@ -109,6 +109,9 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
   require(draft_why.empty(), "tree=: the draft cannot propose trees: {}", draft_why);
   require(target_why.empty(), "tree=: the target ({} form) cannot verify a tree in one call: {}", target_->form(),
           target_why);
+  if (target_shapes_ != Shapes::dynamic && !growth) {  // a grown tree's shapes vary without bound: not keyed
+    verify_graphs_ = std::make_shared<VerificationGraphs>(target_shapes_ == Shapes::graphed);
+  }
   TreePlan plan;
   if (growth) {
     require(growth->budget >= 1 && growth->budget <= 4096 && growth->depth >= 1 && growth->children >= 1 &&
@@ -215,6 +218,7 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
 
   const bool trees = trees_.has_value();
   Batch::Setup setup{*target_, draft_.get(), config_, eos_token_ids, profile, trees ? &*trees_ : nullptr, siblings_};
+  setup.verify_graphs = verify_graphs_.get();
   const auto rows_count = static_cast<int64_t>(count);
   std::unique_ptr<ModelRows> target_rows =
       trees ? target_->tree_rows(rows_count, target_shapes_) : target_->rows(rows_count, target_shapes_);

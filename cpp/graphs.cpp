@@ -23,7 +23,9 @@ constexpr int64_t kMaxGraphs = 32;
 
 }  // namespace
 
-std::string CallKey::name() const { return fmt::format("the {}-token {}call", width, tree ? "tree " : ""); }
+std::string CallKey::name() const {
+  return what.empty() ? fmt::format("the {}-token {}call", width, tree ? "tree " : "") : what;
+}
 
 void GraphCache::clear() {
   entries_.clear();  // the graphs release their pool as they go

@@ -41,8 +41,10 @@ namespace speculant {
 struct CallKey {
   int64_t width = 0;
   bool tree = false;
+  // a call that is no model's (tree_verification.cpp): what it is and every shape it depends on; names it
+  std::string what;
   auto operator<=>(const CallKey&) const = default;
-  // "the 3-token call", "the 3-token tree call"
+  // "the 3-token call", "the 3-token tree call", or `what`
   std::string name() const;
 };
 

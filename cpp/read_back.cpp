@@ -14,8 +14,8 @@ size_t ReadBack::add(const at::Tensor& part) {
   return parts_.size() - 1;
 }
 
-void ReadBack::read() {
-  require(!parts_.empty(), "ReadBack::read with no parts");
+at::Tensor ReadBack::pack() {
+  require(!parts_.empty(), "ReadBack::pack with no parts");
   // the types in the order they first appear, each type's parts in the order added
   std::vector<at::ScalarType> types;
   for (const at::Tensor& part : parts_) {
@@ -34,13 +34,15 @@ void ReadBack::read() {
     }
     groups.push_back(joined(group));
   }
-  if (groups.size() == 1 && groups[0].scalar_type() == at::kDouble) {
-    host_ = groups[0].cpu();
-    return;
-  }
+  if (groups.size() == 1 && groups[0].scalar_type() == at::kDouble) return groups[0];
   at::Tensor out = at::empty({size}, parts_[0].options().dtype(at::kDouble));
   at::cat_out(out, groups);
-  host_ = out.cpu();
+  return out;
+}
+
+void ReadBack::load(const at::Tensor& packed) {
+  require(packed.dim() == 1 && packed.scalar_type() == at::kDouble, "ReadBack::load: a pack()'s float64 [size]");
+  host_ = packed.cpu();
 }
 
 }  // namespace speculant

@@ -13,11 +13,21 @@ namespace speculant {
 
 class ReadBack {
  public:
+  ReadBack() = default;
+  // The read-back of a later pack() of the same parts, whose places `offsets` are (a graph's replay: the code that
+  // added the parts did not run), for load().
+  explicit ReadBack(std::vector<int64_t> offsets) : offsets_(std::move(offsets)) {}
+
   // Adds a part (any shape, read flattened); returns its id for at().
   size_t add(const at::Tensor& part);
-  // Joins the parts on their device and copies them to the host (a synchronization).
-  void read();
-  // Part `id`'s values, after read().
+  // Joins the parts on their device into one float64 tensor, fixing each part's place (offsets()).
+  at::Tensor pack();
+  // Copies a pack()'s result to the host (a synchronization).
+  void load(const at::Tensor& packed);
+  // pack(), then load().
+  void read() { load(pack()); }
+  const std::vector<int64_t>& offsets() const { return offsets_; }
+  // Part `id`'s values, after load().
   const double* at(size_t id) const { return host_.const_data_ptr<double>() + offsets_[id]; }
 
  private:

@@ -188,9 +188,9 @@ void check_tree_input(const TreeInput& row, const SamplingConfig& config) {
 }
 
 std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
-                                      Siblings siblings) {
+                                      Siblings siblings, VerificationGraphs* graphs) {
   if (rows.empty()) return {};
-  if (!cpu::host_kernels(rows.front().target_logits)) return verify_trees_generic(rows, config, siblings);
+  if (!cpu::host_kernels(rows.front().target_logits)) return verify_trees_generic(rows, config, siblings, graphs);
   std::vector<TreeVerdict> out;
   for (const TreeInput& row : rows) {
     check_tree_input(row, config);

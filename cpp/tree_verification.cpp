@@ -2,12 +2,20 @@
 // launch costs the host microseconds whatever its size, so the work is split by what it needs: the device computes
 // what sums over the vocabulary (every internal node's residuals p_j and children's laws q_j, step by step for all
 // nodes at once, and every node's candidate t), the host everything per child from a few numbers read back once
-// (tests the children, walks down each row's tree).
+// (tests the children, walks down each row's tree). With VerificationGraphs (tree.h) the device's part runs from
+// fixed-shape buffers, a CUDA graph per key; what it reads back, and where, is the key's Plan.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+
+#include "errors.h"
+#include "graphs.h"
 #include "join.h"
 #include "read_back.h"
 #include "tree.h"
@@ -123,7 +131,7 @@ std::vector<TreeVerdict> verify_greedy(const Nodes& nodes, ReadBack& read, size_
 // from its own generator, as alone, in one operation: a coin per (internal node in tree order, child of the row's
 // widest node), then one per node for its candidate t.
 struct Layout {
-  Layout(const Nodes& nodes, const at::Device& device) : position(nodes.size), coin_at(nodes.size, 0) {
+  explicit Layout(const Nodes& nodes) : position(nodes.size), coin_at(nodes.size, 0) {
     for (int64_t node = 0; node < nodes.size; ++node) {
       if (nodes.children(node) > 0) order.push_back(node);
     }
@@ -138,7 +146,6 @@ struct Layout {
     for (int64_t i = 0; i < internal; ++i) {
       for (int64_t j = 0; j < nodes.children(order[i]); ++j) ++leading[j];
     }
-    std::vector<at::Tensor> blocks;
     std::vector<int64_t> draw_at(nodes.size);
     for (size_t r = 0, offset = 0; r < nodes.rows.size(); ++r) {
       const Tree& tree = nodes.tree(static_cast<int64_t>(r));
@@ -148,32 +155,46 @@ struct Layout {
         if (tree.children(node) > 0) coin_at[base + node] = offset + width * coins++;
       }
       for (int64_t node = 0; node < tree.size(); ++node) draw_at[base + node] = offset + width * coins + node;
-      blocks.push_back(scaled_uniforms({width * coins + tree.size()}, *nodes.rows[r].generator, device));
-      offset += blocks.back().numel();
+      uniform_sizes.push_back(width * coins + tree.size());
+      offset += uniform_sizes.back();
     }
-    uniforms = joined(blocks);
-    // one upload: the order, each internal node's children (past its count: its first child again, never read),
-    // each position's candidate uniform
-    std::vector<int64_t> layout(order);
+    // the order, each internal node's children (past its count: its first child again, never read), each
+    // position's candidate uniform
+    index = order;
     for (int64_t i = 0; i < internal; ++i) {
       const int64_t first = nodes.first_child(order[i]);
-      for (int64_t j = 0; j < nodes.widest; ++j) layout.push_back(first + (j < nodes.children(order[i]) ? j : 0));
+      for (int64_t j = 0; j < nodes.widest; ++j) index.push_back(first + (j < nodes.children(order[i]) ? j : 0));
     }
     for (int64_t i = 0; i < nodes.size; ++i) draw_of.push_back(draw_at[order[i]]);
-    layout.insert(layout.end(), draw_of.begin(), draw_of.end());
-    const at::Tensor index = upload(layout, device);
-    rows = index.narrow(0, 0, nodes.size);
-    children = index.narrow(0, nodes.size, internal * nodes.widest);
-    draws = index.narrow(0, nodes.size + internal * nodes.widest, nodes.size);
+    index.insert(index.end(), draw_of.begin(), draw_of.end());
+  }
+
+  // Every row's uniforms (its block from its own generator), float64, scaled (sampling.h).
+  at::Tensor uniforms(const Nodes& nodes, const at::Device& device) const {
+    std::vector<at::Tensor> blocks;
+    for (size_t r = 0; r < nodes.rows.size(); ++r) {
+      blocks.push_back(scaled_uniforms({uniform_sizes[r]}, *nodes.rows[r].generator, device));
+    }
+    return joined(blocks);
   }
 
   std::vector<int64_t> order, position;  // position -> node, node -> position
   int64_t internal = 0;                   // M
   std::vector<int64_t> leading;           // M_j: the internal nodes with more than j children (j = 0 .. K)
-  std::vector<int64_t> coin_at;           // an internal node's first coin in `uniforms`
-  std::vector<int64_t> draw_of;           // each position's candidate uniform in `uniforms`
-  at::Tensor uniforms;                    // every row's block, float64, scaled (sampling.h)
-  at::Tensor rows, children, draws;       // on the device: order, children [M K], candidate uniforms [nodes]
+  std::vector<int64_t> coin_at;           // an internal node's first coin in the uniforms
+  std::vector<int64_t> draw_of;           // each position's candidate uniform in the uniforms
+  std::vector<int64_t> uniform_sizes;     // each row's block of uniforms
+  std::vector<int64_t> index;             // order [nodes] | children [M, K] | draw_of [nodes], one upload
+};
+
+// The device's inputs of a sampled verification: every row's logits [nodes, V], q [nodes, V] and tokens [nodes]
+// joined, the layout's index (on the device: order, children [M, K], candidate uniforms [nodes]) and the uniforms.
+struct DeviceInputs {
+  DeviceInputs(const std::vector<at::Tensor>& in, const Nodes& nodes, const Layout& layout)
+      : logits(in[0]), q(in[1]), tokens(in[2]), rows(in[3].narrow(0, 0, nodes.size)),
+        children(in[3].narrow(0, nodes.size, layout.internal * nodes.widest)),
+        draws(in[3].narrow(0, nodes.size + layout.internal * nodes.widest, nodes.size)), uniforms(in[4]) {}
+  at::Tensor logits, q, tokens, rows, children, draws, uniforms;
 };
 
 // What the device reads back for step j (ids in the read-back; kNone: not read): the residual's mass [M_j]
@@ -192,16 +213,16 @@ struct DeviceParts {
 };
 
 // tree.h's steps for every internal node at once; P holds p_j in place (row by row, the layout's order).
-DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const SamplingConfig& config, Siblings siblings,
-                      ReadBack& read) {
+DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInputs& in, const SamplingConfig& config,
+                      Siblings siblings, ReadBack& read) {
   DeviceParts out;
   out.steps.resize(nodes.widest);
   const int64_t m = layout.internal, k = nodes.widest;
   // standardizing makes a new tensor (T > 0), which P may overwrite where the layout keeps the nodes' order
-  const at::Tensor p = standardize_generic(nodes.every_row(&TreeInput::target_logits), config);  // [nodes, V]
-  at::Tensor P = take_rows(p, layout.order, layout.rows, nodes.size);                            // [nodes, V]
-  const at::Tensor x = nodes.tokens.index_select(0, layout.children).view({m, k});  // [M, K]
-  const at::Tensor q = take_rows(nodes.every_row(&TreeInput::q).to(p.scalar_type()), layout.order, layout.rows, m);
+  const at::Tensor p = standardize_generic(in.logits, config);                         // [nodes, V]
+  at::Tensor P = take_rows(p, layout.order, in.rows, nodes.size);                      // [nodes, V]
+  const at::Tensor x = in.tokens.index_select(0, in.children).view({m, k});           // [M, K]
+  const at::Tensor q = take_rows(in.q.to(p.scalar_type()), layout.order, in.rows, m);  // [M, V]
   out.p = read.add(P.narrow(0, 0, m).gather(1, x));
   out.q = read.add(q.gather(1, x));
   if (siblings == Siblings::top) out.beta = read.add(at::minimum(P.narrow(0, 0, m), q).sum(-1));
@@ -261,8 +282,8 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const SamplingCo
   }
   at::Tensor mass;  // each node's final row's total: NaN where the target's logits were not finite
   out.candidates_tensor = sample_inverse_cdf_scaled(
-      P, take_rows(layout.uniforms, layout.draw_of, layout.draws, nodes.size).view({-1, 1}), &mass);  // [nodes]
-  out.uniforms = read.add(layout.uniforms);
+      P, take_rows(in.uniforms, layout.draw_of, in.draws, nodes.size).view({-1, 1}), &mass);  // [nodes]
+  out.uniforms = read.add(in.uniforms);
   out.mass = read.add(mass);
   out.candidates = read.add(out.candidates_tensor);
   return out;
@@ -349,17 +370,112 @@ class Children {
   const double* tokens_;  // the children's
 };
 
+// Whether a row gave draft witnesses (they are read back with the rest).
+bool has_witnesses(const TreeInput& row) { return row.draft_maxima.defined() && row.draft_maxima.numel() > 0; }
+
+// What a sampled verification reads back, and where (read_back.h): fixed by its key (the rows' trees, the settings,
+// the shapes), so that a graph's replay, which runs none of the code that placed the parts, is read as the run that
+// captured it.
+struct Plan {
+  DeviceParts parts;  // candidates_tensor: the run's own (none kept for a replay)
+  size_t token_part = kNone;
+  std::vector<size_t> draft_parts;  // each row's draft witnesses (kNone: none given)
+  std::vector<int64_t> offsets;
+
+  bool same_places(const Plan& other) const { return offsets == other.offsets && ids() == other.ids(); }
+  std::vector<size_t> ids() const {
+    std::vector<size_t> out{parts.p, parts.q, parts.beta, parts.uniforms, parts.mass, parts.candidates, token_part};
+    for (const Step& step : parts.steps) {
+      out.insert(out.end(), {step.mass, step.norm, step.w, step.in, step.off, step.sign});
+    }
+    out.insert(out.end(), draft_parts.begin(), draft_parts.end());
+    return out;
+  }
+};
+
+// The device's part of a sampled verification, from its inputs (`in`: DeviceInputs' five, then each row's draft
+// witnesses where given): everything the host reads, packed into one float64 tensor; `plan` says where.
+at::Tensor device_work(const Nodes& nodes, const Layout& layout, const SamplingConfig& config, Siblings siblings,
+                       const std::vector<at::Tensor>& in, Plan& plan) {
+  ReadBack read;
+  plan.token_part = read.add(in[2]);
+  plan.draft_parts.assign(nodes.rows.size(), kNone);
+  for (size_t r = 0, next = 5; r < nodes.rows.size(); ++r) {
+    if (has_witnesses(nodes.rows[r])) plan.draft_parts[r] = read.add(in[next++]);
+  }
+  plan.parts = run_steps(nodes, layout, DeviceInputs(in, nodes, layout), config, siblings, read);
+  at::Tensor packed = read.pack();
+  plan.offsets = read.offsets();
+  return packed;
+}
+
+// A verification's key in the graphs: everything its operations' shapes and order depend on.
+std::string key_of(const Nodes& nodes, const SamplingConfig& config, Siblings siblings) {
+  const TreeInput& first = nodes.rows.front();
+  std::string what = fmt::format("the verification of trees (T {}, top-k {}, top-p {}, siblings {}, logits {}, q {}, "
+                                 "V {}):", config.temperature, config.top_k, config.top_p, static_cast<int>(siblings),
+                                 c10::toString(first.target_logits.scalar_type()),
+                                 c10::toString(first.q.scalar_type()), first.target_logits.size(1));
+  for (size_t r = 0; r < nodes.rows.size(); ++r) {
+    const Tree& tree = nodes.tree(static_cast<int64_t>(r));
+    std::vector<int64_t> parents;
+    for (int64_t v = 0; v < tree.size(); ++v) parents.push_back(tree.parent(v));
+    what += fmt::format(" [{}] witnesses {}", fmt::join(parents, ", "),
+                        has_witnesses(nodes.rows[r]) ? nodes.rows[r].draft_maxima.numel() : 0);
+  }
+  return what;
+}
+
+}  // namespace
+
+struct VerificationGraphs::Impl {
+  explicit Impl(bool capture) : cache(capture, nullptr) {}
+  GraphCache cache;
+  std::map<std::string, Plan> plans;  // by key: where each verification's read-back holds what
+};
+
+namespace {
+
 std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig& config, Siblings siblings,
-                                        ReadBack& read, size_t token_part, const std::vector<size_t>& draft_parts) {
-  const Layout layout(nodes, nodes.rows.front().target_logits.device());
-  const DeviceParts parts = run_steps(nodes, layout, config, siblings, read);
-  read.read();
-  const double *token = read.at(token_part), *coin = read.at(parts.uniforms);
+                                        VerificationGraphs* graphs) {
+  const Layout layout(nodes);
+  const at::Device device = nodes.rows.front().target_logits.device();
+  std::vector<at::Tensor> in{nodes.every_row(&TreeInput::target_logits), nodes.every_row(&TreeInput::q),
+                             nodes.tokens, at::Tensor(), layout.uniforms(nodes, device)};
+  for (const TreeInput& row : nodes.rows) {
+    if (has_witnesses(row)) in.push_back(row.draft_maxima);
+  }
+  Plan plan;
+  at::Tensor packed, candidates;  // candidates: int64 [nodes] on the device, in the layout's order
+  if (graphs == nullptr) {
+    in[3] = upload(layout.index, device);
+    packed = device_work(nodes, layout, config, siblings, in, plan);
+    candidates = plan.parts.candidates_tensor;
+  } else {  // the host's index straight into its buffer (graphs.h)
+    in[3] = host_buffer({static_cast<int64_t>(layout.index.size())}, at::kLong, device);
+    std::copy(layout.index.begin(), layout.index.end(), in[3].mutable_data_ptr<int64_t>());
+    VerificationGraphs::Impl& impl = graphs->impl();
+    const CallKey key{0, true, key_of(nodes, config, siblings)};
+    packed = impl.cache.run(key, in, [&](const std::vector<at::Tensor>& buffers) {
+      Plan ran;
+      at::Tensor out = device_work(nodes, layout, config, siblings, buffers, ran);
+      ran.parts.candidates_tensor = at::Tensor();
+      const auto [known, added] = impl.plans.emplace(key.what, ran);
+      require(added || known->second.same_places(ran), "{} placed its read-back differently in two runs", key.what);
+      return out;
+    });
+    plan = impl.plans.at(key.what);
+    candidates = packed.narrow(0, plan.offsets[plan.parts.candidates], nodes.size).to(at::kLong);
+  }
+  ReadBack read(plan.offsets);
+  read.load(packed);
+  const DeviceParts& parts = plan.parts;
+  const double *token = read.at(plan.token_part), *coin = read.at(parts.uniforms);
   std::vector<TreeVerdict> out(nodes.rows.size());
   for (size_t r = 0; r < out.size(); ++r) {
     const int64_t base = nodes.base[r];
     TreeVerdict& verdict = out[r];
-    verdict.finite = draft_finite(nodes.rows[r], read, draft_parts[r]);
+    verdict.finite = draft_finite(nodes.rows[r], read, plan.draft_parts[r]);
     for (int64_t node = 0; node < nodes.tree(r).size(); ++node) {
       verdict.finite = verdict.finite && std::isfinite(read.at(parts.mass)[layout.position[base + node]]);
     }
@@ -376,7 +492,7 @@ std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig
     auto stop = [&](int64_t node) {
       const int64_t i = layout.position[base + node];
       verdict.host_token = static_cast<int64_t>(read.at(parts.candidates)[i]);
-      verdict.token = parts.candidates_tensor.narrow(0, i, 1);
+      verdict.token = candidates.narrow(0, i, 1);
     };
     walk(nodes, static_cast<int64_t>(r), token, verdict, choose, stop);
   }
@@ -385,20 +501,23 @@ std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig
 
 }  // namespace
 
+VerificationGraphs::VerificationGraphs(bool capture) : impl_(std::make_unique<Impl>(capture)) {}
+VerificationGraphs::~VerificationGraphs() = default;
+std::string VerificationGraphs::failure() const { return impl_->cache.failure(); }
+int64_t VerificationGraphs::captured() const { return impl_->cache.captured(); }
+int64_t VerificationGraphs::keys() const { return static_cast<int64_t>(impl_->plans.size()); }
+
 std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
-                                              Siblings siblings) {
+                                              Siblings siblings, VerificationGraphs* graphs) {
   if (rows.empty()) return {};
   for (const TreeInput& row : rows) check_tree_input(row, config);
   const Nodes nodes(rows);
-  ReadBack read;
+  if (!config.greedy()) return verify_sampled(nodes, config, siblings, graphs);
+  ReadBack read;  // temperature 0: one operation, nothing to capture
   const size_t token_part = read.add(nodes.tokens);
   std::vector<size_t> draft_parts;  // each row's draft witnesses, where given
-  for (const TreeInput& row : rows) {
-    const bool given = row.draft_maxima.defined() && row.draft_maxima.numel() > 0;
-    draft_parts.push_back(given ? read.add(row.draft_maxima) : kNone);
-  }
-  return config.greedy() ? verify_greedy(nodes, read, token_part, draft_parts)
-                         : verify_sampled(nodes, config, siblings, read, token_part, draft_parts);
+  for (const TreeInput& row : rows) draft_parts.push_back(has_witnesses(row) ? read.add(row.draft_maxima) : kNone);
+  return verify_greedy(nodes, read, token_part, draft_parts);
 }
 
 }  // namespace speculant

@@ -53,6 +53,7 @@ from test_batch import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, LAW_NEW, LAW_PROMPT, 
                         assert_same_result, batched_samples, markov_model, tiny_models)
 from test_distribution import SIGNIFICANCE, assert_law, check_no_top_p_boundary
 from speculant import graphs, tiny_gpt
+from speculant.testing import tensor_path
 
 FIXED_MAX_LENGTH = 64
 
@@ -320,6 +321,24 @@ def test_fixed_tree_calls_equal_dynamic(pair, case):
     assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, seed=110, max_new_tokens=MAX_NEW, **sampling)
 
 
+@pytest.mark.parametrize("case", TREES, ids=[c[0] for c in TREES])
+def test_fixed_tree_verification_on_the_accelerators_path_equals_dynamic(pair, case):
+    """On the accelerators' path (tensor_path) fixed shapes run a fixed tree's verification through its own buffers
+    too, keyed by the rows' trees (tree.h: VerificationGraphs; the work a graph captures on CUDA, where the
+    placements read back come from the key's first run): the tokens, trace and counts of dynamic shapes, batch
+    and batch 1 alike. A grown tree's shapes vary without bound: its verification is not keyed."""
+    _, tree, siblings, sampling = case
+    # the sampling set on the decoders: generate's overrides would make a decoder core (and its buffers) per call
+    dynamic, fixed = (speculant.SpeculativeDecoder(*pair, tree=tree, siblings=siblings, cuda_graphs=mode, **sampling)
+                      for mode in ("off", "fixed"))
+    with tensor_path():
+        assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, seed=112, max_new_tokens=MAX_NEW)
+    keys, captured, failure = fixed._core.verification_graphs
+    assert dynamic._core.verification_graphs == (0, 0, "") and captured == 0 and failure == ""
+    grown = isinstance(tree, speculant.DynamicTree)
+    assert keys == 0 if grown or sampling["temperature"] == 0 else keys >= 2  # the batch's rows, a row alone
+
+
 def test_fixed_tree_calls_with_eos(tiny):
     """An EOS stops rows at different iterations: later tree calls carry rows that sit them out (all padding)."""
     dynamic, fixed = tree_decoders(*tiny, [2, 2], "without_replacement")
@@ -576,12 +595,17 @@ def test_cuda_graphs_laws(config):
 def test_cuda_graphs_of_tree_calls_equal_the_calls_they_capture(cuda_pairs, name, case):
     _, tree, siblings, sampling = case
     target, draft = cuda_pairs[name]
-    fixed, on = tree_decoders(target, draft, tree, siblings, ("fixed", "on"))
+    # the sampling set on the decoders, whose cores (and the trees' verification graphs) then serve every call
+    fixed, on = (speculant.SpeculativeDecoder(target, draft, tree=tree, siblings=siblings, cuda_graphs=mode,
+                                              **sampling) for mode in ("fixed", "on"))
     assert on.shapes == ("graphed", "graphed")
-    assert_same_runs([fixed.generate, on.generate], PROMPTS, seed=120, max_new_tokens=MAX_NEW, **sampling)
+    assert_same_runs([fixed.generate, on.generate], PROMPTS, seed=120, max_new_tokens=MAX_NEW)
     for model in (target, draft):
         assert model._core.graph_failure == ""
         assert model._core.graphs_captured >= 1
+    keys, captured, failure = on._core.verification_graphs  # a fixed tree's verification: captured at T > 0
+    assert failure == "" and (captured >= 1 if keys else isinstance(tree, speculant.DynamicTree) or
+                              sampling["temperature"] == 0)
 
 
 CUDA_TREE_LAWS = [  # id, tree, siblings, sampling, table seed
@@ -601,6 +625,8 @@ def test_cuda_graphs_tree_laws(config):
                                            cuda_graphs="on", **sampling)
     samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=1000 * seed)
     assert decoder.target._core.graphs_captured >= 1 and decoder.draft._core.graphs_captured >= 1
+    keys, captured, failure = decoder._core.verification_graphs
+    assert failure == "" and captured >= 1, (keys, captured, failure)
     assert_law(samples, markov.continuation_law(target, LAW_PROMPT, LAW_NEW, sampling["temperature"]),
                f"CUDA graphs, tree {name}")
 

@@ -483,6 +483,10 @@ class SpeculativeDecoder:
     drafters too), lenience 1 and the fixed gamma policy. With cuda_graphs, a tree's calls are shaped as a chain's:
     "fixed" runs every tree call over every row and cache slot (its mask [rows, width, max_length]), and "auto" /
     "on" capture one graph per width of tree call; the moves of the accepted path's cache entries run uncaptured.
+    On accelerators a tree of a fixed shape (not a DynamicTree) also runs its verification's device work (every
+    step's residuals and laws, the candidates, the read-back's packing) through fixed-shape buffers, one CUDA graph
+    per batch of trees with "auto" / "on" (a failed capture warns once, and the work runs uncaptured); the uniforms
+    are drawn outside it, so the tokens are those of "off".
     The statistics count each depth's and rank's acceptances (``stats.tree_visits``, ``stats.tree_accepted``, and
     ``stats.tree_offered``: how often a visited node had that rank; timing.tree_table estimates from all three).
 
@@ -490,8 +494,8 @@ class SpeculativeDecoder:
     With "auto" on CUDA each model's fixed-shape calls (the draft's step, the target's verification of each
     width, a tree's masked calls of each width) are captured once into CUDA graphs and replayed; a model whose
     backend cannot be captured runs as before, with a warning saying why; "on" makes that an error. The tokens
-    are those of the same fixed-shape calls uncaptured ("fixed"); the law is the target's. "auto" and "on" have
-    never been executed on a GPU (issue 21 runs them), which is why they are not the default.
+    are those of the same fixed-shape calls uncaptured ("fixed"); the law is the target's. "auto" has run on
+    leased H100 and H200 GPUs (BENCHMARKS.md: the tokens of "off"; the trees' verification graphs not yet).
 
     ``draft`` may itself be a SpeculativeDecoder, to any depth (a hierarchical draft, cpp/hierarchy.h):
     ``SpeculativeDecoder(target, SpeculativeDecoder(draft, smaller, gamma=2), gamma=4)``. Each iteration asks the
@@ -660,6 +664,7 @@ class SpeculativeDecoder:
                         eos_token_id, seed, profile, schedule, tokenizer, attention_mask)
         finally:
             graphs.warn_failures(self._models)
+            graphs.warn_verification_failure(core, self)
 
 
 def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,

@@ -70,6 +70,16 @@ def warn(messages: Iterable[Optional[str]]) -> None:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+def warn_verification_failure(core, decoder) -> None:
+    """Warns once per SpeculativeDecoder whose token trees' verification capture has failed (cpp/tree.h:
+    VerificationGraphs): it runs uncaptured from then on."""
+    failure = core.verification_graphs[2]
+    if failure and not getattr(decoder, "_verification_failure_told", False):
+        decoder._verification_failure_told = True
+        warnings.warn(f"CUDA graphs are off for the trees' verification from now on: {failure}", RuntimeWarning,
+                      stacklevel=4)
+
+
 def warn_failures(models: Iterable) -> None:
     """Warns once per model handle (speculant.Model) whose capture has failed."""
     for model in models:
