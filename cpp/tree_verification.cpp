@@ -445,37 +445,38 @@ std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig
   for (const TreeInput& row : nodes.rows) {
     if (has_witnesses(row)) in.push_back(row.draft_maxima);
   }
-  Plan plan;
+  Plan ran;                // without graphs: this run's
+  const Plan* plan = &ran;  // with graphs: the key's, from its first run
   at::Tensor packed, candidates;  // candidates: int64 [nodes] on the device, in the layout's order
   if (graphs == nullptr) {
     in[3] = upload(layout.index, device);
-    packed = device_work(nodes, layout, config, siblings, in, plan);
-    candidates = plan.parts.candidates_tensor;
+    packed = device_work(nodes, layout, config, siblings, in, ran);
+    candidates = ran.parts.candidates_tensor;
   } else {  // the host's index straight into its buffer (graphs.h)
     in[3] = host_buffer({static_cast<int64_t>(layout.index.size())}, at::kLong, device);
     std::copy(layout.index.begin(), layout.index.end(), in[3].mutable_data_ptr<int64_t>());
     VerificationGraphs::Impl& impl = graphs->impl();
     const CallKey key{0, true, key_of(nodes, config, siblings)};
     packed = impl.cache.run(key, in, [&](const std::vector<at::Tensor>& buffers) {
-      Plan ran;
-      at::Tensor out = device_work(nodes, layout, config, siblings, buffers, ran);
-      ran.parts.candidates_tensor = at::Tensor();
-      const auto [known, added] = impl.plans.emplace(key.what, ran);
-      require(added || known->second.same_places(ran), "{} placed its read-back differently in two runs", key.what);
+      Plan run;
+      at::Tensor out = device_work(nodes, layout, config, siblings, buffers, run);
+      run.parts.candidates_tensor = at::Tensor();
+      const auto [known, added] = impl.plans.emplace(key.what, run);
+      require(added || known->second.same_places(run), "{} placed its read-back differently in two runs", key.what);
       return out;
     });
-    plan = impl.plans.at(key.what);
-    candidates = packed.narrow(0, plan.offsets[plan.parts.candidates], nodes.size).to(at::kLong);
+    plan = &impl.plans.at(key.what);
+    candidates = packed.narrow(0, plan->offsets[plan->parts.candidates], nodes.size).to(at::kLong);
   }
-  ReadBack read(plan.offsets);
+  ReadBack read(plan->offsets);
   read.load(packed);
-  const DeviceParts& parts = plan.parts;
-  const double *token = read.at(plan.token_part), *coin = read.at(parts.uniforms);
+  const DeviceParts& parts = plan->parts;
+  const double *token = read.at(plan->token_part), *coin = read.at(parts.uniforms);
   std::vector<TreeVerdict> out(nodes.rows.size());
   for (size_t r = 0; r < out.size(); ++r) {
     const int64_t base = nodes.base[r];
     TreeVerdict& verdict = out[r];
-    verdict.finite = draft_finite(nodes.rows[r], read, plan.draft_parts[r]);
+    verdict.finite = draft_finite(nodes.rows[r], read, plan->draft_parts[r]);
     for (int64_t node = 0; node < nodes.tree(r).size(); ++node) {
       verdict.finite = verdict.finite && std::isfinite(read.at(parts.mass)[layout.position[base + node]]);
     }
