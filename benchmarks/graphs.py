@@ -84,9 +84,10 @@ def per_call(run: Callable[[int], object], tokens: int, seconds: str, calls: str
 
 
 class Method:
-    def __init__(self, name: str, mode: str, gamma: int, generate: Callable, tree=None):
-        # tree: a tree's SpeculativeDecoder (its verification's captures are read after the runs)
-        self.name, self.mode, self.gamma, self.generate, self.tree = name, mode, gamma, generate, tree
+    def __init__(self, name: str, mode: str, gamma: int, generate: Callable, decoder=None, tree: bool = False):
+        # decoder: a speculative method's SpeculativeDecoder (its verification's captures are read after the runs)
+        self.name, self.mode, self.gamma, self.generate = name, mode, gamma, generate
+        self.decoder, self.tree = decoder, tree
         self.rates: List[float] = []
         self.results: List = []
 
@@ -153,12 +154,13 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
             decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=args.temperature,
                                                    cuda_graphs=mode)
             methods.append(Method(f"speculative g{gamma}", mode, gamma, lambda p, n, s, profile=False, d=decoder:
-                                  d.generate(**p, max_new_tokens=n, seed=s, profile=profile)))
+                                  d.generate(**p, max_new_tokens=n, seed=s, profile=profile), decoder=decoder))
         for tree in args.trees:
             decoder = speculant.SpeculativeDecoder(target, draft, tree=tree, temperature=args.temperature,
                                                    cuda_graphs=mode)
             methods.append(Method(f"tree {tree}", mode, len(tree), lambda p, n, s, profile=False, d=decoder:
-                                  d.generate(**p, max_new_tokens=n, seed=s, profile=profile), tree=decoder))
+                                  d.generate(**p, max_new_tokens=n, seed=s, profile=profile), decoder=decoder,
+                                  tree=True))
         calls[mode] = call_times(target, draft, prompts[0], args, mode)
     for method in methods:  # warm-up round: untimed
         method.run(prompts, args.tokens, device, record=False)
@@ -171,12 +173,13 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
         plain = next(m for m in methods if m.mode == method.mode and m.gamma == 0)
         row = {"method": method.name, "mode": method.mode, "tokens_per_s": median_range(method.rates),
                "over_first_mode": median_range([a / b for a, b in zip(method.rates, first[method.name].rates)])}
-        if method.tree is not None:
+        if method.decoder is not None:
+            _, captured, failure = method.decoder._core.verification_graphs
+            row.update(verification_graphs=captured, verification_graph_failure=failure)
+        if method.tree:
             row.update(speedup=median_range([a / b for a, b in zip(method.rates, plain.rates)]),
                        tokens_per_call=sum(r.stats.new_tokens for r in method.results)
-                       / sum(r.stats.target_calls for r in method.results),
-                       verification_graphs=method.tree._core.verification_graphs[1],
-                       verification_graph_failure=method.tree._core.verification_graphs[2])
+                       / sum(r.stats.target_calls for r in method.results))
         elif method.gamma:
             alpha = float(statistics.mean(r.stats.alpha for r in method.results))
             c = calls[method.mode]["draft_ms_by_gamma"][method.gamma] / calls[method.mode]["target_ms_by_k"][1]
@@ -187,12 +190,13 @@ def measure_pair(target, draft, prompts, args, device: torch.device) -> Dict:
         rows.append(row)
         extra = "" if not method.gamma else f", speedup {row['speedup'][0]:.2f}x ({row['speedup'][1]:.2f}-" \
                                             f"{row['speedup'][2]:.2f})"
-        if method.tree is not None:
-            failure = row["verification_graph_failure"]
-            extra += (f", {row['tokens_per_call']:.2f} tokens / target call, verifications captured "
-                      f"{row['verification_graphs']}" + (f" ({failure})" if failure else ""))
+        if method.tree:
+            extra += f", {row['tokens_per_call']:.2f} tokens / target call"
         elif method.gamma:
             extra += f", alpha {row['alpha']:.3f}, c {row['c']:.3f}, Thm 3.8 {row['predicted']:.2f}x"
+        if method.decoder is not None:
+            failure = row["verification_graph_failure"]
+            extra += f", verifications captured {row['verification_graphs']}" + (f" ({failure})" if failure else "")
         if method.gamma:
             extra += "; ms / iteration " + ", ".join(f"{k} {v:.3f}" for k, v in row["ms_per_iteration"].items())
         print(f"[{method.mode}] {method.name}: {row['tokens_per_s'][0]:.1f} tok/s ({row['tokens_per_s'][1]:.1f}-"

@@ -16,8 +16,11 @@ exact counts, where a CPU's timings of microsecond operations are noisy. With --
 batch: each row's overhead per iteration (the batch's time outside its model calls, over the row's iterations),
 averaged over the rows; the operations per iteration are the batch's. With --cuda-graphs fixed every model call
 runs through the fixed-shape buffers that a GPU's CUDA graphs replay (uncaptured on a CPU), as calls do on a GPU
-with graphs on: the count then includes the copies into those buffers (on a GPU, besides, each graph replay and
-the copy of its output; a host-to-device copy stays a copy on the CPU).
+with graphs on: the count then includes the copies into those buffers (a host-to-device copy stays a copy on the
+CPU), the verification's work through its own buffers (cpp/verification_graphs.h) and the draft's draws inside
+its step calls (cpp/rows.h: extend_then). Its "captured" column counts what a GPU would launch with those graphs
+captured: the verification's work as one replay and the copy of its output, the draws inside the step's replay,
+and each model call's graph output copied once.
 
 Goal (issue 2): the engine's overhead is under 20% of the pure-PyTorch one's, and under 5% of an iteration for
 a target of at least 10M parameters. Weights are random (seeded): overhead depends on shapes and on how many
@@ -115,22 +118,37 @@ def operations_per_iteration(decoder, prompts, tokens: int) -> dict:
     conversions left out), outside the models' calls, by phase (PHASES; "other": outside them, once per
     generation): one generation under torch.profiler, counting the operations the engine itself calls, at the top
     level or directly in a phase's scope (a model's calls are TorchScript methods, whose operations nest under
-    them)."""
+    them). Also "captured": the operations a GPU would launch with the graphs captured: the verification's work
+    through its buffers (cpp/verification_graphs.h, its "speculant::graphed" scope) becomes one replay and the copy
+    of its output, the draft's draws inside its step calls (rows.h: extend_then, "speculant::fused") join the
+    call's replay, and each model call through fixed-shape buffers adds the copy of its graph's output
+    (graphs.h)."""
     # acc_events: no schedule, so one cycle either way; without it torch 2.11's profiler warns that it clears events
     # at each cycle's end (an error under the suite's warnings-as-errors; fixed in later releases)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], acc_events=True) as profile:
         results = decoder.generate(prompts, max_new_tokens=tokens, seed=0)
     results = results if isinstance(results, list) else [results]
     launches = dict.fromkeys(PHASES + ("other",), 0)
+    graphed = replays = 0  # operations inside graphs (the verification's, a step's draws); the verification's runs
     for event in profile.events():
         parent = event.cpu_parent
+        inside = parent is not None and parent.name in ("speculant::graphed", "speculant::fused")
+        if inside:
+            parent = parent.cpu_parent
         phase = parent.name.removeprefix("speculant::") if parent is not None else "other"
-        if phase not in launches or not event.name.startswith("aten::"):
+        if phase not in launches:
             continue
-        if event.name not in NO_LAUNCH or any(child.name in COPIES for child in event.cpu_children):
+        if event.name == "speculant::graphed":
+            replays += 1
+        elif event.name.startswith("aten::") and (
+                event.name not in NO_LAUNCH or any(child.name in COPIES for child in event.cpu_children)):
             launches[phase] += 1
+            graphed += inside
     iterations = max(r.stats.iterations for r in results)
-    return {phase: count / iterations for phase, count in launches.items()}
+    out = {phase: count / iterations for phase, count in launches.items()}
+    fixed_calls = sum(max(getattr(r.stats, calls) for r in results)
+                      for calls, shapes in zip(("target_calls", "draft_calls"), decoder.shapes) if shapes != "dynamic")
+    return out, (sum(launches.values()) - graphed + 2 * replays + fixed_calls) / iterations
 
 
 def tree_overhead(target, draft, args) -> None:
@@ -157,14 +175,15 @@ def tree_overhead(target, draft, args) -> None:
                         (s.other_seconds / s.iterations * 1e6, s.total_seconds / s.iterations * 1e3,
                          s.new_tokens / s.iterations) for s in rows))))
     print("| draft | path | engine overhead / iteration (µs) [min-max] | operations / iteration | of which draft, "
-          "verify, accept, other | iteration (ms) | tokens / iteration |")
-    print("|---|---|---|---|---|---|---|")
+          "verify, accept, other | captured (GPU estimate) | iteration (ms) | tokens / iteration |")
+    print("|---|---|---|---|---|---|---|---|")
     for (name, path), values in runs.items():
         other, total, tokens = (sorted(column) for column in zip(*values))
-        counts = operations[name, path]
+        counts, captured = operations[name, path]
+        captured = f"{captured:.1f}" if path == "tensor path" and args.cuda_graphs == "fixed" else "-"
         print(f"| {name} | {path} | {statistics.median(other):.0f} [{other[0]:.0f}-{other[-1]:.0f}] | "
               f"{sum(counts.values()):.1f} | {', '.join(f'{v:.1f}' for v in counts.values())} | "
-              f"{statistics.median(total):.2f} | {statistics.median(tokens):.2f} |")
+              f"{captured} | {statistics.median(total):.2f} | {statistics.median(tokens):.2f} |")
 
 
 def main(argv=None) -> None:

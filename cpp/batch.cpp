@@ -206,7 +206,7 @@ std::vector<Verdict> Batch::verify() {
     checks.push_back({verified, row.proposal.q, row.drafted, row.proposal.maxima, row.proposal.finite});
     generators.push_back(&row.generator);
   }
-  return verify_rows(checks, s_.config, generators);
+  return verify_rows(checks, s_.config, generators, s_.verify_graphs);
 }
 
 // Accept and emit, then roll back, for each running row (verdicts in row order, as verify returns them). The

@@ -66,7 +66,7 @@ class Batch {
     const TreePlan* trees;  // token trees; null for chains
     Siblings siblings;
     bool laws = false;  // keep each emitted token on the device with its standardized target law (Row::laws)
-    VerificationGraphs* verify_graphs = nullptr;  // trees: their verification's fixed-shape buffers (tree.h)
+    VerificationGraphs* verify_graphs = nullptr;  // the verification's fixed-shape buffers (verification_graphs.h)
   };
 
   Batch(Setup setup, std::vector<Row>& rows, std::unique_ptr<ModelRows> target_rows,

@@ -11,6 +11,7 @@
 #include "errors.h"
 #include "graphs.h"
 #include "hierarchy.h"
+#include "verification_graphs.h"
 
 namespace speculant {
 namespace {
@@ -64,6 +65,9 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
   require(target_ != nullptr, "target must be a model");
   config_.validate();
   check_shapes(target_.get(), target_shapes_, "target");
+  if (target_shapes_ != Shapes::dynamic && !growth) {  // a grown tree's shapes vary without bound: not keyed
+    verify_graphs_ = std::make_shared<VerificationGraphs>(target_shapes_ == Shapes::graphed);
+  }
   if (draft_ && draft_->model()) check_shapes(draft_->model(), draft_shapes_, "draft");
   if (!draft_) {
     require(gamma_ == 0, "gamma must be 0 without a draft model, got {}", gamma_);
@@ -109,9 +113,6 @@ Decoder::Decoder(std::shared_ptr<Model> target, std::shared_ptr<Drafter> draft, 
   require(draft_why.empty(), "tree=: the draft cannot propose trees: {}", draft_why);
   require(target_why.empty(), "tree=: the target ({} form) cannot verify a tree in one call: {}", target_->form(),
           target_why);
-  if (target_shapes_ != Shapes::dynamic && !growth) {  // a grown tree's shapes vary without bound: not keyed
-    verify_graphs_ = std::make_shared<VerificationGraphs>(target_shapes_ == Shapes::graphed);
-  }
   TreePlan plan;
   if (growth) {
     require(growth->budget >= 1 && growth->budget <= 4096 && growth->depth >= 1 && growth->children >= 1 &&

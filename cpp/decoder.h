@@ -19,6 +19,7 @@
 #include "sampling.h"
 #include "stats.h"
 #include "tree.h"
+#include "verification_graphs.h"
 #include "tree_growth.h"
 
 namespace speculant {
@@ -61,7 +62,7 @@ class Decoder {
   std::shared_ptr<Drafter> as_draft(const GammaSchedule& schedule) const;
 
   int64_t gamma() const { return gamma_; }
-  // Trees of a fixed shape with fixed shapes or graphs (tree.h: VerificationGraphs): the verifications keyed so far,
+  // With fixed shapes or graphs (verification_graphs.h; not for grown trees): the verifications keyed so far,
   // how many are captured, and why their capture failed ("" if it has not); zeros without.
   std::tuple<int64_t, int64_t, std::string> verification_graphs() const {
     if (!verify_graphs_) return {0, 0, ""};
@@ -82,8 +83,8 @@ class Decoder {
   std::vector<int64_t> tree_shape_;  // the ranks the statistics count per depth (empty for chains)
   std::optional<TreePlan> trees_;    // none for chains
   Siblings siblings_;
-  // Trees of a fixed shape with fixed shapes or graphs: their verification through fixed-shape buffers too,
-  // captured with graphs (tree.h); shared by copies, which share the models
+  // With fixed shapes or graphs (not for grown trees): the verification through fixed-shape buffers too, captured
+  // with graphs (verification_graphs.h); shared by copies, which share the models
   std::shared_ptr<VerificationGraphs> verify_graphs_;
   // Set while a generate call runs: a second call from another thread at the same time is refused (decoders
   // that merely share a model wait for it instead: the model's lock).

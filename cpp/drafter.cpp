@@ -97,8 +97,8 @@ double seconds_since(Clock::time_point start) {
 // every row still drafting.
 class ModelDraftRows final : public DraftRows {
  public:
-  ModelDraftRows(std::unique_ptr<ModelRows> rows, at::Device device)
-      : rows_(std::move(rows)), device_(device), pending_(rows_->count()), last_(rows_->count()),
+  ModelDraftRows(std::unique_ptr<ModelRows> rows, at::Device device, int64_t vocab)
+      : rows_(std::move(rows)), device_(device), vocab_(vocab), pending_(rows_->count()), last_(rows_->count()),
         proposed_(rows_->count(), 0), tree_(rows_->count()), fed_(rows_->count()), tentative_(rows_->count(), 0) {}
 
   void encode(const std::vector<at::Tensor>& sources) override { rows_->encode(sources); }
@@ -139,13 +139,43 @@ class ModelDraftRows final : public DraftRows {
     const bool together = tensor_path && steps > 0 &&
                           std::all_of(gammas.begin(), gammas.end(), [&](int64_t g) { return g == steps; });
     std::vector<at::Tensor> step_q, step_tokens, step_maxima;
+    // Rows with fixed shapes on that path: each step's draws run inside the step's call (in its CUDA graph where
+    // captured: rows.h, extend_then), from each row's uniform of the step (all rows: one sitting the step out
+    // draws from 0.5, read by nothing)
+    const bool fused = tensor_path && steps > 0 && rows_->fixed_shapes() && draft_draws_fit(vocab_);
+    const ModelRows::Then draw = [&config](const at::Tensor& last, const std::vector<at::Tensor>& in) {
+      return packed_draft_draws(last, config, config.greedy() ? at::Tensor() : in[0]);
+    };
+    const std::string what = fmt::format("the draft's draws (T {}, top-k {}, top-p {})", config.temperature,
+                                         config.top_k, config.top_p);
+    at::Tensor step_uniforms;  // fused, sampled: [steps, R], step i's uniforms its row i
+    if (fused && !config.greedy()) {
+      std::vector<at::Tensor> columns;  // row r's uniforms, then 0.5 for the steps it sits out
+      for (size_t r = 0; r < count; ++r) {
+        if (gammas[r] == steps) {
+          columns.push_back(uniforms[r]);
+          continue;
+        }
+        columns.push_back(at::full({steps, 1}, 0.5, at::TensorOptions(device_).dtype(at::kDouble)));
+        if (gammas[r] > 0) columns.back().narrow(0, 0, gammas[r]).copy_(uniforms[r]);
+      }
+      step_uniforms = count == 1 ? columns[0] : at::cat(columns, 1);
+    }
     for (int64_t i = 0; i < steps; ++i) {
       if (i > 0) check_interrupt();  // the decoder checked before the first
       for (size_t r = 0; r < count; ++r) {
         feed[r] = i < gammas[r] ? (i == 0 ? pending_[r] : x_rows[r].back()) : at::Tensor();
       }
       const auto start = Clock::now();
-      std::vector<at::Tensor> logits = rows_->extend(feed);  // [k_r, V] for the rows still drafting
+      std::vector<at::Tensor> logits;  // [k_r, V] for the rows still drafting
+      at::Tensor packed;               // fused: every row's draws [R, V + 2]
+      if (fused) {
+        std::vector<at::Tensor> in;
+        if (step_uniforms.defined()) in.push_back(step_uniforms.narrow(0, i, 1).t());
+        packed = rows_->extend_then(feed, in, draw, what);
+      } else {
+        logits = rows_->extend(feed);
+      }
       if (sync) torch::cuda::synchronize();
       const double seconds = seconds_since(start);
       std::vector<size_t> drafting;
@@ -156,12 +186,23 @@ class ModelDraftRows final : public DraftRows {
         if (i >= gammas[r]) continue;
         out[r].seconds += seconds;  // a batched call takes this long for each row in it
         drafting.push_back(r);
+        if (fused) continue;
         last.push_back(logits[r].narrow(0, logits[r].size(0) - 1, 1));
         drawing.push_back(&generators[r]);
         if (uniforms[r].defined()) drawn.push_back(uniforms[r].narrow(0, i, 1));
       }
       DraftBatch batch;
-      const std::vector<DraftDraw> draws = draft_steps(last, config, drawing, drawn, together ? &batch : nullptr);
+      std::vector<DraftDraw> draws;
+      if (fused) {  // every row's, of which the drafting rows' are read
+        batch = unpack_draft_draws(packed);
+        for (const size_t r : drafting) {
+          const auto row = static_cast<int64_t>(r);
+          draws.push_back({batch.q.narrow(0, row, 1), batch.tokens.narrow(0, row, 1),
+                           batch.maximum.narrow(0, row, 1), true});
+        }
+      } else {
+        draws = draft_steps(last, config, drawing, drawn, together ? &batch : nullptr);
+      }
       if (together) {
         step_q.push_back(batch.q);
         step_tokens.push_back(batch.tokens);
@@ -358,6 +399,7 @@ class ModelDraftRows final : public DraftRows {
  private:
   std::unique_ptr<ModelRows> rows_;
   at::Device device_;
+  int64_t vocab_;
   std::vector<at::Tensor> pending_;  // [m] int64 on the device, per row
   std::vector<at::Tensor> last_;     // [k] the row's last proposal (a tree's: [N + 1], by node)
   std::vector<int64_t> proposed_;    // its length (chains)
@@ -371,7 +413,7 @@ class ModelDrafter final : public Drafter {
   explicit ModelDrafter(std::shared_ptr<Model> model) : model_(std::move(model)) {}
 
   std::unique_ptr<DraftRows> rows(int64_t count, Shapes shapes) override {
-    return std::make_unique<ModelDraftRows>(model_->rows(count, shapes), model_->device());
+    return std::make_unique<ModelDraftRows>(model_->rows(count, shapes), model_->device(), model_->vocab_size());
   }
   int64_t vocab_size() const override { return model_->vocab_size(); }
   at::Device device() const override { return model_->device(); }
@@ -382,7 +424,8 @@ class ModelDrafter final : public Drafter {
   Model* model() override { return model_.get(); }
   std::string tree_obstacle() const override { return model_->tree_obstacle(); }
   std::unique_ptr<DraftRows> tree_rows(int64_t count, Shapes shapes) override {
-    return std::make_unique<ModelDraftRows>(model_->tree_rows(count, shapes), model_->device());
+    return std::make_unique<ModelDraftRows>(model_->tree_rows(count, shapes), model_->device(),
+                                            model_->vocab_size());
   }
 
  private:

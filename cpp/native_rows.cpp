@@ -1,7 +1,12 @@
 #include "native_rows.h"
 
+#include <ATen/record_function.h>
+
 #include <algorithm>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "errors.h"
 #include "upload.h"
@@ -15,13 +20,20 @@ at::Tensor stacked(const std::vector<at::Tensor>& ids) {
 }
 
 // A call's layout, positions [R, W] | slots [R, W] | row [R, 1] (one upload, or one copy into a graph's buffer),
-// taken apart.
+// taken apart; a step call's has a last column, each row's last new token [R, 1] (extend_then).
 struct CallLayout {
   CallLayout(const at::Tensor& layout, int64_t width)
       : row(layout.select(1, 2 * width)), positions(layout.narrow(1, 0, width)),
         slots(layout.narrow(1, width, width)) {}
   at::Tensor row, positions, slots;
 };
+
+// Each row's logits after its last new token: [R, V] from logits [R, W, V] and the layout's last column.
+at::Tensor last_logits(const at::Tensor& logits, const at::Tensor& layout, int64_t width) {
+  if (width == 1) return logits.select(1, 0);
+  const at::Tensor last = layout.narrow(1, 2 * width + 1, 1).unsqueeze(-1).expand({-1, 1, logits.size(2)});
+  return logits.gather(1, last).squeeze(1);
+}
 
 class NativeRows final : public ModelRows {
  public:
@@ -45,7 +57,13 @@ class NativeRows final : public ModelRows {
     for (size_t r = 0; r < tokens.size(); ++r) some[r] = tokens[r].numel() > 0 ? tokens[r] : at::Tensor();
     run(some, /*step=*/false);
   }
-  std::vector<at::Tensor> extend(const std::vector<at::Tensor>& tokens) override { return run(tokens, true); }
+  std::vector<at::Tensor> extend(const std::vector<at::Tensor>& tokens) override { return run(tokens, true).logits; }
+  bool fixed_shapes() const override { return shapes_ != Shapes::dynamic; }
+  at::Tensor extend_then(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& inputs, const Then& then,
+                         const std::string& what) override {
+    require(fixed_shapes(), "model {}: extend_then needs fixed shapes", source_);
+    return run(tokens, true, &then, &inputs, what).then;
+  }
   void truncate(int64_t row, int64_t length) override {
     lengths_[row] = length;
     tentative_[row].clear();
@@ -171,9 +189,15 @@ class NativeRows final : public ModelRows {
     tree_.copy(on_device.select(1, 2 * m), on_device.narrow(1, 0, m), on_device.narrow(1, m, m));
   }
 
+  struct Ran {
+    std::vector<at::Tensor> logits;  // each row's [k, V] (undefined for rows not in the call)
+    at::Tensor then;                 // extend_then's result
+  };
+
   // One call for the rows with tokens (every row with fixed shapes); `step`: a decoding step (graphed shapes
-  // replay it), not a prefill.
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& tokens, bool step) {
+  // replay it), not a prefill. With `then` (fixed shapes): then(last logits, *inputs) inside the call.
+  Ran run(const std::vector<at::Tensor>& tokens, bool step, const Then* then = nullptr,
+          const std::vector<at::Tensor>* inputs = nullptr, const std::string& what = "") {
     for (size_t r = 0; r < tokens.size(); ++r) {
       require(!tokens[r].defined() || tentative_[r].empty(), "model {}: row {} extended with tentative tree nodes "
               "uncommitted", source_, r);
@@ -193,22 +217,24 @@ class NativeRows final : public ModelRows {
       width = std::max(width, k);
       keys = std::max(keys, end);
     }
-    std::vector<at::Tensor> out(tokens.size());
+    Ran out{std::vector<at::Tensor>(tokens.size()), at::Tensor()};
+    require(width > 0 || then == nullptr, "model {}: extend_then with no tokens", source_);
     if (width == 0) return out;
     if (fixed) keys = max_length_;
     const auto count = static_cast<int64_t>(rows.size());
-    // positions [R, W] | slots [R, W] | row [R, 1], copied to the device at once (upload.h)
-    at::Tensor layout = host_buffer({count, 2 * width + 1}, at::kLong, device_);
+    // positions [R, W] | slots [R, W] | row [R, 1] | last [R, 1], copied to the device at once (upload.h)
+    at::Tensor layout = host_buffer({count, 2 * width + 2}, at::kLong, device_);
     int64_t* cell = layout.data_ptr<int64_t>();
     std::vector<at::Tensor> ids(count);
     at::Tensor padding;
-    for (int64_t i = 0; i < count; ++i, cell += 2 * width + 1) {
+    for (int64_t i = 0; i < count; ++i, cell += 2 * width + 2) {
       const int64_t r = rows[i], k = tokens[r].defined() ? tokens[r].numel() : 0;
       for (int64_t j = 0; j < width; ++j) {
         cell[j] = std::min(lengths_[r] + j, max_length_ - 1);  // padding: any existing position
         cell[width + j] = j < k ? lengths_[r] + j : max_length_;  // padding: the scratch slot
       }
       cell[2 * width] = r;
+      cell[2 * width + 1] = std::max<int64_t>(k - 1, 0);
       if (k == 0) {
         if (!padding.defined()) padding = at::zeros({width}, at::TensorOptions(device_).dtype(at::kLong));
         ids[i] = padding;
@@ -220,17 +246,27 @@ class NativeRows final : public ModelRows {
     if (!fixed || !step) {
       const CallLayout parts(upload(layout, device_), width);
       logits = call_(stacked(ids), parts.row, parts.positions, parts.slots, keys);
-    } else {  // the host's layout straight into the graph's buffer (graphs.h)
+    } else if (then == nullptr) {  // the host's layout straight into the graph's buffer (graphs.h)
       logits = graphs_->run({width, false}, {stacked(ids), layout}, [this, width](const std::vector<at::Tensor>& in) {
         const CallLayout parts(in[1], width);
         return call_(in[0], parts.row, parts.positions, parts.slots, max_length_);
+      });
+    } else {
+      std::vector<at::Tensor> in{stacked(ids), layout};
+      in.insert(in.end(), inputs->begin(), inputs->end());
+      const CallKey key{width, false, fmt::format("the {}-token step call, then {}", width, what)};
+      out.then = graphs_->run(key, in, [this, width, then](const std::vector<at::Tensor>& in) {
+        const CallLayout parts(in[1], width);
+        const at::Tensor all = call_(in[0], parts.row, parts.positions, parts.slots, max_length_);
+        RECORD_USER_SCOPE("speculant::fused");  // benchmarks/overhead.py: what the step's graph replays with it
+        return (*then)(last_logits(all, in[1], width), std::vector<at::Tensor>(in.begin() + 2, in.end()));
       });
     }
     for (int64_t i = 0; i < count; ++i) {
       const int64_t r = rows[i];
       if (!tokens[r].defined()) continue;
       const int64_t k = tokens[r].numel();
-      out[r] = logits[i].narrow(0, 0, k);  // [k, V]
+      if (logits.defined()) out.logits[r] = logits[i].narrow(0, 0, k);  // [k, V]
       lengths_[r] += k;
     }
     return out;

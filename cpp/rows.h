@@ -10,7 +10,9 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace speculant {
@@ -37,6 +39,18 @@ class ModelRows {
   // Keeps row r's first `length` positions (rollback of rejected drafts).
   virtual void truncate(int64_t row, int64_t length) = 0;
   virtual int64_t length(int64_t row) const = 0;
+
+  // Whether every step call runs every row over fixed shapes (Shapes::fixed, graphed), so that what a step's
+  // caller computes from its logits can run inside the call (extend_then).
+  virtual bool fixed_shapes() const { return false; }
+  // extend(tokens), then `then(last, inputs)` in the same call, where last [R, V] holds each row's logits after its
+  // last new token (every row in row order, a row sitting the call out included: its row of the result is not
+  // meant to be read); returns then's result. Inside the step's CUDA graph where it is captured (`inputs` copied
+  // into its buffers with the call's), so `what` names `then` and everything it depends on besides the shapes of
+  // the call and of `inputs` (the graph's key). Rows with fixed_shapes() only (ValueError otherwise).
+  using Then = std::function<at::Tensor(const at::Tensor& last, const std::vector<at::Tensor>& inputs)>;
+  virtual at::Tensor extend_then(const std::vector<at::Tensor>& tokens, const std::vector<at::Tensor>& inputs,
+                                 const Then& then, const std::string& what);
 
   // Token trees (tree.h), for backends with tree calls (Model::tree_obstacle() empty; ValueError otherwise).
   // Appends tentative nodes to each row r with tokens[r] defined (int64 [T_r]; undefined: the row sits the

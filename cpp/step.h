@@ -14,6 +14,8 @@
 
 namespace speculant {
 
+class VerificationGraphs;  // verification_graphs.h
+
 struct DraftDraw {
   at::Tensor q;        // [1, V] the standardized row the token was drawn from
   at::Tensor token;    // int64 [1] on the device
@@ -37,6 +39,14 @@ struct DraftBatch {
 std::vector<DraftDraw> draft_steps(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
                                    const std::vector<at::Generator*>& generators,
                                    const std::vector<at::Tensor>& scaled = {}, DraftBatch* batch = nullptr);
+
+// The draft steps of the rows of one step call inside its graph (rows.h: extend_then): the rows' logits [R, V] and
+// (sampled) their uniforms scaled as above [R, 1] -> q | token | witness packed [R, V + 2] in q's dtype, the graph's
+// one output; the token ids are exact there where draft_draws_fit (V <= 2^24). unpack_draft_draws takes it apart: q and the
+// witnesses as views, the tokens int64 [R] (one conversion). The same draws as draft_steps_generic's.
+bool draft_draws_fit(int64_t vocab);
+at::Tensor packed_draft_draws(const at::Tensor& logits, const SamplingConfig& config, const at::Tensor& scaled);
+DraftBatch unpack_draft_draws(const at::Tensor& packed);
 
 struct Verdict {
   int64_t accepted = 0;          // n
@@ -63,8 +73,11 @@ struct VerifyInput {
 // draft: every position's residual and candidate t, and the probabilities of the drafts under p and q, read back
 // in one transfer, where the host tests each row's drafts against its coins and picks its t. Row i gets the
 // verdict it gets alone: its generator gives the same draws in the same order, and every operation is row-wise.
+// With `graphs` the accelerators' pass (everything between its joined inputs and the read-back) runs through
+// fixed-shape buffers keyed by the rows' drafts and the settings, a CUDA graph per key where they capture
+// (verification_graphs.h); the uniforms are drawn outside as without: the same verdicts.
 std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
-                                 const std::vector<at::Generator*>& generators);
+                                 const std::vector<at::Generator*>& generators, VerificationGraphs* graphs = nullptr);
 
 // The tensor path on any device, CPU included (what accelerators run; exposed so that tests check it on CPU).
 DraftDraw draft_step_generic(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator);
@@ -72,6 +85,7 @@ std::vector<DraftDraw> draft_steps_generic(const std::vector<at::Tensor>& logits
                                            const std::vector<at::Generator*>& generators,
                                            const std::vector<at::Tensor>& scaled = {}, DraftBatch* batch = nullptr);
 std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
-                                         const std::vector<at::Generator*>& generators);
+                                         const std::vector<at::Generator*>& generators,
+                                         VerificationGraphs* graphs = nullptr);
 
 }  // namespace speculant

@@ -69,8 +69,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <memory>
-#include <string>
 #include <vector>
 
 #include "sampling.h"
@@ -175,26 +173,11 @@ void check_tree_input(const TreeInput& row, const SamplingConfig& config);
 // verdict it gets alone: its generator gives the same draws in the same order.
 //
 // With `graphs` the accelerators' path runs its device work (everything between the inputs, joined, and the one
-// packed read-back) through fixed-shape buffers, keyed by the rows' trees and the settings: captured as a CUDA
-// graph (one launch where a batch of [2, 1, 1] trees launches some fifty operations), or only run through the
-// buffers (capture false: any device, what a replay computes). The uniforms are drawn outside, from each row's
-// generator as without graphs: the same verdicts.
-class VerificationGraphs {
- public:
-  explicit VerificationGraphs(bool capture);
-  ~VerificationGraphs();
-  // Why the capture failed ("" if it has not): every call then runs uncaptured.
-  std::string failure() const;
-  int64_t captured() const;
-  // The verifications seen, by key (the rows' trees, the settings, the shapes).
-  int64_t keys() const;
-
-  struct Impl;  // tree_verification.cpp
-  Impl& impl() { return *impl_; }
-
- private:
-  std::unique_ptr<Impl> impl_;
-};
+// packed read-back) through fixed-shape buffers keyed by the rows' trees and the settings (verification_graphs.h):
+// captured as a CUDA graph (one launch where a batch of [2, 1, 1] trees launches some fifty operations), or only run
+// through the buffers. The uniforms are drawn outside, from each row's generator as without graphs: the same
+// verdicts.
+class VerificationGraphs;  // verification_graphs.h
 
 std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                       Siblings siblings, VerificationGraphs* graphs = nullptr);

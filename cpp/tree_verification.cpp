@@ -2,8 +2,8 @@
 // launch costs the host microseconds whatever its size, so the work is split by what it needs: the device computes
 // what sums over the vocabulary (every internal node's residuals p_j and children's laws q_j, step by step for all
 // nodes at once, and every node's candidate t), the host everything per child from a few numbers read back once
-// (tests the children, walks down each row's tree). With VerificationGraphs (tree.h) the device's part runs from
-// fixed-shape buffers, a CUDA graph per key; what it reads back, and where, is the key's Plan.
+// (tests the children, walks down each row's tree). With VerificationGraphs (verification_graphs.h) the device's
+// part runs from fixed-shape buffers, a CUDA graph per key; what it reads back, and where, is the key's Plan.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,7 +12,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <map>
+#include <optional>
+#include <tuple>
+#include <utility>
 
 #include "errors.h"
 #include "graphs.h"
@@ -20,6 +22,7 @@
 #include "read_back.h"
 #include "tree.h"
 #include "upload.h"
+#include "verification_graphs.h"
 
 namespace speculant {
 namespace {
@@ -426,16 +429,6 @@ std::string key_of(const Nodes& nodes, const SamplingConfig& config, Siblings si
   return what;
 }
 
-}  // namespace
-
-struct VerificationGraphs::Impl {
-  explicit Impl(bool capture) : cache(capture, nullptr) {}
-  GraphCache cache;
-  std::map<std::string, Plan> plans;  // by key: where each verification's read-back holds what
-};
-
-namespace {
-
 std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig& config, Siblings siblings,
                                         VerificationGraphs* graphs) {
   const Layout layout(nodes);
@@ -448,25 +441,24 @@ std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig
   Plan ran;                // without graphs: this run's
   const Plan* plan = &ran;  // with graphs: the key's, from its first run
   at::Tensor packed, candidates;  // candidates: int64 [nodes] on the device, in the layout's order
-  if (graphs == nullptr) {
-    in[3] = upload(layout.index, device);
-    packed = device_work(nodes, layout, config, siblings, in, ran);
-    candidates = ran.parts.candidates_tensor;
-  } else {  // the host's index straight into its buffer (graphs.h)
+  std::optional<std::pair<at::Tensor, const Plan*>> graphed;
+  if (graphs != nullptr) {  // the host's index straight into its buffer (graphs.h)
     in[3] = host_buffer({static_cast<int64_t>(layout.index.size())}, at::kLong, device);
     std::copy(layout.index.begin(), layout.index.end(), in[3].mutable_data_ptr<int64_t>());
-    VerificationGraphs::Impl& impl = graphs->impl();
-    const CallKey key{0, true, key_of(nodes, config, siblings)};
-    packed = impl.cache.run(key, in, [&](const std::vector<at::Tensor>& buffers) {
-      Plan run;
-      at::Tensor out = device_work(nodes, layout, config, siblings, buffers, run);
-      run.parts.candidates_tensor = at::Tensor();
-      const auto [known, added] = impl.plans.emplace(key.what, run);
-      require(added || known->second.same_places(run), "{} placed its read-back differently in two runs", key.what);
-      return out;
-    });
-    plan = &impl.plans.at(key.what);
+    graphed = graphs->run<Plan>(key_of(nodes, config, siblings), in,
+                                [&](const std::vector<at::Tensor>& buffers, Plan& run) {
+                                  at::Tensor out = device_work(nodes, layout, config, siblings, buffers, run);
+                                  run.parts.candidates_tensor = at::Tensor();
+                                  return out;
+                                });
+  }
+  if (graphed) {
+    std::tie(packed, plan) = *graphed;
     candidates = packed.narrow(0, plan->offsets[plan->parts.candidates], nodes.size).to(at::kLong);
+  } else {  // without graphs, or a key past their limit: the same work without the buffers
+    in[3] = graphs != nullptr ? upload(in[3], device) : upload(layout.index, device);
+    packed = device_work(nodes, layout, config, siblings, in, ran);
+    candidates = ran.parts.candidates_tensor;
   }
   ReadBack read(plan->offsets);
   read.load(packed);
@@ -501,12 +493,6 @@ std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig
 }
 
 }  // namespace
-
-VerificationGraphs::VerificationGraphs(bool capture) : impl_(std::make_unique<Impl>(capture)) {}
-VerificationGraphs::~VerificationGraphs() = default;
-std::string VerificationGraphs::failure() const { return impl_->cache.failure(); }
-int64_t VerificationGraphs::captured() const { return impl_->cache.captured(); }
-int64_t VerificationGraphs::keys() const { return static_cast<int64_t>(impl_->plans.size()); }
 
 std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                               Siblings siblings, VerificationGraphs* graphs) {

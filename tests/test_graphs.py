@@ -38,6 +38,8 @@ tokens of the same calls uncaptured on every backend, and three tree laws by the
 windows each (6 more tests: at most 1.5% family-wise).
 """
 
+import concurrent.futures
+import functools
 import inspect
 
 import numpy as np
@@ -263,6 +265,66 @@ def test_fixed_shapes_refuse_a_cache_that_is_not_written_in_place():
                                                                                          max_new_tokens=MAX_NEW)
     speculant.SpeculativeDecoder(*models, gamma=GAMMA, cuda_graphs="off").generate([[4], [1, 0]], seed=1,
                                                                                    max_new_tokens=MAX_NEW)
+
+
+CHAIN_VERIFICATIONS = {**SETTINGS, "greedy-lenient0.5": dict(temperature=0.0, lenience=0.5),
+                       "T1-lenient0.5": dict(temperature=1.0, lenience=0.5)}
+
+
+@pytest.mark.parametrize("setting", list(CHAIN_VERIFICATIONS))
+def test_fixed_chain_verification_on_the_accelerators_path_equals_dynamic(pair, setting):
+    """On the accelerators' path (tensor_path) fixed shapes run the chain's verification through its own buffers,
+    keyed by the rows' drafts and the settings (verification_graphs.h: the work a graph captures on CUDA, where the
+    placements read back come from the key's first run): the tokens, trace and counts of dynamic shapes, batch and
+    batch 1, plain decoding included."""
+    target, draft = pair
+    sampling = CHAIN_VERIFICATIONS[setting]
+    # the sampling set on the decoders: generate's overrides would make a decoder core (and its buffers) per call
+    dynamic, fixed = decoders(target, draft, **sampling)
+    with tensor_path():
+        assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, seed=113, max_new_tokens=MAX_NEW)
+        if sampling.get("lenience", 1.0) == 1.0:
+            assert_same_runs(plain_runs(target, ("off", "fixed")), PROMPTS, seed=114, max_new_tokens=MAX_NEW,
+                             **sampling)
+    keys, captured, failure = fixed._core.verification_graphs
+    assert keys >= 2 and captured == 0 and failure == ""  # the batch's rows, a row alone
+    assert dynamic._core.verification_graphs == (0, 0, "")
+
+
+def test_plain_decoding_keeps_its_decoder(tiny):
+    """speculant.generate keeps its decoder on the model handle, per settings, so that the verification's buffers
+    (and graphs, on CUDA) serve every call rather than being captured anew at each; a call while another thread
+    decodes with the kept one gets a decoder of its own, and both finish with the tokens they get alone."""
+    target = tiny[0]
+    run = functools.partial(speculant.generate, target, PROMPTS, max_new_tokens=MAX_NEW, cuda_graphs="fixed")
+    def assert_same(got, want, what):
+        for g, w in zip(got, want):
+            for r, (a, b) in enumerate(zip(g, w)):
+                assert_same_result(a, b, f"{what}, row {r}")
+
+    with tensor_path():
+        want = [run(seed=s) for s in (1, 2)]
+        kept = dict(target._plain_decoders)
+        assert_same([run(seed=s) for s in (1, 2)], want, "again")
+        assert target._plain_decoders == kept and any(d.verification_graphs[0] >= 1 for d, _ in kept.values())
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            assert_same(list(pool.map(lambda s: run(seed=s), (1, 2))), want, "two threads")
+    assert all(not lock.locked() for _, lock in target._plain_decoders.values())
+
+
+def test_fixed_chain_verification_with_varying_drafts(tiny):
+    """The heuristic policy gives each row of a batch its own gamma, and an EOS stops rows early: the chain's
+    verification is keyed by every row's draft length, and past VerificationGraphs::kMaxKeys (64) keys it runs
+    without the buffers. The same tokens as dynamic shapes throughout."""
+    dynamic, fixed = (speculant.SpeculativeDecoder(*tiny, gamma=GAMMA, cuda_graphs=mode, gamma_policy="heuristic",
+                                                   max_gamma=8) for mode in ("off", "fixed"))
+    eos = dynamic.generate(PROMPTS, seed=81, max_new_tokens=MAX_NEW)[0].tokens[3]
+    with tensor_path():
+        for seed in range(6):
+            assert_same_runs([dynamic.generate, fixed.generate], PROMPTS * 2, seed=115 + seed, max_new_tokens=MAX_NEW,
+                             eos_token_id=eos if seed % 2 else None)
+    keys, captured, failure = fixed._core.verification_graphs
+    assert keys == 64 and captured == 0 and failure == "", (keys, captured, failure)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -512,6 +574,11 @@ def test_cuda_graphs_equal_the_calls_they_capture(cuda_pairs, name, setting):
         assert model._core.graphs_captured >= 1
     assert_same_runs(plain_runs(target, ("fixed", "on")), PROMPTS, seed=102, max_new_tokens=MAX_NEW,
                      **SETTINGS[setting])
+    # the verification's graphs (cpp/verification_graphs.h) serve a decoder's own core: its sampling set on it
+    fixed, on = decoders(target, draft, ("fixed", "on"), **SETTINGS[setting])
+    assert_same_runs([fixed.generate, on.generate], PROMPTS, seed=104, max_new_tokens=MAX_NEW)
+    keys, captured, failure = on._core.verification_graphs
+    assert failure == "" and captured >= 1, (keys, captured, failure)
 
 
 @pytest.mark.cuda
@@ -580,6 +647,8 @@ def test_cuda_graphs_laws(config):
                                            cuda_graphs="on", **sampling)
     samples = batched_samples(decoder, [LAW_PROMPT], 5000, seed=1000 * seed)
     assert decoder.target._core.graphs_captured >= 1 and decoder.draft._core.graphs_captured >= 1
+    keys, captured, failure = decoder._core.verification_graphs  # the verification captured too
+    assert failure == "" and captured >= 1, (keys, captured, failure)
     temperature, top_k, top_p = sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0)
     if "lenience" in sampling:
         law = markov.speculative_law(target, draft, LAW_PROMPT, LAW_NEW, gamma, temperature, top_k, top_p,

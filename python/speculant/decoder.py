@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -483,10 +484,6 @@ class SpeculativeDecoder:
     drafters too), lenience 1 and the fixed gamma policy. With cuda_graphs, a tree's calls are shaped as a chain's:
     "fixed" runs every tree call over every row and cache slot (its mask [rows, width, max_length]), and "auto" /
     "on" capture one graph per width of tree call; the moves of the accepted path's cache entries run uncaptured.
-    On accelerators a tree of a fixed shape (not a DynamicTree) also runs its verification's device work (every
-    step's residuals and laws, the candidates, the read-back's packing) through fixed-shape buffers, one CUDA graph
-    per batch of trees with "auto" / "on" (a failed capture warns once, and the work runs uncaptured); the uniforms
-    are drawn outside it, so the tokens are those of "off".
     The statistics count each depth's and rank's acceptances (``stats.tree_visits``, ``stats.tree_accepted``, and
     ``stats.tree_offered``: how often a visited node had that rank; timing.tree_table estimates from all three).
 
@@ -494,8 +491,14 @@ class SpeculativeDecoder:
     With "auto" on CUDA each model's fixed-shape calls (the draft's step, the target's verification of each
     width, a tree's masked calls of each width) are captured once into CUDA graphs and replayed; a model whose
     backend cannot be captured runs as before, with a warning saying why; "on" makes that an error. The tokens
-    are those of the same fixed-shape calls uncaptured ("fixed"); the law is the target's. "auto" has run on
-    leased H100 and H200 GPUs (BENCHMARKS.md: the tokens of "off"; the trees' verification graphs not yet).
+    are those of the same fixed-shape calls uncaptured ("fixed"); the law is the target's. On accelerators the
+    verification's device work (the residuals, the candidates, the read-back's packing; a tree's every step) runs
+    through fixed-shape buffers too, keyed by the rows' drafts (a chain's lengths, a tree's shape; not for a
+    DynamicTree), one CUDA graph per key with "auto" / "on" (a failed capture warns once, and the work runs
+    uncaptured), and a draft model's steps draw their tokens inside the step's call (its graph). The uniforms are
+    drawn outside the graphs, from the same generators, so the tokens are those of "off". "auto" has run on
+    leased H100 and H200 GPUs (BENCHMARKS.md: the tokens of "off"; the verification's graphs and the drawing
+    inside the draft's step not yet).
 
     ``draft`` may itself be a SpeculativeDecoder, to any depth (a hierarchical draft, cpp/hierarchy.h):
     ``SpeculativeDecoder(target, SpeculativeDecoder(draft, smaller, gamma=2), gamma=4)``. Each iteration asks the
@@ -693,11 +696,34 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
     sampling = _sampling({"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
                           "top_p": _real(top_p, "top_p"), "lenience": 1.0}, do_sample, None, None, None)
     shapes, why = graphs.shapes(target._core, graphs.check_mode(cuda_graphs), "target")
-    decoder = _core.Decoder(target._core, None, 0, sampling["temperature"], sampling["top_k"], sampling["top_p"],
-                            1.0, shapes)
     graphs.warn([why])
+    decoder, lock = _plain_decoder(target, sampling, shapes)
     try:
         return _run(decoder, target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
                     eos_token_id, seed, profile, tokenizer=tokenizer, attention_mask=attention_mask)
     finally:
+        if lock is not None:
+            lock.release()
         graphs.warn_failures([target])
+        graphs.warn_verification_failure(decoder, target)
+
+
+PLAIN_DECODERS = 8  # plain decoders kept per model, by settings
+
+
+def _plain_decoder(target: Model, sampling: dict, shapes: str) -> Tuple[_core.Decoder, Optional[threading.Lock]]:
+    """The plain decoder of `target` at these settings, kept on the model handle so that its verification's buffers
+    and graphs (cpp/verification_graphs.h) serve every call, with its lock held (release it after the call); a
+    fresh decoder, without a lock, while another thread decodes with the kept one."""
+    kept = target.__dict__.setdefault("_plain_decoders", {})
+    key = (sampling["temperature"], sampling["top_k"], sampling["top_p"], shapes)
+    if key not in kept:
+        if len(kept) >= PLAIN_DECODERS:
+            kept.pop(next(iter(kept)))
+        kept[key] = (_core.Decoder(target._core, None, 0, sampling["temperature"], sampling["top_k"],
+                                   sampling["top_p"], 1.0, shapes), threading.Lock())
+    decoder, lock = kept[key]
+    if lock.acquire(blocking=False):
+        return decoder, lock
+    return _core.Decoder(target._core, None, 0, sampling["temperature"], sampling["top_k"], sampling["top_p"], 1.0,
+                         shapes), None

@@ -71,12 +71,12 @@ def warn(messages: Iterable[Optional[str]]) -> None:
 
 
 def warn_verification_failure(core, decoder) -> None:
-    """Warns once per SpeculativeDecoder whose token trees' verification capture has failed (cpp/tree.h:
-    VerificationGraphs): it runs uncaptured from then on."""
+    """Warns once per SpeculativeDecoder (or model, for plain decoding) whose verification's capture has failed
+    (cpp/verification_graphs.h): it runs uncaptured from then on."""
     failure = core.verification_graphs[2]
     if failure and not getattr(decoder, "_verification_failure_told", False):
         decoder._verification_failure_told = True
-        warnings.warn(f"CUDA graphs are off for the trees' verification from now on: {failure}", RuntimeWarning,
+        warnings.warn(f"CUDA graphs are off for the verification from now on: {failure}", RuntimeWarning,
                       stacklevel=4)
 
 
