@@ -282,10 +282,33 @@ class ModelDraftRows final : public DraftRows {
       }
       if (!any) break;
       if (!first) check_interrupt();  // the decoder checked before the first
+      std::optional<FusedLevel> fused = fused_level(drafts, feed, config, siblings, generators);
       const auto start = Clock::now();
-      std::vector<at::Tensor> logits = first ? rows_->extend(feed) : rows_->extend_tree(feed, nodes);
+      std::vector<at::Tensor> logits;
+      if (fused) {
+        fused->run(*rows_, feed, nodes, first);
+      } else {
+        logits = first ? rows_->extend(feed) : rows_->extend_tree(feed, nodes);
+      }
       if (sync) torch::cuda::synchronize();
       const double seconds = seconds_since(start);
+      if (fused) {  // every fed row's level from the call's draws
+        for (size_t r = 0; r < count; ++r) {
+          if (!feed[r].defined()) continue;
+          out[r].seconds += seconds;
+          out[r].calls += 1;
+          if (!first) tentative_[r] += feed[r].numel();
+          const TreeDraft& draft = *drafts[r];
+          const auto row = static_cast<int64_t>(r), n = fused->nodes, k = fused->children;
+          maxima[r].push_back(fused->maximum.narrow(0, row * n, n));
+          qs[r].resize(draft.size());
+          for (int64_t i = 0; i < n; ++i) qs[r][draft.expand()[i]] = fused->q.narrow(0, row * n + i, 1);
+          levels[r].push_back(fused->tokens.narrow(0, row * n * k, n * k));
+          drafts[r]->grow(std::vector<int64_t>(n * k, -1), {});
+          fed_[r].resize(draft.size(), -1);
+        }
+        continue;
+      }
       // Every fed row's level at once: one standardization, one draw of the children (each row from its own
       // generator, as alone). Row r's level rows: after its last pending token (the root), or one per expanded node.
       std::vector<size_t> level;
@@ -397,6 +420,82 @@ class ModelDraftRows final : public DraftRows {
   }
 
  private:
+  // A tree level's draws inside its model call (rows.h: extend_then for the root's children, extend_tree_then for a
+  // later level's): every row's n expanded nodes' q, their k children each and their finiteness witnesses, from the
+  // uniforms drawn before the call (tree.h: children_uniforms) as draw_children would draw them. After run(): q
+  // [R n, V] (a view), tokens int64 [R n k] and maximum [R n], row r's from r n (a row not fed: values nothing reads).
+  struct FusedLevel {
+    int64_t nodes = 0, children = 0;  // n, k
+    at::Tensor uniforms;              // sampled: [R n, width], a row not fed 0.5
+    ModelRows::Then then;
+    std::string what;
+    at::Tensor q, tokens, maximum;
+
+    void run(ModelRows& rows, const std::vector<at::Tensor>& feed, const std::vector<ModelRows::TreeNodes>& fed,
+             bool first) {
+      std::vector<at::Tensor> in;
+      if (uniforms.defined()) in.push_back(uniforms);
+      const at::Tensor packed = first ? rows.extend_then(feed, in, then, what)
+                                      : rows.extend_tree_then(feed, fed, in, then, what);
+      const int64_t vocab = packed.size(1) - children - 1;
+      q = packed.narrow(1, 0, vocab);
+      tokens = packed.narrow(1, vocab, children).to(at::kLong).flatten();
+      maximum = packed.select(1, vocab + children);
+    }
+  };
+
+  // The level's draws inside its call where they can run there: rows with fixed shapes on the accelerators' path,
+  // and every fed row's level the same n nodes of k children each (a fixed shape's, not grown); else nothing.
+  std::optional<FusedLevel> fused_level(const std::vector<TreeDraft*>& drafts, const std::vector<at::Tensor>& feed,
+                                        const SamplingConfig& config, Siblings siblings,
+                                        std::vector<at::Generator>& generators) const {
+    if (!rows_->fixed_shapes() || !draft_draws_fit(vocab_) || cpu::host_kernels(pending_[0])) return std::nullopt;
+    int64_t n = 0, k = 0;
+    for (size_t r = 0; r < drafts.size(); ++r) {
+      if (!feed[r].defined()) continue;
+      const TreeDraft& draft = *drafts[r];
+      const auto nodes = static_cast<int64_t>(draft.expand().size());
+      const std::vector<int64_t>& counts = draft.counts();
+      if (draft.values() || std::any_of(counts.begin(), counts.end(), [&](int64_t c) { return c != counts[0]; }) ||
+          (n > 0 && (nodes != n || counts[0] != k))) {
+        return std::nullopt;
+      }
+      n = nodes;
+      k = counts[0];
+    }
+    if (n == 0 || k > vocab_) return std::nullopt;  // draw_children refuses more children than tokens, by name
+    FusedLevel level;
+    level.nodes = n;
+    level.children = k;
+    level.what = fmt::format("the draft's children ({} per node, siblings {}, T {}, top-k {}, top-p {})", k,
+                             static_cast<int>(siblings), config.temperature, config.top_k, config.top_p);
+    if (!config.greedy()) {
+      const int64_t width = siblings == Siblings::top ? 1 : k;
+      std::vector<at::Tensor> blocks;
+      for (size_t r = 0; r < drafts.size(); ++r) {
+        blocks.push_back(feed[r].defined()
+                             ? children_uniforms(std::vector<int64_t>(n, k), siblings, {{&generators[r], n}}, device_)
+                             : at::full({n, width}, 0.5, at::TensorOptions(device_).dtype(at::kDouble)));
+      }
+      level.uniforms = joined(blocks);
+    }
+    level.then = [config, siblings, k](const at::Tensor& logits, const std::vector<at::Tensor>& in) {
+      const at::Tensor raw = logits.dim() == 3 ? logits.reshape({-1, logits.size(2)}) : logits;  // [R n, V]
+      // the finiteness witnesses as draft steps take them (step.cpp): the maxima, or at T >= 1 the draws' masses
+      const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0;
+      at::Tensor maximum;
+      const at::Tensor q = standardize_generic(raw, config, witness_is_mass ? nullptr : &maximum);
+      const at::Tensor children =
+          config.greedy() ? top_tokens(raw, k)
+                          : draw_children_with(q, std::vector<int64_t>(raw.size(0), k), siblings, in[0],
+                                               witness_is_mass ? &maximum : nullptr);
+      if (witness_is_mass) maximum = maximum.squeeze(1);
+      const auto type = q.scalar_type();
+      return at::cat({q, children.reshape({-1, k}).to(type), maximum.to(type).unsqueeze(1)}, 1);
+    };
+    return level;
+  }
+
   std::unique_ptr<ModelRows> rows_;
   at::Device device_;
   int64_t vocab_;

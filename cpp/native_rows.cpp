@@ -72,73 +72,14 @@ class NativeRows final : public ModelRows {
 
   std::vector<at::Tensor> extend_tree(const std::vector<at::Tensor>& tokens,
                                       const std::vector<TreeNodes>& nodes) override {
-    require(static_cast<bool>(tree_.masked), "model {}: has no tree calls (extend_rows_masked)", source_);
-    const bool fixed = shapes_ != Shapes::dynamic;
-    std::vector<int64_t> rows;
-    int64_t width = 0, keys = 1;
-    for (size_t r = 0; r < tokens.size(); ++r) {
-      if (!tokens[r].defined()) {
-        if (fixed) rows.push_back(static_cast<int64_t>(r));  // all padding
-        continue;
-      }
-      rows.push_back(static_cast<int64_t>(r));
-      const int64_t k = tokens[r].numel(), end = lengths_[r] + tentative_[r].size() + k;
-      require(end <= max_length_, "model {}: row {} holds {} cached + {} tree positions, more than max_length = {}",
-              source_, r, lengths_[r], end - lengths_[r], max_length_);
-      width = std::max(width, k);
-      keys = std::max(keys, end);
-    }
-    std::vector<at::Tensor> out(tokens.size());
-    if (width == 0) return out;
-    if (fixed) keys = max_length_;
-    const auto count = static_cast<int64_t>(rows.size());
-    at::Tensor layout = host_buffer({count, 2 * width + 1}, at::kLong, device_);  // positions | slots | row
-    at::Tensor mask = host_buffer({count, width, keys}, at::kBool, device_).zero_();
-    int64_t* cell = layout.data_ptr<int64_t>();
-    bool* seen = mask.data_ptr<bool>();
-    std::vector<at::Tensor> ids(count);
-    at::Tensor padding;  // the ids of a row sitting the call out (fixed shapes), one tensor for all of them
-    for (int64_t i = 0; i < count; ++i, cell += 2 * width + 1) {
-      const int64_t r = rows[i], k = tokens[r].defined() ? tokens[r].numel() : 0, length = lengths_[r];
-      const int64_t first = tentative_[r].size();
-      if (k > 0) {
-        const TreeNodes& tree = nodes[r];
-        require(static_cast<int64_t>(tree.offsets.size()) == k && static_cast<int64_t>(tree.parents.size()) == k,
-                "extend_tree: row {} has {} tokens but {} offsets and {} parents", r, k, tree.offsets.size(),
-                tree.parents.size());
-        tentative_[r].append(tree, length, cell, seen + i * width * keys, keys);
-      }
-      for (int64_t j = 0; j < width; ++j) {
-        if (j < k) {
-          cell[width + j] = length + first + j;  // node first + j's slot
-          continue;
-        }
-        cell[j] = std::min(length, max_length_ - 1);  // padding: the scratch slot, seeing slot 0
-        cell[width + j] = max_length_;
-        seen[(i * width + j) * keys] = true;
-      }
-      cell[2 * width] = r;
-      if (k == 0) {
-        if (!padding.defined()) padding = at::zeros({width}, at::TensorOptions(device_).dtype(at::kLong));
-        ids[i] = padding;
-      } else {
-        ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
-      }
-    }
-    const GraphCache::Call call = [this, width](const std::vector<at::Tensor>& in) {
-      const CallLayout parts(in[1], width);
-      return tree_.masked(in[0], parts.row, parts.positions, parts.slots, in[2]);
-    };
-    // fixed shapes: the host's layout and mask straight into the graph's buffers (graphs.h)
-    const at::Tensor logits =  // [R, W, V]
-        fixed ? graphs_->run({width, true}, {stacked(ids), layout, mask}, call)
-              : call({stacked(ids), upload(layout, device_), upload(mask, device_)});
-    for (int64_t i = 0; i < count; ++i) {
-      if (tokens[rows[i]].defined()) out[rows[i]] = logits[i].narrow(0, 0, tokens[rows[i]].numel());
-    }
-    return out;
+    return run_tree(tokens, nodes).logits;
   }
-
+  at::Tensor extend_tree_then(const std::vector<at::Tensor>& tokens, const std::vector<TreeNodes>& nodes,
+                              const std::vector<at::Tensor>& inputs, const Then& then,
+                              const std::string& what) override {
+    require(fixed_shapes(), "model {}: extend_tree_then needs fixed shapes", source_);
+    return run_tree(tokens, nodes, &then, &inputs, what).then;
+  }
   void commit(const std::vector<int64_t>& rows, const std::vector<std::vector<int64_t>>& paths) override {
     for (size_t i = 0; i < rows.size(); ++i) tentative_[rows[i]].check_path(paths[i], rows[i]);
     gather(rows, paths);
@@ -193,6 +134,97 @@ class NativeRows final : public ModelRows {
     std::vector<at::Tensor> logits;  // each row's [k, V] (undefined for rows not in the call)
     at::Tensor then;                 // extend_then's result
   };
+
+  // One tree call (extend_tree) for the rows with tokens (every row with fixed shapes); with `then` (fixed
+  // shapes): then(every row's logits, *inputs) inside the call.
+  Ran run_tree(const std::vector<at::Tensor>& tokens, const std::vector<TreeNodes>& nodes, const Then* then = nullptr,
+               const std::vector<at::Tensor>* inputs = nullptr, const std::string& what = "") {
+    require(static_cast<bool>(tree_.masked), "model {}: has no tree calls (extend_rows_masked)", source_);
+    const bool fixed = shapes_ != Shapes::dynamic;
+    std::vector<int64_t> rows;
+    int64_t width = 0, keys = 1;
+    for (size_t r = 0; r < tokens.size(); ++r) {
+      if (!tokens[r].defined()) {
+        if (fixed) rows.push_back(static_cast<int64_t>(r));  // all padding
+        continue;
+      }
+      rows.push_back(static_cast<int64_t>(r));
+      const int64_t k = tokens[r].numel(), end = lengths_[r] + tentative_[r].size() + k;
+      require(end <= max_length_, "model {}: row {} holds {} cached + {} tree positions, more than max_length = {}",
+              source_, r, lengths_[r], end - lengths_[r], max_length_);
+      width = std::max(width, k);
+      keys = std::max(keys, end);
+    }
+    Ran out{std::vector<at::Tensor>(tokens.size()), at::Tensor()};
+    require(width > 0 || then == nullptr, "model {}: extend_tree_then with no tokens", source_);
+    if (width == 0) return out;
+    if (fixed) keys = max_length_;
+    const auto count = static_cast<int64_t>(rows.size());
+    at::Tensor layout = host_buffer({count, 2 * width + 1}, at::kLong, device_);  // positions | slots | row
+    at::Tensor mask = host_buffer({count, width, keys}, at::kBool, device_).zero_();
+    int64_t* cell = layout.data_ptr<int64_t>();
+    bool* seen = mask.data_ptr<bool>();
+    std::vector<at::Tensor> ids(count);
+    at::Tensor padding;  // the ids of a row sitting the call out (fixed shapes), one tensor for all of them
+    for (int64_t i = 0; i < count; ++i, cell += 2 * width + 1) {
+      const int64_t r = rows[i], k = tokens[r].defined() ? tokens[r].numel() : 0, length = lengths_[r];
+      const int64_t first = tentative_[r].size();
+      if (k > 0) {
+        const TreeNodes& tree = nodes[r];
+        require(static_cast<int64_t>(tree.offsets.size()) == k && static_cast<int64_t>(tree.parents.size()) == k,
+                "extend_tree: row {} has {} tokens but {} offsets and {} parents", r, k, tree.offsets.size(),
+                tree.parents.size());
+        tentative_[r].append(tree, length, cell, seen + i * width * keys, keys);
+      }
+      for (int64_t j = 0; j < width; ++j) {
+        if (j < k) {
+          cell[width + j] = length + first + j;  // node first + j's slot
+          continue;
+        }
+        cell[j] = std::min(length, max_length_ - 1);  // padding: the scratch slot, seeing slot 0
+        cell[width + j] = max_length_;
+        seen[(i * width + j) * keys] = true;
+      }
+      cell[2 * width] = r;
+      if (k == 0) {
+        if (!padding.defined()) padding = at::zeros({width}, at::TensorOptions(device_).dtype(at::kLong));
+        ids[i] = padding;
+      } else {
+        ids[i] = k < width ? at::constant_pad_nd(tokens[r], {0, width - k}, 0) : tokens[r];
+      }
+    }
+    const GraphCache::Call call = [this, width, then](const std::vector<at::Tensor>& in) {
+      const CallLayout parts(in[1], width);
+      const at::Tensor logits = tree_.masked(in[0], parts.row, parts.positions, parts.slots, in[2]);
+      if (then == nullptr) return logits;
+      RECORD_USER_SCOPE("speculant::fused");  // benchmarks/overhead.py: what the call's graph replays with it
+      return (*then)(logits, std::vector<at::Tensor>(in.begin() + 3, in.end()));
+    };
+    if (!fixed) {
+      out.logits = split(call({stacked(ids), upload(layout, device_), upload(mask, device_)}), tokens, rows);
+      return out;
+    }
+    // fixed shapes: the host's layout and mask straight into the graph's buffers (graphs.h)
+    std::vector<at::Tensor> in{stacked(ids), layout, mask};
+    if (then == nullptr) {
+      out.logits = split(graphs_->run({width, true}, in, call), tokens, rows);
+    } else {
+      in.insert(in.end(), inputs->begin(), inputs->end());
+      out.then = graphs_->run({width, true, fmt::format("the {}-token tree call, then {}", width, what)}, in, call);
+    }
+    return out;
+  }
+
+  // Each row's logits [k_r, V] of a tree call's [R, W, V] (undefined for rows not in the call).
+  static std::vector<at::Tensor> split(const at::Tensor& logits, const std::vector<at::Tensor>& tokens,
+                                       const std::vector<int64_t>& rows) {
+    std::vector<at::Tensor> out(tokens.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int64_t r = rows[i];
+      if (tokens[r].defined()) out[r] = logits[static_cast<int64_t>(i)].narrow(0, 0, tokens[r].numel());
+    }
+    return out;
+  }
 
   // One call for the rows with tokens (every row with fixed shapes); `step`: a decoding step (graphed shapes
   // replay it), not a prefill. With `then` (fixed shapes): then(last logits, *inputs) inside the call.

@@ -144,6 +144,11 @@ at::Tensor ModelRows::extend_then(const std::vector<at::Tensor>&, const std::vec
   fail("these model rows have no fixed-shape step calls to run a step's later work in");
 }
 
+at::Tensor ModelRows::extend_tree_then(const std::vector<at::Tensor>&, const std::vector<TreeNodes>&,
+                                       const std::vector<at::Tensor>&, const Then&, const std::string&) {
+  fail("these model rows have no fixed-shape tree calls to run a call's later work in");
+}
+
 void ModelRows::prune(int64_t, const std::vector<int64_t>&) {
   fail("this model's rows have no tree calls (Model::tree_obstacle says why)");
 }

@@ -63,6 +63,11 @@ class ModelRows {
   };
   virtual std::vector<at::Tensor> extend_tree(const std::vector<at::Tensor>& tokens,
                                               const std::vector<TreeNodes>& nodes);
+  // extend_tree(tokens, nodes), then `then(logits, inputs)` inside the call as extend_then does, logits [R, W, V]
+  // every row's (W: the widest row's tokens). Rows with fixed_shapes() only (ValueError otherwise).
+  virtual at::Tensor extend_tree_then(const std::vector<at::Tensor>& tokens, const std::vector<TreeNodes>& nodes,
+                                      const std::vector<at::Tensor>& inputs, const Then& then,
+                                      const std::string& what);
   // Each row rows[i] keeps its tentative nodes paths[i] (a chain down its tree, in order) at positions length(r),
   // length(r) + 1, ..., their cache entries moved there without recomputing a token; the others are dropped.
   // Native rows move every row's entries in one call.

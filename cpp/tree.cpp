@@ -106,11 +106,8 @@ at::Tensor top_tokens(const at::Tensor& q, int64_t k) {
   return std::get<1>(q.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(-1, 0, k);
 }
 
-at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
-                                 const std::vector<DrawGroup>& groups, at::Tensor* mass) {
-  check_counts(q, counts, siblings, /*greedy=*/false, groups);
-  const at::Tensor rows = q.to(at::kDouble);  // [n, V]
-  const int64_t n = rows.size(0);
+at::Tensor children_uniforms(const std::vector<int64_t>& counts, Siblings siblings,
+                             const std::vector<DrawGroup>& groups, const at::Device& device) {
   const int64_t widest = *std::max_element(counts.begin(), counts.end());
   // Each group's uniforms for columns [0, columns(g)) of its rows, as it draws them alone (scaled for the inverse
   // CDF: the same arithmetic as rand()'s draw times kBelowOne), padded to `width` columns with values nothing reads.
@@ -119,8 +116,8 @@ at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>
     int64_t begin = 0;
     for (size_t g = 0; g < groups.size(); begin += groups[g].rows, ++g) {
       const int64_t drawn = columns(g, begin, begin + groups[g].rows);
-      const at::Tensor u = drawn > 0 ? scaled_uniforms({groups[g].rows, drawn}, *groups[g].generator, rows.device())
-                                     : at::empty({groups[g].rows, 0}, rows.options());
+      const at::Tensor u = drawn > 0 ? scaled_uniforms({groups[g].rows, drawn}, *groups[g].generator, device)
+                                     : at::empty({groups[g].rows, 0}, at::TensorOptions(device).dtype(at::kDouble));
       parts.push_back(drawn < width ? at::constant_pad_nd(u, {0, width - drawn}, 0.5) : u);
     }
     return joined(parts);  // [n, width]
@@ -128,6 +125,23 @@ at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>
   auto group_widest = [&](size_t, int64_t begin, int64_t end) {
     return *std::max_element(counts.begin() + begin, counts.begin() + end);
   };
+  if (independent_draws(siblings)) return uniforms(group_widest, widest);
+  if (siblings == Siblings::top) return uniforms([](size_t, int64_t, int64_t) { return int64_t{1}; }, 1);
+  // without replacement: column j for the groups with rows of more than j children, one column after the other
+  std::vector<at::Tensor> columns;
+  for (int64_t j = 0; j < widest; ++j) {
+    columns.push_back(uniforms([&](size_t g, int64_t begin, int64_t end) {
+      return int64_t{group_widest(g, begin, end) > j};
+    }, 1));
+  }
+  return columns.size() == 1 ? columns[0] : at::cat(columns, 1);
+}
+
+at::Tensor draw_children_with(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
+                              const at::Tensor& uniforms, at::Tensor* mass) {
+  const at::Tensor rows = q.to(at::kDouble);  // [n, V]
+  const int64_t n = rows.size(0);
+  const int64_t widest = *std::max_element(counts.begin(), counts.end());
   // each row's total mass from its first draw (rows it left unchanged, or only its zeroed tokens): NaN exactly
   // where q's row is
   at::Tensor* first_mass = mass;
@@ -137,42 +151,44 @@ at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>
     return sample_inverse_cdf_scaled(from, u, out);
   };
   if (independent_draws(siblings)) {  // every row's draws in one pass, then each row's first counts[i]
-    return leading_columns(draw(rows, uniforms(group_widest, widest)).view({n, widest}), counts);
+    return leading_columns(draw(rows, uniforms).view({n, widest}), counts);
   }
-  if (siblings == Siblings::top) {  // rows of one count at once: their top count - 1 tokens, then one draw
-    const bool one_count = std::all_of(counts.begin(), counts.end(), [&](int64_t k) { return k == counts[0]; });
-    if (!one_count) {
-      std::vector<at::Tensor> drawn, masses(q.size(0));
-      int64_t i = 0;
-      for (const DrawGroup& group : groups) {
-        for (const int64_t end = i + group.rows; i < end; ++i) {
-          drawn.push_back(draw_children_generic(q.narrow(0, i, 1), {counts[i]}, siblings, {{group.generator, 1}},
-                                                &masses[i]));
-        }
-      }
-      if (mass) *mass = at::cat(masses);
-      return at::cat(drawn);
-    }
+  if (siblings == Siblings::top) {  // every row's top count - 1 tokens (one count for all), then one draw
     const int64_t fixed = counts[0] - 1;
     const at::Tensor top = top_tokens(rows, fixed);  // [n, k - 1]
     const at::Tensor left = fixed > 0 ? rows.scatter(1, top, 0.0) : rows;
-    const at::Tensor one = uniforms([](size_t, int64_t, int64_t) { return int64_t{1}; }, 1);
-    return at::cat({top, draw(left, one).unsqueeze(1)}, 1).flatten();
+    return at::cat({top, draw(left, uniforms).unsqueeze(1)}, 1).flatten();
   }
-  // Without replacement: column j of every row from what that row's earlier columns left (a group draws column j
-  // while it has rows with more than j children). Once a row's support is used up its remaining children are drawn
-  // from a zero row (an arbitrary token), and verify_tree never accepts them.
+  // Without replacement: column j of every row from what that row's earlier columns left. Once a row's support is
+  // used up its remaining children are drawn from a zero row (an arbitrary token), and verify_tree never accepts
+  // them.
   std::vector<at::Tensor> columns;
   at::Tensor left = rows.clone();
   for (int64_t j = 0; j < widest; ++j) {
-    const at::Tensor u = uniforms([&](size_t g, int64_t begin, int64_t end) {
-      return int64_t{group_widest(g, begin, end) > j};
-    }, 1);
-    const at::Tensor x = draw(left, u).unsqueeze(1);  // [n, 1]
+    const at::Tensor x = draw(left, uniforms.narrow(1, j, 1)).unsqueeze(1);  // [n, 1]
     if (j + 1 < widest) left.scatter_(1, x, 0.0);
     columns.push_back(x);
   }
   return leading_columns(at::cat(columns, 1), counts);
+}
+
+at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
+                                 const std::vector<DrawGroup>& groups, at::Tensor* mass) {
+  check_counts(q, counts, siblings, /*greedy=*/false, groups);
+  const bool one_count = std::all_of(counts.begin(), counts.end(), [&](int64_t k) { return k == counts[0]; });
+  if (siblings == Siblings::top && !one_count) {  // row by row: each its top count - 1 tokens, then one draw
+    std::vector<at::Tensor> drawn, masses(q.size(0));
+    int64_t i = 0;
+    for (const DrawGroup& group : groups) {
+      for (const int64_t end = i + group.rows; i < end; ++i) {
+        drawn.push_back(draw_children_generic(q.narrow(0, i, 1), {counts[i]}, siblings, {{group.generator, 1}},
+                                              &masses[i]));
+      }
+    }
+    if (mass) *mass = at::cat(masses);
+    return at::cat(drawn);
+  }
+  return draw_children_with(q, counts, siblings, children_uniforms(counts, siblings, groups, q.device()), mass);
 }
 
 void check_tree_input(const TreeInput& row, const SamplingConfig& config) {

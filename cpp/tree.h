@@ -137,6 +137,13 @@ at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts
 // in a few operations, not per node.
 at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
                                  const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr);
+// draw_children_generic in two parts, so that the draws can run inside a model call's CUDA graph (drafter.cpp): the
+// uniforms the draws take from the groups' generators, in the order they take them, as one float64 table [n, width]
+// on `device` (width: the widest count, or 1 for top), then the draws from them (top: every count the same).
+at::Tensor children_uniforms(const std::vector<int64_t>& counts, Siblings siblings,
+                             const std::vector<DrawGroup>& groups, const at::Device& device);
+at::Tensor draw_children_with(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
+                              const at::Tensor& uniforms, at::Tensor* mass = nullptr);
 // Each row's k most probable tokens, the first index on ties: int64 [..., k].
 at::Tensor top_tokens(const at::Tensor& q, int64_t k);
 
