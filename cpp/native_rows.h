@@ -6,7 +6,9 @@
 // Shapes (rows.h): dynamic calls run the rows taking part over the slots in use. Fixed and graphed step calls,
 // tree calls among them, run every row (a row sitting the call out is all padding) over all max_length slots
 // (a tree call's mask [R, W, max_length]), so that their shapes depend on the width alone; graphed ones replay
-// CUDA graphs (graphs.h), one per width and kind of call. Prefills and copy_slots run eagerly.
+// CUDA graphs (graphs.h), one per width and kind of call. Prefills and copy_slots run eagerly. A fixed-shape call
+// can carry its caller's work on its logits (rows.h: extend_then, extend_tree_then: the draft's draws), inside
+// its graph, keyed by the width and that work.
 #pragma once
 
 #include <ATen/ATen.h>

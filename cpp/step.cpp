@@ -23,10 +23,6 @@ at::Tensor scalar_token(int64_t token) {
   return out;
 }
 
-}  // namespace
-
-namespace {
-
 // Every row's draft step from its logits rows [R, V]: q, the tokens [R] and each row's finiteness witness (its raw
 // maximum, or at T >= 1 its mass: standardizing there needs no maximum, and the draw's mass tells as well whether
 // the row is finite). `scaled`: each row's uniform [R, 1] (sampled only).

@@ -495,10 +495,10 @@ class SpeculativeDecoder:
     verification's device work (the residuals, the candidates, the read-back's packing; a tree's every step) runs
     through fixed-shape buffers too, keyed by the rows' drafts (a chain's lengths, a tree's shape; not for a
     DynamicTree), one CUDA graph per key with "auto" / "on" (a failed capture warns once, and the work runs
-    uncaptured), and a draft model's steps draw their tokens inside the step's call (its graph). The uniforms are
-    drawn outside the graphs, from the same generators, so the tokens are those of "off". "auto" has run on
-    leased H100 and H200 GPUs (BENCHMARKS.md: the tokens of "off"; the verification's graphs and the drawing
-    inside the draft's step not yet).
+    uncaptured), and a draft model's steps draw their tokens inside the step's call (its graph; a fixed tree's
+    level calls their children). The uniforms are drawn outside the graphs, from the same generators, so the
+    tokens are those of "off". "auto" has run on leased H100 and H200 GPUs (BENCHMARKS.md: the tokens of "off";
+    the verification's graphs and the drawing inside the draft's calls not yet).
 
     ``draft`` may itself be a SpeculativeDecoder, to any depth (a hierarchical draft, cpp/hierarchy.h):
     ``SpeculativeDecoder(target, SpeculativeDecoder(draft, smaller, gamma=2), gamma=4)``. Each iteration asks the
