@@ -18,9 +18,9 @@ averaged over the rows; the operations per iteration are the batch's. With --cud
 runs through the fixed-shape buffers that a GPU's CUDA graphs replay (uncaptured on a CPU), as calls do on a GPU
 with graphs on: the count then includes the copies into those buffers (a host-to-device copy stays a copy on the
 CPU), the verification's work through its own buffers (cpp/verification_graphs.h) and the draft's draws inside
-its step calls (cpp/rows.h: extend_then). Its "captured" column counts what a GPU would launch with those graphs
-captured: the verification's work as one replay and the copy of its output, the draws inside the step's replay,
-and each model call's graph output copied once.
+its calls (cpp/rows.h: extend_then, extend_tree_then). Its "captured" column counts what a GPU would launch with
+those graphs captured: the verification's work as one replay and the copy of its output, the draws inside the
+call's replay, and each model call's graph output copied once.
 
 Goal (issue 2): the engine's overhead is under 20% of the pure-PyTorch one's, and under 5% of an iteration for
 a target of at least 10M parameters. Weights are random (seeded): overhead depends on shapes and on how many
@@ -120,8 +120,8 @@ def operations_per_iteration(decoder, prompts, tokens: int) -> dict:
     level or directly in a phase's scope (a model's calls are TorchScript methods, whose operations nest under
     them). Also "captured": the operations a GPU would launch with the graphs captured: the verification's work
     through its buffers (cpp/verification_graphs.h, its "speculant::graphed" scope) becomes one replay and the copy
-    of its output, the draft's draws inside its step calls (rows.h: extend_then, "speculant::fused") join the
-    call's replay, and each model call through fixed-shape buffers adds the copy of its graph's output
+    of its output, the draft's draws inside its calls (rows.h: extend_then, extend_tree_then; "speculant::fused")
+    join the call's replay, and each model call through fixed-shape buffers adds the copy of its graph's output
     (graphs.h)."""
     # acc_events: no schedule, so one cycle either way; without it torch 2.11's profiler warns that it clears events
     # at each cycle's end (an error under the suite's warnings-as-errors; fixed in later releases)

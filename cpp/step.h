@@ -42,8 +42,8 @@ std::vector<DraftDraw> draft_steps(const std::vector<at::Tensor>& logits, const 
 
 // The draft steps of the rows of one step call inside its graph (rows.h: extend_then): the rows' logits [R, V] and
 // (sampled) their uniforms scaled as above [R, 1] -> q | token | witness packed [R, V + 2] in q's dtype, the graph's
-// one output; the token ids are exact there where draft_draws_fit (V <= 2^24). unpack_draft_draws takes it apart: q and the
-// witnesses as views, the tokens int64 [R] (one conversion). The same draws as draft_steps_generic's.
+// one output; the token ids are exact there where draft_draws_fit (V <= 2^24). unpack_draft_draws takes it apart:
+// q and the witnesses as views, the tokens int64 [R] (one conversion). The same draws as draft_steps_generic's.
 bool draft_draws_fit(int64_t vocab);
 at::Tensor packed_draft_draws(const at::Tensor& logits, const SamplingConfig& config, const at::Tensor& scaled);
 DraftBatch unpack_draft_draws(const at::Tensor& packed);
