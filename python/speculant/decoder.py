@@ -497,8 +497,8 @@ class SpeculativeDecoder:
     DynamicTree), one CUDA graph per key with "auto" / "on" (a failed capture warns once, and the work runs
     uncaptured), and a draft model's steps draw their tokens inside the step's call (its graph; a fixed tree's
     level calls their children). The uniforms are drawn outside the graphs, from the same generators, so the
-    tokens are those of "off". "auto" has run on leased H100 and H200 GPUs (BENCHMARKS.md: the tokens of "off";
-    the verification's graphs and the drawing inside the draft's calls not yet).
+    tokens are those of "off". "auto" has run on leased H100 and H200 GPUs (BENCHMARKS.md: the tokens of "off",
+    the verification's graphs and the drawing inside the draft's calls included).
 
     ``draft`` may itself be a SpeculativeDecoder, to any depth (a hierarchical draft, cpp/hierarchy.h):
     ``SpeculativeDecoder(target, SpeculativeDecoder(draft, smaller, gamma=2), gamma=4)``. Each iteration asks the
