@@ -292,12 +292,15 @@ class ModelDraftRows final : public DraftRows {
       }
       if (sync) torch::cuda::synchronize();
       const double seconds = seconds_since(start);
+      for (size_t r = 0; r < count; ++r) {
+        if (!feed[r].defined()) continue;
+        out[r].seconds += seconds;
+        out[r].calls += 1;
+        if (!first) tentative_[r] += feed[r].numel();
+      }
       if (fused) {  // every fed row's level from the call's draws
         for (size_t r = 0; r < count; ++r) {
           if (!feed[r].defined()) continue;
-          out[r].seconds += seconds;
-          out[r].calls += 1;
-          if (!first) tentative_[r] += feed[r].numel();
           const TreeDraft& draft = *drafts[r];
           const auto row = static_cast<int64_t>(r), n = fused->nodes, k = fused->children;
           maxima[r].push_back(fused->maximum.narrow(0, row * n, n));
@@ -318,9 +321,6 @@ class ModelDraftRows final : public DraftRows {
       bool grown = false;
       for (size_t r = 0; r < count; ++r) {
         if (!feed[r].defined()) continue;
-        out[r].seconds += seconds;
-        out[r].calls += 1;
-        if (!first) tentative_[r] += feed[r].numel();
         const TreeDraft& draft = *drafts[r];
         const auto n = static_cast<int64_t>(draft.expand().size());
         raws.push_back(first ? logits[r].narrow(0, feed[r].numel() - 1, 1) : logits[r].narrow(0, 0, n));
