@@ -17,7 +17,10 @@
 #   bash benchmarks/gpu.sh again   # a second call, no build: lease's wheel (copied from its $OUT into .whl/,
 #                                  # listed in .git/info/exclude, and named in the call's carry) with this tree's
 #                                  # Python over it (so C++ must not have changed since lease's build);
-#                                  # graphs.py --untrained within LEASE_SECONDS (default 280):
+#                                  # kernels.py first (where a model call's time goes: kernels per call,
+#                                  # the device's busy time, the call uncaptured and replayed from a CUDA
+#                                  # graph, the largest kernels, for the pair's shapes and the 1.1B Llama),
+#                                  # then graphs.py --untrained within LEASE_SECONDS (default 280):
 #                                  # per-call times beside the TorchScript graphs, then the pair as live
 #                                  # objects eager (never reached on leases 1-5), compiled (compile=True),
 #                                  # and as .pt2 packages (their CUDA export compiles for minutes: last); the
@@ -89,6 +92,8 @@ case "${1:-}" in
     exec > >(tee -a "$out/again.log") 2>&1
     python3 -m pip install -q --no-deps .whl/speculant-*.whl
     cp -r python/speculant/. "$(python3 -c "import os, speculant; print(os.path.dirname(speculant.__file__))")/"
+    within 150 python3 benchmarks/kernels.py --device cuda --models gpt2-target gpt2-draft llama-1b --widths 1 5 \
+      --out "$out/kernels-cuda.json" || true
     within 3 python3 benchmarks/graphs.py --untrained --preset lease --device cuda --gammas 2 4 6 8 \
       --backends live compiled pt2 --out "$out/graphs-untrained-cuda.json" 2>&1 | grep -v "Loading weights" \
       || true

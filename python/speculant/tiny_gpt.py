@@ -107,7 +107,7 @@ class TinyGPT(nn.Module):
                 f"forward: expected input_ids [B, T] with 1 <= T <= {self.max_length}, got {ids.shape}"
             )
         return self.run(ids, torch.jit.annotate(List[Tuple[Tensor, Tensor]], []),
-                        single_step(ids.size(1), 0, ids.device))
+                        single_step(ids.size(1), 0, ids.device, self.tok_emb.weight.dtype))
 
     def run(self, ids: Tensor, caches: List[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
         # ids [B, T] at step.positions; caches: [] or a (keys, values) pair per layer (export/cached.py)

@@ -50,11 +50,18 @@ def causal_mask(new: int, start: int, device: torch.device) -> Tensor:
     return torch.ones(new, start + new, dtype=torch.bool, device=device).tril(start)
 
 
+def additive(seen: Tensor, dtype: torch.dtype) -> Tensor:
+    """The attention mask every layer adds to its scores: 0 where `seen` (bool) is true, -inf elsewhere, in the
+    working dtype; what scaled_dot_product_attention makes of a bool mask itself, made once per call instead of
+    once per layer."""
+    return torch.full(seen.shape, float("-inf"), dtype=dtype, device=seen.device).masked_fill_(seen, 0.0)
+
+
 class Step(NamedTuple):
     """Where one call's tokens go. positions [R, T]: each token's position; mask [T, S] (batch 1) or
-    [R, 1, T, S] bool: the keys each query sees. Batch 1: the tokens fill cache slots [start, start + T) and
-    rows, slots are None. A batch: row r's tokens go to cache row rows[r] at slots[r] and the call reads cache
-    slots [0, keys)."""
+    [R, 1, T, S], additive in the working dtype (`additive`): the keys each query sees. Batch 1: the tokens
+    fill cache slots [start, start + T) and rows, slots are None. A batch: row r's tokens go to cache row rows[r]
+    at slots[r] and the call reads cache slots [0, keys)."""
     positions: Tensor
     mask: Tensor
     start: int
@@ -63,10 +70,10 @@ class Step(NamedTuple):
     keys: int
 
 
-def single_step(new: int, start: int, device: torch.device) -> Step:
-    """Batch 1, tokens at positions [start, start + new)."""
+def single_step(new: int, start: int, device: torch.device, dtype: torch.dtype) -> Step:
+    """Batch 1, tokens at positions [start, start + new); the mask in `dtype`."""
     positions = torch.arange(start, start + new, device=device).unsqueeze(0)  # [1, T]
-    return Step(positions, causal_mask(new, start, device), start, None, None, start + new)
+    return Step(positions, additive(causal_mask(new, start, device), dtype), start, None, None, start + new)
 
 
 def cached_kv(k: Tensor, v: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tuple[Tensor, Tensor]:
@@ -119,7 +126,7 @@ class CachedDecoder(nn.Module):
             raise ValueError(f"forward: expected input_ids [B, T] with 1 <= T <= {self.max_length}, "
                              f"got {input_ids.shape}")
         return self.core.run(input_ids, torch.jit.annotate(List[Tuple[Tensor, Tensor]], []),
-                             single_step(input_ids.size(1), 0, input_ids.device))
+                             single_step(input_ids.size(1), 0, input_ids.device, self.cache.dtype))
 
     @torch.jit.export
     def prefill(self, input_ids: Tensor) -> Tensor:
@@ -143,7 +150,7 @@ class CachedDecoder(nn.Module):
             raise ValueError(f"extend/prefill: {self.length} cached + {k} new positions exceed "
                              f"max_length={self.max_length}")
         caches = [(self.cache[0, i], self.cache[1, i]) for i in range(self.cache.size(1))]  # [H_kv, M, D] each
-        logits = self.core.run(input_ids, caches, single_step(k, self.length, input_ids.device))  # [1, k, V]
+        logits = self.core.run(input_ids, caches, single_step(k, self.length, input_ids.device, self.cache.dtype))
         self.length += k
         return logits
 
@@ -169,9 +176,9 @@ class CachedDecoder(nn.Module):
                              f"{input_ids.shape}, {positions.shape}, {slots.shape}, {rows.shape}")
         if keys < 1 or keys > self.max_length:
             raise ValueError(f"extend_rows: keys must be in [1, max_length={self.max_length}], got {keys}")
-        mask = torch.arange(keys, device=input_ids.device) <= positions.unsqueeze(2)  # [R, T, S]
+        seen = torch.arange(keys, device=input_ids.device) <= positions.unsqueeze(2)  # [R, T, S]
         caches = [(self.row_cache[0, i], self.row_cache[1, i]) for i in range(self.row_cache.size(1))]
-        step = Step(positions, mask.unsqueeze(1), -1, rows, slots, keys)
+        step = Step(positions, additive(seen.unsqueeze(1), self.row_cache.dtype), -1, rows, slots, keys)
         return self.core.run(input_ids, caches, step)  # [R, T, V]
 
     @torch.jit.export
@@ -183,7 +190,7 @@ class CachedDecoder(nn.Module):
             raise ValueError("extend_rows_masked: call start_rows first (the batch's cache is allocated there)")
         check_masked_call(input_ids, rows, positions, slots, mask, self.max_length)
         caches = [(self.row_cache[0, i], self.row_cache[1, i]) for i in range(self.row_cache.size(1))]
-        step = Step(positions, mask.unsqueeze(1), -1, rows, slots, mask.size(2))
+        step = Step(positions, additive(mask.unsqueeze(1), self.row_cache.dtype), -1, rows, slots, mask.size(2))
         return self.core.run(input_ids, caches, step)  # [R, T, V]
 
     @torch.jit.export

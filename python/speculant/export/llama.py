@@ -32,58 +32,61 @@ class RMSNorm(nn.Module):
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x [1, H, T, D]; cos, sin [T, D]: the rotation of pairs (i, i + D/2), transformers' rotate_half layout
+    # x [B, n, T, D]; cos, sin [T, D] or [B, 1, T, D]: the rotation of pairs (i, i + D/2), transformers' rotate_half
+    # layout
     half = x.size(-1) // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
 
 class Attention(nn.Module):
+    """Queries, keys and values from one fused projection, the queries and keys rotated together, and each
+    key/value head attended by its H / H_kv query heads stacked along the query axis (the mask repeated to
+    match in Llama.run), so the cached keys and values are never copied per query head."""
+
     def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.q_proj = nn.Linear(width, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
+        self.qkv = nn.Linear(width, (heads + 2 * kv_heads) * head_dim, bias=bias)  # [q | k | v] rows
         self.o_proj = nn.Linear(heads * head_dim, width, bias=bias)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tuple[Tensor, Tensor]],
+                step: Step) -> Tensor:
         B, T, _ = x.shape  # [R, T, C]
-        q = self.q_proj(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
-        k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, T, D]
-        v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, T, D]
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        k, v = cached_kv(k, v, cache, step)  # [B, H_kv, S, D]
-        if self.kv_heads != self.heads:  # each key/value head serves H / H_kv consecutive query heads
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)  # [B, H, S, D]
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=self.head_dim ** -0.5)  # [B, H, T, D]
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.heads * self.head_dim))  # [B, T, C]
+        H, H_kv, D = self.heads, self.kv_heads, self.head_dim
+        qkv = self.qkv(x).view(B, T, H + 2 * H_kv, D).transpose(1, 2)  # [B, H + 2 H_kv, T, D]
+        qk = rotate(qkv[:, :H + H_kv], cos, sin)  # [B, H + H_kv, T, D]
+        k, v = cached_kv(qk[:, H:], qkv[:, H + H_kv:], cache, step)  # [B, H_kv, S, D]
+        # query head h reads key/value head h // (H / H_kv): group g's heads as g's rows, [B, H_kv, H / H_kv * T, D]
+        q = qk[:, :H].reshape(B, H_kv, H // H_kv * T, D)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=D ** -0.5)  # [B, H_kv, H/H_kv T, D]
+        return self.o_proj(y.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D))  # [B, T, C]
 
 
 class Block(nn.Module):
     def __init__(self, config, head_dim: int, act: str):
         super().__init__()
         width, inner = config.hidden_size, config.intermediate_size
-        self.act = act
+        self.act, self.inner = act, inner
         self.input_layernorm = RMSNorm(width, config.rms_norm_eps)
         self.self_attn = Attention(width, config.num_attention_heads, config.num_key_value_heads, head_dim,
                                    config.attention_bias)
         self.post_attention_layernorm = RMSNorm(width, config.rms_norm_eps)
-        self.gate_proj = nn.Linear(width, inner, bias=config.mlp_bias)
-        self.up_proj = nn.Linear(width, inner, bias=config.mlp_bias)
+        self.gate_up = nn.Linear(width, 2 * inner, bias=config.mlp_bias)  # [gate | up] rows, one projection
         self.down_proj = nn.Linear(inner, width, bias=config.mlp_bias)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tuple[Tensor, Tensor]],
+                step: Step) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, step)  # [B, T, C]
-        h = self.post_attention_layernorm(x)
-        return x + self.down_proj(activate(self.gate_proj(h), self.act) * self.up_proj(h))  # [B, T, C]
+        h = self.gate_up(self.post_attention_layernorm(x))  # [B, T, 2F]
+        return x + self.down_proj(activate(h[..., :self.inner], self.act) * h[..., self.inner:])  # [B, T, C]
 
 
 class Llama(nn.Module):
     def __init__(self, config, head_dim: int, tied: bool, cos: Tensor, sin: Tensor):
         super().__init__()
         act = activation_kind(config.hidden_act, "hidden_act")
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)  # [V, C]
         self.layers = nn.ModuleList([Block(config, head_dim, act) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -102,6 +105,10 @@ class Llama(nn.Module):
             cos, sin = self.cos[step.start:step.start + T], self.sin[step.start:step.start + T]  # [T, D]
         else:
             cos, sin = self.cos[step.positions].unsqueeze(1), self.sin[step.positions].unsqueeze(1)  # [R, 1, T, D]
+        group = self.heads // self.kv_heads
+        if group > 1:  # each query row repeated for the query heads sharing a key/value head (Attention)
+            mask = step.mask.repeat([1] * (step.mask.dim() - 2) + [group, 1])  # [.., H / H_kv * T, S]
+            step = Step(step.positions, mask, step.start, step.rows, step.slots, step.keys)
         x = self.embed_tokens(input_ids)  # [R, T, C]
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, caches[i] if len(caches) > 0 else None, step)
@@ -140,20 +147,21 @@ def _rotary_tables(model, max_length: int, dtype: torch.dtype) -> Tuple[Tensor, 
 
 
 def _weights(model, config) -> Dict[str, Tensor]:
-    """Our parameter names -> transformers' tensors (the same layout, shorter names)."""
+    """Our parameter names -> transformers' tensors: the same layout, shorter names, the q/k/v projections
+    stacked into one (qkv) and gate/up into one (gate_up)."""
     sd = model.state_dict()
     out = {"embed_tokens.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
     out["head"] = model.get_output_embeddings().weight  # the embedding itself when tied
-    parts = ["input_layernorm.weight", "post_attention_layernorm.weight"]
-    parts += [f"self_attn.{p}_proj.{w}" for p in "qkvo" for w in (("weight", "bias") if config.attention_bias
-                                                                   else ("weight",))]
-    parts += [f"{p}_proj.{w}" for p in ("gate", "up", "down") for w in (("weight", "bias") if config.mlp_bias
-                                                                        else ("weight",))]
     for i in range(config.num_hidden_layers):
-        for part in parts:
-            hf = f"model.layers.{i}.{part}" if not part.startswith(("gate", "up", "down")) else \
-                f"model.layers.{i}.mlp.{part}"
-            out[f"layers.{i}.{part}"] = sd[hf]
+        hf, ours = f"model.layers.{i}.", f"layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            out[ours + norm + ".weight"] = sd[hf + norm + ".weight"]
+        for w in ("weight", "bias") if config.attention_bias else ("weight",):
+            out[ours + "self_attn.qkv." + w] = torch.cat([sd[hf + f"self_attn.{p}_proj.{w}"] for p in "qkv"])
+            out[ours + "self_attn.o_proj." + w] = sd[hf + "self_attn.o_proj." + w]
+        for w in ("weight", "bias") if config.mlp_bias else ("weight",):
+            out[ours + "gate_up." + w] = torch.cat([sd[hf + f"mlp.{p}_proj.{w}"] for p in ("gate", "up")])
+            out[ours + "down_proj." + w] = sd[hf + "mlp.down_proj." + w]
     return out
 
 

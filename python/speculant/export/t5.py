@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import ACTIVATIONS, Step, activate, cached_kv, check_masked_call, copy_row_slots, single_step
+from .cached import ACTIVATIONS, Step, activate, cached_kv, check_masked_call, copy_row_slots
 
 __all__ = ["check_config", "script", "T5Cached", "relative_position_bucket"]
 
@@ -282,7 +282,8 @@ class T5Cached(nn.Module):
         T = input_ids.size(1)
         x = F.embedding(input_ids, self.decoder_embed)  # [1, T, C]
         bias = self._position_bias(self.decoder_bias, start, T, start + T, True)  # [1, H, T, start + T]
-        step = single_step(T, start, input_ids.device)
+        positions = torch.arange(start, start + T, device=input_ids.device).unsqueeze(0)  # [1, T]
+        step = Step(positions, bias, start, None, None, start + T)  # the mask: the additive bias the blocks add
         for i, block in enumerate(self.decoder_blocks):
             cache = (self.self_kv[0, i], self.self_kv[1, i]) if use_cache else None  # [H, M, D] views
             x = block(x, bias, cache, step, cross_k[i].unsqueeze(0), cross_v[i].unsqueeze(0))
@@ -403,7 +404,7 @@ class T5Cached(nn.Module):
         buckets = relative_position_bucket(relative, False, self.num_buckets, self.max_distance)
         bias = F.embedding(buckets, self.decoder_bias).permute(0, 3, 1, 2)  # [1, H, T, K]
         bias = bias.masked_fill(~mask.unsqueeze(1), float("-inf")).contiguous()
-        step = Step(positions, mask.unsqueeze(1), -1, rows, slots, mask.size(2))
+        step = Step(positions, bias, -1, rows, slots, mask.size(2))  # the mask: the additive bias the blocks add
         x = F.embedding(input_ids, self.decoder_embed)  # [1, T, C]
         for i, block in enumerate(self.decoder_blocks):
             x = block(x, bias, (self.row_kv[0, i], self.row_kv[1, i]), step, self.cross_k[i].unsqueeze(0),

@@ -1,0 +1,285 @@
+"""Where an exported model's call goes: the kernels of one fixed-shape call (the engine's graph path: k tokens of
+row 0 through `extend_rows` against all max_length cache slots), counted and timed (issue 21).
+
+    python benchmarks/kernels.py                                  # CPU: operations per call, ms per call
+    python benchmarks/kernels.py --device cuda --models gpt2-target gpt2-draft llama-1b   # a GPU
+
+Models, random weights (a call's cost does not depend on them): `gpt2-target` and `gpt2-draft`, the shapes of
+train_pairs.GPT2_CUDA's pair (92M and 3.8M parameters, float32, vocab 8192, 512 positions); `llama-1b`, the
+1.1B-parameter bf16 Llama of graphs.py --big (512 positions). Each is exported by speculant.export's
+TorchScript modules, as the engine runs it.
+
+For each model and width k (`--widths`):
+
+* operations per call (CPU: the ATen operations that compute, views and allocations left out) or kernels per call
+  (CUDA: the kernels the device ran), from torch.profiler over `--calls` calls;
+* CUDA: the device's busy time per call (the kernels' durations summed), the call uncaptured (each kernel
+  launched by the host) and replayed from a CUDA graph captured around it, as the engine's `cuda_graphs="on"`
+  does, in ms per call: median over `--repeats` rounds of `--calls` calls, with min-max; the weight-streaming
+  floor (weight bytes over the measured copy bandwidth, bytes read and written) beside it;
+* the operations or kernels taking the most time, per call;
+* plain greedy decoding of the same model through the engine (speculant.generate; on a GPU with CUDA graphs on,
+  each step a replayed call), ms per new token end to end: beside the replayed call alone, what the engine adds
+  per token (`--no-engine` leaves it out).
+
+Results: benchmarks/results/kernels-<device>.json (`--out`).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, str(Path(__file__).parent))
+import train_pairs  # noqa: E402
+
+# ATen operations that compute nothing on a device: views, allocations, metadata
+NOT_KERNELS = {
+    "aten::view", "aten::as_strided", "aten::unsqueeze", "aten::squeeze", "aten::permute", "aten::transpose",
+    "aten::t", "aten::expand", "aten::expand_as", "aten::slice", "aten::select", "aten::unbind", "aten::reshape",
+    "aten::_reshape_alias", "aten::alias", "aten::detach", "aten::empty", "aten::empty_strided", "aten::empty_like",
+    "aten::resize_", "aten::_unsafe_view", "aten::lift_fresh", "aten::split", "aten::split_with_sizes",
+    "aten::chunk", "aten::narrow", "aten::result_type", "aten::item", "aten::_local_scalar_dense", "aten::size",
+    "aten::dim", "aten::numel", "aten::resolve_conj", "aten::resolve_neg", "aten::scalar_tensor", "aten::unfold",
+}
+# operations that compute themselves after operations of their own (addmm: the bias copied into the output first)
+COMPUTE_AFTER_CHILDREN = {"aten::addmm", "aten::baddbmm", "aten::addmv"}
+
+
+def build(name: str, device: torch.device):
+    """(transformers model and its scripted module on `device`, weight bytes, max_length) for a model name."""
+    import transformers
+
+    from speculant.export import gpt2, llama
+
+    torch.manual_seed(0)
+    if name in ("gpt2-target", "gpt2-draft"):
+        recipe = train_pairs.GPT2_CUDA
+        shape = recipe.target if name == "gpt2-target" else recipe.draft
+        config = transformers.GPT2Config(vocab_size=recipe.vocab_size, n_positions=recipe.context, bos_token_id=1,
+                                         eos_token_id=2, **shape)
+        model, module, length = transformers.GPT2LMHeadModel(config), gpt2, recipe.context
+    elif name == "llama-1b":
+        config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                          num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                                          max_position_embeddings=2048)
+        model, module, length = transformers.LlamaForCausalLM(config).to(torch.bfloat16), llama, 512
+    else:
+        raise ValueError(f"--models: unknown model {name!r}; known: gpt2-target, gpt2-draft, llama-1b")
+    model = model.to(device).eval()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TorchScript's deprecation
+        scripted = module.script(model, max_length=length)
+    return model, scripted, weight_bytes, length
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_range(values: List[float]) -> List[float]:
+    return [statistics.median(values), min(values), max(values)]
+
+
+def timed(call: Callable[[], object], device: torch.device, calls: int, repeats: int) -> List[float]:
+    """ms per call: median and min-max over `repeats` rounds of `calls` calls."""
+    rounds = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync(device)
+        rounds.append(1e3 * (time.perf_counter() - start) / calls)
+    return median_range(rounds)
+
+
+def scalar_only(event) -> bool:
+    """Whether an operation reads only 0-dimensional tensors and numbers (a wrapped Python scalar's conversion)."""
+    return all(len(shape) == 0 for shape in event.input_shapes if isinstance(shape, list))
+
+
+def cpu_kernels(event) -> List[object]:
+    """The operations under a profiler event that would each be a kernel on a device: an ATen operation that
+    computes (not a view, an allocation or a scalar's conversion) and has no such operation under it."""
+    found = [k for c in event.cpu_children for k in cpu_kernels(c)]
+    computes = event.name.startswith("aten::") and event.name not in NOT_KERNELS and not scalar_only(event)
+    if computes and (not found or event.name in COMPUTE_AFTER_CHILDREN):
+        return found + [event]
+    return found
+
+
+def profiled(call: Callable[[], object], device: torch.device, calls: int) -> Dict:
+    """Kernels (CUDA) or computing operations (CPU) per call, their time per call, and the largest."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(calls):
+            with record_function("speculant::kernels_call"):
+                call()
+        sync(device)
+    events = prof.events()
+    if device.type == "cuda":
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not
+                   e.name.startswith(("Memcpy", "Memset"))]
+        durations = [(e.name, e.time_range.elapsed_us()) for e in kernels]
+    else:
+        roots = [e for e in events if e.name == "speculant::kernels_call"]
+        durations = [(k.name, k.self_cpu_time_total) for root in roots for k in cpu_kernels(root)]
+    by_name: Dict[str, List[float]] = collections.defaultdict(list)
+    for name, us in durations:
+        by_name[name].append(us)
+    top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:12]
+    return {"per_call": len(durations) / calls, "busy_ms": 1e-3 * sum(us for _, us in durations) / calls,
+            "counts": {name: len(us) / calls for name, us in sorted(by_name.items())},
+            "top": [{"name": name, "per_call": len(us) / calls, "us_per_call": sum(us) / calls}
+                    for name, us in top]}
+
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Device-to-device copy bandwidth in bytes per second, bytes read and written."""
+    block = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    copy = torch.empty_like(block)
+    for _ in range(3):
+        copy.copy_(block)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        copy.copy_(block)
+    sync(device)
+    return 2 * block.numel() * 4 * 10 / (time.perf_counter() - start)
+
+
+def fixed_call(scripted, length: int, k: int, device: torch.device) -> Callable[[], torch.Tensor]:
+    """The engine's fixed-shape call of k tokens (row 0 of a batch of 1, positions from length / 2, every one of
+    the `length` cache slots attended under the mask), warmed up: TorchScript profiles and optimizes a method in
+    its first calls."""
+    scripted.start_rows(1)
+    ids = torch.zeros(1, k, dtype=torch.long, device=device)
+    rows = torch.zeros(1, dtype=torch.long, device=device)
+    positions = torch.arange(length // 2, length // 2 + k, device=device).unsqueeze(0)  # [1, k]
+    call = lambda: scripted.extend_rows(ids, rows, positions, positions, length)  # noqa: E731
+    for _ in range(5):
+        call()
+    return call
+
+
+def engine_per_token(model, length: int, device: torch.device, repeats: int) -> Dict:
+    """Plain greedy decoding of the exported model through the engine (speculant.generate; cuda_graphs "on" on a
+    GPU, where every step replays a captured call, "off" on a CPU), ms per new token end to end: a 96-token run
+    minus a 24-token one over the tokens between, the median and min-max of `repeats` such pairs."""
+    import speculant
+
+    mode = "on" if device.type == "cuda" else "off"
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "model.pt"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            speculant.export(model, path, max_length=length)
+        loaded = speculant.load(path, device=device)
+
+    def run(tokens: int):
+        sync(device)
+        start = time.perf_counter()
+        result = speculant.generate(loaded, list(range(3, 35)), max_new_tokens=tokens, temperature=0.0,
+                                    cuda_graphs=mode)
+        sync(device)
+        return time.perf_counter() - start, len(result.tokens)
+
+    run(96), run(24)  # the first calls, the captures
+    values = []
+    for _ in range(repeats):
+        (long, n_long), (short, n_short) = run(96), run(24)
+        if n_long - n_short < 36:
+            raise RuntimeError(f"the engine's runs stopped at an end token ({n_long} and {n_short} new tokens)")
+        values.append(1e3 * (long - short) / (n_long - n_short))
+    return {"cuda_graphs": mode, "ms_per_token": median_range(values)}
+
+
+def measure(name: str, device: torch.device, args) -> Dict:
+    model, scripted, weight_bytes, length = build(name, device)
+    out = {"weight_bytes": weight_bytes, "max_length": length, "widths": {}}
+    if device.type == "cuda":
+        bandwidth = copy_bandwidth(device, min(weight_bytes, 1 << 30))
+        out["floor_ms"] = 1e3 * weight_bytes / (bandwidth / 2)
+    if args.engine:
+        out["engine"] = engine_per_token(model, length, device, args.repeats)
+        e = out["engine"]["ms_per_token"]
+        print(f"{name}: plain decoding through the engine (cuda_graphs {out['engine']['cuda_graphs']}) {e[0]:.3f} ms "
+              f"per token ({e[1]:.3f}-{e[2]:.3f})", flush=True)
+    del model
+    for k in args.widths:
+        call = fixed_call(scripted, length, k, device)
+        row = {"profile": profiled(call, device, args.calls), "eager_ms": timed(call, device, args.calls,
+                                                                                  args.repeats)}
+        if device.type == "cuda":
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    call()
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call()
+            row["graphed_ms"] = timed(graph.replay, device, args.calls, args.repeats)
+        out["widths"][k] = row
+        report(name, k, row, out)
+    return out
+
+
+def report(name: str, k: int, row: Dict, out: Dict) -> None:
+    prof, unit = row["profile"], "kernels" if "graphed_ms" in row else "operations"
+    line = f"{name}, k = {k}: {prof['per_call']:.0f} {unit} per call, busy {prof['busy_ms']:.3f} ms; " \
+           f"uncaptured {row['eager_ms'][0]:.3f} ms ({row['eager_ms'][1]:.3f}-{row['eager_ms'][2]:.3f})"
+    if "graphed_ms" in row:
+        g = row["graphed_ms"]
+        line += f"; graph replay {g[0]:.3f} ms ({g[1]:.3f}-{g[2]:.3f}); weight-streaming floor {out['floor_ms']:.3f} ms"
+    print(line, flush=True)
+    for top in prof["top"]:
+        print(f"    {top['us_per_call']:9.1f} us  {top['per_call']:5.1f} x  {top['name'][:100]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--models", nargs="+", default=["gpt2-target", "gpt2-draft"])
+    parser.add_argument("--widths", nargs="+", type=int, default=[1, 5])
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-engine", dest="engine", action="store_false",
+                        help="leave out plain decoding through the engine")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if any(k < 1 for k in args.widths) or args.calls < 1 or args.repeats < 1:
+        parser.error("--widths, --calls and --repeats must be >= 1")
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    machine = f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, " + (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU")
+    print(f"machine: {machine}", flush=True)
+    results = {"machine": machine, "models": {}}
+    with torch.inference_mode():
+        for name in args.models:
+            results["models"][name] = measure(name, device, args)
+    out = Path(args.out or Path(__file__).parent / "results" / f"kernels-{device.type}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

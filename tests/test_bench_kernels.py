@@ -1,0 +1,62 @@
+"""benchmarks/kernels.py's operation counts on small exports (CPU), and what they show of the exports' calls: the
+attention mask made once per call, not converted in every layer; a Llama layer's projections fused into four
+matrix products (q, k and v in one, gate and up in one), its queries and keys rotated together, and its shared
+key/value heads attended without copying them per query head."""
+
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from hf_models import make
+from speculant.export import gpt2, llama
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import kernels  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def counts(scripted, length: int, k: int):
+    call = kernels.fixed_call(scripted, length, k, CPU)
+    profiled = kernels.profiled(call, CPU, calls=2)
+    assert profiled["per_call"] == sum(profiled["counts"].values())
+    return profiled["counts"], call
+
+
+def attention(found) -> float:
+    return sum(n for name, n in found.items() if "scaled_dot_product" in name)
+
+
+def test_gpt2_call_makes_its_mask_once():
+    model = make("gpt2")  # 2 layers, untied head
+    found, _ = counts(gpt2.script(model), 96, 3)
+    assert attention(found) == 2
+    assert found["aten::addmm"] == 2 * 4  # qkv, the attention's projection, the MLP's two
+    assert found["aten::mm"] == 1  # the head
+    assert found["aten::masked_fill_"] == 1 and "aten::where" not in found  # one additive mask for both layers
+    assert found["aten::_index_put_impl_"] == 2 * 2  # each layer's keys and values into the cache
+
+
+def test_llama_layer_fuses_its_projections_and_shares_key_value_heads():
+    model = make("llama")  # 2 layers, 4 query heads over 2 key/value heads
+    found, call = counts(llama.script(model), 128, 3)
+    assert attention(found) == 2
+    assert found["aten::mm"] == 2 * 4 + 1  # qkv, o, gate_up, down per layer; the head
+    assert found["aten::neg"] == 2  # one rotation per layer, queries and keys together
+    assert found["aten::masked_fill_"] == 1 and "aten::where" not in found
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+    names = {e.name for e in prof.events()}
+    assert "aten::repeat_interleave" not in names and "aten::_scaled_dot_product_flash_attention_for_cpu" in names
+
+
+def test_cpu_kernels_leave_out_views_and_scalars():
+    x, w, b = torch.randn(2, 8), torch.randn(4, 8), torch.randn(4)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with torch.profiler.record_function("speculant::kernels_call"):
+            y = torch.nn.functional.linear(x, w, b).view(8).t()  # the bias copied, then the product: two
+            (y + 1.0).unsqueeze(0)  # one: the scalar's conversion computes nothing on a device
+    root = next(e for e in prof.events() if e.name == "speculant::kernels_call")
+    assert sorted(e.name for e in kernels.cpu_kernels(root)) == ["aten::add", "aten::addmm", "aten::copy_"]
