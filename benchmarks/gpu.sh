@@ -19,7 +19,8 @@
 #                                  # Python over it (so C++ must not have changed since lease's build);
 #                                  # kernels.py first (where a model call's time goes: kernels per call,
 #                                  # the device's busy time, the call uncaptured and replayed from a CUDA
-#                                  # graph, the largest kernels, for the pair's shapes and the 1.1B Llama),
+#                                  # graph, the largest kernels, for the pair's shapes and the 1.1B Llama;
+#                                  # then the target's own forward compiled by Inductor beside its export),
 #                                  # then graphs.py --untrained within LEASE_SECONDS (default 280):
 #                                  # per-call times beside the TorchScript graphs, then the pair as live
 #                                  # objects eager (never reached on leases 1-5), compiled (compile=True),
@@ -92,8 +93,10 @@ case "${1:-}" in
     exec > >(tee -a "$out/again.log") 2>&1
     python3 -m pip install -q --no-deps .whl/speculant-*.whl
     cp -r python/speculant/. "$(python3 -c "import os, speculant; print(os.path.dirname(speculant.__file__))")/"
-    within 150 python3 benchmarks/kernels.py --device cuda --models gpt2-target gpt2-draft llama-1b --widths 1 5 \
+    within 180 python3 benchmarks/kernels.py --device cuda --models gpt2-target gpt2-draft llama-1b --widths 1 5 \
       --out "$out/kernels-cuda.json" || true
+    within 120 python3 benchmarks/kernels.py --device cuda --models gpt2-target --widths 1 --no-engine \
+      --inductor gpt2-target --out "$out/kernels-inductor-cuda.json" || true
     within 3 python3 benchmarks/graphs.py --untrained --preset lease --device cuda --gammas 2 4 6 8 \
       --backends live compiled pt2 --out "$out/graphs-untrained-cuda.json" 2>&1 | grep -v "Loading weights" \
       || true

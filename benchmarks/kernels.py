@@ -20,7 +20,11 @@ For each model and width k (`--widths`):
 * the operations or kernels taking the most time, per call;
 * plain greedy decoding of the same model through the engine (speculant.generate; on a GPU with CUDA graphs on,
   each step a replayed call), ms per new token end to end: beside the replayed call alone, what the engine adds
-  per token (`--no-engine` leaves it out).
+  per token (`--no-engine` leaves it out);
+* `--inductor MODEL ...`: the same call of the transformers model itself, compiled by Inductor (torch.compile,
+  fullgraph, fixed width, no CUDA graphs of its own) against transformers' StaticCache, profiled and timed the
+  same way, a CUDA graph captured around it on a GPU: how much fusing the call's kernels would save against the
+  TorchScript export's call.
 
 Results: benchmarks/results/kernels-<device>.json (`--out`).
 """
@@ -208,6 +212,78 @@ def engine_per_token(model, length: int, device: torch.device, repeats: int) -> 
     return {"cuda_graphs": mode, "ms_per_token": median_range(values)}
 
 
+def inductor_call(model, length: int, k: int, device: torch.device):
+    """(call, reset): the transformers model's own forward of k tokens against a StaticCache of `length` positions,
+    compiled by Inductor without CUDA graphs of its own (so that one can be captured around it), warmed up. Each
+    call writes at the cache's position and advances it; reset() sets every layer's position back to length / 2,
+    so at most length / 2k calls may run between resets."""
+    import transformers
+
+    from speculant import compiled_live
+
+    with torch.inference_mode():
+        cache = transformers.StaticCache(config=model.config, max_cache_len=length)
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), past_key_values=cache, use_cache=True)
+        ids = torch.zeros(1, k, dtype=torch.long, device=device)
+        positions = torch.arange(length // 2, length // 2 + k, device=device).unsqueeze(0)  # [1, k]
+        mask = torch.ones(1, length, dtype=torch.long, device=device)  # the causal part masks (compiled_live.py)
+    compiled = torch.compile(compiled_live._forward, fullgraph=True, dynamic=False)
+
+    def reset() -> None:
+        with torch.inference_mode():  # the cache's tensors are inference tensors
+            for layer in cache.layers:
+                layer.cumulative_length.fill_(length // 2)
+
+    def call() -> torch.Tensor:
+        with torch.inference_mode():
+            return compiled(model, cache, ids, positions, mask)
+
+    for _ in range(3):
+        reset()
+        call()
+    reset()
+    return call, reset
+
+
+def timed_calls(call: Callable[[], object], reset: Callable[[], None], device: torch.device, calls: int,
+                repeats: int) -> List[float]:
+    """timed() for a call that advances a cache: reset before each round, untimed."""
+    rounds = []
+    for _ in range(repeats):
+        reset()
+        rounds.append(timed(call, device, calls, 1)[0])
+    return median_range(rounds)
+
+
+def graphed(call: Callable[[], object], device: torch.device) -> torch.cuda.CUDAGraph:
+    """A CUDA graph captured around `call` after warm-up runs on a side stream, as the engine captures its calls."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph
+
+
+def measure_inductor(model, length: int, k: int, device: torch.device, calls: int, repeats: int) -> Dict:
+    """An Inductor row: on a GPU as an export's (the kernels counted and timed, uncaptured and replayed), on a CPU
+    its time only (Inductor's fused C++ runs outside the ATen operations the CPU's count sees)."""
+    call, reset = inductor_call(model, length, k, device)
+    calls = min(calls, length // 2 // k)
+    row = {"eager_ms": timed_calls(call, reset, device, calls, repeats)}
+    if device.type == "cuda":
+        reset()
+        row["profile"] = profiled(call, device, calls)
+        reset()
+        graph = graphed(call, device)
+        row["graphed_ms"] = timed_calls(graph.replay, reset, device, calls, repeats)
+    return row
+
+
 def measure(name: str, device: torch.device, args) -> Dict:
     model, scripted, weight_bytes, length = build(name, device)
     out = {"weight_bytes": weight_bytes, "max_length": length, "widths": {}}
@@ -219,36 +295,32 @@ def measure(name: str, device: torch.device, args) -> Dict:
         e = out["engine"]["ms_per_token"]
         print(f"{name}: plain decoding through the engine (cuda_graphs {out['engine']['cuda_graphs']}) {e[0]:.3f} ms "
               f"per token ({e[1]:.3f}-{e[2]:.3f})", flush=True)
-    del model
     for k in args.widths:
         call = fixed_call(scripted, length, k, device)
         row = {"profile": profiled(call, device, args.calls), "eager_ms": timed(call, device, args.calls,
                                                                                   args.repeats)}
         if device.type == "cuda":
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    call()
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call()
-            row["graphed_ms"] = timed(graph.replay, device, args.calls, args.repeats)
+            row["graphed_ms"] = timed(graphed(call, device).replay, device, args.calls, args.repeats)
         out["widths"][k] = row
         report(name, k, row, out)
+        if name in args.inductor:
+            out.setdefault("inductor", {})[k] = measure_inductor(model, length, k, device, args.calls, args.repeats)
+            report(f"{name} (transformers' forward, Inductor)", k, out["inductor"][k], out)
     return out
 
 
 def report(name: str, k: int, row: Dict, out: Dict) -> None:
-    prof, unit = row["profile"], "kernels" if "graphed_ms" in row else "operations"
-    line = f"{name}, k = {k}: {prof['per_call']:.0f} {unit} per call, busy {prof['busy_ms']:.3f} ms; " \
-           f"uncaptured {row['eager_ms'][0]:.3f} ms ({row['eager_ms'][1]:.3f}-{row['eager_ms'][2]:.3f})"
+    e = row["eager_ms"]
+    line = f"{name}, k = {k}: uncaptured {e[0]:.3f} ms ({e[1]:.3f}-{e[2]:.3f})"
     if "graphed_ms" in row:
         g = row["graphed_ms"]
         line += f"; graph replay {g[0]:.3f} ms ({g[1]:.3f}-{g[2]:.3f}); weight-streaming floor {out['floor_ms']:.3f} ms"
+    prof = row.get("profile")
+    if prof:
+        unit = "kernels" if "graphed_ms" in row else "operations"
+        line += f"; {prof['per_call']:.0f} {unit} per call, busy {prof['busy_ms']:.3f} ms"
     print(line, flush=True)
-    for top in prof["top"]:
+    for top in prof["top"] if prof else []:
         print(f"    {top['us_per_call']:9.1f} us  {top['per_call']:5.1f} x  {top['name'][:100]}")
 
 
@@ -262,10 +334,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-engine", dest="engine", action="store_false",
                         help="leave out plain decoding through the engine")
+    parser.add_argument("--inductor", nargs="*", default=[], metavar="MODEL",
+                        help="these models' own forward compiled by Inductor beside their export (minutes to compile)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if any(k < 1 for k in args.widths) or args.calls < 1 or args.repeats < 1:
         parser.error("--widths, --calls and --repeats must be >= 1")
+    if set(args.inductor) - set(args.models):
+        parser.error(f"--inductor: {sorted(set(args.inductor) - set(args.models))} not among --models")
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     machine = f"{platform.machine()}, {args.threads} threads, torch {torch.__version__}, " + (

@@ -60,3 +60,15 @@ def test_cpu_kernels_leave_out_views_and_scalars():
             (y + 1.0).unsqueeze(0)  # one: the scalar's conversion computes nothing on a device
     root = next(e for e in prof.events() if e.name == "speculant::kernels_call")
     assert sorted(e.name for e in kernels.cpu_kernels(root)) == ["aten::add", "aten::addmm", "aten::copy_"]
+
+
+def test_inductor_call_keeps_its_cache_in_bounds():
+    """The transformers model's own forward compiled by Inductor (its CPU time only): each round of calls starts
+    at the cache's middle, and no round runs past the cache's end (96 positions, width 5: at most 9 calls)."""
+    model = make("gpt2")
+    call, reset = kernels.inductor_call(model, 96, 5, CPU)
+    with torch.inference_mode():
+        logits = call()
+        assert logits.shape == (1, 5, model.config.vocab_size) and torch.isfinite(logits).all()
+        row = kernels.measure_inductor(model, 96, 5, CPU, calls=100, repeats=2)
+    assert set(row) == {"eager_ms"} and 0 < row["eager_ms"][1] <= row["eager_ms"][0] <= row["eager_ms"][2]
