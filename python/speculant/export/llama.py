@@ -57,7 +57,8 @@ class Attention(nn.Module):
         qkv = self.qkv(x).view(B, T, H + 2 * H_kv, D).transpose(1, 2)  # [B, H + 2 H_kv, T, D]
         qk = rotate(qkv[:, :H + H_kv], cos, sin)  # [B, H + H_kv, T, D]
         k, v = cached_kv(qk[:, H:], qkv[:, H + H_kv:], cache, step)  # [B, H_kv, S, D]
-        # query head h reads key/value head h // (H / H_kv): group g's heads as g's rows, [B, H_kv, H / H_kv * T, D]
+        # query head h reads key/value head h // (H / H_kv), as repeat_interleave would pair them: each key/value
+        # head's H / H_kv query heads stacked along the query axis, [B, H_kv, H / H_kv * T, D]
         q = qk[:, :H].reshape(B, H_kv, H // H_kv * T, D)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=D ** -0.5)  # [B, H_kv, H/H_kv T, D]
         return self.o_proj(y.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D))  # [B, T, C]
