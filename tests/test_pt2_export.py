@@ -228,9 +228,10 @@ def test_t5_metadata(t5):
 
 
 def test_the_load_check_passes_where_torch_loads_packages():
-    """benchmarks/pt2_load_check.py (torch alone: a CPU nn.Linear package loaded in a process of its own) says
-    yes where torch loads packages, as here, so that where it says no (benchmarks/gpu.sh runs it beside the .pt2
-    tests on a GPU machine) the fault is torch's loader on that image."""
+    """benchmarks/pt2_load_check.py (torch alone: a CPU nn.Linear package loaded in a process of its own, and its
+    compiled library run without the package loader) says yes to both where torch loads packages, as here, so
+    that where it says no (benchmarks/gpu.sh runs it beside the .pt2 tests on a GPU machine) the fault is torch's
+    on that image, and which of the two routes fails tells where."""
     import subprocess
     import sys
     from pathlib import Path
@@ -238,4 +239,5 @@ def test_the_load_check_passes_where_torch_loads_packages():
     script = Path(__file__).parent.parent / "benchmarks" / "pt2_load_check.py"
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "a CPU AOTInductor package loads and runs" in result.stdout
+    assert "package: a CPU AOTInductor package loads and runs" in result.stdout
+    assert "library: a CPU AOTInductor library loads and runs" in result.stdout  # the package's .so alone
