@@ -94,9 +94,9 @@ case "${1:-}" in
     exec > >(tee -a "$out/again.log") 2>&1
     python3 -m pip install -q --no-deps .whl/speculant-*.whl
     cp -r python/speculant/. "$(python3 -c "import os, speculant; print(os.path.dirname(speculant.__file__))")/"
-    within 180 python3 benchmarks/kernels.py --device cuda --models gpt2-target gpt2-draft llama-1b --widths 1 5 \
+    within 130 python3 benchmarks/kernels.py --device cuda --models gpt2-target gpt2-draft llama-1b --widths 1 5 \
       --out "$out/kernels-cuda.json" || true
-    within 120 python3 benchmarks/kernels.py --device cuda --models gpt2-target --widths 1 --no-engine \
+    within 60 python3 benchmarks/kernels.py --device cuda --models gpt2-target --widths 1 --no-engine \
       --inductor gpt2-target --out "$out/kernels-inductor-cuda.json" || true
     within 3 python3 benchmarks/graphs.py --untrained --preset lease --device cuda --gammas 2 4 6 8 \
       --backends live compiled pt2 --out "$out/graphs-untrained-cuda.json" 2>&1 | grep -v "Loading weights" \

@@ -78,7 +78,8 @@ def build(name: str, device: torch.device):
         config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
                                           num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
                                           max_position_embeddings=2048)
-        model, module, length = transformers.LlamaForCausalLM(config).to(torch.bfloat16), llama, 512
+        with torch.device(device):  # random initialization where the model runs: seconds on a GPU, not minutes
+            model, module, length = transformers.LlamaForCausalLM(config).to(torch.bfloat16), llama, 512
     else:
         raise ValueError(f"--models: unknown model {name!r}; known: gpt2-target, gpt2-draft, llama-1b")
     model = model.to(device).eval()
@@ -348,12 +349,12 @@ def main() -> None:
         torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU")
     print(f"machine: {machine}", flush=True)
     results = {"machine": machine, "models": {}}
-    with torch.inference_mode():
-        for name in args.models:
-            results["models"][name] = measure(name, device, args)
     out = Path(args.out or Path(__file__).parent / "results" / f"kernels-{device.type}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    with torch.inference_mode():
+        for name in args.models:  # written after each model: a run cut off at a deadline keeps what it measured
+            results["models"][name] = measure(name, device, args)
+            out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out}")
 
 
