@@ -56,9 +56,12 @@ NOT_KERNELS = {
     "aten::resize_", "aten::_unsafe_view", "aten::lift_fresh", "aten::split", "aten::split_with_sizes",
     "aten::chunk", "aten::narrow", "aten::result_type", "aten::item", "aten::_local_scalar_dense", "aten::size",
     "aten::dim", "aten::numel", "aten::resolve_conj", "aten::resolve_neg", "aten::scalar_tensor", "aten::unfold",
+    "aten::flatten", "aten::unflatten", "aten::view_as", "aten::reshape_as", "aten::contiguous",
 }
-# operations that compute themselves after operations of their own (addmm: the bias copied into the output first)
-COMPUTE_AFTER_CHILDREN = {"aten::addmm", "aten::baddbmm", "aten::addmv"}
+# copies and fills an operation makes of its own arguments or output (a Python number wrapped into a tensor, the
+# bias copied into a matrix product's output, a reduction's initial value): part of that operation where they sit
+# under it, not kernels of their own
+CONVERSIONS = {"aten::to", "aten::_to_copy", "aten::copy_", "aten::fill_"}
 
 
 def build(name: str, device: torch.device):
@@ -112,25 +115,23 @@ def timed(call: Callable[[], object], device: torch.device, calls: int, repeats:
     return median_range(rounds)
 
 
-def scalar_only(event) -> bool:
-    """Whether an operation reads only 0-dimensional tensors and numbers (a wrapped Python scalar's conversion)."""
-    return all(len(shape) == 0 for shape in event.input_shapes if isinstance(shape, list))
-
-
 def cpu_kernels(event) -> List[object]:
     """The operations under a profiler event that would each be a kernel on a device: an ATen operation that
-    computes (not a view, an allocation or a scalar's conversion) and has no such operation under it."""
-    found = [k for c in event.cpu_children for k in cpu_kernels(c)]
-    computes = event.name.startswith("aten::") and event.name not in NOT_KERNELS and not scalar_only(event)
-    if computes and (not found or event.name in COMPUTE_AFTER_CHILDREN):
-        return found + [event]
-    return found
+    computes (not a view or an allocation) and has no such operation under it, its own conversions aside."""
+    name = event.name
+    computes = name.startswith("aten::") and name not in NOT_KERNELS
+    found = []
+    for child in event.cpu_children:
+        if computes and name not in CONVERSIONS and child.name in CONVERSIONS:
+            continue  # a conversion inside this operation
+        found += cpu_kernels(child)
+    return found if found or not computes else [event]
 
 
 def profiled(call: Callable[[], object], device: torch.device, calls: int) -> Dict:
     """Kernels (CUDA) or computing operations (CPU) per call, their time per call, and the largest."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities, record_shapes=True) as prof:
+    with profile(activities=activities) as prof:
         for _ in range(calls):
             with record_function("speculant::kernels_call"):
                 call()

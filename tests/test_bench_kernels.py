@@ -33,7 +33,7 @@ def test_gpt2_call_makes_its_mask_once():
     model = make("gpt2")  # 2 layers, untied head
     found, _ = counts(gpt2.script(model), 96, 3)
     assert attention(found) == 2
-    assert found["aten::addmm"] == 2 * 4  # qkv, the attention's projection, the MLP's two
+    assert found["aten::addmm"] == 2 * 4  # qkv, the attention's projection, the MLP's two (each with its bias)
     assert found["aten::mm"] == 1  # the head
     assert found["aten::masked_fill_"] == 1 and "aten::where" not in found  # one additive mask for both layers
     assert found["aten::_index_put_impl_"] == 2 * 2  # each layer's keys and values into the cache
@@ -44,7 +44,7 @@ def test_llama_layer_fuses_its_projections_and_shares_key_value_heads():
     found, call = counts(llama.script(model), 128, 3)
     assert attention(found) == 2
     assert found["aten::mm"] == 2 * 4 + 1  # qkv, o, gate_up, down per layer; the head
-    assert found["aten::neg"] == 2  # one rotation per layer, queries and keys together
+    assert found["aten::cat"] == 2 and "aten::neg" not in found  # one rotation per layer, queries and keys together
     assert found["aten::masked_fill_"] == 1 and "aten::where" not in found
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         call()
@@ -52,14 +52,16 @@ def test_llama_layer_fuses_its_projections_and_shares_key_value_heads():
     assert "aten::repeat_interleave" not in names and "aten::_scaled_dot_product_flash_attention_for_cpu" in names
 
 
-def test_cpu_kernels_leave_out_views_and_scalars():
+def test_cpu_kernels_leave_out_views_and_conversions():
     x, w, b = torch.randn(2, 8), torch.randn(4, 8), torch.randn(4)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
         with torch.profiler.record_function("speculant::kernels_call"):
-            y = torch.nn.functional.linear(x, w, b).view(8).t()  # the bias copied, then the product: two
-            (y + 1.0).unsqueeze(0)  # one: the scalar's conversion computes nothing on a device
+            y = torch.nn.functional.linear(x, w, b).view(8)  # one: addmm (its bias copy inside it)
+            z = (y + 1.0).unsqueeze(0)  # one: add (the number's conversion inside it)
+            torch.cat((z.to(torch.float64), z[:, :2].t().reshape(2)[None]), dim=1)  # a conversion of its own, cat
     root = next(e for e in prof.events() if e.name == "speculant::kernels_call")
-    assert sorted(e.name for e in kernels.cpu_kernels(root)) == ["aten::add", "aten::addmm", "aten::copy_"]
+    assert sorted(e.name for e in kernels.cpu_kernels(root)) == ["aten::add", "aten::addmm", "aten::cat",
+                                                                  "aten::copy_"]
 
 
 def test_inductor_call_keeps_its_cache_in_bounds():

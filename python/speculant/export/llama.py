@@ -33,10 +33,10 @@ class RMSNorm(nn.Module):
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     # x [B, n, T, D]; cos, sin [T, D] or [B, 1, T, D]: the rotation of pairs (i, i + D/2), transformers' rotate_half
-    # layout
+    # layout, with sin's first half negated beforehand (_rotary_tables): x2 * -s is -(x2 * s) bit for bit, so
+    # this is transformers' x * cos + cat(-x2, x1) * sin without the negation's pass
     half = x.size(-1) // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 class Attention(nn.Module):
@@ -108,7 +108,9 @@ class Llama(nn.Module):
             cos, sin = self.cos[step.positions].unsqueeze(1), self.sin[step.positions].unsqueeze(1)  # [R, 1, T, D]
         group = self.heads // self.kv_heads
         if group > 1:  # each query row repeated for the query heads sharing a key/value head (Attention)
-            mask = step.mask.repeat([1] * (step.mask.dim() - 2) + [group, 1])  # [.., H / H_kv * T, S]
+            shape = step.mask.shape  # [.., T, S]
+            mask = step.mask.unsqueeze(-3).expand(shape[:-2] + [group] + shape[-2:]).reshape(
+                shape[:-2] + [group * shape[-2], shape[-1]])  # [.., H / H_kv * T, S]: one copy
             step = Step(step.positions, mask, step.start, step.rows, step.slots, step.keys)
         x = self.embed_tokens(input_ids)  # [R, T, C]
         for i, block in enumerate(self.layers):
@@ -136,15 +138,18 @@ def check_config(config) -> None:
 
 
 def _rotary_tables(model, max_length: int, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-    """cos, sin [M, D] for positions 0 .. M - 1, from the model's own inverse frequencies and scaling,
-    computed in float32 as transformers does per call, then cast to the working dtype."""
+    """cos, sin [M, D] for positions 0 .. M - 1 (sin's first half negated, for rotate), from the model's own
+    inverse frequencies and scaling, computed in float32 as transformers does per call, then cast to the working
+    dtype."""
     rotary = model.model.rotary_emb
     inv_freq = rotary.inv_freq.to(torch.float32)  # [D / 2]
     positions = torch.arange(max_length, dtype=torch.float32, device=inv_freq.device)  # [M]
     freqs = positions[:, None] * inv_freq[None, :]  # [M, D / 2]
     angles = torch.cat((freqs, freqs), dim=-1)  # [M, D]
     scaling = float(rotary.attention_scaling)
-    return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
+    sin = (angles.sin() * scaling).to(dtype)
+    half = sin.size(-1) // 2
+    return (angles.cos() * scaling).to(dtype), torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
 
 def _weights(model, config) -> Dict[str, Tensor]:
