@@ -11,8 +11,9 @@ TorchScript modules, as the engine runs it.
 
 For each model and width k (`--widths`):
 
-* operations per call (CPU: the ATen operations that compute, views and allocations left out) or kernels per call
-  (CUDA: the kernels the device ran), from torch.profiler over `--calls` calls;
+* operations per call (CPU: the ATen operations that compute, each with the copies it makes of its own arguments;
+  views and allocations left out) or kernels per call (CUDA: the kernels the device ran), from torch.profiler
+  over `--calls` calls;
 * CUDA: the device's busy time per call (the kernels' durations summed), the call uncaptured (each kernel
   launched by the host) and replayed from a CUDA graph captured around it, as the engine's `cuda_graphs="on"`
   does, in ms per call: median over `--repeats` rounds of `--calls` calls, with min-max; the weight-streaming
