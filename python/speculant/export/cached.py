@@ -53,8 +53,9 @@ def causal_mask(new: int, start: int, device: torch.device) -> Tensor:
 def additive(seen: Tensor, dtype: torch.dtype) -> Tensor:
     """The attention mask every layer adds to its scores: 0 where `seen` (bool) is true, -inf elsewhere, in the
     working dtype; what scaled_dot_product_attention makes of a bool mask itself, made once per call instead of
-    once per layer."""
-    return torch.full(seen.shape, float("-inf"), dtype=dtype, device=seen.device).masked_fill_(seen, 0.0)
+    once per layer (one operation in the default dtype, float32, two in another)."""
+    mask = torch.where(seen, 0.0, float("-inf"))  # the default dtype
+    return mask if mask.dtype == dtype else mask.to(dtype)
 
 
 class Step(NamedTuple):
