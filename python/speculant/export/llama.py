@@ -41,7 +41,7 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 class Attention(nn.Module):
     """Queries, keys and values from one fused projection, the queries and keys rotated together, and each
-    key/value head attended by its H / H_kv query heads stacked along the query axis (the mask repeated to
+    key/value head attended by its H / H_kv query heads stacked along the query axis (the mask stacked to
     match in Llama.run), so the cached keys and values are never copied per query head."""
 
     def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
@@ -107,10 +107,10 @@ class Llama(nn.Module):
         else:
             cos, sin = self.cos[step.positions].unsqueeze(1), self.sin[step.positions].unsqueeze(1)  # [R, 1, T, D]
         group = self.heads // self.kv_heads
-        if group > 1:  # each query row repeated for the query heads sharing a key/value head (Attention)
+        if group > 1:  # each query's mask row once per query head sharing its key/value head (Attention)
             shape = step.mask.shape  # [.., T, S]
             mask = step.mask.unsqueeze(-3).expand(shape[:-2] + [group] + shape[-2:]).reshape(
-                shape[:-2] + [group * shape[-2], shape[-1]])  # [.., H / H_kv * T, S]: one copy
+                shape[:-2] + [group * shape[-2], shape[-1]])  # [.., H / H_kv * T, S]: a copy at most
             step = Step(step.positions, mask, step.start, step.rows, step.slots, step.keys)
         x = self.embed_tokens(input_ids)  # [R, T, C]
         for i, block in enumerate(self.layers):
