@@ -36,7 +36,7 @@ def test_gpt2_call_makes_its_mask_once():
     assert found["aten::addmm"] == 2 * 4  # qkv, the attention's projection, the MLP's two (each with its bias)
     assert found["aten::mm"] == 1  # the head
     assert found["aten::where"] == 1  # one additive mask for both layers (not a conversion in each)
-    assert found["aten::_index_put_impl_"] == 2 * 2  # each layer's keys and values into the cache
+    assert found["aten::_index_put_impl_"] == 2  # each layer's keys and values into the cache, in one write
 
 
 def test_llama_layer_fuses_its_projections_and_shares_key_value_heads():
@@ -44,7 +44,9 @@ def test_llama_layer_fuses_its_projections_and_shares_key_value_heads():
     found, call = counts(llama.script(model), 128, 3)
     assert attention(found) == 2
     assert found["aten::mm"] == 2 * 4 + 1  # qkv, o, gate_up, down per layer; the head
-    assert found["aten::cat"] == 2 and "aten::neg" not in found  # one rotation per layer, queries and keys together
+    assert "aten::neg" not in found and found["aten::cat"] == 2 * 2  # per layer: one rotation, queries and keys
+    # together, and the rotated keys stacked with the values, written in one operation
+    assert found["aten::_index_put_impl_"] == 2
     assert found["aten::where"] == 1 and "aten::copy_" not in found  # the mask made in the model's dtype, float32
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         call()

@@ -15,7 +15,7 @@ import copy
 import math
 import warnings
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -53,12 +53,12 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+    def forward(self, x: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
         # x [B, T, C] at step.positions; cache: keys and values (export/cached.py), or None (stateless)
         B, T, C = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head)  # [B, T, 3, H, D]
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] each
-        k, v = cached_kv(k, v, cache, step)  # write the new positions, then attend to all cached: [B, H, S, D]
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)  # [3, B, H, T, D]
+        k, v = cached_kv(qkv[1:], cache, step)  # write the new positions, then attend to all cached: [B, H, S, D]
+        q = qkv[0]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask)  # [B, H, T, D]
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
 
@@ -72,7 +72,7 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.ff_width), nn.GELU(),
                                  nn.Linear(cfg.ff_width, cfg.d_model))
 
-    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+    def forward(self, x: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
         x = x + self.attn(self.ln_1(x), cache, step)  # [B, T, C], pre-LayerNorm residual
         return x + self.mlp(self.ln_2(x))  # [B, T, C]
 
@@ -106,11 +106,11 @@ class TinyGPT(nn.Module):
             raise ValueError(
                 f"forward: expected input_ids [B, T] with 1 <= T <= {self.max_length}, got {ids.shape}"
             )
-        return self.run(ids, torch.jit.annotate(List[Tuple[Tensor, Tensor]], []),
+        return self.run(ids, torch.jit.annotate(List[Tensor], []),
                         single_step(ids.size(1), 0, ids.device, self.tok_emb.weight.dtype))
 
-    def run(self, ids: Tensor, caches: List[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
-        # ids [B, T] at step.positions; caches: [] or a (keys, values) pair per layer (export/cached.py)
+    def run(self, ids: Tensor, caches: List[Tensor], step: Step) -> Tensor:
+        # ids [B, T] at step.positions; caches: [] or one (keys and values) view per layer (export/cached.py)
         x = self.tok_emb(ids) + self.pos_emb(step.positions)  # [B, T, C]
         for i, block in enumerate(self.blocks):
             x = block(x, caches[i] if len(caches) > 0 else None, step)  # [B, T, C]

@@ -2,10 +2,10 @@
 activations transformers configs name, and the causal mask over cached positions.
 
 An architecture module (gpt2.py, llama.py, tiny_gpt.py) provides
-`run(input_ids[R, T], caches, step) -> logits[R, T, V]`, where `caches` is [] (stateless) or one (keys,
-values) pair per layer into the preallocated cache, and `step` (a Step) says where the tokens sit and what
-they attend to; the attention hands its new keys and values to `cached_kv`. Batch 1 caches are [H_kv, M, D]
-views written at slots [start, start + T); a batch's rows (cpp/rows.h) share [B, M + 1, H_kv, D] views, each
+`run(input_ids[R, T], caches, step) -> logits[R, T, V]`, where `caches` is [] (stateless) or one view per layer
+into the preallocated cache (keys and values together), and `step` (a Step) says where the tokens sit and what
+they attend to; the attention hands its new keys and values to `cached_kv`. Batch 1 caches are [2, H_kv, M, D]
+views written at slots [start, start + T); a batch's rows (cpp/rows.h) share [2, B, M + 1, H_kv, D] views, each
 row written at its own slots, slot M being scratch for padding. Shapes: R = rows in the call, T = new tokens,
 S = attended positions, H_kv = key/value heads, D = head_dim, L = layers, M = max_length, V = vocab.
 """
@@ -77,23 +77,24 @@ def single_step(new: int, start: int, device: torch.device, dtype: torch.dtype) 
     return Step(positions, additive(causal_mask(new, start, device), dtype), start, None, None, start + new)
 
 
-def cached_kv(k: Tensor, v: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tuple[Tensor, Tensor]:
-    """Stores a call's keys and values k, v [R, H_kv, T, D] in the cache and returns every key and value the call
-    attends to, [R, H_kv, S, D] (k, v themselves when stateless)."""
+def cached_kv(kv: Tensor, cache: Optional[Tensor], step: Step) -> Tuple[Tensor, Tensor]:
+    """Stores a call's keys and values kv [2, R, H_kv, T, D] (keys, then values: where one projection makes both, a
+    view of its output, so that one operation writes them) in a layer's cache and returns every key and value the
+    call attends to, [R, H_kv, S, D] each (kv's own when stateless)."""
     if cache is None:
-        return k, v
+        return kv[0], kv[1]
     rows, slots = step.rows, step.slots
-    if rows is None or slots is None:
-        return write_cache(k, v, cache[0], cache[1], step.start)
-    cache_k, cache_v = cache  # [B, M + 1, H_kv, D]
-    index = torch.jit.annotate(List[Optional[Tensor]], [rows.unsqueeze(1).expand_as(slots), slots])  # [R, T] each
-    cache_k.index_put_(index, k.transpose(1, 2))  # [R, T, H_kv, D] at (rows[r], slots[r, j])
-    cache_v.index_put_(index, v.transpose(1, 2))
-    if rows.size(0) == cache_k.size(0):  # every row, in order: no gather
-        keys, values = cache_k[:, :step.keys], cache_v[:, :step.keys]
-    else:
-        keys, values = cache_k[:, :step.keys].index_select(0, rows), cache_v[:, :step.keys].index_select(0, rows)
-    return keys.transpose(1, 2), values.transpose(1, 2)  # [R, H_kv, S, D]
+    if rows is None or slots is None:  # batch 1: the cache [2, H_kv, M, D], written at [start, start + T)
+        end = step.start + kv.size(3)
+        cache[:, :, step.start:end] = kv[:, 0]
+        return cache[0, :, :end].unsqueeze(0), cache[1, :, :end].unsqueeze(0)
+    # a batch: the cache [2, B, M + 1, H_kv, D]; token (r, j)'s key and value at (rows[r], slots[r, j])
+    index = torch.jit.annotate(List[Optional[Tensor]], [None, rows.unsqueeze(1).expand_as(slots), slots])
+    cache.index_put_(index, kv.transpose(2, 3))  # [2, R, T, H_kv, D]
+    seen = cache[:, :, :step.keys]  # [2, B, S, H_kv, D]
+    if rows.size(0) != cache.size(1):  # not every row in order: gathered
+        seen = seen.index_select(1, rows)
+    return seen[0].transpose(1, 2), seen[1].transpose(1, 2)  # [R, H_kv, S, D]
 
 
 class CachedDecoder(nn.Module):
@@ -126,7 +127,7 @@ class CachedDecoder(nn.Module):
         if input_ids.dim() != 2 or input_ids.size(1) < 1 or input_ids.size(1) > self.max_length:
             raise ValueError(f"forward: expected input_ids [B, T] with 1 <= T <= {self.max_length}, "
                              f"got {input_ids.shape}")
-        return self.core.run(input_ids, torch.jit.annotate(List[Tuple[Tensor, Tensor]], []),
+        return self.core.run(input_ids, torch.jit.annotate(List[Tensor], []),
                              single_step(input_ids.size(1), 0, input_ids.device, self.cache.dtype))
 
     @torch.jit.export
@@ -150,7 +151,7 @@ class CachedDecoder(nn.Module):
         if self.length + k > self.max_length:
             raise ValueError(f"extend/prefill: {self.length} cached + {k} new positions exceed "
                              f"max_length={self.max_length}")
-        caches = [(self.cache[0, i], self.cache[1, i]) for i in range(self.cache.size(1))]  # [H_kv, M, D] each
+        caches = [self.cache[:, i] for i in range(self.cache.size(1))]  # [2, H_kv, M, D] each
         logits = self.core.run(input_ids, caches, single_step(k, self.length, input_ids.device, self.cache.dtype))
         self.length += k
         return logits
@@ -178,7 +179,7 @@ class CachedDecoder(nn.Module):
         if keys < 1 or keys > self.max_length:
             raise ValueError(f"extend_rows: keys must be in [1, max_length={self.max_length}], got {keys}")
         seen = torch.arange(keys, device=input_ids.device) <= positions.unsqueeze(2)  # [R, T, S]
-        caches = [(self.row_cache[0, i], self.row_cache[1, i]) for i in range(self.row_cache.size(1))]
+        caches = [self.row_cache[:, i] for i in range(self.row_cache.size(1))]  # [2, B, M + 1, H_kv, D] each
         step = Step(positions, additive(seen.unsqueeze(1), self.row_cache.dtype), -1, rows, slots, keys)
         return self.core.run(input_ids, caches, step)  # [R, T, V]
 
@@ -190,7 +191,7 @@ class CachedDecoder(nn.Module):
         if self.row_cache.numel() == 0:
             raise ValueError("extend_rows_masked: call start_rows first (the batch's cache is allocated there)")
         check_masked_call(input_ids, rows, positions, slots, mask, self.max_length)
-        caches = [(self.row_cache[0, i], self.row_cache[1, i]) for i in range(self.row_cache.size(1))]
+        caches = [self.row_cache[:, i] for i in range(self.row_cache.size(1))]  # [2, B, M + 1, H_kv, D] each
         step = Step(positions, additive(mask.unsqueeze(1), self.row_cache.dtype), -1, rows, slots, mask.size(2))
         return self.core.run(input_ids, caches, step)  # [R, T, V]
 
@@ -236,15 +237,6 @@ def copy_row_slots(row_cache: Tensor, rows: Tensor, sources: Tensor, targets: Te
     index = rows.unsqueeze(1).expand_as(sources)  # [R, M]
     moved = row_cache[:, :, index, sources]  # [2, L, R, M, H_kv, D], a copy
     row_cache[:, :, index, targets] = moved
-
-
-def write_cache(k: Tensor, v: Tensor, cache_k: Tensor, cache_v: Tensor, start: int) -> Tuple[Tensor, Tensor]:
-    """Writes k, v [1, H_kv, T, D] at positions [start, start + T) of the [H_kv, M, D] caches and returns the
-    cached keys and values [1, H_kv, S, D] for S = start + T."""
-    new = k.size(2)
-    cache_k[:, start:start + new] = k[0]
-    cache_v[:, start:start + new] = v[0]
-    return cache_k[:, :start + new].unsqueeze(0), cache_v[:, :start + new].unsqueeze(0)
 
 
 def is_tied(model) -> bool:

@@ -4,7 +4,7 @@ y = x W + b); they are transposed into nn.Linear ([out, in]) here. Shapes as in 
 H = n_head, F = MLP width.
 """
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -21,11 +21,11 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
 
-    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+    def forward(self, x: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
         B, T, C = x.shape  # [R, T, C]
-        qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads)  # [B, T, 3, H, D]
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [B, H, T, D] each
-        k, v = cached_kv(k, v, cache, step)  # [B, H, S, D]
+        qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)  # [3, B, H, T, D]
+        k, v = cached_kv(qkv[1:], cache, step)  # keys and values written together: [B, H, S, D] each
+        q = qkv[0]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=self.scale)  # [B, H, T, D]
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
 
@@ -40,7 +40,7 @@ class Block(nn.Module):
         self.fc = nn.Linear(width, inner)
         self.fc_proj = nn.Linear(inner, width)
 
-    def forward(self, x: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+    def forward(self, x: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
         x = x + self.attn(self.ln_1(x), cache, step)  # [B, T, C]
         return x + self.fc_proj(activate(self.fc(self.ln_2(x)), self.act))  # [B, T, C]
 
@@ -64,7 +64,7 @@ class GPT2(nn.Module):
         self.blocks = nn.ModuleList([Block(width, heads, inner, config.layer_norm_epsilon, act, s) for s in scales])
         self.ln_f = nn.LayerNorm(width, eps=config.layer_norm_epsilon)
 
-    def run(self, input_ids: Tensor, caches: List[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+    def run(self, input_ids: Tensor, caches: List[Tensor], step: Step) -> Tensor:
         x = self.wte(input_ids) + self.wpe(step.positions)  # [R, T, C]
         for i, block in enumerate(self.blocks):
             x = block(x, caches[i] if len(caches) > 0 else None, step)

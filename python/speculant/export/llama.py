@@ -50,13 +50,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(width, (heads + 2 * kv_heads) * head_dim, bias=bias)  # [q | k | v] rows
         self.o_proj = nn.Linear(heads * head_dim, width, bias=bias)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tuple[Tensor, Tensor]],
-                step: Step) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
         B, T, _ = x.shape  # [R, T, C]
         H, H_kv, D = self.heads, self.kv_heads, self.head_dim
         qkv = self.qkv(x).view(B, T, H + 2 * H_kv, D).transpose(1, 2)  # [B, H + 2 H_kv, T, D]
         qk = rotate(qkv[:, :H + H_kv], cos, sin)  # [B, H + H_kv, T, D]
-        k, v = cached_kv(qk[:, H:], qkv[:, H + H_kv:], cache, step)  # [B, H_kv, S, D]
+        k, v = cached_kv(torch.stack((qk[:, H:], qkv[:, H + H_kv:])), cache, step)  # [B, H_kv, S, D] each
         # query head h reads key/value head h // (H / H_kv), as repeat_interleave would pair them: each key/value
         # head's H / H_kv query heads stacked along the query axis, [B, H_kv, H / H_kv * T, D]
         q = qk[:, :H].reshape(B, H_kv, H // H_kv * T, D)
@@ -76,8 +75,7 @@ class Block(nn.Module):
         self.gate_up = nn.Linear(width, 2 * inner, bias=config.mlp_bias)  # [gate | up] rows, one projection
         self.down_proj = nn.Linear(inner, width, bias=config.mlp_bias)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tuple[Tensor, Tensor]],
-                step: Step) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, step)  # [B, T, C]
         h = self.gate_up(self.post_attention_layernorm(x))  # [B, T, 2F]
         return x + self.down_proj(activate(h[..., :self.inner], self.act) * h[..., self.inner:])  # [B, T, C]
@@ -97,7 +95,7 @@ class Llama(nn.Module):
         self.register_buffer("cos", cos)  # [M, D] in the working dtype
         self.register_buffer("sin", sin)  # [M, D]
 
-    def run(self, input_ids: Tensor, caches: List[Tuple[Tensor, Tensor]], step: Step) -> Tensor:
+    def run(self, input_ids: Tensor, caches: List[Tensor], step: Step) -> Tensor:
         T = input_ids.size(1)
         if step.rows is None:  # batch 1: positions [start, start + T), a slice of the tables
             if step.start + T > self.cos.size(0):

@@ -192,14 +192,14 @@ class DecoderBlock(nn.Module):
         self.ff_norm = RMSNorm(hf_block.layer[2].layer_norm)
         self.ff = _feed_forward(hf_block.layer[2], act, gated)
 
-    def forward(self, x: Tensor, bias: Tensor, cache: Optional[Tuple[Tensor, Tensor]], step: Step,
+    def forward(self, x: Tensor, bias: Tensor, cache: Optional[Tensor], step: Step,
                 cross_k: Tensor, cross_v: Tensor) -> Tensor:
-        # x [R, T, C] where `step` puts it; bias [R or 1, H, T, K] (-inf = masked); cache: this layer's (keys,
-        # values), [H, M, D] (batch 1) or [1, M + 1, H, D] (the row), or None (stateless); cross_k, cross_v
+        # x [R, T, C] where `step` puts it; bias [R or 1, H, T, K] (-inf = masked); cache: this layer's keys and
+        # values, [2, H, M, D] (batch 1) or [2, 1, M + 1, H, D] (the row), or None (stateless); cross_k, cross_v
         # [1, H, S, D]
         h = self.self_norm(x)
         k, v = self.self_attn.keys_values(h)  # [R, H, T, D]
-        k, v = cached_kv(k, v, cache, step)  # the new positions written, everything attended: [R, H, K, D]
+        k, v = cached_kv(torch.stack((k, v)), cache, step)  # the new positions written, all attended: [R, H, K, D]
         x = _clamp_half(x + self.self_attn(h, k, v, bias))
         x = _clamp_half(x + self.cross_attn(self.cross_norm(x), cross_k, cross_v, None))
         return _clamp_half(x + self.ff(self.ff_norm(x)))  # [1, T, C]
@@ -285,7 +285,7 @@ class T5Cached(nn.Module):
         positions = torch.arange(start, start + T, device=input_ids.device).unsqueeze(0)  # [1, T]
         step = Step(positions, bias, start, None, None, start + T)  # the mask: the additive bias the blocks add
         for i, block in enumerate(self.decoder_blocks):
-            cache = (self.self_kv[0, i], self.self_kv[1, i]) if use_cache else None  # [H, M, D] views
+            cache = self.self_kv[:, i] if use_cache else None  # [2, H, M, D], a view
             x = block(x, bias, cache, step, cross_k[i].unsqueeze(0), cross_v[i].unsqueeze(0))
         return self._head(x)
 
@@ -407,7 +407,7 @@ class T5Cached(nn.Module):
         step = Step(positions, bias, -1, rows, slots, mask.size(2))  # the mask: the additive bias the blocks add
         x = F.embedding(input_ids, self.decoder_embed)  # [1, T, C]
         for i, block in enumerate(self.decoder_blocks):
-            x = block(x, bias, (self.row_kv[0, i], self.row_kv[1, i]), step, self.cross_k[i].unsqueeze(0),
+            x = block(x, bias, self.row_kv[:, i], step, self.cross_k[i].unsqueeze(0),
                       self.cross_v[i].unsqueeze(0))
         return self._head(x)  # [1, T, V]
 
