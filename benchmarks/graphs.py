@@ -72,6 +72,21 @@ def median_range(values: Sequence[float]) -> List[float]:
     return [statistics.median(values), min(values), max(values)]
 
 
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Device-to-device copy bandwidth in bytes per second, bytes read and written: ten copies of an `nbytes`
+    block after three untimed ones."""
+    block = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    copy = torch.empty_like(block)
+    for _ in range(3):
+        copy.copy_(block)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        copy.copy_(block)
+    sync(device)
+    return 2 * nbytes * 10 / (time.perf_counter() - start)
+
+
 def per_call(run: Callable[[int], object], tokens: int, seconds: str, calls: str, repeats: int = 5) -> float:
     """Milliseconds per call: (seconds, calls) of a `tokens` run minus those of a run a quarter as long, the
     median of `repeats` such pairs."""
@@ -293,17 +308,7 @@ def big_llama(args, device: torch.device, scratch: Path) -> Dict:
     if "compiled" in args.backends:  # the live object itself, compile=True (its own graphs on a GPU)
         runs["compiled"] = (speculant.load(model, compile=True, max_length=512), "off")
     del model
-    block = torch.empty(weight_bytes // 2, dtype=torch.bfloat16, device=device)
-    copy = torch.empty_like(block)
-    for _ in range(3):
-        copy.copy_(block)
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(10):
-        copy.copy_(block)
-    sync(device)
-    bandwidth = 2 * block.numel() * block.element_size() * 10 / (time.perf_counter() - start)  # read + write
-    del block, copy
+    bandwidth = copy_bandwidth(device, weight_bytes)
     floor_ms = 1e3 * weight_bytes / (bandwidth / 2)  # each weight byte read once per token
     out = {"parameters": weight_bytes // 2, "weight_bytes": weight_bytes, "copy_bandwidth_bytes_per_s": bandwidth,
            "floor_ms": floor_ms, "modes": {}}

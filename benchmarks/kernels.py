@@ -35,7 +35,6 @@ import argparse
 import collections
 import json
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -48,6 +47,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).parent))
 import train_pairs  # noqa: E402
+from graphs import copy_bandwidth, median_range, sync  # noqa: E402
 
 # ATen operations that compute nothing on a device: views, allocations, metadata
 NOT_KERNELS = {
@@ -92,15 +92,6 @@ def build(name: str, device: torch.device):
         warnings.simplefilter("ignore")  # TorchScript's deprecation
         scripted = module.script(model, max_length=length)
     return model, scripted, weight_bytes, length
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_range(values: List[float]) -> List[float]:
-    return [statistics.median(values), min(values), max(values)]
 
 
 def timed(call: Callable[[], object], device: torch.device, calls: int, repeats: int) -> List[float]:
@@ -153,20 +144,6 @@ def profiled(call: Callable[[], object], device: torch.device, calls: int) -> Di
             "counts": {name: len(us) / calls for name, us in sorted(by_name.items())},
             "top": [{"name": name, "per_call": len(us) / calls, "us_per_call": sum(us) / calls}
                     for name, us in top]}
-
-
-def copy_bandwidth(device: torch.device, nbytes: int) -> float:
-    """Device-to-device copy bandwidth in bytes per second, bytes read and written."""
-    block = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
-    copy = torch.empty_like(block)
-    for _ in range(3):
-        copy.copy_(block)
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(10):
-        copy.copy_(block)
-    sync(device)
-    return 2 * block.numel() * 4 * 10 / (time.perf_counter() - start)
 
 
 def fixed_call(scripted, length: int, k: int, device: torch.device) -> Callable[[], torch.Tensor]:
