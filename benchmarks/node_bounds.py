@@ -33,6 +33,15 @@ next-token laws at T = 1. For k = 1 .. 8 children at such a node:
   (lookahead_three()): its shares and the best tree of 16 drafts.
 
 Results: benchmarks/results/node-bounds-gpt2-cpu.json.
+
+    python benchmarks/train_pairs.py --stage gpt2-sibling && python benchmarks/node_bounds.py --sibling
+
+instead measures the trained sibling draft (sibling.pt, SpeculativeDecoder's sibling_draft=: children 1 .. k - 1
+drawn from its law s, cpp/tree.h) at the same positions: the coupled rule's per-rank shares with s as the later
+children's law (coupled(..., siblings=s)) against q's, the second child's share with independent coins (with
+replacement: sum min(max(0, p - q), (1 - beta) s), distillation.sibling_share), and Sequoia's best tree of 16
+drafts under the positional model with each, beside the chain of 16 and the ceiling of exact verifiers of i.i.d.
+children (which drafts from two laws are not bound by). Results: benchmarks/results/node-bounds-sibling-gpt2-cpu.json.
 """
 import argparse
 import functools
@@ -54,8 +63,9 @@ KS = range(1, 9)
 TEMPERATURES = (0.75, 0.9, 1.0, 1.25, 1.5, 2.0)  # tempered_siblings()
 
 
-def node_laws(windows: int):
-    """(p, q) [N, V] float64 at T = 1 over the held-out windows' positions after the first SKIP."""
+def node_laws(windows: int, names=("target", "draft")):
+    """(p, q) [N, V] float64 at T = 1 over the held-out windows' positions after the first SKIP (one law per model
+    of `names`, each <name>.pt of the pair's directory)."""
     out = train_pairs.pair_dir(train_pairs.GPT2_CPU)
     if not (out / "pair.json").exists():
         raise SystemExit(f"{out}/pair.json: train the pair first (python benchmarks/train_pairs.py --stage gpt2)")
@@ -63,7 +73,9 @@ def node_laws(windows: int):
     ids = train_pairs.stream(train_pairs.load_tokenizer(out / "tokenizer.json"), val_texts)
     starts = torch.linspace(0, len(ids) - LENGTH - 1, windows).long().tolist()
     laws = []
-    for name in ("target", "draft"):
+    for name in names:
+        if not (out / f"{name}.pt").exists():
+            raise SystemExit(f"{out}/{name}.pt: train it first (python benchmarks/train_pairs.py --stage gpt2-{name})")
         module = torch.jit.load(str(out / f"{name}.pt"))
         with torch.inference_mode():
             logits = torch.cat([module(ids[s:s + LENGTH][None])[0, SKIP:] for s in starts])
@@ -259,6 +271,27 @@ def tempered_siblings(p, q, temperatures, budget: int = 16) -> dict:
     return out
 
 
+def sibling_draft(p, q, s, budget: int = 16) -> dict:
+    """The sibling draft's law s beside q at every position: per-rank shares of the coupled rule with 8 children
+    (the first from q, the others from s) against s = q, the second child's share under independent coins (with
+    replacement), and the best tree of `budget` drafts under the positional model with each, beside the chain of
+    `budget` and the i.i.d. ceiling."""
+    out = {}
+    for name, law in (("draft", q), ("sibling", s)):
+        ranks = [float(v) for v in coupled(p, q, 8, law).mean(0)]
+        residual = (p - q).clamp_min(0.0)
+        independent = torch.minimum(residual, residual.sum(-1, keepdim=True) * law).sum(-1)
+        best = analysis.best_tree(budget, [ranks] * budget)
+        out[name] = {"coupled_ranks": ranks, "second_with_replacement": mean_se(independent),
+                     "best_tree": best.tree, "expected_tokens": float(best.expected_tokens)}
+    beta = out["draft"]["coupled_ranks"][0]
+    out["chain"] = float(analysis.tree_expected_tokens([1] * budget, [[beta]] * budget))
+    bounds = [float(analysis.multi_draft_bound(p, q, k).mean()) for k in KS]
+    out["iid_ceiling"] = float(analysis.best_tree(budget, [[bounds[0]] + [b - a for a, b in zip(bounds, bounds[1:])]]
+                                                  * budget).expected_tokens)
+    return out
+
+
 def mean_se(values: torch.Tensor):
     return float(values.mean()), float(values.std() / len(values) ** 0.5)
 
@@ -267,9 +300,32 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--windows", type=int, default=40)
     parser.add_argument("--draws", type=int, default=8)
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "node-bounds-gpt2-cpu.json")
+    parser.add_argument("--sibling", action="store_true", help="the sibling draft's shares only (see above)")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="default: results/node-bounds-gpt2-cpu.json (--sibling: node-bounds-sibling-gpt2-cpu.json)")
     args = parser.parse_args(argv)
+    results = Path(__file__).parent / "results"
     torch.set_num_threads(1)
+    if args.sibling:
+        args.json = args.json or results / "node-bounds-sibling-gpt2-cpu.json"
+        p, q, s = node_laws(args.windows, ("target", "draft", "sibling"))
+        out = sibling_draft(p, q, s)
+        print(f"# {len(p)} positions of {args.windows} held-out windows, T = 1")
+        for name in ("draft", "sibling"):
+            row = out[name]
+            print(f"later children from the {name}: coupled shares "
+                  + ", ".join(f"{v:.4f}" for v in row["coupled_ranks"][:4])
+                  + f"; second child with independent coins {row['second_with_replacement'][0]:.4f} ± "
+                  f"{row['second_with_replacement'][1]:.4f}; best tree of 16 drafts {row['expected_tokens']:.3f} "
+                  f"tokens per target call ({row['expected_tokens'] / out['chain']:.3f}x the chain of 16's "
+                  f"{out['chain']:.3f}), tree {row['best_tree']}")
+        print(f"no exact verifier of i.i.d. children of q keeps more than {out['iid_ceiling']:.3f} "
+              f"({out['iid_ceiling'] / out['chain']:.3f}x)")
+        args.json.write_text(json.dumps({"machine": platform.platform(), "torch": torch.__version__,
+                                         "windows": args.windows, "positions": len(p), **out}, indent=1))
+        print(f"wrote {args.json}")
+        return
+    args.json = args.json or results / "node-bounds-gpt2-cpu.json"
     p, q = node_laws(args.windows)
     print(f"# {len(p)} positions of {args.windows} held-out windows, vocabulary {p.shape[1]}, T = 1, "
           f"{args.draws} draws of the children per position")

@@ -6,6 +6,7 @@ researcher's own models would be.
     python benchmarks/train_pairs.py                        # both pairs, CPU preset (~15 + ~5 min on 2 cores)
     python benchmarks/train_pairs.py --stage gpt2-target    # one stage at a time (each is cached)
     python benchmarks/train_pairs.py --preset cuda --device cuda   # the paper's 97M / 6M GPT-like shapes
+    python benchmarks/train_pairs.py --stage gpt2-sibling   # a sibling draft beside the GPT-2 pair's draft
 
 Corpus (as `speculant.demo_pair`): the stdlib's *.py modules sorted by name, every 16th module held out; the
 CPU preset uses the top-level modules (4.7 MB on Python 3.11), the CUDA preset every module under the stdlib
@@ -18,6 +19,10 @@ and draft of a pair share it (speculative decoding needs one vocabulary).
   about 15 minutes on 2 cores.
 * T5 pair (T5ForConditionalGeneration): a sequence-to-sequence task from the same modules: the source is a
   block of up to 4 consecutive non-blank lines, the target the next block of up to 4 lines, then </s>.
+* A sibling draft for the GPT-2 pair (`--stage gpt2-sibling`, after the pair; not part of the default): a copy of
+  the draft trained by `speculant.distill(..., loss="residual", beside=the draft)` at T = 1 on windows of the
+  training stream (SIBLING below), saved as sibling/ and sibling.pt with sibling.json: the law a token tree's
+  later children are drawn from (SpeculativeDecoder's sibling_draft=, cpp/tree.h).
 
 Every stage is seeded (initialisation and batch order) and cached under
 `${SPECULANT_CACHE:-~/.cache/speculant}/bench/<pair>-<recipe hash>/`: tokenizer.json, target/ and draft/
@@ -404,6 +409,36 @@ def build(recipe: Recipe, *, stages: Sequence[str] = ("target", "draft"), device
     return out
 
 
+# The sibling draft's training (distill, loss="residual"): windows of the training stream, T = 1.
+SIBLING = dict(steps=500, window=128, batch_size=8, lr=2e-3, seed=12)
+
+
+def build_sibling(recipe: Recipe, progress: bool = True) -> Path:
+    """A sibling draft beside the pair's draft (the pair must exist): distill's residual loss from a copy of the
+    draft, exported as sibling.pt; sibling.json records the sibling's share before and after. Cached."""
+    out = pair_dir(recipe)
+    if (out / "sibling.json").exists():
+        return out
+    if not (out / "pair.json").exists():
+        raise SystemExit(f"{out}/pair.json: train the pair first (python benchmarks/train_pairs.py --stage gpt2)")
+    train_texts, _, _ = load_corpus(recipe)
+    corpus = stream(load_tokenizer(out / "tokenizer.json"), train_texts)
+    held = [p["prompt_ids"] for p in heldout_prompts(recipe, out, 8)]
+    result = speculant.distill(out / "target.pt", out / "draft", loss="residual", beside=out / "draft.pt",
+                               data="corpus", corpus=corpus, heldout=held, save=str(out / "sibling"),
+                               progress=progress, **SIBLING)
+    load_tokenizer(out / "tokenizer.json").save(str(out / "sibling" / "tokenizer.json"))
+    meta = speculant.export(out / "sibling", out / "sibling.pt")
+    info = {**SIBLING, "share_before": result.alpha_before.mean, "share_before_sem": result.alpha_before.sem,
+            "share_after": result.alpha_after.mean, "share_after_sem": result.alpha_after.sem,
+            "train_seconds": result.seconds, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "export": meta}
+    _write_json(out / "sibling.json", info)
+    print(f"gpt2 sibling: the second child's share {result.alpha_before} -> {result.alpha_after}, trained in "
+          f"{result.seconds:.0f} s", file=sys.stderr)
+    return out
+
+
 def heldout_prompts(recipe: Recipe, out: Path, count: int, length: int = 32) -> List[Dict]:
     """A fixed prompt set from held-out modules: for GPT-2, `count` windows of `length` tokens evenly spread
     over the held-out stream (each starting at a line start); for T5, `count` held-out source blocks evenly
@@ -428,7 +463,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--stage", action="append",
-                        choices=["gpt2-target", "gpt2-draft", "t5-target", "t5-draft", "gpt2", "t5"],
+                        choices=["gpt2-target", "gpt2-draft", "t5-target", "t5-draft", "gpt2", "t5", "gpt2-sibling"],
                         help="what to build (repeatable); default: everything")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -444,6 +479,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if roles:
             out = build(PRESETS[args.preset][kind], stages=roles, device=args.device)
             print(out)
+    if "gpt2-sibling" in stages:
+        print(build_sibling(PRESETS[args.preset]["gpt2"]))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,11 @@ prompts, batch 1, each temperature:
    the count of rounds the tree won and its sign test (timing.head_to_head).
 
 At temperature 0 the children of a node are the draft's top k (ranks by draft probability); at temperature 1 they
-are drawn by each of --siblings (default: "coupled", the library's). Under siblings="top" (q's k - 1 most probable
+are drawn by each of --siblings (default: "coupled", the library's). With --sibling (the GPT-2 pair, after
+`python benchmarks/train_pairs.py --stage gpt2-sibling`) every independent rule (coupled, with_replacement) also
+runs with the trained sibling draft (sibling.pt: SpeculativeDecoder's sibling_draft=, cpp/tree.h), its rows marked
+"+ sibling", with a probe and Sequoia's trees of their own; their predicted speedups charge two draft calls per
+depth (2c: the sibling has the draft's shape). Under siblings="top" (q's k - 1 most probable
 tokens, then one draw) a rank's acceptance depends on whether it is its node's last child, so no probe's table
 predicts those rows: they show the prediction from their own table only.
 """
@@ -82,6 +86,18 @@ def paired(first, second, calls: int):
             if i >= WARMUP:
                 times[j].append(time.perf_counter() - start)
     return statistics.median(times[0]), statistics.median(times[1])
+
+
+SIBLING = " + sibling"  # a rule's name with the sibling draft (--sibling)
+
+
+def tree_decoder(target, draft, tree, sib, temperature, sibling_path):
+    """A decoder of `tree` whose children are drawn by the rule `sib`, with the sibling draft (loaded anew, see
+    fresh()) where `sib` names it."""
+    with_sibling = sib.endswith(SIBLING)
+    return speculant.SpeculativeDecoder(target, draft, tree=tree, siblings=sib.removesuffix(SIBLING),
+                                        temperature=temperature,
+                                        sibling_draft=speculant.load(sibling_path) if with_sibling else None)
 
 
 def fresh(target_path, draft_path):
@@ -138,11 +154,10 @@ def costs(target_path, draft_path, calls: int):
     return verify, draft_call / target_call, target_call, width_one
 
 
-def probe_table(target_path, draft_path, prompts, temperature, siblings, tokens):
+def probe_table(target_path, draft_path, prompts, temperature, siblings, tokens, sibling_path=None):
     """The acceptance table by depth and rank (analysis.acceptance_from_counts) of the PROBE tree under
     `siblings`, over the prompts."""
-    probe = speculant.SpeculativeDecoder(*fresh(target_path, draft_path), tree=PROBE, siblings=siblings,
-                                         temperature=temperature)
+    probe = tree_decoder(*fresh(target_path, draft_path), PROBE, siblings, temperature, sibling_path)
     results = [probe.generate(p, max_new_tokens=tokens, seed=1000 + i) for i, p in enumerate(prompts)]
     visits = [sum(r.stats.tree_visits[i] for r in results) for i in range(len(PROBE))]
     accepted = [[sum(r.stats.tree_accepted[i][j] for r in results) for j in range(k)] for i, k in enumerate(PROBE)]
@@ -161,22 +176,21 @@ def below(table, tree):
     return table + [table[-1]] * max(0, len(tree) - len(table))
 
 
-def decoder_for(row, target_path, draft_path, temperature):
+def decoder_for(row, target_path, draft_path, temperature, sibling_path=None):
     """A fresh decoder of a row of the table: a chain, a shape or parents, or a grown tree."""
     shape = row["shape"]
     if row["siblings"] is None:
         return speculant.SpeculativeDecoder(*fresh(target_path, draft_path), gamma=len(shape), temperature=temperature)
     tree = speculant.DynamicTree(**shape) if isinstance(shape, dict) else shape
-    return speculant.SpeculativeDecoder(*fresh(target_path, draft_path), tree=tree, siblings=row["siblings"],
-                                        temperature=temperature)
+    return tree_decoder(*fresh(target_path, draft_path), tree, row["siblings"], temperature, sibling_path)
 
 
-def head_to_head(rows, target_path, draft_path, temperature, calls, args) -> dict:
+def head_to_head(rows, target_path, draft_path, temperature, calls, args, sibling_path=None) -> dict:
     """The fastest tree row against the fastest chain (by median speedup over plain decoding), timed against
     each other directly (timing.head_to_head: --duel rounds interleaved ABBA after a warm-up)."""
     tree = max((r for r in rows if r["siblings"] is not None), key=lambda r: r["speedup"])
     chain = max((r for r in rows if r["siblings"] is None), key=lambda r: r["speedup"])
-    duel = timing.head_to_head(decoder_for(tree, target_path, draft_path, temperature).generate,
+    duel = timing.head_to_head(decoder_for(tree, target_path, draft_path, temperature, sibling_path).generate,
                                decoder_for(chain, target_path, draft_path, temperature).generate, calls,
                                max_new_tokens=args.tokens, seed=0, repeats=args.duel)
     print(f"\nhead to head: {tree['draft']} against {chain['draft']}: {duel.ratio:.3f}x [{duel.ratio_min:.3f}-"
@@ -204,6 +218,9 @@ def main(argv=None) -> None:
                         help="rounds of the fastest tree against the fastest chain, timed directly (0: none)")
     parser.add_argument("--budgets", type=int, nargs="*", default=[8, 16],
                         help="node budgets of Sequoia's best trees (analysis.best_tree at the probe's table)")
+    parser.add_argument("--sibling", action="store_true",
+                        help="also each independent rule with the GPT-2 pair's sibling draft (train_pairs.py --stage "
+                             "gpt2-sibling)")
     parser.add_argument("--json", type=Path, default=None, help="default: results/trees-<pair>-cpu.json")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message=r".*TorchScript.*")
@@ -211,6 +228,12 @@ def main(argv=None) -> None:
     args.json = args.json or Path(__file__).parent / "results" / f"trees-{args.pair}-cpu.json"
 
     target_path, draft_path, make_prompts = pair_paths(args.pair)
+    sibling_path = None
+    if args.sibling:
+        sibling_path = Path(draft_path).with_name("sibling.pt")
+        if args.pair != "gpt2" or not sibling_path.exists():
+            raise SystemExit("--sibling: the GPT-2 pair's sibling draft, trained by python benchmarks/train_pairs.py "
+                             "--stage gpt2-sibling (use --pair gpt2)")
     prompts = make_prompts(args.prompts)
     calls = [{"prompt_ids": p} for p in prompts]
     verify, c, target_call, tree_one = costs(target_path, draft_path, args.calls)
@@ -221,19 +244,22 @@ def main(argv=None) -> None:
           + ", ".join(f"{verify[w - 1]:.2f}" for w in (2, 4, 8, 16, 32, 64)))
     report = {"pair": args.pair, "machine": platform.platform(), "torch": torch.__version__, "threads": args.threads,
               "tokens": args.tokens, "prompts": len(prompts), "repeats": args.repeats, "c": c,
-              "siblings": args.siblings,
+              "siblings": args.siblings, "sibling_draft": str(sibling_path) if sibling_path else None,
               "verify_cost": verify, "temperatures": {}}
 
     for temperature in args.temperatures:
         # (name, shape, siblings); the chains are the same under every siblings rule, and at temperature 0 so are
         # the trees (the draft's top k)
         modes = args.siblings if temperature > 0 else args.siblings[:1]
+        if sibling_path and temperature > 0:
+            modes = modes + [sib + SIBLING for sib in modes if sib in ("coupled", "with_replacement")]
         label = (lambda sib: f" {sib}" if len(modes) > 1 else "")
         # one probe per sampled rule but "top": under "top" a rank's acceptance depends on whether it is a node's
         # last child (the one drawn), so a table transfers only between equal widths: those rows are predicted
         # from their own tables alone. The probe of the first rule predicts the chains.
         sampled = [sib for sib in modes if sib != "top"] or ["without_replacement"]  # the latter for the chains
-        tables = {sib: probe_table(target_path, draft_path, prompts, temperature, sib, args.tokens) for sib in sampled}
+        tables = {sib: probe_table(target_path, draft_path, prompts, temperature, sib, args.tokens, sibling_path)
+                  for sib in sampled}
         table = tables[sampled[0]]
         print(f"\n## temperature {temperature}\n")
         for sib, rule_table in tables.items():
@@ -248,7 +274,10 @@ def main(argv=None) -> None:
         # Sequoia's trees: the best of each budget at each rule's probe table (analysis.best_tree), run as given
         settings += [(f"best of {b} (Sequoia){label(sib)}", analysis.best_tree(b, rule_table).tree, sib)
                      for sib, rule_table in tables.items() if sib in modes for b in args.budgets]
-        predicted = {name: analysis.tree_speedup(shape, below(tables[sib], shape), c, verify)
+        def draft_cost(sib):  # a depth's draft calls: the sibling draft's too (its shape is the draft's)
+            return 2 * c if sib.endswith(SIBLING) else c
+
+        predicted = {name: analysis.tree_speedup(shape, below(tables[sib], shape), draft_cost(sib), verify)
                      for name, shape, sib in settings if sib in tables}
         pick = max(predicted, key=predicted.get)
         settings += [(f"grown {g.budget}, depth {g.depth}, {g.children} x {g.width}{label(modes[0])}", g, modes[0])
@@ -257,9 +286,10 @@ def main(argv=None) -> None:
         for name, shape, sib in settings:
             chain = name.startswith("chain")  # Algorithm 1's own loop, not a tree of one child per node
             target, draft = fresh(target_path, draft_path)
-            decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature,
-                                                   **({"gamma": len(shape)} if chain else {"tree": shape,
-                                                                                          "siblings": sib}))
+            if chain:
+                decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, gamma=len(shape))
+            else:
+                decoder = tree_decoder(target, draft, shape, sib, temperature, sibling_path)
             plain = functools.partial(speculant.generate, target, temperature=temperature)
             rounds = timing.timed_rounds(decoder.generate, plain, calls, max_new_tokens=args.tokens, seed=0,
                                          repeats=args.repeats)
@@ -294,7 +324,7 @@ def main(argv=None) -> None:
             mark = " (analysis's pick)" if name == pick else ""
             print(f"| {name}{mark} | {drafts:.3g} | {per_call:.2f} ± {per_call_se:.2f} ({probe}) | {own:.2f} | "
                   f"{median:.2f}x [{low:.2f}-{high:.2f}] | {predicted[name]:.2f}x |", flush=True)
-        duel = head_to_head(rows, target_path, draft_path, temperature, calls, args) if args.duel else None
+        duel = head_to_head(rows, target_path, draft_path, temperature, calls, args, sibling_path) if args.duel else None
         report["temperatures"][str(temperature)] = {"table": table, "tables": tables, "rows": rows, "pick": pick,
                                                     "duel": duel}
 

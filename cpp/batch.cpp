@@ -262,7 +262,8 @@ std::vector<TreeVerdict> Batch::verify_trees() {
     Row& row = rows_[r];
     if (!row.running) continue;
     const at::Tensor q = row.tree_proposal.q.defined() ? row.tree_proposal.q : at::zeros_like(logits[r]);
-    trees.push_back({&row.tree_proposal.tree, logits[r], q, inputs[r], row.tree_proposal.maxima, &row.generator});
+    trees.push_back({&row.tree_proposal.tree, logits[r], q, inputs[r], row.tree_proposal.maxima, &row.generator,
+                     row.tree_proposal.sibling_q});
   }
   return speculant::verify_trees(trees, s_.config, s_.siblings, s_.verify_graphs);
 }

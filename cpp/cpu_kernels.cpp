@@ -258,10 +258,12 @@ at::Tensor sample(const at::Tensor& probs, at::Generator& generator) {
   return out;
 }
 
-at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, const Uniform& uniform) {
+at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, const Uniform& uniform,
+                         const at::Tensor& sibling) {
   const at::Tensor row = q.to(at::kDouble).contiguous();
   const int64_t vocab = row.numel();
   std::vector<double> left(row.const_data_ptr<double>(), row.const_data_ptr<double>() + vocab);
+  const at::Tensor sibling_row = sibling.defined() ? sibling.to(at::kDouble).contiguous() : at::Tensor();
   at::Tensor out = at::empty({k}, row.options().dtype(at::kLong));
   int64_t* token = out.mutable_data_ptr<int64_t>();
   int64_t j = 0;
@@ -273,6 +275,9 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
     for (int64_t i = 0; i < j; ++i) left[token[i]] = 0.0;
   }
   for (; j < k; ++j) {
+    if (j == 1 && sibling_row.defined()) {  // children 1 .. k - 1 from the sibling law (independent draws)
+      std::copy(sibling_row.const_data_ptr<double>(), sibling_row.const_data_ptr<double>() + vocab, left.begin());
+    }
     double mass = 0.0;
 #pragma omp simd reduction(+ : mass)
     for (int64_t v = 0; v < vocab; ++v) mass += left[v];
@@ -283,7 +288,8 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
 }
 
 TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
-                        const SamplingConfig& config, Siblings siblings, const Uniform& uniform) {
+                        const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
+                        const at::Tensor& sibling_q) {
   std::vector<uint8_t> finite;
   const at::Tensor p = standardize(target_logits, config, &finite).to(at::kDouble).contiguous();  // [N + 1, V]
   const int64_t vocab = p.size(1);
@@ -302,6 +308,9 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
     }
     const at::Tensor q_row = q[node].to(at::kDouble).contiguous();  // [V]
     const double* q_node = q_row.const_data_ptr<double>();
+    // the law the later children were drawn from: q, or the sibling draft's (tree.h)
+    const at::Tensor s_row = sibling_q.defined() ? sibling_q[node].to(at::kDouble).contiguous() : q_row;
+    const double* s_node = s_row.const_data_ptr<double>();
     double beta = 0.0;
 #pragma omp simd reduction(+ : beta)
     for (int64_t v = 0; v < vocab; ++v) beta += std::min(p_node[v], q_node[v]);
@@ -323,6 +332,7 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
       for (int64_t j = 0; j < children && chosen < 0; ++j) {
         const int64_t x = tokens[tree.first_child(node) + j];
         const bool look_ahead = siblings == Siblings::coupled && j + 1 < children;
+        if (j == 1 && siblings == Siblings::with_replacement) std::copy(s_node, s_node + vocab, q_left.begin());
         // q_j: what is left of q (without replacement or top: the earlier siblings removed), renormalized
         double mass = 0.0;
 #pragma omp simd reduction(+ : mass)
@@ -338,7 +348,7 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
         double w = 0.0;
         if (look_ahead) {
 #pragma omp simd reduction(+ : w)
-          for (int64_t v = 0; v < vocab; ++v) w += p_j[v] > q_j[v] ? q_node[v] : 0.0;
+          for (int64_t v = 0; v < vocab; ++v) w += p_j[v] > q_j[v] ? s_node[v] : 0.0;
         }
         const double ratio = q_j[x] > 0 ? p_j[x] / q_j[x] : 0.0;
         const int64_t next = look_ahead ? tokens[tree.first_child(node) + j + 1] : 0;
@@ -357,7 +367,7 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
             keep_in += q_j[v] * (1.0 - coupled_coin(r, true, w));
             keep_out += q_j[v] * (1.0 - coupled_coin(r, false, w));
           }
-          for (int64_t v = 0; v < vocab; ++v) q_left[v] = q_node[v] * (p_j[v] > q_j[v] ? keep_in : keep_out);
+          for (int64_t v = 0; v < vocab; ++v) q_left[v] = s_node[v] * (p_j[v] > q_j[v] ? keep_in : keep_out);
         }
         // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself when that has no mass
         double excess = 0.0;

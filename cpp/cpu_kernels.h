@@ -61,8 +61,10 @@ Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64
 
 // draw_children() (tree.h) for a CPU row q [V], sampled (not greedy): k tokens, each by inverse CDF with one
 // uniform from what is left of q (without replacement: the tokens drawn before it removed); once nothing is
-// left, token 0 (verify_tree never accepts a token its q_j gives no mass).
-at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, const Uniform& uniform);
+// left, token 0 (verify_tree never accepts a token its q_j gives no mass). sibling (may be undefined; independent
+// draws only): [V], the law of children 1 .. k - 1.
+at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, const Uniform& uniform,
+                         const at::Tensor& sibling = at::Tensor());
 
 // Multi-draft verification of a token tree for CPU tensors (tree.h's rule and arguments; tokens: the nodes'
 // tokens, host). Standardizes every target row (all are checked for finiteness) but walks down from the root
@@ -70,7 +72,8 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
 // one is accepted (greedy: none), and at the node where it stops one uniform for t from the last residual
 // (greedy: the argmax of p there). verdict.token is left undefined (the caller makes it).
 TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
-                        const SamplingConfig& config, Siblings siblings, const Uniform& uniform);
+                        const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
+                        const at::Tensor& sibling_q = at::Tensor());
 
 // Uniforms from a CPU generator, holding the generator's lock while it lives.
 class GeneratorUniform {

@@ -95,13 +95,20 @@ double seconds_since(Clock::time_point start) {
 // `pending`, which it is fed first in the next proposal (the last token; also the last proposed token when all
 // were kept, since the model sampled that token but never ran on it). Step i of a proposal is one call for
 // every row still drafting.
+// With `sibling` (token trees: tree.h's sibling drafts), a second model's rows fed exactly as the draft's, whose
+// laws at the expanded nodes draw the children after the first.
 class ModelDraftRows final : public DraftRows {
  public:
-  ModelDraftRows(std::unique_ptr<ModelRows> rows, at::Device device, int64_t vocab)
-      : rows_(std::move(rows)), device_(device), vocab_(vocab), pending_(rows_->count()), last_(rows_->count()),
-        proposed_(rows_->count(), 0), tree_(rows_->count()), fed_(rows_->count()), tentative_(rows_->count(), 0) {}
+  ModelDraftRows(std::unique_ptr<ModelRows> rows, at::Device device, int64_t vocab,
+                 std::unique_ptr<ModelRows> sibling = nullptr)
+      : rows_(std::move(rows)), sibling_(std::move(sibling)), device_(device), vocab_(vocab),
+        pending_(rows_->count()), last_(rows_->count()), proposed_(rows_->count(), 0), tree_(rows_->count()),
+        fed_(rows_->count()), tentative_(rows_->count(), 0) {}
 
-  void encode(const std::vector<at::Tensor>& sources) override { rows_->encode(sources); }
+  void encode(const std::vector<at::Tensor>& sources) override {
+    rows_->encode(sources);
+    if (sibling_) sibling_->encode(sources);
+  }
   void begin(const std::vector<at::Tensor>& prompts, const std::vector<std::vector<int64_t>>&) override {
     std::vector<at::Tensor> cached(prompts.size());
     for (size_t r = 0; r < prompts.size(); ++r) {
@@ -110,6 +117,7 @@ class ModelDraftRows final : public DraftRows {
       pending_[r] = prompts[r].narrow(0, length - 1, 1);
     }
     rows_->reset(cached);
+    if (sibling_) sibling_->reset(cached);
   }
 
   std::vector<Proposal> propose(const std::vector<int64_t>& gammas, const SamplingConfig& config,
@@ -245,8 +253,9 @@ class ModelDraftRows final : public DraftRows {
                                          bool profile) override {
     const size_t count = drafts.size();
     std::vector<TreeProposal> out(count);
-    // levels[r]: the tokens of each depth drawn so far (depth 0: the root), in node order
-    std::vector<std::vector<at::Tensor>> levels(count), qs(count), maxima(count);
+    // levels[r]: the tokens of each depth drawn so far (depth 0: the root), in node order; sibling_qs[r]: the
+    // sibling draft's laws, as qs[r]
+    std::vector<std::vector<at::Tensor>> levels(count), qs(count), sibling_qs(count), maxima(count);
     for (size_t r = 0; r < count; ++r) {
       tree_[r].reset();
       fed_[r].clear();
@@ -284,18 +293,19 @@ class ModelDraftRows final : public DraftRows {
       if (!first) check_interrupt();  // the decoder checked before the first
       std::optional<FusedLevel> fused = fused_level(drafts, feed, config, siblings, generators);
       const auto start = Clock::now();
-      std::vector<at::Tensor> logits;
+      std::vector<at::Tensor> logits, sibling_logits;
       if (fused) {
         fused->run(*rows_, feed, nodes, first);
       } else {
         logits = first ? rows_->extend(feed) : rows_->extend_tree(feed, nodes);
+        if (sibling_) sibling_logits = first ? sibling_->extend(feed) : sibling_->extend_tree(feed, nodes);
       }
       if (sync) torch::cuda::synchronize();
       const double seconds = seconds_since(start);
       for (size_t r = 0; r < count; ++r) {
         if (!feed[r].defined()) continue;
         out[r].seconds += seconds;
-        out[r].calls += 1;
+        out[r].calls += sibling_ ? 2 : 1;
         if (!first) tentative_[r] += feed[r].numel();
       }
       if (fused) {  // every fed row's level from the call's draws
@@ -315,7 +325,7 @@ class ModelDraftRows final : public DraftRows {
       // Every fed row's level at once: one standardization, one draw of the children (each row from its own
       // generator, as alone). Row r's level rows: after its last pending token (the root), or one per expanded node.
       std::vector<size_t> level;
-      std::vector<at::Tensor> raws;
+      std::vector<at::Tensor> raws, sibling_raws;
       std::vector<int64_t> counts, sizes;  // every node's child count; each row's children
       std::vector<DrawGroup> groups;
       bool grown = false;
@@ -323,7 +333,11 @@ class ModelDraftRows final : public DraftRows {
         if (!feed[r].defined()) continue;
         const TreeDraft& draft = *drafts[r];
         const auto n = static_cast<int64_t>(draft.expand().size());
-        raws.push_back(first ? logits[r].narrow(0, feed[r].numel() - 1, 1) : logits[r].narrow(0, 0, n));
+        auto level_rows = [&](const at::Tensor& all) {
+          return first ? all.narrow(0, feed[r].numel() - 1, 1) : all.narrow(0, 0, n);
+        };
+        raws.push_back(level_rows(logits[r]));
+        if (sibling_) sibling_raws.push_back(level_rows(sibling_logits[r]));
         counts.insert(counts.end(), draft.counts().begin(), draft.counts().end());
         sizes.push_back(std::accumulate(draft.counts().begin(), draft.counts().end(), int64_t{0}));
         groups.push_back({&generators[r], n});
@@ -334,11 +348,16 @@ class ModelDraftRows final : public DraftRows {
       // The raw rows' finiteness witnesses: their maxima, or on the accelerators' path when sampling at T >= 1 the
       // draws' masses (standardizing needs no row maximum there: step.cpp's draft steps do the same)
       const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0 && !cpu::host_kernels(raw);
-      at::Tensor maximum;
+      at::Tensor maximum, sibling_maximum, sibling_raw, sibling_q;
       const at::Tensor q = standardize(raw, config, witness_is_mass ? nullptr : &maximum);
+      if (sibling_) {
+        require(!grown, "a sibling draft drafts trees of a fixed shape, not grown ones");
+        sibling_raw = joined(sibling_raws);
+        sibling_q = standardize(sibling_raw, config, &sibling_maximum);
+      }
       const at::Tensor children =  // [sum counts] on the device
           draw_children(config.greedy() ? raw : q, counts, siblings, config.greedy(), groups,
-                        witness_is_mass ? &maximum : nullptr);
+                        witness_is_mass ? &maximum : nullptr, config.greedy() ? sibling_raw : sibling_q);
       if (witness_is_mass) maximum = maximum.squeeze(1);
       // A fixed shape needs no host copy of its tokens; a grown one reads the level's tokens and values (one read
       // for every row).
@@ -354,6 +373,13 @@ class ModelDraftRows final : public DraftRows {
         maxima[r].push_back(maximum.narrow(0, node, groups[j].rows));
         qs[r].resize(draft.size());
         for (int64_t i = 0; i < groups[j].rows; ++i) qs[r][draft.expand()[i]] = q.narrow(0, node + i, 1);
+        if (sibling_) {
+          maxima[r].push_back(sibling_maximum.narrow(0, node, groups[j].rows).to(maximum.scalar_type()));
+          sibling_qs[r].resize(draft.size());
+          for (int64_t i = 0; i < groups[j].rows; ++i) {
+            sibling_qs[r][draft.expand()[i]] = sibling_q.narrow(0, node + i, 1);
+          }
+        }
         levels[r].push_back(children.narrow(0, child, k));
         std::vector<int64_t> ids(k, -1);
         std::vector<double> log_q;
@@ -377,6 +403,13 @@ class ModelDraftRows final : public DraftRows {
         if (!q.defined()) q = qs[r][0];
       }
       out[r].q = at::cat(qs[r]);
+      if (sibling_) {
+        sibling_qs[r].resize(out[r].tree.size());
+        for (auto& q : sibling_qs[r]) {  // leaves, as above
+          if (!q.defined()) q = sibling_qs[r][0];
+        }
+        out[r].sibling_q = at::cat(sibling_qs[r]);
+      }
       if (!maxima[r].empty()) out[r].maxima = at::cat(maxima[r]);
       last_[r] = out[r].tokens;
     }
@@ -398,11 +431,13 @@ class ModelDraftRows final : public DraftRows {
       if (fed_[row][v] >= 0) fed.push_back(fed_[row][v]);
     }
     rows_->commit({row}, {fed});
+    if (sibling_) sibling_->commit({row}, {fed});
     const bool leaf = !path.empty() && fed_[row][path.back()] < 0;
     pending_[row] = leaf ? at::cat({last_[row].narrow(0, path.back(), 1), t}) : t;
   }
 
   void restart(int64_t row, int64_t length, const at::Tensor& t, int64_t) override {
+    if (sibling_) restart_row(*sibling_, row, pending_[row], length, t);  // the same pending tokens as the draft's
     pending_[row] = restart_row(*rows_, row, pending_[row], length, t);
   }
 
@@ -413,6 +448,7 @@ class ModelDraftRows final : public DraftRows {
     } else if (accepted < proposed) {
       // it ran on pending + x_1 .. x_{k-1}: keep what precedes the rejected token, t becomes pending
       rows_->truncate(row, rows_->length(row) - (proposed - 1 - accepted));
+      if (sibling_) sibling_->truncate(row, sibling_->length(row) - (proposed - 1 - accepted));
       pending_[row] = t;
     } else {  // all kept: it never ran on x_k
       pending_[row] = at::cat({last_[row].narrow(0, proposed - 1, 1), t});
@@ -449,7 +485,10 @@ class ModelDraftRows final : public DraftRows {
   std::optional<FusedLevel> fused_level(const std::vector<TreeDraft*>& drafts, const std::vector<at::Tensor>& feed,
                                         const SamplingConfig& config, Siblings siblings,
                                         std::vector<at::Generator>& generators) const {
-    if (!rows_->fixed_shapes() || !draft_draws_fit(vocab_) || cpu::host_kernels(pending_[0])) return std::nullopt;
+    // (not with a sibling draft: its draws need the sibling's call too)
+    if (sibling_ || !rows_->fixed_shapes() || !draft_draws_fit(vocab_) || cpu::host_kernels(pending_[0])) {
+      return std::nullopt;
+    }
     int64_t n = 0, k = 0;
     for (size_t r = 0; r < drafts.size(); ++r) {
       if (!feed[r].defined()) continue;
@@ -496,7 +535,7 @@ class ModelDraftRows final : public DraftRows {
     return level;
   }
 
-  std::unique_ptr<ModelRows> rows_;
+  std::unique_ptr<ModelRows> rows_, sibling_;
   at::Device device_;
   int64_t vocab_;
   std::vector<at::Tensor> pending_;  // [m] int64 on the device, per row
@@ -509,26 +548,44 @@ class ModelDraftRows final : public DraftRows {
 
 class ModelDrafter final : public Drafter {
  public:
-  explicit ModelDrafter(std::shared_ptr<Model> model) : model_(std::move(model)) {}
+  ModelDrafter(std::shared_ptr<Model> model, std::shared_ptr<Model> sibling)
+      : model_(std::move(model)), sibling_(std::move(sibling)) {}
 
   std::unique_ptr<DraftRows> rows(int64_t count, Shapes shapes) override {
+    require(!sibling_, "a sibling draft drafts token trees only (tree=...), not chains");
     return std::make_unique<ModelDraftRows>(model_->rows(count, shapes), model_->device(), model_->vocab_size());
   }
   int64_t vocab_size() const override { return model_->vocab_size(); }
   at::Device device() const override { return model_->device(); }
   bool encoder_decoder() const override { return model_->encoder_decoder(); }
-  std::optional<int64_t> max_length() const override { return model_->max_length(); }
+  std::optional<int64_t> max_length() const override {
+    std::optional<int64_t> out = model_->max_length();
+    if (const std::optional<int64_t> other = sibling_ ? sibling_->max_length() : std::nullopt) {
+      out = out ? std::min(*out, *other) : *other;
+    }
+    return out;
+  }
   std::optional<int64_t> max_source_length() const override { return model_->max_source_length(); }
-  std::string name() const override { return "model"; }
+  std::string name() const override { return sibling_ ? "model with a sibling draft" : "model"; }
   Model* model() override { return model_.get(); }
-  std::string tree_obstacle() const override { return model_->tree_obstacle(); }
+  std::vector<std::mutex*> locks() override {
+    std::vector<std::mutex*> out{&model_->in_use()};
+    if (sibling_) out.push_back(&sibling_->in_use());
+    return out;
+  }
+  std::string tree_obstacle() const override {
+    const std::string why = model_->tree_obstacle();
+    if (!why.empty() || !sibling_) return why;
+    const std::string sibling_why = sibling_->tree_obstacle();
+    return sibling_why.empty() ? "" : fmt::format("the sibling draft: {}", sibling_why);
+  }
   std::unique_ptr<DraftRows> tree_rows(int64_t count, Shapes shapes) override {
-    return std::make_unique<ModelDraftRows>(model_->tree_rows(count, shapes), model_->device(),
-                                            model_->vocab_size());
+    return std::make_unique<ModelDraftRows>(model_->tree_rows(count, shapes), model_->device(), model_->vocab_size(),
+                                            sibling_ ? sibling_->tree_rows(count, shapes) : nullptr);
   }
 
  private:
-  std::shared_ptr<Model> model_;
+  std::shared_ptr<Model> model_, sibling_;
 };
 
 // The rows of a batch as sequence drafters, one per row.
@@ -741,9 +798,18 @@ std::unique_ptr<DraftRows> SequenceDrafter::rows(int64_t count, Shapes) {
   return std::make_unique<SequenceRows>(std::move(drafters));
 }
 
-std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model) {
+std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model, std::shared_ptr<Model> sibling) {
   require(model != nullptr, "draft must be a model");
-  return std::make_shared<ModelDrafter>(std::move(model));
+  if (sibling) {
+    require(sibling.get() != model.get(), "sibling_draft must be another model than the draft (each keeps a cache)");
+    require(sibling->vocab_size() == model->vocab_size(), "sibling_draft's vocabulary ({}) must be the draft's ({})",
+            sibling->vocab_size(), model->vocab_size());
+    require(sibling->device() == model->device(), "sibling_draft must be on the draft's device {}, got {}",
+            model->device().str(), sibling->device().str());
+    require(!sibling->encoder_decoder() && !model->encoder_decoder(),
+            "sibling_draft: decoder-only models only (token trees of encoder-decoders draft with one model)");
+  }
+  return std::make_shared<ModelDrafter>(std::move(model), std::move(sibling));
 }
 
 std::shared_ptr<Drafter> unigram_drafter(const at::Tensor& unigram, const at::Device& device) {

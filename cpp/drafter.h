@@ -45,6 +45,8 @@ struct TreeProposal {
   at::Tensor q;       // [N + 1, V] row i: the standardized law node i's children were drawn from (leaves: not read)
   at::Tensor maxima;  // finiteness witnesses of the raw logits still to check (row maxima or draw masses; may be
                       // undefined)
+  at::Tensor sibling_q;  // [N + 1, V] as q, the law children 1 .. k - 1 were drawn from: a sibling draft's (tree.h;
+                         // undefined without one)
   double seconds = 0.0;
   int64_t calls = 0;
 };
@@ -173,8 +175,10 @@ class HostHistoryDrafter : public SequenceDrafter {
   std::vector<int64_t> history_;
 };
 
-// A neural draft model M_q with its own cache, sampled with the same standardization as the target (§2.2).
-std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model);
+// A neural draft model M_q with its own cache, sampled with the same standardization as the target (§2.2). With
+// `sibling` (token trees only; tree.h's sibling drafts) a second model runs beside it on the same tree nodes, with
+// its own cache: each node's first child comes from the draft's law, the later children from the sibling's.
+std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model, std::shared_ptr<Model> sibling = nullptr);
 
 // Unigram / bigram tables over the vocabulary: log_unigram [V]; a bigram adds, per previous token a, the
 // observed followers in CSR form (row_ptr [V + 1], followers, counts), smoothed with Witten-Bell

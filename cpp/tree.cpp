@@ -52,10 +52,16 @@ int64_t Tree::max_children() const { return *std::max_element(children_.begin(),
 namespace {
 
 void check_counts(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy,
-                  const std::vector<DrawGroup>& groups) {
+                  const std::vector<DrawGroup>& groups, const at::Tensor& sibling_q) {
   require(q.dim() == 2 && q.size(0) == static_cast<int64_t>(counts.size()) && q.size(1) > 0,
           "draw_children: q must be [nodes, V] with one row per count, got {} rows for {} counts", q.size(0),
           counts.size());
+  if (sibling_q.defined()) {
+    require(sibling_q.sizes() == q.sizes(), "draw_children: the siblings' law must be shaped as q [{}, {}]",
+            q.size(0), q.size(1));
+    require(greedy || independent_draws(siblings), "a sibling draft's children are independent draws: siblings "
+            "'coupled' or 'with_replacement'");
+  }
   int64_t grouped = 0;
   for (const DrawGroup& group : groups) {
     require(group.generator != nullptr && group.rows >= 1, "draw_children: every group has a generator and rows");
@@ -85,17 +91,21 @@ at::Tensor leading_columns(const at::Tensor& table, const std::vector<int64_t>& 
 }  // namespace
 
 at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy,
-                         const std::vector<DrawGroup>& groups, at::Tensor* mass) {
-  check_counts(q, counts, siblings, greedy, groups);
+                         const std::vector<DrawGroup>& groups, at::Tensor* mass, const at::Tensor& sibling_q) {
+  check_counts(q, counts, siblings, greedy, groups, sibling_q);
   const int64_t widest = *std::max_element(counts.begin(), counts.end());
-  if (greedy) return leading_columns(top_tokens(q, widest), counts);
-  if (!cpu::host_kernels(q)) return draw_children_generic(q, counts, siblings, groups, mass);
+  if (greedy) {
+    if (!sibling_q.defined() || widest == 1) return leading_columns(top_tokens(q, widest), counts);
+    return leading_columns(at::cat({top_tokens(q, 1), top_tokens(sibling_q, widest - 1)}, 1), counts);
+  }
+  if (!cpu::host_kernels(q)) return draw_children_generic(q, counts, siblings, groups, mass, sibling_q);
   std::vector<at::Tensor> drawn;
   int64_t i = 0;
   for (const DrawGroup& group : groups) {
     cpu::GeneratorUniform uniform(*group.generator);
     for (const int64_t end = i + group.rows; i < end; ++i) {
-      drawn.push_back(cpu::draw_children(q[i], counts[i], siblings, [&uniform] { return uniform(); }));
+      drawn.push_back(cpu::draw_children(q[i], counts[i], siblings, [&uniform] { return uniform(); },
+                                         sibling_q.defined() ? sibling_q[i] : at::Tensor()));
     }
   }
   return joined(drawn);
@@ -138,7 +148,7 @@ at::Tensor children_uniforms(const std::vector<int64_t>& counts, Siblings siblin
 }
 
 at::Tensor draw_children_with(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
-                              const at::Tensor& uniforms, at::Tensor* mass) {
+                              const at::Tensor& uniforms, at::Tensor* mass, const at::Tensor& sibling_q) {
   const at::Tensor rows = q.to(at::kDouble);  // [n, V]
   const int64_t n = rows.size(0);
   const int64_t widest = *std::max_element(counts.begin(), counts.end());
@@ -150,6 +160,11 @@ at::Tensor draw_children_with(const at::Tensor& q, const std::vector<int64_t>& c
     first_mass = nullptr;
     return sample_inverse_cdf_scaled(from, u, out);
   };
+  if (independent_draws(siblings) && sibling_q.defined() && widest > 1) {  // column 0 from q, the rest from s
+    const at::Tensor first = draw(rows, uniforms.narrow(1, 0, 1)).view({n, 1});
+    const at::Tensor rest = sample_inverse_cdf_scaled(sibling_q.to(at::kDouble), uniforms.narrow(1, 1, widest - 1));
+    return leading_columns(at::cat({first, rest.view({n, widest - 1})}, 1), counts);
+  }
   if (independent_draws(siblings)) {  // every row's draws in one pass, then each row's first counts[i]
     return leading_columns(draw(rows, uniforms).view({n, widest}), counts);
   }
@@ -173,8 +188,8 @@ at::Tensor draw_children_with(const at::Tensor& q, const std::vector<int64_t>& c
 }
 
 at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
-                                 const std::vector<DrawGroup>& groups, at::Tensor* mass) {
-  check_counts(q, counts, siblings, /*greedy=*/false, groups);
+                                 const std::vector<DrawGroup>& groups, at::Tensor* mass, const at::Tensor& sibling_q) {
+  check_counts(q, counts, siblings, /*greedy=*/false, groups, sibling_q);
   const bool one_count = std::all_of(counts.begin(), counts.end(), [&](int64_t k) { return k == counts[0]; });
   if (siblings == Siblings::top && !one_count) {  // row by row: each its top count - 1 tokens, then one draw
     std::vector<at::Tensor> drawn, masses(q.size(0));
@@ -188,10 +203,11 @@ at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>
     if (mass) *mass = at::cat(masses);
     return at::cat(drawn);
   }
-  return draw_children_with(q, counts, siblings, children_uniforms(counts, siblings, groups, q.device()), mass);
+  return draw_children_with(q, counts, siblings, children_uniforms(counts, siblings, groups, q.device()), mass,
+                            sibling_q);
 }
 
-void check_tree_input(const TreeInput& row, const SamplingConfig& config) {
+void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblings siblings) {
   const int64_t size = row.tree->size();
   require(row.target_logits.dim() == 2 && row.target_logits.size(0) == size,
           "target_logits must be [tree nodes, V] = [{}, V], got {} rows", size, row.target_logits.size(0));
@@ -201,6 +217,12 @@ void check_tree_input(const TreeInput& row, const SamplingConfig& config) {
           "tokens must be int64 [tree nodes] = [{}]", size);
   require(config.lenience == 1.0, "lenience must be 1 with a tree of drafts (A.5's bound is proven for one "
           "draft per position); got {}", config.lenience);
+  if (row.sibling_q.defined()) {
+    require(row.sibling_q.sizes() == row.q.sizes(), "sibling_q must be shaped as q: [{}, {}]", size,
+            row.target_logits.size(1));
+    require(config.greedy() || independent_draws(siblings), "a sibling draft's children are independent draws: "
+            "siblings 'coupled' or 'with_replacement'");
+  }
 }
 
 std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
@@ -209,12 +231,12 @@ std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const 
   if (!cpu::host_kernels(rows.front().target_logits)) return verify_trees_generic(rows, config, siblings, graphs);
   std::vector<TreeVerdict> out;
   for (const TreeInput& row : rows) {
-    check_tree_input(row, config);
+    check_tree_input(row, config, siblings);
     const at::Tensor host_tokens = row.tokens.contiguous();
     {
       cpu::GeneratorUniform uniform(*row.generator);
       out.push_back(cpu::verify_tree(*row.tree, row.target_logits, row.q, host_tokens.const_data_ptr<int64_t>(),
-                                     config, siblings, [&uniform] { return uniform(); }));
+                                     config, siblings, [&uniform] { return uniform(); }, row.sibling_q));
     }
     TreeVerdict& verdict = out.back();
     verdict.finite = verdict.finite && cpu::all_finite(row.draft_maxima);

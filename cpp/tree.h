@@ -60,8 +60,19 @@
 // sum min(p_j, q_j). On the trained GPT-2 pair at T = 1 the second child's share rises from 0.105 to 0.148, with
 // the first child's 0.61 unchanged (benchmarks/node_bounds.py): rank 0 keeps its lead, and a tree of this rule
 // puts its deepest subtree there as Sequoia's trees do.
-// Greedy (temperature 0): children are the draft's top-k tokens, and the first child equal to the target's
-// argmax is accepted (the longest path of argmax agreement); t is the argmax.
+// Sibling drafts (a second draft model for the later children: TreeInput::sibling_q). With independent draws (with
+// replacement, coupled) a node's first child is drawn from the draft's q and children 1 .. k - 1 independently from
+// another law s at the same node, a second model's: the arguments above hold for any law a child was drawn from, as
+// long as each step uses the law its child was drawn from given the earlier rejections. With replacement, child
+// j >= 1 is tried against s itself; coupled, child j's coin looks at whether child j + 1 lies in H_j and w = s(H_j)
+// (child j + 1 is a draw of s), and q_{j+1} is s reweighted on and off H_j (in (2) above q becomes s). Child 0 keeps
+// Algorithm 1's beta. What it is for: the next child is accepted with sum min(p_{j+1}, q_{j+1}), largest when its
+// law is close to the residual p_{j+1} = norm(max(0, p - q)), which a draft's own q is not (it is where q falls
+// short of p); a model trained toward that residual (speculant.distillation, objective "residual") draws siblings
+// that are accepted more often. Without replacement and top are not defined with a sibling law here.
+// Greedy (temperature 0): children are the draft's top-k tokens (with a sibling draft: the draft's argmax, then the
+// sibling's k - 1 most probable tokens), and the first child equal to the target's argmax is accepted (the longest
+// path of argmax agreement); t is the argmax.
 // Lenience (A.5) is not defined for trees here: its bound is proven for one draft per position.
 #pragma once
 
@@ -131,19 +142,24 @@ struct DrawGroup {
 };
 // `mass` (the tensor path of sampled draws only; left undefined elsewhere): each row's total mass [n, 1], float64,
 // which is finite exactly when q's row is (a finiteness witness of the draft's logits, as sample_inverse_cdf_scaled's).
+// `sibling_q` (may be undefined; independent draws or greedy only): [n, V], each node's children 1 .. k - 1 drawn from
+// its row instead of q's (greedy: its raw scores, whose top k - 1 they are); the uniforms are the same either way.
 at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy,
-                         const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr);
+                         const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr,
+                         const at::Tensor& sibling_q = at::Tensor());
 // The tensor path of the sampled (not greedy) draws, which accelerators run: the draws of every row of every group
 // in a few operations, not per node.
 at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
-                                 const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr);
+                                 const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr,
+                                 const at::Tensor& sibling_q = at::Tensor());
 // draw_children_generic in two parts, so that the draws can run inside a model call's CUDA graph (drafter.cpp): the
 // uniforms the draws take from the groups' generators, in the order they take them, as one float64 table [n, width]
 // on `device` (width: the widest count, or 1 for top), then the draws from them (top: every count the same).
 at::Tensor children_uniforms(const std::vector<int64_t>& counts, Siblings siblings,
                              const std::vector<DrawGroup>& groups, const at::Device& device);
 at::Tensor draw_children_with(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
-                              const at::Tensor& uniforms, at::Tensor* mass = nullptr);
+                              const at::Tensor& uniforms, at::Tensor* mass = nullptr,
+                              const at::Tensor& sibling_q = at::Tensor());
 // Each row's k most probable tokens, the first index on ties: int64 [..., k].
 at::Tensor top_tokens(const at::Tensor& q, int64_t k);
 
@@ -161,15 +177,18 @@ struct TreeVerdict {
 // One row's tree and what its verification needs. target_logits [N + 1, V]: row i is the target after node i.
 // q [N + 1, V]: row i is the draft's standardized distribution at node i, which node i's children were drawn from
 // (rows of leaves are not read). tokens int64 [N + 1]: node i's token (the root's is not read). draft_maxima (may
-// be undefined): the draft's raw row maxima, checked for NaN / +inf. The row draws from *generator.
+// be undefined): the draft's raw row maxima, checked for NaN / +inf. The row draws from *generator. sibling_q (may be
+// undefined) [N + 1, V]: row i the law node i's children 1 .. k - 1 were drawn from (a sibling draft's, above).
 struct TreeInput {
   const Tree* tree = nullptr;
   at::Tensor target_logits, q, tokens, draft_maxima;
   at::Generator* generator = nullptr;
+  at::Tensor sibling_q;
 };
 
-// ValueError unless the row's tensors are shaped as above for its tree and lenience is 1.
-void check_tree_input(const TreeInput& row, const SamplingConfig& config);
+// ValueError unless the row's tensors are shaped as above for its tree, lenience is 1, and a sibling law comes with
+// independent draws.
+void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblings siblings);
 
 // Every row's tree (lenience must be 1). CPU tensors go to cpu::verify_tree row by row, which evaluates only the
 // nodes on the walk. On accelerators (verify_trees_generic, tree_verification.cpp) every internal node of every row

@@ -40,6 +40,10 @@ struct Nodes {
     }
     size = base.back();
     tokens = every_row(&TreeInput::tokens);
+    siblings_law = rows.front().sibling_q.defined();
+    for (const TreeInput& row : rows) {
+      require(row.sibling_q.defined() == siblings_law, "a batch's rows all have a sibling law, or none");
+    }
   }
   // of the batch's node, in the batch's numbering
   int64_t children(int64_t node) const { return tree(row_of[node]).children(node - base[row_of[node]]); }
@@ -58,6 +62,7 @@ struct Nodes {
   std::vector<int64_t> base, row_of;
   int64_t size = 0, widest = 1;
   at::Tensor tokens;  // [nodes], int64
+  bool siblings_law = false;  // the rows' later children drawn from a sibling law (TreeInput::sibling_q)
 };
 
 // Walks row r down its tree from the root: at each node `choose(node)` gives the rank of the child accepted there
@@ -191,13 +196,15 @@ struct Layout {
 };
 
 // The device's inputs of a sampled verification: every row's logits [nodes, V], q [nodes, V] and tokens [nodes]
-// joined, the layout's index (on the device: order, children [M, K], candidate uniforms [nodes]) and the uniforms.
+// joined, the layout's index (on the device: order, children [M, K], candidate uniforms [nodes]), the uniforms, and
+// where the rows have a sibling law (tree.h) their sibling_q [nodes, V] joined.
 struct DeviceInputs {
   DeviceInputs(const std::vector<at::Tensor>& in, const Nodes& nodes, const Layout& layout)
       : logits(in[0]), q(in[1]), tokens(in[2]), rows(in[3].narrow(0, 0, nodes.size)),
         children(in[3].narrow(0, nodes.size, layout.internal * nodes.widest)),
-        draws(in[3].narrow(0, nodes.size + layout.internal * nodes.widest, nodes.size)), uniforms(in[4]) {}
-  at::Tensor logits, q, tokens, rows, children, draws, uniforms;
+        draws(in[3].narrow(0, nodes.size + layout.internal * nodes.widest, nodes.size)), uniforms(in[4]),
+        sibling(nodes.siblings_law ? in[5] : at::Tensor()) {}
+  at::Tensor logits, q, tokens, rows, children, draws, uniforms, sibling;
 };
 
 // What the device reads back for step j (ids in the read-back; kNone: not read): the residual's mass [M_j]
@@ -211,7 +218,7 @@ struct Step {
 
 struct DeviceParts {
   std::vector<Step> steps;
-  size_t p = kNone, q = kNone, beta = kNone, uniforms = kNone, mass = kNone, candidates = kNone;
+  size_t p = kNone, q = kNone, sibling = kNone, beta = kNone, uniforms = kNone, mass = kNone, candidates = kNone;
   at::Tensor candidates_tensor;  // [nodes] in the layout's order, int64 on the device
 };
 
@@ -228,6 +235,9 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
   const at::Tensor q = take_rows(in.q.to(p.scalar_type()), layout.order, in.rows, m);  // [M, V]
   out.p = read.add(P.narrow(0, 0, m).gather(1, x));
   out.q = read.add(q.gather(1, x));
+  // the later children's law (tree.h): a sibling draft's, or q
+  const at::Tensor s = in.sibling.defined() ? take_rows(in.sibling.to(p.scalar_type()), layout.order, in.rows, m) : q;
+  if (in.sibling.defined()) out.sibling = read.add(s.gather(1, x));
   if (siblings == Siblings::top) out.beta = read.add(at::minimum(P.narrow(0, 0, m), q).sum(-1));
   at::Tensor q_j = q;  // the law child j was drawn from, given every rejection before it (with replacement: q)
   for (int64_t j = 0; j < k && layout.leading[j] > 0; ++j) {
@@ -263,7 +273,7 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
       // (w = q(H_j), the next child a draw of q); q_{j+1} = q times the rejected mass of each case, over the
       // probability of a rejection, which the rule keeps at Algorithm 1's: the residual's mass.
       const at::Tensor e = excess.narrow(0, 0, next), pj = p_j.narrow(0, 0, next), qj = law.narrow(0, 0, next);
-      const at::Tensor q0 = q.narrow(0, 0, next);
+      const at::Tensor q0 = s.narrow(0, 0, next);  // the next child's law
       const at::Tensor in_h = e > 0;                                // [M_{j+1}, V]
       const at::Tensor w = (q0 * in_h).sum(-1, /*keepdim=*/true);   // [M_{j+1}, 1]
       const at::Tensor below = positive.narrow(0, 0, next) - e;      // (q_j - p_j)^+
@@ -279,6 +289,8 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
       const at::Tensor norm = left.sum(-1, /*keepdim=*/true);
       step.norm = read.add(norm);
       q_j = left / norm.clamp_min(kTiny);
+    } else if (j == 0 && in.sibling.defined()) {  // with replacement: the later children drawn from s
+      q_j = s;
     }
     // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself where that has no mass (speculative.h's residual)
     at::where_out(p_j, mass > 0, positive / mass, p_j);
@@ -335,9 +347,11 @@ class Children {
       }
       return false;
     };
+    // the later children's law (tree.h): a sibling draft's, or q
+    const double s = parts_.sibling != kNone ? read_.at(parts_.sibling)[i_ * widest_ + c] : q;
     switch (siblings_) {
       case Siblings::with_replacement:
-        return q;
+        return j == 0 ? q : s;
       case Siblings::without_replacement: {  // q without the earlier children, renormalized step by step
         double left = q;
         for (int64_t l = 0; l < j; ++l) {
@@ -359,7 +373,7 @@ class Children {
         const Step& before = parts_.steps[j - 1];
         const double mass = value(before.mass);
         const bool in_h = read_.at(before.sign)[i_ * widest_ + c] > 0;
-        return mass > 0 ? q * value(in_h ? before.in : before.off) / mass : 0.0;
+        return mass > 0 ? s * value(in_h ? before.in : before.off) / mass : 0.0;
       }
     }
     return 0.0;
@@ -387,7 +401,7 @@ struct Plan {
 
   bool same_places(const Plan& other) const { return offsets == other.offsets && ids() == other.ids(); }
   std::vector<size_t> ids() const {
-    std::vector<size_t> out{parts.p, parts.q, parts.beta, parts.uniforms, parts.mass, parts.candidates, token_part};
+    std::vector<size_t> out{parts.p, parts.q, parts.sibling, parts.beta, parts.uniforms, parts.mass, parts.candidates, token_part};
     for (const Step& step : parts.steps) {
       out.insert(out.end(), {step.mass, step.norm, step.w, step.in, step.off, step.sign});
     }
@@ -396,14 +410,14 @@ struct Plan {
   }
 };
 
-// The device's part of a sampled verification, from its inputs (`in`: DeviceInputs' five, then each row's draft
-// witnesses where given): everything the host reads, packed into one float64 tensor; `plan` says where.
+// The device's part of a sampled verification, from its inputs (`in`: DeviceInputs' five or six, then each row's
+// draft witnesses where given): everything the host reads, packed into one float64 tensor; `plan` says where.
 at::Tensor device_work(const Nodes& nodes, const Layout& layout, const SamplingConfig& config, Siblings siblings,
                        const std::vector<at::Tensor>& in, Plan& plan) {
   ReadBack read;
   plan.token_part = read.add(in[2]);
   plan.draft_parts.assign(nodes.rows.size(), kNone);
-  for (size_t r = 0, next = 5; r < nodes.rows.size(); ++r) {
+  for (size_t r = 0, next = nodes.siblings_law ? 6 : 5; r < nodes.rows.size(); ++r) {
     if (has_witnesses(nodes.rows[r])) plan.draft_parts[r] = read.add(in[next++]);
   }
   plan.parts = run_steps(nodes, layout, DeviceInputs(in, nodes, layout), config, siblings, read);
@@ -416,9 +430,10 @@ at::Tensor device_work(const Nodes& nodes, const Layout& layout, const SamplingC
 std::string key_of(const Nodes& nodes, const SamplingConfig& config, Siblings siblings) {
   const TreeInput& first = nodes.rows.front();
   std::string what = fmt::format("the verification of trees (T {}, top-k {}, top-p {}, siblings {}, logits {}, q {}, "
-                                 "V {}):", config.temperature, config.top_k, config.top_p, static_cast<int>(siblings),
-                                 c10::toString(first.target_logits.scalar_type()),
-                                 c10::toString(first.q.scalar_type()), first.target_logits.size(1));
+                                 "V {}, sibling law {}):", config.temperature, config.top_k, config.top_p,
+                                 static_cast<int>(siblings), c10::toString(first.target_logits.scalar_type()),
+                                 c10::toString(first.q.scalar_type()), first.target_logits.size(1),
+                                 nodes.siblings_law ? c10::toString(first.sibling_q.scalar_type()) : "none");
   for (size_t r = 0; r < nodes.rows.size(); ++r) {
     const Tree& tree = nodes.tree(static_cast<int64_t>(r));
     std::vector<int64_t> parents;
@@ -435,6 +450,7 @@ std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig
   const at::Device device = nodes.rows.front().target_logits.device();
   std::vector<at::Tensor> in{nodes.every_row(&TreeInput::target_logits), nodes.every_row(&TreeInput::q),
                              nodes.tokens, at::Tensor(), layout.uniforms(nodes, device)};
+  if (nodes.siblings_law) in.push_back(nodes.every_row(&TreeInput::sibling_q));
   for (const TreeInput& row : nodes.rows) {
     if (has_witnesses(row)) in.push_back(row.draft_maxima);
   }
@@ -497,7 +513,7 @@ std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig
 std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                               Siblings siblings, VerificationGraphs* graphs) {
   if (rows.empty()) return {};
-  for (const TreeInput& row : rows) check_tree_input(row, config);
+  for (const TreeInput& row : rows) check_tree_input(row, config, siblings);
   const Nodes nodes(rows);
   if (!config.greedy()) return verify_sampled(nodes, config, siblings, graphs);
   ReadBack read;  // temperature 0: one operation, nothing to capture

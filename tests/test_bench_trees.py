@@ -105,6 +105,36 @@ def test_node_bounds_coupled_is_the_enumerated_rule():
             assert float(shares[root, 0]) == pytest.approx(beta, abs=1e-12)
 
 
+def test_node_bounds_sibling_draft_is_the_enumerated_rule():
+    """node_bounds.sibling_draft (--sibling): the coupled shares with the later children from a sibling table sum to
+    the node's exact acceptance under tests/test_tree.py's enumeration of that rule (k = 2, 3 and 8), the second
+    child's share with independent coins is the enumerated with-replacement one, and s = q gives the draft's rows."""
+    import node_bounds
+    import torch
+    from test_tree import VOCAB, iteration_law, sibling_table, standardized, tables
+
+    config = (1.0, 0, 1.0)
+    target, draft = tables(seed=5, masked=False)
+    p, q, s = standardized(target, config), standardized(draft, config), standardized(sibling_table(5), config)
+    for k in (2, 3):
+        shares = node_bounds.coupled(p, q, k, s)
+        for root in range(VOCAB):
+            law = iteration_law(p, q, root, [k], "coupled", s)
+            assert float(shares[root].sum()) == pytest.approx(sum(v for seq, v in law.items() if len(seq) == 2),
+                                                              abs=1e-12)
+    out = node_bounds.sibling_draft(p, q, s, budget=6)
+    same = node_bounds.sibling_draft(p, q, q, budget=6)
+    assert same["sibling"] == same["draft"] and out["draft"] == same["draft"]
+    second = []
+    for root in range(VOCAB):
+        beta = float(torch.minimum(p[root], q[root]).sum())
+        law = iteration_law(p, q, root, [2], "with_replacement", s)
+        second.append(sum(v for seq, v in law.items() if len(seq) == 2) - beta)
+    assert out["sibling"]["second_with_replacement"][0] == pytest.approx(sum(second) / VOCAB, abs=1e-12)
+    assert out["sibling"]["coupled_ranks"][0] == pytest.approx(out["draft"]["coupled_ranks"][0], abs=1e-12)
+    assert out["chain"] <= out["draft"]["expected_tokens"] + 1e-12 <= out["iid_ceiling"] + 2e-12
+
+
 def test_node_bounds_coupled_with_siblings_of_another_law_is_exact():
     """node_bounds.coupled with the second child drawn from another law s (tempered_siblings): a simulation of the
     rule (400,000 draws of both children and the coins; the second child verified against its law given the first's

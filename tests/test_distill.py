@@ -89,6 +89,38 @@ def test_distillation_raises_the_heldout_alpha(target_path, loss, data, temperat
     assert all(torch.equal(v, before[k]) for k, v in draft.state_dict().items())  # the caller's draft is untouched
 
 
+def test_residual_loss_is_least_at_the_residual():
+    """loss="residual": -sum max(0, p - q) log s, the cross-entropy to norm(max(0, p - q)) weighted by its mass, is
+    smallest at s = that residual (over random s), and zero where q covers p."""
+    gen = torch.Generator().manual_seed(2)
+    p, q = torch.softmax(2 * torch.randn(4, VOCAB, generator=gen), -1), torch.softmax(torch.randn(4, VOCAB, generator=gen), -1)
+    residual = (p - q).clamp_min(0)
+    at_residual = distillation.residual_losses(p, q, (residual / residual.sum(-1, keepdim=True)).log())
+    manual = -(residual * (residual / residual.sum(-1, keepdim=True)).clamp_min(1e-30).log()).sum(-1)
+    torch.testing.assert_close(at_residual, manual)
+    for _ in range(20):
+        other = torch.log_softmax(3 * torch.randn(4, VOCAB, generator=gen), -1)
+        assert (distillation.residual_losses(p, q, other) > at_residual).all()
+    assert distillation.residual_losses(p, p, other).abs().max() == 0
+
+
+def test_residual_training_raises_the_sibling_share_and_the_sibling_runs_in_the_engine(target_path, tmp_path):
+    """A sibling draft trained beside a draft (distill's loss="residual") takes more of the first child's
+    rejections: its share (sibling_share, the second child's acceptance under rejection sampling) rises, and it is
+    saved in a form speculant.load takes."""
+    from speculant.tiny_gpt import script_cached
+    beside = str(tmp_path / "beside.pt")
+    first = speculant.distill(target_path, fresh_draft(), PROMPTS, steps=10, new_tokens=12, batch_size=4, lr=1e-2,
+                              progress=False).draft
+    torch.jit.save(script_cached(first), beside)
+    saved = str(tmp_path / "sibling.pt")
+    result = speculant.distill(target_path, fresh_draft(3), PROMPTS, steps=30, loss="residual", beside=beside,
+                               new_tokens=12, batch_size=4, lr=1e-2, save=saved, progress=False)
+    assert result.alpha_after.mean > result.alpha_before.mean + 0.05, (result.alpha_before, result.alpha_after)
+    assert result.losses[-1] < result.losses[0]
+    assert speculant.load(saved).vocab_size == VOCAB  # (in the engine: tests/test_tree_decoding.py's sibling tests)
+
+
 def test_corpus_windows(target_path):
     corpus = speculant.generate(target_path, [1, 2], max_new_tokens=80, seed=3).tokens
     result = speculant.distill(target_path, fresh_draft(), data="corpus", corpus=corpus, window=24,
@@ -149,7 +181,10 @@ def test_transformers_objects_and_directories(target_path, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(loss="js"), r"loss must be one of 'tv', 'forward_kl', 'reverse_kl', got 'js'"),
+    (dict(loss="js"), r"loss must be one of 'tv', 'forward_kl', 'reverse_kl', 'residual', got 'js'"),
+    (dict(loss="residual"), r"beside= goes with loss='residual'"),
+    (dict(beside="draft.pt"), r"beside= goes with loss='residual'"),
+    (dict(loss="residual", beside="draft.pt", temperature=0.0), r"loss='residual' is undefined at temperature 0"),
     (dict(data="mixed"), r"data must be one of 'draft', 'target', 'corpus'"),
     (dict(steps=0), r"steps must be an integer >= 1"),
     (dict(temperature=-1.0), r"temperature must be a finite number >= 0"),

@@ -14,8 +14,10 @@ child becomes the next node, and when all are rejected t is drawn from the last 
 * Statistical: Pearson chi-square of the emitted sequences (pooled to expected counts >= 5) against
   ``iteration_law`` at SIGNIFICANCE = 1e-3 per test with fixed seeds, for both implementations of draw_children
   and verify_tree (the CPU kernels, and the tensor path accelerators run, forced on CPU, also in float32): 29
-  tests, and 6 of the children's own law, at most 3.5% family-wise false failures for a fresh choice of seeds
-  (Bonferroni).
+  tests, 6 more with a sibling draft (children 1 .. k - 1 from a third table), and 6 of the children's own law,
+  at most 4.1% family-wise false failures for a fresh choice of seeds (Bonferroni).
+* Sibling drafts (tree.h): the enumerated law with a third table drawing the later children is the target's;
+  the second child's share has distill's closed form; the draws come from the right rows.
 * Greedy: top-k children, the longest path of argmax agreement, t the argmax: exactly the enumerated walk,
   for both implementations.
 * Edges (draft equal to the target, every child impossible, a target sure of one token, masked rows): every
@@ -65,21 +67,23 @@ def top_order(q) -> list:
     return sorted(range(len(q)), key=lambda v: (-float(q[v]), v))
 
 
-def iteration_law(p_table, q_table, root: int, shape, siblings: str) -> dict:
+def iteration_law(p_table, q_table, root: int, shape, siblings: str, s_table=None) -> dict:
     """Exact law of the tokens one iteration emits (accepted path + t) after `root`, drafting included: every
     node of depth i draws shape[i] children from q at its token (`siblings`: "with_replacement",
-    "without_replacement" or "top"), then the tree is verified (tree.h)."""
+    "without_replacement" or "top"), then the tree is verified (tree.h). `s_table` (with_replacement and coupled):
+    a sibling draft's table, whose row at the node's token draws children 1 .. k - 1 (tree.h's sibling drafts)."""
 
     def node(token: int, depth: int) -> dict:
         p = p_table[token]
         if depth == len(shape):
             return {(t,): float(p[t]) for t in range(VOCAB) if p[t] > 0}
         if siblings == "coupled":
-            return coupled_law(depth, p, q_table[token])
+            return coupled_law(depth, p, q_table[token], q_table[token] if s_table is None else s_table[token])
         return siblings_law(token, depth, 0, p, q_table[token].clone())
 
-    def coupled_law(depth: int, p, q) -> dict:
-        """Children drawn i.i.d. from q; child j's coin looks at whether child j + 1 is in H_j = {p_j > q_j}."""
+    def coupled_law(depth: int, p, first, q) -> dict:
+        """Child 0 drawn from `first`, the others i.i.d. from q; child j's coin looks at whether child j + 1 is in
+        H_j = {p_j > q_j}."""
         out = defaultdict(float)
         k = shape[depth]
 
@@ -108,8 +112,8 @@ def iteration_law(p_table, q_table, root: int, shape, siblings: str) -> dict:
                     step(j + 1, reference.residual(p_j, q_j), q_next / q_next.sum(), b, weight * float(q[b]) * (1 - u))
 
         for x in range(VOCAB):
-            if q[x] > 0:
-                step(0, p, q, x, float(q[x]))
+            if first[x] > 0:
+                step(0, p, first, x, float(first[x]))
         return out
 
     def siblings_law(token: int, depth: int, j: int, p_j, q_left) -> dict:
@@ -140,8 +144,10 @@ def iteration_law(p_table, q_table, root: int, shape, siblings: str) -> dict:
                 for seq, prob in node(x, depth + 1).items():
                     out[(x,) + seq] += float(q_j[x]) * a * prob
             if a < 1:
-                left = q_left if siblings == "with_replacement" else q_left.clone().index_fill_(0, torch.tensor([x]),
-                                                                                                 0.0)
+                if siblings == "with_replacement":
+                    left = q_left if s_table is None else s_table[token]
+                else:
+                    left = q_left.clone().index_fill_(0, torch.tensor([x]), 0.0)
                 for seq, prob in siblings_law(token, depth, j + 1, reference.residual(p_j, q_j), left).items():
                     out[seq] += float(q_j[x]) * (1 - a) * prob
         return out
@@ -462,8 +468,9 @@ def test_a_level_of_nodes_draws_each_nodes_children_from_its_own_row(siblings, g
         _core._draw_children(q, [1, 1, 1], siblings, False, 0, generic, groups=[1, 1])
 
 
-def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, generic=False):
-    """Node tokens drawn as the decoder's drafter draws them: each internal node's children from q at its token."""
+def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, generic=False, s_table=None):
+    """Node tokens drawn as the decoder's drafter draws them: each internal node's children from q at its token
+    (with a sibling table s_table, of the same kind as q_table / draft_scores: children 1 .. from its row)."""
     tokens = [root] * len(parents)
     children = defaultdict(list)
     for node, parent in enumerate(parents[1:], start=1):
@@ -472,24 +479,26 @@ def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, gene
         if children[node]:
             scores = draft_scores[tokens[node]] if greedy else q_table[tokens[node]]
             drawn = _core._draw_children(scores, len(children[node]), siblings, greedy, seed * 1000 + node,
-                                         generic)
+                                         generic, sibling_q=None if s_table is None else s_table[tokens[node]])
             for child, token in zip(children[node], drawn.tolist()):
                 tokens[child] = token
     return torch.tensor(tokens)
 
 
-def run_tree(shape, target, draft, config, siblings, draws, generic, greedy=False, root=1, dtype=F64):
+def run_tree(shape, target, draft, config, siblings, draws, generic, greedy=False, root=1, dtype=F64, sibling=None):
     """Emitted sequences of `draws` iterations, each with a freshly drawn tree (seed i); the verifier is given
-    the target's logits and q in `dtype`."""
+    the target's logits and q in `dtype`. `sibling`: a sibling draft's logits table (tree.h's sibling drafts)."""
     parents = _core._tree_parents(shape)
     temperature, top_k, top_p = config
     q_table = standardized(draft, config)
+    s_table = None if sibling is None else standardized(sibling, config)
     out = []
     for seed in range(draws):
-        tokens = draw_tree(parents, q_table, draft, root, siblings, greedy, seed, generic)
+        tokens = draw_tree(parents, q_table, draft, root, siblings, greedy, seed, generic,
+                           None if sibling is None else sibling if greedy else s_table)
         path, path_tokens, t, ranks, finite = _core._verify_tree_seeded(
             parents, target[tokens].to(dtype), q_table[tokens].to(dtype), tokens, temperature, top_k, top_p, 1.0,
-            siblings, [seed], generic)[0]
+            siblings, [seed], generic, sibling_q=None if sibling is None else s_table[tokens].to(dtype))[0]
         assert finite and len(ranks) == len(path) + 1
         assert path_tokens == tokens[path].tolist()
         assert [parents[node] for node in path] == ([0] + path)[:len(path)], "the path goes down the tree"
@@ -529,13 +538,15 @@ def test_tensor_path_in_float32_samples_the_exact_law():
     check_law(([3], (1.0, 0, 1.0), "coupled", 46), True, torch.float32)
 
 
-def check_law(case, generic, dtype):
+def check_law(case, generic, dtype, sibling=False):
     shape, config, siblings, seed = case
     draws = 3000
     target, draft = tables(seed)
-    law = iteration_law(standardized(target, config), standardized(draft, config), 1, shape, siblings)
+    s_logits = sibling_table(seed) if sibling else None
+    law = iteration_law(standardized(target, config), standardized(draft, config), 1, shape, siblings,
+                        None if s_logits is None else standardized(s_logits, config))
     counts = defaultdict(int)
-    for seq in run_tree(shape, target, draft, config, siblings, draws, generic, dtype=dtype):
+    for seq in run_tree(shape, target, draft, config, siblings, draws, generic, dtype=dtype, sibling=s_logits):
         counts[seq] += 1
     impossible = [seq for seq in counts if law.get(seq, 0.0) == 0.0]
     assert not impossible, f"sequences of probability zero were emitted: {impossible}"
@@ -543,6 +554,99 @@ def check_law(case, generic, dtype):
     expected, observed = pooled(np.array([law[c] for c in cells]) * draws, np.array([counts[c] for c in cells], float))
     expected *= observed.sum() / expected.sum()
     assert scipy.stats.chisquare(observed, expected).pvalue > SIGNIFICANCE
+
+
+# ------------------------------------------------------------------------------------------------
+# Sibling drafts (tree.h): children 1 .. k - 1 drawn from another law s, verified against it
+# ------------------------------------------------------------------------------------------------
+
+
+def sibling_table(seed: int) -> torch.Tensor:
+    """A sibling draft's logits [V, V]: another perturbation of the target than the draft's, far from it."""
+    target, _ = tables(seed)
+    gen = torch.Generator().manual_seed(seed + 500)
+    return target.masked_fill(torch.isinf(target), 0.0) + torch.randn(VOCAB, VOCAB, generator=gen, dtype=F64) * 2.0
+
+
+@pytest.mark.parametrize("siblings", ["with_replacement", "coupled"])
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize("shape", [[2], [3], [2, 2], [3, 1], [2, 1, 2]], ids=str)
+def test_sibling_draft_is_exact(shape, config, siblings):
+    """Enumerated: with children 1 .. k - 1 from a third table (a sibling draft, with mass where the target has
+    none), one iteration completed by the target is the target's own law."""
+    seed = len(shape) * 10 + shape[0]
+    target, draft = tables(seed)
+    p_table, q_table = standardized(target, config), standardized(draft, config)
+    law = iteration_law(p_table, q_table, 1, shape, siblings, standardized(sibling_table(seed), config))
+    assert sum(law.values()) == pytest.approx(1.0, abs=1e-12)
+    length = len(shape) + 1
+    np.testing.assert_allclose(completed(law, p_table, length), target_law(p_table, 1, length), rtol=0, atol=1e-12)
+
+
+def test_a_sibling_close_to_the_residual_is_accepted_more_and_its_share_has_a_closed_form():
+    """One node of two children, with replacement: the second child is accepted with sum min(max(0, p - q),
+    (1 - beta) s) (speculant.distillation.sibling_share, what distill's residual loss reports), enumerated; a
+    sibling whose law is the residual norm(max(0, p - q)) takes every rejection of the first child (the node keeps
+    everything), where q itself as the sibling takes less; the first child keeps beta whatever the sibling."""
+    from speculant import distillation
+
+    target, draft = tables(seed=5, masked=False)
+    config = (1.0, 0, 1.0)
+    p_table, q_table = standardized(target, config), standardized(draft, config)
+    residual = (p_table - q_table).clamp_min(0.0)
+    s_logits = sibling_table(5)
+    oracle = residual / residual.sum(-1, keepdim=True)
+    for root in range(VOCAB):
+        p, q = p_table[root], q_table[root]
+        beta = float(torch.minimum(p, q).sum())
+        shares = {}
+        for name, s in (("sibling", standardized(s_logits, config)), ("oracle", oracle), ("q", q_table)):
+            law = iteration_law(p_table, q_table, root, [2], "with_replacement", s)
+            shares[name] = sum(prob for seq, prob in law.items() if len(seq) == 2) - beta
+        closed = distillation.sibling_share(target[root:root + 1], draft[root:root + 1], s_logits[root:root + 1],
+                                            *config)
+        assert shares["sibling"] == pytest.approx(float(closed), abs=1e-6)  # float32 standardization there
+        assert shares["oracle"] == pytest.approx(1.0 - beta, abs=1e-12)
+        assert shares["oracle"] > shares["q"] + 1e-3
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+def test_sibling_children_come_from_the_sibling_row(generic):
+    """Disjoint supports: child 0 from q's row, children 1 .. from the sibling's (independent draws; the tensor path
+    and the host kernel alike); at temperature 0 the draft's argmax then the sibling's top tokens; rules that do
+    not draw independently are refused by name."""
+    q = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0]], dtype=F64)
+    s = torch.tensor([[0.0, 0.0, 0.3, 0.3, 0.4], [0.2, 0.0, 0.8, 0.0, 0.0]], dtype=F64)
+    for siblings in ("with_replacement", "coupled"):
+        for seed in range(40):
+            drawn = _core._draw_children(q, [3, 2], siblings, False, seed, generic, sibling_q=s).tolist()
+            assert drawn[0] in (0, 1) and all(x in (2, 3, 4) for x in drawn[1:3])
+            assert drawn[3] == 3 and drawn[4] in (0, 2)
+        assert _core._draw_children(q, [3, 2], siblings, True, 0, generic, sibling_q=s).tolist() == [0, 4, 2, 3, 2]
+    for siblings in ("without_replacement", "top"):
+        with pytest.raises(ValueError, match="a sibling draft's children are independent draws"):
+            _core._draw_children(q, [2, 2], siblings, False, 0, generic, sibling_q=s)
+        with pytest.raises(ValueError, match="a sibling draft's children are independent draws"):
+            _core._verify_tree_seeded([-1, 0, 0], q[[0, 0, 1]], q[[0, 0, 1]], torch.tensor([0, 1, 3]), 1.0, 0, 1.0,
+                                      1.0, siblings, [0], generic, sibling_q=s[[0, 0, 1]])
+    with pytest.raises(ValueError, match="the siblings' law must be shaped as q"):
+        _core._draw_children(q, [2, 2], "coupled", False, 0, generic, sibling_q=s[:1])
+    with pytest.raises(ValueError, match="sibling_q must be shaped as q"):
+        _core._verify_tree_seeded([-1, 0, 0], q[[0, 0, 1]], q[[0, 0, 1]], torch.tensor([0, 1, 3]), 1.0, 0, 1.0, 1.0,
+                                  "coupled", [0], generic, sibling_q=s)
+
+
+SIBLING_CASES = [  # shape, config, siblings, table seed
+    ([2, 2], (1.0, 0, 1.0), "coupled", 60),
+    ([3, 1], (0.7, 2, 1.0), "coupled", 43),
+    ([3], (1.0, 0, 1.0), "with_replacement", 46),
+]
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+@pytest.mark.parametrize("case", SIBLING_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+def test_cpp_samples_the_exact_law_with_a_sibling_draft(case, generic):
+    check_law(case, generic, F64, sibling=True)
 
 
 def degenerate_tables() -> dict:

@@ -13,6 +13,10 @@ copy_slots). What is checked:
   tables (tests/test_batch.py's MarkovRows, which reads each node's predecessor through the mask), at
   SIGNIFICANCE = 1e-3 per window, 2 windows per case, fixed seeds: 9 cases (each way of drawing siblings, given
   trees), at most 1.8% family-wise false failures for a fresh choice of seeds (Bonferroni).
+* Sibling drafts (``sibling_draft=``, cpp/tree.h): a second draft model for the later children. The law on
+  Markov tables (chi-square, 2 more cases under the family-wise bound below: at most 2.8% with the 12), greedy
+  trees equal plain greedy, the second model's cache follows the accepted path (its calls, and the tokens of a
+  sibling equal to the draft those without one), and the refusals by name.
 * The statistics: per depth and rank acceptance counts, tokens per call, and the refusals by name.
 * Drafters without a model: Unigram / Bigram tables and a PythonDrafter with score= propose trees (the engine
   draws each node's children from their law there): the law on Markov tables (chi-square, 3 more cases under
@@ -25,6 +29,8 @@ copy_slots). What is checked:
   refused by name. (Every other family of tests/hf_families.py, sliding
   windows and attention chunks included: tests/test_live.py.)
 """
+
+import dataclasses
 
 import pytest
 import torch
@@ -122,6 +128,76 @@ def test_tree_law_equals_target_law(case):
     law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, sampling.get("temperature", 1.0),
                                   sampling.get("top_k", 0), sampling.get("top_p", 1.0))
     assert_law(samples, law, f"tree {shape}")
+
+
+SIBLING_LAW_CASES = [  # id, shape, siblings, sampling, table seed
+    ("2x2-coupled-sibling-T1", [2, 2], "coupled", dict(temperature=1.0), 71),
+    ("3x1-with-sibling-topk3", [3, 1], "with_replacement", dict(temperature=0.8, top_k=3), 72),
+]
+
+
+@pytest.mark.parametrize("case", SIBLING_LAW_CASES, ids=[c[0] for c in SIBLING_LAW_CASES])
+def test_sibling_draft_law_equals_target_law(case):
+    """The later children from a third table through its own cache (MarkovRows reads each node's predecessor
+    through the mask, so a sibling cache out of step with the tree would draw from the wrong rows)."""
+    _, shape, siblings, sampling, seed = case
+    target, draft = markov.target_and_draft(LAW_VOCAB, seed, mask_prob=0.1)
+    _, sibling = markov.target_and_draft(LAW_VOCAB, seed + 100, mask_prob=0.1)
+    decoder = speculant.SpeculativeDecoder(table_model(target), table_model(draft), tree=shape, siblings=siblings,
+                                           sibling_draft=table_model(sibling), **sampling)
+    samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=seed * 1000)
+    law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, sampling.get("temperature", 1.0),
+                                  sampling.get("top_k", 0), sampling.get("top_p", 1.0))
+    assert_law(samples, law, f"tree {shape} with a sibling draft")
+
+
+def test_sibling_drafts_in_the_decoder(models, expected):
+    """Greedy trees with a sibling draft are plain greedy (alone and in a batch); each tree level calls both
+    models; a sibling equal to the draft (another Model of the same file) gives the tokens of no sibling at
+    T = 1 (the same uniforms, the same laws), over several iterations, so its cache followed the accepted paths."""
+    target, drafts = models
+    sibling = speculant.load(script_cached(perturbed(TARGET, seed=4, scale=0.3)))
+    for shape in ([2, 2], [3, 1, 1], GIVEN):
+        decoder = speculant.SpeculativeDecoder(target, drafts["unrelated"], tree=shape, temperature=0.0,
+                                               sibling_draft=sibling)
+        results = decoder.generate(PROMPTS, max_new_tokens=NEW, seed=0)
+        assert [r.tokens for r in results] == expected
+    twin = speculant.load(script_cached(perturbed(TARGET, seed=3, scale=0.05)))
+    for shape in ([2, 2], GIVEN):
+        alone = speculant.SpeculativeDecoder(target, drafts["near"], tree=shape, temperature=1.0)
+        paired = speculant.SpeculativeDecoder(target, drafts["near"], tree=shape, temperature=1.0, sibling_draft=twin)
+        a = alone.generate(PROMPTS, max_new_tokens=NEW, seed=3)
+        b = paired.generate(PROMPTS, max_new_tokens=NEW, seed=3)
+        assert [r.tokens for r in a] == [r.tokens for r in b]
+        assert all(rb.stats.draft_calls == 2 * ra.stats.draft_calls for ra, rb in zip(a, b))
+        assert sum(r.stats.iterations for r in a) >= 3 * len(PROMPTS)
+    with_sibling = speculant.SpeculativeDecoder(target, drafts["near"], tree=[2, 2], sibling_draft=sibling)
+    assert with_sibling.with_sampling(0.5).sibling_draft is sibling
+
+
+def test_sibling_draft_refusals(models):
+    target, drafts = models
+    draft, sibling = drafts["near"], drafts["unrelated"]
+    cases = [
+        (dict(gamma=3), "sibling_draft draws the later children of a token tree of a fixed shape"),
+        (dict(tree=speculant.DynamicTree(8, 3, 2, 2)), "a token tree of a fixed shape"),
+        (dict(tree=[2, 2], siblings="without_replacement"), "siblings must be 'coupled' or 'with_replacement'"),
+        (dict(tree=[2, 2], siblings="top"), "siblings must be 'coupled' or 'with_replacement', got 'top'"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            speculant.SpeculativeDecoder(target, draft, sibling_draft=sibling, **kwargs)
+    with pytest.raises(ValueError, match="sibling_draft must be another model than the draft"):
+        speculant.SpeculativeDecoder(target, draft, tree=[2], sibling_draft=draft)
+    with pytest.raises(ValueError, match="sibling_draft needs a draft model beside it"):
+        speculant.SpeculativeDecoder(target, speculant.drafters.Unigram(torch.ones(target.vocab_size)), tree=[2],
+                                     sibling_draft=sibling)
+    other = speculant.load(script_cached(tiny_gpt(dataclasses.replace(TARGET_CONFIG,
+                                                                      vocab_size=TARGET_CONFIG.vocab_size + 1), seed=1)))
+    with pytest.raises(ValueError, match=r"sibling_draft's vocabulary \(\d+\) must be the draft's"):
+        speculant.SpeculativeDecoder(target, draft, tree=[2], sibling_draft=other)
+    with pytest.raises(ValueError, match="sibling_draft: "):
+        speculant.SpeculativeDecoder(target, draft, tree=[2], sibling_draft=42)
 
 
 def test_refusals(models, tmp_path):

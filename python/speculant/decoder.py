@@ -155,10 +155,30 @@ def _cross_tokenizer(draft: Union[Model, Drafter], draft_tokenizer, target_token
     return CrossTokenizer(draft, draft_tokenizer, target_tokenizer, target.vocab_size, device=target.device)
 
 
-def _drafter(value: Union[Model, Drafter, "SpeculativeDecoder"]) -> _core.Drafter:
+def _drafter(value: Union[Model, Drafter, "SpeculativeDecoder"], sibling: Optional[Model] = None) -> _core.Drafter:
     if isinstance(value, SpeculativeDecoder):
         return value._core.as_draft(**value._schedule)
-    return value._core if isinstance(value, Drafter) else _core.model_drafter(value._core)
+    if isinstance(value, Drafter):
+        return value._core
+    return _core.model_drafter(value._core, sibling._core if sibling is not None else None)
+
+
+def _sibling_draft(value, draft, tree, siblings: str, device, dtype) -> Optional[Model]:
+    """sibling_draft= as a speculant.Model, or None; ValueError naming it where it cannot draw siblings."""
+    if value is None:
+        return None
+    if not isinstance(draft, Model):
+        raise ValueError(f"sibling_draft needs a draft model beside it, got a {type(draft).__name__} as the draft")
+    if not tree or isinstance(tree, DynamicTree):
+        raise ValueError("sibling_draft draws the later children of a token tree of a fixed shape: give tree= as "
+                         "children per depth or parents (not a chain, not a DynamicTree)")
+    if siblings not in ("coupled", "with_replacement"):
+        raise ValueError(f"sibling_draft: its children are independent draws, so siblings must be 'coupled' or "
+                         f"'with_replacement', got {siblings!r}")
+    sibling = _model(value, "sibling_draft", device, dtype)
+    if sibling is draft:
+        raise ValueError("sibling_draft must be another model than the draft (each keeps its own cache)")
+    return sibling
 
 
 def _check_level(draft: "SpeculativeDecoder", sampling: dict) -> None:
@@ -511,6 +531,15 @@ class SpeculativeDecoder:
     ``gamma_policy``, ``max_gamma``, ``cost``: the defaults of ``generate``'s (see there), and the schedule this
     decoder's gamma follows when it is another decoder's draft level.
 
+    ``sibling_draft``: a second draft model for a tree's later children (cpp/tree.h, sibling drafts): each node's
+    first child is drawn from the draft's q, its others independently from the sibling draft's law at the same node
+    (its own cache, fed the same tree nodes), and verified against that law, so the output law stays exactly the
+    target's. It pays where the sibling's law is closer than q to what a rejection of the first child leaves,
+    norm(max(0, p - q)): a copy of the draft trained toward that residual
+    (``speculant.distillation.distill(..., objective="residual")``). Trees of a fixed shape only, with siblings
+    "coupled" or "with_replacement"; at temperature 0 the later children are the sibling's most probable tokens.
+    Each tree level costs one call of each draft model.
+
     ``draft_tokenizer`` with ``target_tokenizer``: a draft model whose vocabulary differs from the target's
     drafts through text (speculant.cross_tokenizer.CrossTokenizer: deterministic proposals with point-mass q,
     so the law stays exactly the target's at every setting, and at temperature 0 the output is the target's
@@ -521,7 +550,7 @@ class SpeculativeDecoder:
                  siblings: str = "coupled", temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "off",
                  draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
-                 max_gamma: Optional[int] = None, cost: Optional[float] = None):
+                 max_gamma: Optional[int] = None, cost: Optional[float] = None, sibling_draft=None):
         self.target = _model(target, "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
         self._schedule = _schedule(gamma_policy, max_gamma, cost)
@@ -538,16 +567,26 @@ class SpeculativeDecoder:
                           "top_p": _real(top_p, "top_p"), "lenience": _real(lenience, "lenience")}
         if isinstance(self.draft, SpeculativeDecoder):
             _check_level(self.draft, self._sampling)
-        self._drafter = _drafter(self.draft)
+        self.sibling_draft = _sibling_draft(sibling_draft, self.draft, self._tree, self._siblings, device, dtype)
+        self._drafter = _drafter(self.draft, self.sibling_draft)
         mode = self._mode = graphs.check_mode(cuda_graphs)
         self._models = [self.target] + ([self.draft] if isinstance(self.draft, Model) else [])
         chosen = [graphs.shapes(model._core, mode, role) for model, role in zip(self._models, ("target", "draft"))]
+        warnings = [why for _, why in chosen]
+        if self.sibling_draft is not None:  # it runs with the draft's shapes
+            shape, why = graphs.shapes(self.sibling_draft._core, mode, "sibling draft")
+            if shape != chosen[1][0]:
+                raise ValueError(f"sibling_draft: with cuda_graphs={mode!r} its calls would run {shape}, the "
+                                 f"draft's {chosen[1][0]}: both run with the same shapes"
+                                 + (f" ({why})" if why else ""))
+            self._models.append(self.sibling_draft)
+            warnings.append(why)
         self._shapes = [shape for shape, _ in chosen] + ["dynamic"] * (2 - len(chosen))
         if isinstance(self.draft, SpeculativeDecoder):  # its model runs as that decoder chose (and warned)
             self._shapes[1] = self.draft.shapes[0]
             self._models += self.draft._models
         self._core = self._decoder(self._sampling)
-        graphs.warn(why for _, why in chosen)
+        graphs.warn(warnings)
 
     def _decoder(self, sampling: dict) -> _core.Decoder:
         grown = self._tree if isinstance(self._tree, DynamicTree) else None
@@ -564,7 +603,8 @@ class SpeculativeDecoder:
             else self.draft
         return SpeculativeDecoder(self.target, draft, gamma=self._gamma, tree=self._tree or None,
                                   siblings=self._siblings, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  lenience=self._sampling["lenience"], cuda_graphs=self._mode, **self._schedule)
+                                  lenience=self._sampling["lenience"], cuda_graphs=self._mode,
+                                  sibling_draft=self.sibling_draft, **self._schedule)
 
     @property
     def shapes(self) -> Tuple[str, str]:

@@ -16,6 +16,14 @@ is that distance itself, averaged over positions the decoder will meet:
   laws at the temperature only (the truncations of top-k / top-p would make it infinite); at temperature 0
   the cross-entropy to the target's argmax.
 * ``loss="reverse_kl"``: KL(q || p), at the temperature only; refused at temperature 0 (p is a point mass).
+* ``loss="residual"`` with ``beside=`` a draft model: trains a *sibling draft* (cpp/tree.h; SpeculativeDecoder's
+  sibling_draft=), whose law s draws a token tree's later children beside the draft's first. When the first child
+  (drawn from the draft's q) is rejected, the target's token is drawn from the residual r = norm(max(0, p - q)),
+  so the sibling should put its mass there: the loss is the cross-entropy to r weighted by the residual's mass
+  1 - β, -sum_x max(0, p(x) - q(x)) log s(x) (p and q standardized as the engine does, s at the temperature),
+  zero where q covers p. Its "α" is then the sibling's share: the probability that a node's second child is the
+  one accepted under rejection sampling, sum_x min(max(0, p(x) - q(x)), (1 - β) s(x)) (s standardized as the engine
+  does), averaged as α is. Refused at temperature 0 (the laws are point masses); decoder-only pairs.
 
 The positions (DistillSpec's data choices): ``data="draft"`` continues the training prompts with the draft's
 own samples at the decoding settings, fresh every step (on-policy: where the decoder's drafts go);
@@ -62,7 +70,7 @@ from .testing import sequence_logits
 
 __all__ = ["AlphaEstimate", "Distillation", "distill", "heldout_alpha", "LOSSES", "DATA"]
 
-LOSSES = ("tv", "forward_kl", "reverse_kl")
+LOSSES = ("tv", "forward_kl", "reverse_kl", "residual")
 DATA = ("draft", "target", "corpus")
 HELDOUT_EVERY = 5  # without heldout=, every 5th prompt is held out for α
 
@@ -88,7 +96,8 @@ class AlphaEstimate:
 @dataclass
 class Distillation:
     """What ``distill`` returns: the trained draft (the kind it was given; a path for a directory), α before
-    and after on the held-out prompts, the loss of every step, the training seconds, and the files written."""
+    and after on the held-out prompts (loss="residual": the sibling's share, see the module's docstring), the loss
+    of every step, the training seconds, and the files written."""
     draft: Any
     alpha_before: AlphaEstimate
     alpha_after: AlphaEstimate
@@ -127,6 +136,24 @@ def position_losses(p: torch.Tensor, log_q: torch.Tensor, loss: str) -> torch.Te
     kept = q > 0  # reverse_kl
     log_p = p.clamp_min(torch.finfo(p.dtype).tiny).log()  # a p that underflowed counts as the smallest float
     return torch.where(kept, q * (log_q.masked_fill(~kept, 0.0) - log_p), 0.0).sum(-1)
+
+
+def residual_losses(p: torch.Tensor, q: torch.Tensor, log_s: torch.Tensor) -> torch.Tensor:
+    """loss="residual" at each of n positions [n]: -sum_x max(0, p(x) - q(x)) log s(x), p and q the target's and the
+    draft's standardized laws (no gradient), log_s the sibling's log law with its gradient."""
+    residual = (p - q).clamp_min(0.0)
+    return -(residual * log_s.masked_fill(residual == 0, 0.0)).sum(-1)
+
+
+def sibling_share(p_logits: torch.Tensor, q_logits: torch.Tensor, s_logits: torch.Tensor, temperature: float,
+                  top_k: int, top_p: float) -> torch.Tensor:
+    """[n]: the chance that a node's second child, drawn from the sibling's s, is the one accepted under rejection
+    sampling after the first, drawn from q: sum_x min(max(0, p - q), (1 - β) s), all three standardized by the
+    engine's function."""
+    p, q, s = (sampling.standardize(x.detach().float(), temperature, top_k, top_p)
+               for x in (p_logits, q_logits, s_logits))
+    residual = (p - q).clamp_min(0.0)
+    return torch.minimum(residual, residual.sum(-1, keepdim=True) * s).sum(-1)
 
 
 def beta(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float, top_k: int,
@@ -298,7 +325,8 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
             top_p: float = 1.0, loss: str = "tv", data: str = "draft", corpus=None, window: int = 64,
             heldout=None, new_tokens: int = 32, batch_size: int = 8, lr: float = 3e-4, weight_decay: float = 0.0,
             tokenizer=None, seed: int = 0, save: Optional[str] = None, checkpoint_dir: Optional[str] = None,
-            checkpoint_every: int = 0, resume: Optional[str] = None, progress: bool = True) -> Distillation:
+            checkpoint_every: int = 0, resume: Optional[str] = None, progress: bool = True,
+            beside=None) -> Distillation:
     """Trains ``draft`` for α against ``target`` at the sampling settings ``temperature``, ``top_k``, ``top_p``
     the decoder will use (see the module's docstring for the losses, the data and α). Returns a Distillation.
 
@@ -311,6 +339,8 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
     optimizer, random state, losses); ``resume=`` one of them continues that run to ``steps`` as if it had not
     stopped. ``save=``: where to write the trained draft in a form ``speculant.load`` takes (a directory for a
     transformers model, a TorchScript file for a TinyGPT); required for a draft given as a directory.
+    ``beside=``: with loss="residual" only, the draft model (anything ``speculant.load`` takes) that ``draft`` will
+    draw siblings beside; ``draft`` is then usually a copy of it to start from.
     """
     loss = _choice(loss, "loss", LOSSES)
     data = _choice(data, "data", DATA)
@@ -320,6 +350,12 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
     if loss == "reverse_kl" and temperature == 0.0:
         raise ValueError("loss='reverse_kl' is undefined at temperature 0 (the target's law is a point mass); use "
                          "'tv' or 'forward_kl'")
+    if (loss == "residual") != (beside is not None):
+        raise ValueError("beside= goes with loss='residual' (the draft a sibling draft is trained beside), and "
+                         f"loss='residual' needs it; got loss={loss!r} and beside={'given' if beside is not None else None}")
+    if loss == "residual" and temperature == 0.0:
+        raise ValueError("loss='residual' is undefined at temperature 0 (the laws are point masses, a sibling draft "
+                         "draws sampled children)")
     new_tokens, batch_size = _count(new_tokens, "new_tokens", 1), _count(batch_size, "batch_size", 1)
     lr = _positive(lr, "lr")
     if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < 1:
@@ -336,6 +372,14 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
                          "draft to")
     trainee = _Draft(draft, save)
     _same_kind(teacher, trainee)
+    first = None  # loss="residual": the draft beside the trainee
+    if beside is not None:
+        first = _Target(beside, "beside")
+        if teacher.encoder_decoder or first.encoder_decoder:
+            raise ValueError("loss='residual': sibling drafts are decoder-only (token trees of encoder-decoders draft "
+                             "with one model)")
+        if first.handle.vocab_size != vocab:
+            raise ValueError(f"beside: its vocabulary ({first.handle.vocab_size}) must be the target's ({vocab})")
 
     if data == "corpus":
         if teacher.encoder_decoder:
@@ -361,7 +405,7 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
             held = everything[::HELDOUT_EVERY]
             train_prompts = [p for i, p in enumerate(everything) if i % HELDOUT_EVERY]
 
-    references = _references(teacher, held, new_tokens, settings, seed)  # kept for α after
+    references = _references(teacher, held, new_tokens, settings, seed, first)  # kept for α after
     alpha_before = _alpha(trainee, references, settings, vocab)
 
     generator = torch.Generator().manual_seed(seed)  # batches and samples
@@ -396,7 +440,7 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
                     chosen = torch.randint(len(train_prompts), (batch_size,), generator=generator).tolist()
                     batch = _continue([train_prompts[i] for i in chosen], data, trainee, teacher, settings,
                                       new_tokens, generator, vocab)
-                losses.append(_step(trainee, optimizer, batch, teacher, loss, settings, vocab, step))
+                losses.append(_step(trainee, optimizer, batch, teacher, loss, settings, vocab, step, first))
                 bar.update()
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
                 if checkpoint_every and (step + 1) % checkpoint_every == 0:
@@ -415,10 +459,11 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
     return Distillation(result, alpha_before, alpha_after, losses, seconds, saved, checkpoints)
 
 
-def _step(trainee: _Draft, optimizer, batch, teacher: _Target, loss: str, settings, vocab: int, step: int) -> float:
+def _step(trainee: _Draft, optimizer, batch, teacher: _Target, loss: str, settings, vocab: int, step: int,
+          first: Optional[_Target] = None) -> float:
     """One optimizer step on `batch` [(sequence, first loss position, source or None)], the draft called once
     per sequence (and source) length; returns the batch's loss (the mean over sequences of each one's mean over
-    positions)."""
+    positions). `first`: loss="residual"'s draft beside the trainee."""
     trainee.module.train()
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
@@ -429,8 +474,13 @@ def _step(trainee: _Draft, optimizer, batch, teacher: _Target, loss: str, settin
         for row, i in enumerate(group):
             sequence, begin, source = batch[i]
             p_logits = teacher.logits(sequence, source)[begin:].to(trainee.device)  # [n, V]
-            value = value + position_losses(target_law(p_logits, loss, *settings),
-                                            draft_log_law(q_all[row, begin:], settings[0]), loss).mean()
+            log_q = draft_log_law(q_all[row, begin:], settings[0])
+            if first is not None:
+                beside = first.logits(sequence, source)[begin:].to(trainee.device)
+                p, q = (sampling.standardize(x.detach().float(), *settings) for x in (p_logits, beside))
+                value = value + residual_losses(p, q, log_q).mean()
+            else:
+                value = value + position_losses(target_law(p_logits, loss, *settings), log_q, loss).mean()
         value = value / len(batch)
         if not torch.isfinite(value):
             raise FloatingPointError(f"distill: the {loss} loss became {value.item()} at step {step + 1} (lower lr=)")
@@ -523,15 +573,17 @@ def heldout_alpha(target, draft, prompts, *, new_tokens: int = 32, temperature: 
     return _alpha(trainee, references, settings, teacher.handle.vocab_size)
 
 
-def _references(teacher: _Target, held: List[List[int]], new_tokens: int, settings, seed: int):
+def _references(teacher: _Target, held: List[List[int]], new_tokens: int, settings, seed: int,
+                first: Optional[_Target] = None):
     """[(sequence, first continuation position, source or None, the target's logits at the continuation's
-    positions [new_tokens, V])]: each held-out prompt (source) continued by the target itself (the engine,
-    prompt i with seed + i)."""
+    positions [new_tokens, V], loss="residual"'s draft's there or None)]: each held-out prompt (source) continued
+    by the target itself (the engine, prompt i with seed + i)."""
     out = []
     for i, prompt in enumerate(held):
         sequence, begin = teacher.sample(prompt, new_tokens, settings, seed + i)
         source = prompt if teacher.encoder_decoder else None
-        out.append((sequence, begin, source, teacher.logits(sequence, source)[begin:len(sequence) - 1]))
+        beside = first.logits(sequence, source)[begin:len(sequence) - 1] if first is not None else None
+        out.append((sequence, begin, source, teacher.logits(sequence, source)[begin:len(sequence) - 1], beside))
     return out
 
 
@@ -539,10 +591,13 @@ def _alpha(trainee: _Draft, references, settings, vocab: int) -> AlphaEstimate:
     trainee.module.eval()
     per_prompt, positions = [], 0
     with torch.no_grad():
-        for sequence, begin, source, p_logits in references:
+        for sequence, begin, source, p_logits, beside in references:
             ids, sources = _tensors([(sequence, begin, source)], trainee.device)
             q_logits = _padded(trainee.logits(ids, sources)[0, begin:len(sequence) - 1], vocab)
-            values = beta(p_logits.to(q_logits.device), q_logits, *settings)
+            if beside is not None:  # loss="residual": the trainee's share as a second child beside that draft
+                values = sibling_share(p_logits.to(q_logits.device), beside.to(q_logits.device), q_logits, *settings)
+            else:
+                values = beta(p_logits.to(q_logits.device), q_logits, *settings)
             per_prompt.append(values.mean().item())
             positions += values.numel()
     mean = float(np.mean(per_prompt))
