@@ -257,13 +257,20 @@ std::vector<TreeVerdict> Batch::verify_trees() {
   check_interrupt();
   std::vector<at::Tensor> logits;
   timed(&Stats::target_seconds, [&] { logits = target_rows_->extend_tree(inputs, nodes); });  // [N + 1, V]
+  // a row that drafted nothing (the root alone) has no laws: rows nothing reads, the sibling's too where the batch
+  // has a sibling draft (the verification takes every row's or none)
+  const bool sibling_law = std::any_of(rows_.begin(), rows_.end(), [](const Row& row) {
+    return row.running && row.tree_proposal.sibling_q.defined();
+  });
   std::vector<TreeInput> trees;
   for (size_t r = 0; r < rows_.size(); ++r) {
     Row& row = rows_[r];
     if (!row.running) continue;
     const at::Tensor q = row.tree_proposal.q.defined() ? row.tree_proposal.q : at::zeros_like(logits[r]);
+    const at::Tensor sibling_q = row.tree_proposal.sibling_q.defined() || !sibling_law ? row.tree_proposal.sibling_q
+                                                                                         : at::zeros_like(q);
     trees.push_back({&row.tree_proposal.tree, logits[r], q, inputs[r], row.tree_proposal.maxima, &row.generator,
-                     row.tree_proposal.sibling_q});
+                     sibling_q});
   }
   return speculant::verify_trees(trees, s_.config, s_.siblings, s_.verify_graphs);
 }

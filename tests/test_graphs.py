@@ -401,6 +401,30 @@ def test_fixed_tree_verification_on_the_accelerators_path_equals_dynamic(pair, c
     assert keys == 0 if grown or sampling["temperature"] == 0 else keys >= 2  # the batch's rows, a row alone
 
 
+@pytest.mark.parametrize("siblings, sampling", [("coupled", dict(temperature=1.0)),
+                                                ("with_replacement", dict(temperature=0.8, top_k=8)),
+                                                ("coupled", dict(temperature=0.0))], ids=["coupled", "with", "greedy"])
+def test_fixed_tree_calls_with_a_sibling_draft_equal_dynamic(tiny, siblings, sampling):
+    """A sibling draft (tree.h) with fixed shapes: its level calls beside the draft's, and on the accelerators' path
+    the verification through its buffers with the sibling's law as an input (keyed apart): the tokens, trace and
+    counts of dynamic shapes, on both paths."""
+    target, draft = tiny
+    other = tiny_models()[1]
+    with torch.no_grad():  # another draft than the draft
+        generator = torch.Generator().manual_seed(5)
+        for p in other.parameters():
+            p.add_(torch.randn(p.shape, generator=generator), alpha=0.2)
+    sibling = speculant.load(tiny_gpt.script_cached(other))
+    dynamic, fixed = (speculant.SpeculativeDecoder(target, draft, tree=[2, 2], siblings=siblings, cuda_graphs=mode,
+                                                   sibling_draft=sibling, **sampling) for mode in ("off", "fixed"))
+    assert fixed.shapes == ("fixed", "fixed")
+    assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, seed=113, max_new_tokens=MAX_NEW)
+    with tensor_path():
+        assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, seed=114, max_new_tokens=MAX_NEW)
+    keys, captured, failure = fixed._core.verification_graphs
+    assert captured == 0 and failure == "" and (keys >= 2 if sampling["temperature"] > 0 else keys == 0)
+
+
 def test_fixed_tree_calls_with_eos(tiny):
     """An EOS stops rows at different iterations: later tree calls carry rows that sit them out (all padding)."""
     dynamic, fixed = tree_decoders(*tiny, [2, 2], "without_replacement")
