@@ -17,6 +17,8 @@ runs (all of it but the CUDA graphs) is checked on every machine:
   same law), and the host kernels are back after the block, an exception included.
 """
 
+import contextlib
+
 import pytest
 
 import markov
@@ -115,19 +117,26 @@ def test_tensor_path_rows_equal_batch_one(models, options, setting):
     assert len({tuple(result.tokens) for result in batch}) == len(batch)
 
 
-@pytest.mark.parametrize("options", [dict(gamma=1), dict(tree=[2])], ids=str)
-@pytest.mark.parametrize("role", ["target", "draft"])
-def test_tensor_path_names_the_row_with_non_finite_logits(options, role):
+@pytest.mark.parametrize("options, role", [(options, role) for options in (dict(gamma=1), dict(tree=[2]))
+                                           for role in ("target", "draft")] + [(dict(tree=[2]), "sibling")], ids=str)
+@pytest.mark.parametrize("path", ["tensor", "host"])
+def test_tensor_path_names_the_row_with_non_finite_logits(options, role, path):
     """The batch's one read-back carries each row's flags: row 1's prompt ends in token 0, after which the table's
-    logits are NaN (tests/test_batch.py's case, on native Markov rows)."""
+    logits are NaN (tests/test_batch.py's case, on native Markov rows); a sibling draft's too (trees only), on
+    both paths."""
     bad = markov_model(poisoned_table(float("nan")), "native")
     good = markov_model(markov.random_table(3, 5), "native")
     prompts = [[1, 2], [1, 0], [2, 1]]
-    with tensor_path(), pytest.raises(ValueError, match="NaN or \\+inf logits.* of row 1 "):
+    with (tensor_path() if path == "tensor" else contextlib.nullcontext()), \
+            pytest.raises(ValueError, match="NaN or \\+inf logits.* of row 1 "):
         if role == "target":
             speculant.SpeculativeDecoder(bad, good, **options).generate(prompts, max_new_tokens=1, seed=0)
-        else:
+        elif role == "draft":
             speculant.SpeculativeDecoder(good, bad, **options).generate(prompts[:2], max_new_tokens=2, seed=0)
+        else:
+            other = markov_model(markov.random_table(3, 6), "native")
+            speculant.SpeculativeDecoder(good, other, sibling_draft=bad, **options).generate(prompts[:2],
+                                                                                             max_new_tokens=2, seed=0)
 
 
 def test_tensor_path_switches_and_switches_back(models):
