@@ -302,7 +302,8 @@ def main(argv=None) -> None:
     parser.add_argument("--draws", type=int, default=8)
     parser.add_argument("--sibling", action="store_true", help="the sibling draft's shares only (see above)")
     parser.add_argument("--json", type=Path, default=None,
-                        help="default: results/node-bounds-gpt2-cpu.json (--sibling: node-bounds-sibling-gpt2-cpu.json)")
+                        help="default: results/node-bounds-gpt2-cpu.json "
+                             "(--sibling: node-bounds-sibling-gpt2-cpu.json)")
     args = parser.parse_args(argv)
     results = Path(__file__).parent / "results"
     torch.set_num_threads(1)

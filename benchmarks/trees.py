@@ -324,7 +324,8 @@ def main(argv=None) -> None:
             mark = " (analysis's pick)" if name == pick else ""
             print(f"| {name}{mark} | {drafts:.3g} | {per_call:.2f} ± {per_call_se:.2f} ({probe}) | {own:.2f} | "
                   f"{median:.2f}x [{low:.2f}-{high:.2f}] | {predicted[name]:.2f}x |", flush=True)
-        duel = head_to_head(rows, target_path, draft_path, temperature, calls, args, sibling_path) if args.duel else None
+        duel = (head_to_head(rows, target_path, draft_path, temperature, calls, args, sibling_path) if args.duel
+                else None)
         report["temperatures"][str(temperature)] = {"table": table, "tables": tables, "rows": rows, "pick": pick,
                                                     "duel": duel}
 

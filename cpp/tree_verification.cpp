@@ -401,7 +401,8 @@ struct Plan {
 
   bool same_places(const Plan& other) const { return offsets == other.offsets && ids() == other.ids(); }
   std::vector<size_t> ids() const {
-    std::vector<size_t> out{parts.p, parts.q, parts.sibling, parts.beta, parts.uniforms, parts.mass, parts.candidates, token_part};
+    std::vector<size_t> out{parts.p,       parts.q,    parts.sibling,    parts.beta,
+                            parts.uniforms, parts.mass, parts.candidates, token_part};
     for (const Step& step : parts.steps) {
       out.insert(out.end(), {step.mass, step.norm, step.w, step.in, step.off, step.sign});
     }

@@ -93,7 +93,8 @@ def test_residual_loss_is_least_at_the_residual():
     """loss="residual": -sum max(0, p - q) log s, the cross-entropy to norm(max(0, p - q)) weighted by its mass, is
     smallest at s = that residual (over random s), and zero where q covers p."""
     gen = torch.Generator().manual_seed(2)
-    p, q = torch.softmax(2 * torch.randn(4, VOCAB, generator=gen), -1), torch.softmax(torch.randn(4, VOCAB, generator=gen), -1)
+    p = torch.softmax(2 * torch.randn(4, VOCAB, generator=gen), -1)
+    q = torch.softmax(torch.randn(4, VOCAB, generator=gen), -1)
     residual = (p - q).clamp_min(0)
     at_residual = distillation.residual_losses(p, q, (residual / residual.sum(-1, keepdim=True)).log())
     manual = -(residual * (residual / residual.sum(-1, keepdim=True)).clamp_min(1e-30).log()).sum(-1)

@@ -192,8 +192,8 @@ def test_sibling_draft_refusals(models):
     with pytest.raises(ValueError, match="sibling_draft needs a draft model beside it"):
         speculant.SpeculativeDecoder(target, speculant.drafters.Unigram(torch.ones(target.vocab_size)), tree=[2],
                                      sibling_draft=sibling)
-    other = speculant.load(script_cached(tiny_gpt(dataclasses.replace(TARGET_CONFIG,
-                                                                      vocab_size=TARGET_CONFIG.vocab_size + 1), seed=1)))
+    wider = dataclasses.replace(TARGET_CONFIG, vocab_size=TARGET_CONFIG.vocab_size + 1)
+    other = speculant.load(script_cached(tiny_gpt(wider, seed=1)))
     with pytest.raises(ValueError, match=r"sibling_draft's vocabulary \(\d+\) must be the draft's"):
         speculant.SpeculativeDecoder(target, draft, tree=[2], sibling_draft=other)
     with pytest.raises(ValueError, match="sibling_draft: "):

@@ -536,9 +536,11 @@ class SpeculativeDecoder:
     (its own cache, fed the same tree nodes), and verified against that law, so the output law stays exactly the
     target's. It pays where the sibling's law is closer than q to what a rejection of the first child leaves,
     norm(max(0, p - q)): a copy of the draft trained toward that residual
-    (``speculant.distillation.distill(..., objective="residual")``). Trees of a fixed shape only, with siblings
+    (``speculant.distill(..., loss="residual", beside=draft)``). Trees of a fixed shape only, with siblings
     "coupled" or "with_replacement"; at temperature 0 the later children are the sibling's most probable tokens.
-    Each tree level costs one call of each draft model.
+    Each tree level costs one call of each draft model: ``stats.draft_calls`` counts both, and
+    ``analysis.tree_speedup(..., draft_calls=2 * depth)`` prices such a tree (``speculant.sweep`` does not take a
+    sibling draft).
 
     ``draft_tokenizer`` with ``target_tokenizer``: a draft model whose vocabulary differs from the target's
     drafts through text (speculant.cross_tokenizer.CrossTokenizer: deterministic proposals with point-mass q,

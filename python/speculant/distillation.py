@@ -351,8 +351,9 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
         raise ValueError("loss='reverse_kl' is undefined at temperature 0 (the target's law is a point mass); use "
                          "'tv' or 'forward_kl'")
     if (loss == "residual") != (beside is not None):
+        given = "given" if beside is not None else None
         raise ValueError("beside= goes with loss='residual' (the draft a sibling draft is trained beside), and "
-                         f"loss='residual' needs it; got loss={loss!r} and beside={'given' if beside is not None else None}")
+                         f"loss='residual' needs it; got loss={loss!r} and beside={given}")
     if loss == "residual" and temperature == 0.0:
         raise ValueError("loss='residual' is undefined at temperature 0 (the laws are point masses, a sibling draft "
                          "draws sampled children)")
