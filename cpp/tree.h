@@ -68,7 +68,7 @@
 // (child j + 1 is a draw of s), and q_{j+1} is s reweighted on and off H_j (in (2) above q becomes s). Child 0 keeps
 // Algorithm 1's beta. What it is for: the next child is accepted with sum min(p_{j+1}, q_{j+1}), largest when its
 // law is close to the residual p_{j+1} = norm(max(0, p - q)), which a draft's own q is not (it is where q falls
-// short of p); a model trained toward that residual (speculant.distillation, objective "residual") draws siblings
+// short of p); a model trained toward that residual (speculant.distill, loss="residual") draws siblings
 // that are accepted more often. Without replacement and top are not defined with a sibling law here.
 // Greedy (temperature 0): children are the draft's top-k tokens (with a sibling draft: the draft's argmax, then the
 // sibling's k - 1 most probable tokens), and the first child equal to the target's argmax is accepted (the longest
