@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-from speculant import analysis
+from speculant import analysis, distillation
 
 sys.path.insert(0, str(Path(__file__).parent))
 import train_pairs  # noqa: E402
@@ -279,8 +279,7 @@ def sibling_draft(p, q, s, budget: int = 16) -> dict:
     out = {}
     for name, law in (("draft", q), ("sibling", s)):
         ranks = [float(v) for v in coupled(p, q, 8, law).mean(0)]
-        residual = (p - q).clamp_min(0.0)
-        independent = torch.minimum(residual, residual.sum(-1, keepdim=True) * law).sum(-1)
+        independent = distillation.sibling_share_of_laws(p, q, law)
         best = analysis.best_tree(budget, [ranks] * budget)
         out[name] = {"coupled_ranks": ranks, "second_with_replacement": mean_se(independent),
                      "best_tree": best.tree, "expected_tokens": float(best.expected_tokens)}

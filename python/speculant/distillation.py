@@ -152,6 +152,12 @@ def sibling_share(p_logits: torch.Tensor, q_logits: torch.Tensor, s_logits: torc
     engine's function."""
     p, q, s = (sampling.standardize(x.detach().float(), temperature, top_k, top_p)
                for x in (p_logits, q_logits, s_logits))
+    return sibling_share_of_laws(p, q, s)
+
+
+def sibling_share_of_laws(p: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """sibling_share from the standardized laws themselves [..., V] (any float dtype): sum_x min(max(0, p - q),
+    (1 - β) s), the mass 1 - β being the residual's own."""
     residual = (p - q).clamp_min(0.0)
     return torch.minimum(residual, residual.sum(-1, keepdim=True) * s).sum(-1)
 
