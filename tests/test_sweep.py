@@ -264,6 +264,10 @@ def test_cost_model_counts_what_the_engine_timed():
     table = [[0.5, 0.3], [0.4]]
     want = analysis.tree_speedup([2, 1], table, 0.25, verify_cost=lambda w: 1 + 0.2 * (w - 1) + 0.1) * 1.05
     assert timing.cost_model(rounds, acceptance=0.7, gamma=2, tree=[2, 1]) == pytest.approx(want)
+    # with a sibling draft a depth costs two draft calls (c their mean call)
+    want = analysis.tree_speedup([2, 1], table, 0.25, verify_cost=lambda w: 1 + 0.2 * (w - 1) + 0.1,
+                                 draft_calls=4) * 1.05
+    assert timing.cost_model(rounds, acceptance=0.7, gamma=2, tree=[2, 1], calls_per_depth=2) == pytest.approx(want)
 
 
 def test_trees_beside_chains():
@@ -294,3 +298,48 @@ def test_trees_beside_chains():
         assert row.predicted_speedup == pytest.approx(analysis.tree_speedup(list(row.tree), table, row.c))
         assert row.cost_model_speedup > 0
     assert np.allclose(chains.expected_tokens, analysis.expected_tokens(chains.acceptance.to_numpy(), 2))
+
+
+def test_a_sibling_draft_draws_the_trees_later_children():
+    """sibling_draft= makes every tree row draw its later children from the sibling (the tokens and counts of
+    SpeculativeDecoder(..., sibling_draft=) at the same seeds), leaves the chains alone, counts both models'
+    calls and prices a depth at two draft calls; it is refused by name where it cannot apply, before anything
+    runs."""
+    from test_batch import MarkovRows
+    from speculant import timing
+    target, draft, sibling = (speculant.load(torch.jit.script(MarkovRows(t.float(), 64)))
+                              for t in (*markov.target_and_draft(6, 3, draft_scale=1.0),
+                                        markov.target_and_draft(6, 103, mask_prob=0.1)[1]))
+    frame = speculant.sweep(target, draft, PROMPTS, gammas=[2], trees=[[2, 2], [3]],
+                            siblings=["coupled", "with_replacement"], temperatures=[1.0], max_new_tokens=20,
+                            seed=5, repeats=1, progress=False, sibling_draft=sibling)
+    assert list(frame.columns) == sweep_module.COLUMNS
+    assert frame.sibling_draft.tolist() == [False, True, True, True, True]  # the chain's row first
+    for row in frame[frame.tree.notna()].itertuples():
+        decoder = speculant.SpeculativeDecoder(target, draft, tree=row.tree, siblings=row.siblings, temperature=1.0,
+                                               sibling_draft=sibling)
+        results = [decoder.generate(p, max_new_tokens=20, seed=5 + i) for i, p in enumerate(PROMPTS)]
+        assert row.new_tokens == sum(r.stats.new_tokens for r in results)
+        assert row.target_calls == sum(r.stats.target_calls for r in results)
+        assert row.draft_calls == sum(r.stats.draft_calls for r in results)
+        table = timing.tree_table(results)
+        depth = len(row.tree)
+        assert row.expected_tokens == pytest.approx(float(analysis.tree_expected_tokens(list(row.tree), table)))
+        assert row.predicted_speedup == pytest.approx(
+            analysis.tree_speedup(list(row.tree), table, row.c, draft_calls=2 * depth))
+        assert row.predicted_speedup < analysis.tree_speedup(list(row.tree), table, row.c)
+        # the sibling's laws, not the draft's: the same tree without it keeps other tokens at the same seeds
+        alone = speculant.SpeculativeDecoder(target, draft, tree=row.tree, siblings=row.siblings, temperature=1.0)
+        assert [alone.generate(p, max_new_tokens=20, seed=5 + i).tokens for i, p in enumerate(PROMPTS)] != \
+            [r.tokens for r in results]
+    refusals = [
+        (dict(gammas=[2]), "sibling_draft draws the later children of token trees: give trees="),
+        (dict(trees=[[2, 2]], siblings=["coupled", "top"]), "sibling_draft: its children are independent draws"),
+        (dict(trees=[speculant.DynamicTree(budget=4)]), "sibling_draft draws the later children of a token tree of a "
+                                                         "fixed shape"),
+        (dict(trees=[[2]], sibling_draft=draft), "sibling_draft must be another model than the draft"),
+    ]
+    for kwargs, match in refusals:
+        kwargs = {"sibling_draft": sibling, **kwargs}
+        with pytest.raises(ValueError, match=match):
+            speculant.sweep(target, draft, PROMPTS, progress=False, **kwargs)

@@ -88,6 +88,22 @@ def test_drafters_travel_as_their_arguments(pair, pool):
         assert frame[EXACT].equals(serial[EXACT]), type(drafter).__name__
 
 
+def test_a_sibling_draft_travels_as_its_file(pool, tmp_path):
+    """sweep(sibling_draft=) on a process pool: the sibling goes as its file, loaded in each worker under a role
+    of its own, and the tree rows give the serial sweep's tokens, alpha and counts."""
+    from test_batch import MarkovRows
+    tables = (*markov.target_and_draft(VOCAB, 3, draft_scale=1.0), markov.target_and_draft(VOCAB, 103)[1])
+    paths = [str(tmp_path / f"{name}.pt") for name in ("target", "draft", "sibling")]
+    for table, path in zip(tables, paths):
+        torch.jit.save(torch.jit.script(MarkovRows(table.float(), 64)), path)
+    target, draft, sibling = (speculant.load(path) for path in paths)
+    grid = dict(GRID, gammas=[2], trees=[[2, 2], [3]], temperatures=[0.8], top_k=0)
+    serial = speculant.sweep(target, draft, PROMPTS, **grid, sibling_draft=sibling)
+    frame = speculant.sweep(target, draft, PROMPTS, **grid, sibling_draft=sibling, executor=pool)
+    assert frame.sibling_draft.tolist() == [False, True, True] and frame.attrs["failed"] == []
+    assert frame[EXACT].equals(serial[EXACT])
+
+
 def test_a_failing_setting_is_reported_and_the_others_returned(pair, pool):
     draft = drafters.PythonDrafter(short_continuations, VOCAB)
     grid = dict(GRID, gammas=[2, 6, 4], temperatures=[0.0], top_k=0)
@@ -95,8 +111,9 @@ def test_a_failing_setting_is_reported_and_the_others_returned(pair, pool):
                                             r"top_p=1\.0, lenience=1\.0 \(IndexError: list index out of range\)"):
         frame = speculant.sweep(pair[0], draft, PROMPTS, **grid, executor=pool)
     assert frame.gamma.tolist() == [2, 4] and (frame.new_tokens == 12 * len(PROMPTS)).all()
-    assert frame.attrs["failed"] == [{"gamma": 6, "tree": None, "siblings": None, "temperature": 0.0, "top_k": 0,
-                                      "top_p": 1.0, "lenience": 1.0, "error": "IndexError: list index out of range"}]
+    assert frame.attrs["failed"] == [{"gamma": 6, "tree": None, "siblings": None, "sibling_draft": False,
+                                      "temperature": 0.0, "top_k": 0, "top_p": 1.0, "lenience": 1.0,
+                                      "error": "IndexError: list index out of range"}]
     # Serial, the same setting is a bug in the call: its exception propagates.
     with pytest.raises(IndexError):
         speculant.sweep(pair[0], draft, PROMPTS, **grid)

@@ -85,6 +85,7 @@ def speedup_vs_gamma(frame, *, by: Optional[Sequence[str]] = None, predicted: bo
     for label, rows in (_groups(trees, "gamma", by) if len(trees) else []):
         for _, row in rows.iterrows():  # one marker per tree, at its depth; its prediction hollow beside it
             name = (f"tree {_shape(row.tree)}" + (f" {row.siblings}" if several else "")
+                    + (" + sibling draft" if row.get("sibling_draft") is True else "")
                     + (f", {label}" if label else ""))
             (point,) = ax.plot([row.gamma], [row.speedup], "s", label=name)
             _spread(ax, [row.gamma], rows.loc[[row.name]], point.get_color())

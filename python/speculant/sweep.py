@@ -23,7 +23,9 @@ from .model import Model
 
 Grid = Union[float, Sequence[float]]
 
-SETTING = ["gamma", "tree", "siblings", "temperature", "top_k", "top_p", "lenience"]  # SpeculativeDecoder's arguments
+# SpeculativeDecoder's arguments (sibling_draft: whether the row's tree draws its later children from the sweep's
+# sibling draft)
+SETTING = ["gamma", "tree", "siblings", "sibling_draft", "temperature", "top_k", "top_p", "lenience"]
 COLUMNS = [*SETTING, *timing.COLUMNS]
 _RESERVED = {"prompt_ids", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "gamma", "tree", "lenience"}
 
@@ -42,17 +44,19 @@ def _grid(values: Grid, name: str) -> List:
 
 def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mapping[str, Any]], *,
                 max_new_tokens: int, seed: int, repeats: int, spread_threshold: float,
-                batch_size: int = 1) -> Dict[str, Any]:
+                batch_size: int = 1, sibling_draft: Optional[Model] = None) -> Dict[str, Any]:
     """One row of a sweep: speculative decoding at ``setting`` (the ``SETTING`` columns) timed against plain
     decoding of the target at the same sampling settings (``timing.timed_rounds``), then ``timing.summarize``.
-    calls: one dict of ``generate`` keyword arguments per prompt (``analysis.generation_kwargs``)."""
-    decoder = SpeculativeDecoder(target, _level(draft, setting), **_options(setting))
+    calls: one dict of ``generate`` keyword arguments per prompt (``analysis.generation_kwargs``); sibling_draft:
+    the model of a setting whose ``sibling_draft`` is True (its tree then costs two draft calls per depth)."""
+    decoder = SpeculativeDecoder(target, _level(draft, setting), **_options(setting, sibling_draft))
     baseline = functools.partial(generate, target, temperature=setting["temperature"], top_k=setting["top_k"],
                                  top_p=setting["top_p"])
     rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=max_new_tokens, seed=seed,
                                  repeats=repeats, batch_size=batch_size)
     return {**setting, **timing.summarize(rounds, gamma=setting["gamma"], lenience=setting["lenience"],
-                                          spread_threshold=spread_threshold, tree=setting["tree"])}
+                                          spread_threshold=spread_threshold, tree=setting["tree"],
+                                          calls_per_depth=2 if setting["sibling_draft"] else 1)}
 
 
 def _level(draft, setting: Mapping[str, Any]):
@@ -64,14 +68,16 @@ def _level(draft, setting: Mapping[str, Any]):
 
 
 def task(target: workers.Spec, draft: workers.Spec, setting: Dict[str, Any], calls: List[Dict[str, Any]],
-         options: Dict[str, Any], task_id: str) -> Dict[str, Any]:
+         options: Dict[str, Any], task_id: str, sibling_draft: Optional[workers.Spec] = None) -> Dict[str, Any]:
     """One setting in an executor's worker: ``run_setting`` on the models and drafter rebuilt from their specs
-    (``speculant.workers``: loaded once per worker and reused). Every argument is plain data; ``options`` holds
-    run_setting's keywords. ``task_id`` is unique to each task, so that an executor that caches pure function
-    calls by their arguments (dask's, by default) runs every setting of every sweep anew."""
+    (``speculant.workers``: loaded once per worker and reused; the sibling draft's only for a setting that uses
+    it). Every argument is plain data; ``options`` holds run_setting's keywords. ``task_id`` is unique to each
+    task, so that an executor that caches pure function calls by their arguments (dask's, by default) runs every
+    setting of every sweep anew."""
     del task_id
+    sibling = workers.rebuild(sibling_draft, "sibling_draft") if setting["sibling_draft"] else None
     return run_setting(workers.rebuild(target, "target"), workers.rebuild(draft, "draft"), setting, calls,
-                       **options)
+                       sibling_draft=sibling, **options)
 
 
 def _error(error: BaseException) -> str:
@@ -79,14 +85,23 @@ def _error(error: BaseException) -> str:
 
 
 def _describe(setting: Mapping[str, Any]) -> str:
-    """'gamma=2, temperature=0.0, ...': a chain's setting leaves out tree=None and siblings=None."""
+    """'gamma=2, temperature=0.0, ...': a chain's setting leaves out tree=None and siblings=None, and a setting
+    without a sibling draft sibling_draft=False."""
     return ", ".join(f"{key}={setting[key]!r}" for key in SETTING
-                     if not (key in ("tree", "siblings") and setting[key] is None))
+                     if not (key in ("tree", "siblings") and setting[key] is None)
+                     and not (key == "sibling_draft" and not setting[key]))
 
 
-def _options(setting: Mapping[str, Any]) -> Dict[str, Any]:
-    """SpeculativeDecoder's keyword arguments for a setting (a chain's row has no siblings)."""
-    return {key: value for key, value in setting.items() if not (key == "siblings" and value is None)}
+def _options(setting: Mapping[str, Any], sibling_draft=None) -> Dict[str, Any]:
+    """SpeculativeDecoder's keyword arguments for a setting (a chain's row has no siblings; sibling_draft: the
+    model a setting whose sibling_draft is True draws with)."""
+    options = {key: value for key, value in setting.items()
+               if key != "sibling_draft" and not (key == "siblings" and value is None)}
+    if setting["sibling_draft"]:
+        if sibling_draft is None:
+            raise ValueError(f"the setting {_describe(setting)} draws with a sibling draft: give its model")
+        options["sibling_draft"] = sibling_draft
+    return options
 
 
 def _run_on(executor, specs, settings: List[Dict[str, Any]], calls, options: Dict[str, Any], bar,
@@ -100,7 +115,7 @@ def _run_on(executor, specs, settings: List[Dict[str, Any]], calls, options: Dic
     try:
         for i, setting in enumerate(settings):
             try:
-                futures[i] = executor.submit(task, *specs, setting, calls, options, f"{sweep_id}-{i}")
+                futures[i] = executor.submit(task, *specs[:2], setting, calls, options, f"{sweep_id}-{i}", specs[2])
             except Exception as error:  # noqa: BLE001 - a broken or shut-down executor, unpicklable arguments
                 failures[i] = _error(error)
                 bar.update()
@@ -145,7 +160,8 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
           lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,),
           max_new_tokens: int = 64, seed: int = 0, repeats: int = 3,
           spread_threshold: float = timing.SPREAD_THRESHOLD, progress: bool = True,
-          generate_kwargs: Optional[Mapping[str, Any]] = None, executor=None, batch_size: int = 1):
+          generate_kwargs: Optional[Mapping[str, Any]] = None, executor=None, batch_size: int = 1,
+          sibling_draft=None):
     """Runs speculative decoding for every combination of the grids and returns a ``pandas.DataFrame``, one row
     per setting (columns in ``COLUMNS``).
 
@@ -180,11 +196,20 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     generations measured (``speculant.timing.summarize``, ``speculant.analysis``; for a grown tree, over the
     trees its iterations drafted).
 
-    Columns: the setting (gamma, tree, temperature, top_k, top_p, lenience), then ``timing.COLUMNS``, defined in
-    ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend on lenience), ``acceptance``
-    (the alpha that sets the speed at the row's lenience, A.5), ``tokens_per_target_call`` and Equation (1)'s
-    ``expected_tokens``, totals over the prompts, ``c`` (Definition 3.7), the measured ``speedup`` and Theorem
-    3.8's ``predicted_speedup``.
+    sibling_draft: a second draft model (a ``speculant.Model`` or anything ``speculant.load`` takes, loaded once)
+    that draws the later children of every tree row's nodes (SpeculativeDecoder's ``sibling_draft=``; trained by
+    ``speculant.distill(..., loss="residual", beside=draft)``). It needs ``trees`` of fixed shapes and siblings
+    "coupled" or "with_replacement", and leaves the chains of ``gammas`` as they are: column ``sibling_draft``
+    says which rows drew with it. Such a row's draft calls count both models' (two per depth), its ``c`` is
+    their mean call, and its predictions price a depth at 2c. To compare a tree with and without the sibling
+    in one frame, concatenate two sweeps (``pandas.concat``): the same seeds give the rows without it the same
+    tokens.
+
+    Columns: the setting (gamma, tree, siblings, sibling_draft, temperature, top_k, top_p, lenience), then
+    ``timing.COLUMNS``, defined in ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend
+    on lenience), ``acceptance`` (the alpha that sets the speed at the row's lenience, A.5),
+    ``tokens_per_target_call`` and Equation (1)'s ``expected_tokens``, totals over the prompts, ``c``
+    (Definition 3.7), the measured ``speedup`` and Theorem 3.8's ``predicted_speedup``.
 
     executor: None runs the settings one after the other in this process, with these models; an exception
     raised by a setting propagates (a bug in the call). Otherwise any ``concurrent.futures``-style executor (an
@@ -235,19 +260,26 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     ways = [siblings] if isinstance(siblings, str) else list(siblings) if isinstance(siblings, Sequence) else None
     if not ways:
         raise ValueError(f"siblings must be one of {SIBLINGS} or a non-empty list of them, got {siblings!r}")
-    settings = [{"gamma": g, "tree": None, "siblings": None, "temperature": t, "top_k": k, "top_p": p,
-                 "lenience": leniency} for t, k, p, g, leniency in itertools.product(*sampling, *chains)] \
+    if sibling_draft is not None and not shapes:
+        raise ValueError("sibling_draft draws the later children of token trees: give trees= (the chains of gammas "
+                         "do not use it)")
+    settings = [{"gamma": g, "tree": None, "siblings": None, "sibling_draft": False, "temperature": t, "top_k": k,
+                 "top_p": p, "lenience": leniency} for t, k, p, g, leniency in itertools.product(*sampling, *chains)] \
         if chains else []
-    settings += [{"gamma": _tree_depth(shape), "tree": shape, "siblings": way, "temperature": t, "top_k": k,
-                  "top_p": p, "lenience": 1.0}
+    settings += [{"gamma": _tree_depth(shape), "tree": shape, "siblings": way,
+                  "sibling_draft": sibling_draft is not None, "temperature": t, "top_k": k, "top_p": p,
+                  "lenience": 1.0}
                  for t, k, p in itertools.product(*sampling) for shape in shapes for way in ways]
     # Every decoder built first, so that a bad value anywhere in the grids raises before anything runs; the
-    # first one loads target and draft (once) when they are paths or transformers objects.
-    first = SpeculativeDecoder(target, _level(draft, settings[0]), **_options(settings[0]))
-    target = first.target
-    draft = draft if isinstance(draft, SpeculativeDecoder) else first.draft
-    for setting in settings[1:]:
-        SpeculativeDecoder(target, _level(draft, setting), **_options(setting))
+    # first one loads target and draft (once) when they are paths or transformers objects, the first tree with
+    # the sibling draft loads it.
+    for i, setting in enumerate(settings):
+        decoder = SpeculativeDecoder(target, _level(draft, setting), **_options(setting, sibling_draft))
+        if i == 0:
+            target = decoder.target
+            draft = draft if isinstance(draft, SpeculativeDecoder) else decoder.draft
+        if setting["sibling_draft"]:
+            sibling_draft = decoder.sibling_draft
     calls = analysis.generation_kwargs(prompts, generate_kwargs)
     options = {"max_new_tokens": max_new_tokens, "seed": seed, "repeats": repeats,
                "spread_threshold": spread_threshold, "batch_size": batch_size}
@@ -255,7 +287,9 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     if executor is not None and isinstance(draft, SpeculativeDecoder):
         raise ValueError("executor=: a hierarchical draft (a SpeculativeDecoder) does not travel to workers; sweep "
                          "it with executor=None")
-    specs = None if executor is None else (workers.spec(target, "target"), workers.spec(draft, "draft"))
+    specs = None if executor is None else (
+        workers.spec(target, "target"), workers.spec(draft, "draft"),
+        None if sibling_draft is None else workers.spec(sibling_draft, "sibling_draft"))
 
     results: Dict[int, Dict[str, Any]] = {}
     failures: Dict[int, str] = {}
@@ -264,7 +298,7 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     try:
         if executor is None:
             for i, setting in enumerate(settings):
-                results[i] = run_setting(target, draft, setting, calls, **options)
+                results[i] = run_setting(target, draft, setting, calls, sibling_draft=sibling_draft, **options)
                 bar.update()
         else:
             _run_on(executor, specs, settings, calls, options, bar, results, failures)

@@ -11,9 +11,9 @@ plain data, never a pickled module. Each worker rebuilds them, and keeps its mod
   pickle: a function defined at module level), sent with every task.
 
 Paths go as absolute paths and must be readable on the workers (on a cluster: shared storage). A worker thread
-keeps the model it built last for each role (target, draft: each role needs its own handle, since a handle owns
-its cache) and reuses it while the spec and the file (sizes and modification times) are unchanged, so a sweep
-loads each model once per worker, and a model file exported anew is loaded anew.
+keeps the model it built last for each role (target, draft, sibling_draft: each role needs its own handle,
+since a handle owns its cache) and reuses it while the spec and the file (sizes and modification times) are
+unchanged, so a sweep loads each model once per worker, and a model file exported anew is loaded anew.
 """
 
 from __future__ import annotations
