@@ -62,7 +62,7 @@ case "${1:-}" in
     # (each step `|| rc=$?`: these subshells inherit set -e, which ended the fourth lease's at the check's crash,
     # silently)
     (rc=0; python3 benchmarks/pt2_load_check.py >/tmp/pt2-check.log 2>&1 || rc=$?
-     echo "[$SECONDS s] pt2_load_check rc $rc: $(grep "^torch" /tmp/pt2-check.log | tr '\n' ' ' || true)"
+     echo "[$SECONDS s] pt2_load_check rc $rc:"; grep -E "^(compiler|torch|default|bound)" /tmp/pt2-check.log || true
      grep -A12 "failed (exit" /tmp/pt2-check.log | head -30 || true
      rc=0; PYTHONFAULTHANDLER=1 pytest_for 200 -k pt2 tests -q -rfE --basetemp /tmp/pt-pt2 >/tmp/pt2-tests.log 2>&1 \
        || rc=$?

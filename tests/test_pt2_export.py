@@ -8,6 +8,7 @@ prefill, extends, a rollback, a tree call and the move of a kept path. AOTInduct
 for a few tens of seconds per model on a CPU, so each package is built once per session, with a small cache.
 """
 import json
+import re
 
 import hf_families
 import pytest
@@ -227,6 +228,37 @@ def test_t5_metadata(t5):
             "64", str(PT2_MAX_LENGTH), str(PT2_MAX_SOURCE_LENGTH))
 
 
+def test_packages_are_built_with_their_own_copies_of_inline_code(pt2_zoo, tmp_path, monkeypatch):
+    """export_pt2 compiles with speculant.export.compiler's wrapper of GCC: the package's library has no GNU
+    unique symbols (-fno-gnu-unique: its inline code's statics are its own) and is linked -Bsymbolic; a compiler
+    other than GCC is used as Inductor finds it."""
+    import shutil
+    import subprocess
+    import zipfile
+    from pathlib import Path
+
+    from speculant.export import compiler
+
+    if not (shutil.which("nm") and shutil.which("readelf")):
+        pytest.skip("needs binutils (nm, readelf)")
+    _, path = pt2_zoo("gpt2")
+    with zipfile.ZipFile(path) as archive:
+        (library,) = [name for name in archive.namelist() if name.endswith(".so") and "/aotinductor/" in name]
+        library = archive.extract(library, tmp_path)
+    symbols = subprocess.run(["nm", "-D", "--defined-only", library], capture_output=True, text=True).stdout
+    assert symbols and not [line for line in symbols.splitlines() if line.split()[1:2] == ["u"]]
+    assert "SYMBOLIC" in subprocess.run(["readelf", "-d", library], capture_output=True, text=True).stdout
+    wrapper = compiler.inductor_options()["cpp.cxx"][1]
+    assert "-fno-gnu-unique" in Path(wrapper).read_text()
+    assert Path(wrapper) == compiler.bound_locally(shutil.which("g++"))
+    clang = tmp_path / "clang++"
+    clang.write_text("#!/bin/sh\necho 'Debian clang version 14.0.6'\n")
+    clang.chmod(0o755)
+    from torch._inductor import cpp_builder
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", lambda *args: str(clang))
+    assert compiler.inductor_options() == {}
+
+
 def test_the_load_check_passes_where_torch_loads_packages():
     """benchmarks/pt2_load_check.py (torch alone: a CPU nn.Linear package loaded in a process of its own, and its
     compiled library run without the package loader) says yes to both where torch loads packages, as here, so
@@ -241,3 +273,11 @@ def test_the_load_check_passes_where_torch_loads_packages():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "package: a CPU AOTInductor package loads and runs" in result.stdout
     assert "library: a CPU AOTInductor library loads and runs" in result.stdout  # the package's .so alone
+    # built again with its own copies of inline code bound locally (the image's crash is in std::regex's)
+    for route in ("package", "library"):
+        assert f"bound locally (-fno-gnu-unique -Wl,-Bsymbolic), {route}: a CPU AOTInductor {route} loads and runs" \
+            in result.stdout
+    assert "bound locally: the library's dynamic section says SYMBOLIC" in result.stdout
+    assert re.search(r"^bound locally: the \d+ std::regex symbols the library defines all bind to its own copies",
+                     result.stdout, re.M)
+    assert re.search(r"^default: .*std::regex symbols", result.stdout, re.M)  # where the default library binds them

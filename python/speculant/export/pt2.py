@@ -50,8 +50,10 @@ load_metadata_from_package(path, model_name), a map<string, string>, filled from
 "torch_version" (the release that compiled it, without its local suffix), "tree_calls" ("1" for the tree form
 above, "0" otherwise) and, for encoder-decoder packages, "max_source_length" (decimal strings).
 
-This module imports only torch, transformers, the standard library, speculant.layer_masks and
-speculant.relative_trees (not speculant's C++ extension).
+The package's library is compiled by speculant.export.compiler's wrapper of Inductor's C++ compiler (GCC on
+Linux: -fno-gnu-unique, -Wl,-Bsymbolic), so that it runs its own copies of the inline code it compiles (why: that
+module). This module imports only torch, transformers, the standard library, speculant.layer_masks,
+speculant.relative_trees and speculant.export.compiler (not speculant's C++ extension).
 """
 from __future__ import annotations
 
@@ -63,6 +65,7 @@ from typing import Dict, Optional, Union
 import torch
 
 from .. import layer_masks, relative_trees
+from . import compiler
 
 METADATA_KEY = "speculant.json"
 
@@ -353,5 +356,5 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
         for model_name, program in programs.items():
             args, kwargs = program.example_inputs
             files[model_name] = aot_compile(program.module(check_guards=False), args, kwargs, options={
-                "aot_inductor.package": True, "aot_inductor.metadata": dict(metadata)})
+                **compiler.inductor_options(), "aot_inductor.package": True, "aot_inductor.metadata": dict(metadata)})
         package_aoti(out_path, files)
