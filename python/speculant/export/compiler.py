@@ -9,7 +9,10 @@ process's global scope. Either can be another library's copy, compiled by anothe
 VM the std::regex statics of every package's library bind to those of libcufile.so.0, a CUDA library torch
 loads, built with GCC 11 (`python benchmarks/pt2_load_check.py` prints where they bind). On the GPU image of
 issue 21 (torch 2.11.0+cu130) every package's load died of a segmentation fault inside std::regex in
-parse_device_str, torch's own loader included, where this VM loads the same packages.
+parse_device_str, torch's own loader included, where this VM loads the same packages. Of the libraries torch
+2.11+cu130 loads, only libtorch_cpu.so (built with GCC 13.3) holds std::regex statics (checked on its wheels);
+a library compiled by another GCC there would use them. Whether that is the crash is not known: pt2_load_check.py
+builds a package both ways and prints the compiler and the bindings, for the next GPU lease to tell.
 
 The wrapper adds -fno-gnu-unique to every compilation (the statics become ordinary weak symbols) and links the
 library with -Wl,-Bsymbolic (its references to symbols it defines bind to its own definitions). The library's
