@@ -36,8 +36,9 @@ At temperature 0 the children of a node are the draft's top k (ranks by draft pr
 are drawn by each of --siblings (default: "coupled", the library's). With --sibling (the GPT-2 pair, after
 `python benchmarks/train_pairs.py --stage gpt2-sibling`) every independent rule (coupled, with_replacement) also
 runs with the trained sibling draft (sibling.pt: SpeculativeDecoder's sibling_draft=, cpp/tree.h), its rows marked
-"+ sibling", with a probe and Sequoia's trees of their own; their predicted speedups charge two draft calls per
-depth (2c: the sibling has the draft's shape). Under siblings="top" (q's k - 1 most probable
+"+ sibling", with a probe and Sequoia's trees of their own; their predicted speedups charge the sibling's calls
+too, one per depth down to the deepest that branches (analysis.tree_draft_calls), each at the draft's c (the
+sibling has the draft's shape). Under siblings="top" (q's k - 1 most probable
 tokens, then one draw) a rank's acceptance depends on whether it is its node's last child, so no probe's table
 predicts those rows: they show the prediction from their own table only.
 """
@@ -274,10 +275,9 @@ def main(argv=None) -> None:
         # Sequoia's trees: the best of each budget at each rule's probe table (analysis.best_tree), run as given
         settings += [(f"best of {b} (Sequoia){label(sib)}", analysis.best_tree(b, rule_table).tree, sib)
                      for sib, rule_table in tables.items() if sib in modes for b in args.budgets]
-        def draft_cost(sib):  # a depth's draft calls: the sibling draft's too (its shape is the draft's)
-            return 2 * c if sib.endswith(SIBLING) else c
-
-        predicted = {name: analysis.tree_speedup(shape, below(tables[sib], shape), draft_cost(sib), verify)
+        # the draft calls of a tree: the sibling draft's too, each costing the draft's (its shape is the draft's)
+        predicted = {name: analysis.tree_speedup(shape, below(tables[sib], shape), c, verify,
+                                                 draft_calls=analysis.tree_draft_calls(shape, sib.endswith(SIBLING)))
                      for name, shape, sib in settings if sib in tables}
         pick = max(predicted, key=predicted.get)
         settings += [(f"grown {g.budget}, depth {g.depth}, {g.children} x {g.width}{label(modes[0])}", g, modes[0])

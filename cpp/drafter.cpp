@@ -95,15 +95,19 @@ double seconds_since(Clock::time_point start) {
 // `pending`, which it is fed first in the next proposal (the last token; also the last proposed token when all
 // were kept, since the model sampled that token but never ran on it). Step i of a proposal is one call for
 // every row still drafting.
-// With `sibling` (token trees: tree.h's sibling drafts), a second model's rows fed exactly as the draft's, whose
-// laws at the expanded nodes draw the children after the first.
+// With `sibling` (token trees: tree.h's sibling drafts), a second model's rows whose laws at the expanded nodes
+// draw the children after the first. It is fed as the draft is, level by level, but only up to the deepest level
+// with a node of two or more children (TreeDraft::last_branching_depth): deeper, every node has one child, drawn
+// from the draft's law, so the sibling's law there is never read (its rows in TreeProposal::sibling_q are the
+// draft's). The accepted nodes it was not fed it is fed with the next tree's root (its own pending tokens).
 class ModelDraftRows final : public DraftRows {
  public:
   ModelDraftRows(std::unique_ptr<ModelRows> rows, at::Device device, int64_t vocab,
                  std::unique_ptr<ModelRows> sibling = nullptr)
       : rows_(std::move(rows)), sibling_(std::move(sibling)), device_(device), vocab_(vocab),
         pending_(rows_->count()), last_(rows_->count()), proposed_(rows_->count(), 0), tree_(rows_->count()),
-        fed_(rows_->count()), tentative_(rows_->count(), 0) {}
+        fed_(rows_->count()), tentative_(rows_->count(), 0), sibling_pending_(rows_->count()),
+        sibling_tentative_(rows_->count(), 0), sibling_ran_(rows_->count(), false) {}
 
   void encode(const std::vector<at::Tensor>& sources) override {
     rows_->encode(sources);
@@ -115,6 +119,7 @@ class ModelDraftRows final : public DraftRows {
       const int64_t length = prompts[r].numel();
       cached[r] = prompts[r].narrow(0, 0, length - 1);
       pending_[r] = prompts[r].narrow(0, length - 1, 1);
+      sibling_pending_[r] = pending_[r];
     }
     rows_->reset(cached);
     if (sibling_) sibling_->reset(cached);
@@ -256,11 +261,15 @@ class ModelDraftRows final : public DraftRows {
     // levels[r]: the tokens of each depth drawn so far (depth 0: the root), in node order; sibling_qs[r]: the
     // sibling draft's laws, as qs[r]
     std::vector<std::vector<at::Tensor>> levels(count), qs(count), sibling_qs(count), maxima(count);
+    std::vector<int64_t> sibling_until(count, -1);  // the deepest level the sibling runs at, per row
     for (size_t r = 0; r < count; ++r) {
       tree_[r].reset();
       fed_[r].clear();
       tentative_[r] = 0;
+      sibling_tentative_[r] = 0;
+      sibling_ran_[r] = false;
       if (drafts[r]) levels[r].push_back(pending_[r].narrow(0, pending_[r].numel() - 1, 1));
+      if (drafts[r] && sibling_) sibling_until[r] = drafts[r]->last_branching_depth();
     }
     const bool sync = profile && device_.is_cuda();
     for (bool first = true;; first = false) {
@@ -291,6 +300,17 @@ class ModelDraftRows final : public DraftRows {
       }
       if (!any) break;
       if (!first) check_interrupt();  // the decoder checked before the first
+      // the sibling's rows at this level: those whose tree branches here or deeper; at the root its own pending
+      // tokens (the accepted nodes it was not fed, then the draft's pending ones)
+      std::vector<at::Tensor> sibling_feed(count);
+      std::vector<ModelRows::TreeNodes> sibling_nodes(count);
+      bool sibling_any = false;
+      for (size_t r = 0; r < count && sibling_; ++r) {
+        if (!feed[r].defined() || (first ? 0 : drafts[r]->depth(drafts[r]->expand()[0])) > sibling_until[r]) continue;
+        sibling_feed[r] = first ? sibling_pending_[r] : feed[r];
+        if (!first) sibling_nodes[r] = nodes[r];
+        sibling_any = true;
+      }
       std::optional<FusedLevel> fused = fused_level(drafts, feed, config, siblings, generators);
       const auto start = Clock::now();
       std::vector<at::Tensor> logits, sibling_logits;
@@ -298,15 +318,20 @@ class ModelDraftRows final : public DraftRows {
         fused->run(*rows_, feed, nodes, first);
       } else {
         logits = first ? rows_->extend(feed) : rows_->extend_tree(feed, nodes);
-        if (sibling_) sibling_logits = first ? sibling_->extend(feed) : sibling_->extend_tree(feed, nodes);
+        if (sibling_any) {
+          sibling_logits = first ? sibling_->extend(sibling_feed) : sibling_->extend_tree(sibling_feed, sibling_nodes);
+        }
       }
       if (sync) torch::cuda::synchronize();
       const double seconds = seconds_since(start);
       for (size_t r = 0; r < count; ++r) {
         if (!feed[r].defined()) continue;
         out[r].seconds += seconds;
-        out[r].calls += sibling_ ? 2 : 1;
+        out[r].calls += sibling_feed[r].defined() ? 2 : 1;
         if (!first) tentative_[r] += feed[r].numel();
+        if (!sibling_feed[r].defined()) continue;
+        if (first) sibling_ran_[r] = true;
+        else sibling_tentative_[r] += feed[r].numel();
       }
       if (fused) {  // every fed row's level from the call's draws
         for (size_t r = 0; r < count; ++r) {
@@ -333,11 +358,14 @@ class ModelDraftRows final : public DraftRows {
         if (!feed[r].defined()) continue;
         const TreeDraft& draft = *drafts[r];
         const auto n = static_cast<int64_t>(draft.expand().size());
-        auto level_rows = [&](const at::Tensor& all) {
-          return first ? all.narrow(0, feed[r].numel() - 1, 1) : all.narrow(0, 0, n);
+        auto level_rows = [&](const at::Tensor& all, const at::Tensor& fed) {
+          return first ? all.narrow(0, fed.numel() - 1, 1) : all.narrow(0, 0, n);
         };
-        raws.push_back(level_rows(logits[r]));
-        if (sibling_) sibling_raws.push_back(level_rows(sibling_logits[r]));
+        raws.push_back(level_rows(logits[r], feed[r]));
+        if (sibling_any) {  // a row without the sibling here has one child per node: the draft's rows, never read
+          sibling_raws.push_back(sibling_feed[r].defined() ? level_rows(sibling_logits[r], sibling_feed[r])
+                                                           : raws.back());
+        }
         counts.insert(counts.end(), draft.counts().begin(), draft.counts().end());
         sizes.push_back(std::accumulate(draft.counts().begin(), draft.counts().end(), int64_t{0}));
         groups.push_back({&generators[r], n});
@@ -350,7 +378,7 @@ class ModelDraftRows final : public DraftRows {
       const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0 && !cpu::host_kernels(raw);
       at::Tensor maximum, sibling_maximum, sibling_raw, sibling_q;
       const at::Tensor q = standardize(raw, config, witness_is_mass ? nullptr : &maximum);
-      if (sibling_) {
+      if (sibling_any) {
         require(!grown, "a sibling draft drafts trees of a fixed shape, not grown ones");
         sibling_raw = joined(sibling_raws);
         sibling_q = standardize(sibling_raw, config, &sibling_maximum);
@@ -373,7 +401,7 @@ class ModelDraftRows final : public DraftRows {
         maxima[r].push_back(maximum.narrow(0, node, groups[j].rows));
         qs[r].resize(draft.size());
         for (int64_t i = 0; i < groups[j].rows; ++i) qs[r][draft.expand()[i]] = q.narrow(0, node + i, 1);
-        if (sibling_) {
+        if (sibling_any) {
           maxima[r].push_back(sibling_maximum.narrow(0, node, groups[j].rows).to(maximum.scalar_type()));
           sibling_qs[r].resize(draft.size());
           for (int64_t i = 0; i < groups[j].rows; ++i) {
@@ -405,8 +433,8 @@ class ModelDraftRows final : public DraftRows {
       out[r].q = at::cat(qs[r]);
       if (sibling_) {
         sibling_qs[r].resize(out[r].tree.size());
-        for (auto& q : sibling_qs[r]) {  // leaves, as above
-          if (!q.defined()) q = sibling_qs[r][0];
+        for (size_t v = 0; v < sibling_qs[r].size(); ++v) {  // leaves and nodes the sibling did not run on: the
+          if (!sibling_qs[r][v].defined()) sibling_qs[r][v] = qs[r][v];  // draft's rows (nothing reads them)
         }
         out[r].sibling_q = at::cat(sibling_qs[r]);
       }
@@ -422,33 +450,48 @@ class ModelDraftRows final : public DraftRows {
     tree_[row].reset();
     if (!tree || tree->size() == 1) {  // the model ran on nothing: the old pending tokens and t next time
       pending_[row] = at::cat({pending_[row], t});
+      if (sibling_) sibling_pending_[row] = at::cat({sibling_pending_[row], t});
       return;
     }
     // It ran on the pending tokens and on every expanded node: keep the fed part of the path (all of it but
-    // perhaps its last node, a leaf).
-    std::vector<int64_t> fed;
+    // perhaps its last node, a leaf). The sibling ran on a prefix of the levels (its first tentative nodes), or on
+    // none: it keeps the path's nodes it ran on and is fed the rest with t next time, after its old pending
+    // tokens where it did not run on them.
+    std::vector<int64_t> fed, sibling_fed;
+    std::vector<at::Tensor> behind;
+    if (sibling_ && !sibling_ran_[row]) behind.push_back(sibling_pending_[row]);
     for (const int64_t v : path) {
       if (fed_[row][v] >= 0) fed.push_back(fed_[row][v]);
+      if (!sibling_) continue;
+      if (fed_[row][v] >= 0 && fed_[row][v] < sibling_tentative_[row]) {
+        sibling_fed.push_back(fed_[row][v]);
+      } else {
+        behind.push_back(last_[row].narrow(0, v, 1));
+      }
     }
     rows_->commit({row}, {fed});
-    if (sibling_) sibling_->commit({row}, {fed});
+    if (sibling_) {
+      if (sibling_ran_[row]) sibling_->commit({row}, {sibling_fed});
+      behind.push_back(t);
+      sibling_pending_[row] = at::cat(behind);
+    }
     const bool leaf = !path.empty() && fed_[row][path.back()] < 0;
     pending_[row] = leaf ? at::cat({last_[row].narrow(0, path.back(), 1), t}) : t;
   }
 
   void restart(int64_t row, int64_t length, const at::Tensor& t, int64_t) override {
-    if (sibling_) restart_row(*sibling_, row, pending_[row], length, t);  // the same pending tokens as the draft's
+    if (sibling_) sibling_pending_[row] = restart_row(*sibling_, row, sibling_pending_[row], length, t);
     pending_[row] = restart_row(*rows_, row, pending_[row], length, t);
   }
 
   void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>&, int64_t) override {
+    require(!sibling_, "a sibling draft drafts token trees only");
     const int64_t proposed = proposed_[row];
     if (proposed == 0) {  // the model ran on nothing: it is fed the old pending tokens and t next time
       pending_[row] = at::cat({pending_[row], t});
     } else if (accepted < proposed) {
       // it ran on pending + x_1 .. x_{k-1}: keep what precedes the rejected token, t becomes pending
       rows_->truncate(row, rows_->length(row) - (proposed - 1 - accepted));
-      if (sibling_) sibling_->truncate(row, sibling_->length(row) - (proposed - 1 - accepted));
       pending_[row] = t;
     } else {  // all kept: it never ran on x_k
       pending_[row] = at::cat({last_[row].narrow(0, proposed - 1, 1), t});
@@ -544,6 +587,9 @@ class ModelDraftRows final : public DraftRows {
   std::vector<std::optional<Tree>> tree_;   // the row's last tree (none: a chain, or no tree)
   std::vector<std::vector<int64_t>> fed_;   // per node of that tree: its tentative node, -1 if never fed
   std::vector<int64_t> tentative_;          // tentative nodes fed so far in the row's current tree
+  std::vector<at::Tensor> sibling_pending_;  // the sibling's pending tokens, as pending_ (its own: it may lag)
+  std::vector<int64_t> sibling_tentative_;   // tentative nodes fed to the sibling in the current tree
+  std::vector<char> sibling_ran_;            // whether the sibling ran on the current tree's root
 };
 
 class ModelDrafter final : public Drafter {

@@ -176,8 +176,9 @@ class HostHistoryDrafter : public SequenceDrafter {
 };
 
 // A neural draft model M_q with its own cache, sampled with the same standardization as the target (§2.2). With
-// `sibling` (token trees only; tree.h's sibling drafts) a second model runs beside it on the same tree nodes, with
-// its own cache: each node's first child comes from the draft's law, the later children from the sibling's.
+// `sibling` (token trees only; tree.h's sibling drafts) a second model runs beside it on the same tree nodes (down to
+// the deepest level that branches), with its own cache: each node's first child comes from the draft's law, the
+// later children from the sibling's.
 std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model, std::shared_ptr<Model> sibling = nullptr);
 
 // Unigram / bigram tables over the vocabulary: log_unigram [V]; a bigram adds, per previous token a, the

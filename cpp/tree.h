@@ -69,7 +69,9 @@
 // Algorithm 1's beta. What it is for: the next child is accepted with sum min(p_{j+1}, q_{j+1}), largest when its
 // law is close to the residual p_{j+1} = norm(max(0, p - q)), which a draft's own q is not (it is where q falls
 // short of p); a model trained toward that residual (speculant.distill, loss="residual") draws siblings
-// that are accepted more often. Without replacement and top are not defined with a sibling law here.
+// that are accepted more often. Without replacement and top are not defined with a sibling law here. A node with one
+// child never reads s (its child is the draft's), so s's rows there may be any law: the drafter does not run the
+// sibling below the deepest level that branches, and gives those nodes q's rows.
 // Greedy (temperature 0): children are the draft's top-k tokens (with a sibling draft: the draft's argmax, then the
 // sibling's k - 1 most probable tokens), and the first child equal to the target's argmax is accepted (the longest
 // path of argmax agreement); t is the argmax.

@@ -37,6 +37,15 @@ void TreeDraft::grow(const std::vector<int64_t>& tokens, const std::vector<doubl
   next_level();
 }
 
+int64_t TreeDraft::last_branching_depth() const {
+  if (!shape_) return levels_;
+  int64_t deepest = -1;
+  for (int64_t v = 0; v < shape_->size(); ++v) {
+    if (shape_->children(v) >= 2) deepest = std::max(deepest, shape_->depth(v));
+  }
+  return deepest;
+}
+
 // The newest depth's nodes are those after the last expanded node's children began: all nodes of the deepest
 // depth (breadth-first order keeps them last).
 void TreeDraft::next_level() {

@@ -57,6 +57,9 @@ class TreeDraft {
   int64_t parent(int64_t node) const { return parent_[node]; }
   int64_t depth(int64_t node) const { return depth_[node]; }
   int64_t token(int64_t node) const { return token_[node]; }  // the root's: -1 (the drafter knows it)
+  // The deepest depth with a node of two or more children, where a later child is drawn (-1: none): a fixed
+  // shape's; for a grown tree, whose branching is not known in advance, its depth limit.
+  int64_t last_branching_depth() const;
   Tree tree() const { return Tree(parent_); }
 
  private:

@@ -264,10 +264,10 @@ def test_cost_model_counts_what_the_engine_timed():
     table = [[0.5, 0.3], [0.4]]
     want = analysis.tree_speedup([2, 1], table, 0.25, verify_cost=lambda w: 1 + 0.2 * (w - 1) + 0.1) * 1.05
     assert timing.cost_model(rounds, acceptance=0.7, gamma=2, tree=[2, 1]) == pytest.approx(want)
-    # with a sibling draft a depth costs two draft calls (c their mean call)
+    # with a sibling draft its call at depth 0 counts too, the one depth that branches (c the two models' mean call)
     want = analysis.tree_speedup([2, 1], table, 0.25, verify_cost=lambda w: 1 + 0.2 * (w - 1) + 0.1,
-                                 draft_calls=4) * 1.05
-    assert timing.cost_model(rounds, acceptance=0.7, gamma=2, tree=[2, 1], calls_per_depth=2) == pytest.approx(want)
+                                 draft_calls=3) * 1.05
+    assert timing.cost_model(rounds, acceptance=0.7, gamma=2, tree=[2, 1], sibling=True) == pytest.approx(want)
 
 
 def test_trees_beside_chains():
@@ -310,11 +310,11 @@ def test_a_sibling_draft_draws_the_trees_later_children():
     target, draft, sibling = (speculant.load(torch.jit.script(MarkovRows(t.float(), 64)))
                               for t in (*markov.target_and_draft(6, 3, draft_scale=1.0),
                                         markov.target_and_draft(6, 103, mask_prob=0.1)[1]))
-    frame = speculant.sweep(target, draft, PROMPTS, gammas=[2], trees=[[2, 2], [3]],
+    frame = speculant.sweep(target, draft, PROMPTS, gammas=[2], trees=[[2, 2], [3], [2, 1, 2]],
                             siblings=["coupled", "with_replacement"], temperatures=[1.0], max_new_tokens=20,
                             seed=5, repeats=1, progress=False, sibling_draft=sibling)
     assert list(frame.columns) == sweep_module.COLUMNS
-    assert frame.sibling_draft.tolist() == [False, True, True, True, True]  # the chain's row first
+    assert frame.sibling_draft.tolist() == [False] + [True] * 6  # the chain's row first
     for row in frame[frame.tree.notna()].itertuples():
         decoder = speculant.SpeculativeDecoder(target, draft, tree=row.tree, siblings=row.siblings, temperature=1.0,
                                                sibling_draft=sibling)
@@ -323,10 +323,11 @@ def test_a_sibling_draft_draws_the_trees_later_children():
         assert row.target_calls == sum(r.stats.target_calls for r in results)
         assert row.draft_calls == sum(r.stats.draft_calls for r in results)
         table = timing.tree_table(results)
-        depth = len(row.tree)
         assert row.expected_tokens == pytest.approx(float(analysis.tree_expected_tokens(list(row.tree), table)))
+        calls = {(2, 2): 4, (3,): 2, (2, 1, 2): 6}[tuple(row.tree)]  # the draft's d, the sibling's to the last branch
+        assert analysis.tree_draft_calls(list(row.tree), sibling=True) == calls
         assert row.predicted_speedup == pytest.approx(
-            analysis.tree_speedup(list(row.tree), table, row.c, draft_calls=2 * depth))
+            analysis.tree_speedup(list(row.tree), table, row.c, draft_calls=calls))
         assert row.predicted_speedup < analysis.tree_speedup(list(row.tree), table, row.c)
         # the sibling's laws, not the draft's: the same tree without it keeps other tokens at the same seeds
         alone = speculant.SpeculativeDecoder(target, draft, tree=row.tree, siblings=row.siblings, temperature=1.0)

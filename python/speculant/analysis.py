@@ -562,6 +562,17 @@ def tree_depth(tree: TreeLike) -> int:
     return _Tree(tree).depth
 
 
+def tree_draft_calls(tree: TreeLike, sibling: bool = False) -> int:
+    """The draft model calls that draft a tree: one per depth, d; with a sibling draft (SpeculativeDecoder's
+    sibling_draft=) also the sibling's, one per depth down to the deepest node with two or more children (deeper,
+    every child is the draft's: the engine does not run the sibling there)."""
+    t = _Tree(tree)
+    if not sibling:
+        return t.depth
+    branching = [i for i, k in enumerate(t.max_children) if k >= 2]
+    return t.depth + (branching[-1] + 1 if branching else 0)
+
+
 def tree_expected_tokens(tree: TreeLike, acceptance: AcceptanceLike):
     """Expected tokens per target call (accepted drafts plus the target's own token t) under positional acceptance:
 

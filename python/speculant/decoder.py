@@ -533,14 +533,15 @@ class SpeculativeDecoder:
 
     ``sibling_draft``: a second draft model for a tree's later children (cpp/tree.h, sibling drafts): each node's
     first child is drawn from the draft's q, its others independently from the sibling draft's law at the same node
-    (its own cache, fed the same tree nodes), and verified against that law, so the output law stays exactly the
+    (its own cache, fed the same tree nodes down to the deepest level that branches; deeper, every node has one
+    child, the draft's), and verified against that law, so the output law stays exactly the
     target's. It pays where the sibling's law is closer than q to what a rejection of the first child leaves,
     norm(max(0, p - q)): a copy of the draft trained toward that residual
     (``speculant.distill(..., loss="residual", beside=draft)``). Trees of a fixed shape only, with siblings
     "coupled" or "with_replacement"; at temperature 0 the later children are the sibling's most probable tokens.
-    Each tree level costs one call of each draft model: ``stats.draft_calls`` counts both, and
-    ``analysis.tree_speedup(..., draft_calls=2 * depth)`` prices such a tree (``speculant.sweep`` does not take a
-    sibling draft).
+    Each tree level down to the deepest that branches costs one call of each draft model, the deeper ones the
+    draft's alone: ``stats.draft_calls`` counts both, ``analysis.tree_draft_calls(tree, sibling=True)`` says how
+    many, and ``speculant.sweep(..., sibling_draft=)`` prices such trees with it.
 
     ``draft_tokenizer`` with ``target_tokenizer``: a draft model whose vocabulary differs from the target's
     drafts through text (speculant.cross_tokenizer.CrossTokenizer: deterministic proposals with point-mass q,

@@ -48,7 +48,7 @@ def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mappi
     """One row of a sweep: speculative decoding at ``setting`` (the ``SETTING`` columns) timed against plain
     decoding of the target at the same sampling settings (``timing.timed_rounds``), then ``timing.summarize``.
     calls: one dict of ``generate`` keyword arguments per prompt (``analysis.generation_kwargs``); sibling_draft:
-    the model of a setting whose ``sibling_draft`` is True (its tree then costs two draft calls per depth)."""
+    the model of a setting whose ``sibling_draft`` is True (its calls then count as draft calls)."""
     decoder = SpeculativeDecoder(target, _level(draft, setting), **_options(setting, sibling_draft))
     baseline = functools.partial(generate, target, temperature=setting["temperature"], top_k=setting["top_k"],
                                  top_p=setting["top_p"])
@@ -56,7 +56,7 @@ def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mappi
                                  repeats=repeats, batch_size=batch_size)
     return {**setting, **timing.summarize(rounds, gamma=setting["gamma"], lenience=setting["lenience"],
                                           spread_threshold=spread_threshold, tree=setting["tree"],
-                                          calls_per_depth=2 if setting["sibling_draft"] else 1)}
+                                          sibling=setting["sibling_draft"])}
 
 
 def _level(draft, setting: Mapping[str, Any]):
@@ -200,8 +200,9 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     that draws the later children of every tree row's nodes (SpeculativeDecoder's ``sibling_draft=``; trained by
     ``speculant.distill(..., loss="residual", beside=draft)``). It needs ``trees`` of fixed shapes and siblings
     "coupled" or "with_replacement", and leaves the chains of ``gammas`` as they are: column ``sibling_draft``
-    says which rows drew with it. Such a row's draft calls count both models' (two per depth), its ``c`` is
-    their mean call, and its predictions price a depth at 2c. To compare a tree with and without the sibling
+    says which rows drew with it. Such a row's draft calls count both models' (the sibling runs at each depth
+    down to the deepest that branches: ``analysis.tree_draft_calls``), its ``c`` is their mean call, and its
+    predictions price the tree at that many calls. To compare a tree with and without the sibling
     in one frame, concatenate two sweeps (``pandas.concat``): the same seeds give the rows without it the same
     tokens.
 

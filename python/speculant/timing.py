@@ -148,23 +148,23 @@ def _tree_counts(results):
     return [sum(v) for v in zip(*(r.stats.tree_visits for r in results))], table("tree_accepted"), table("tree_offered")
 
 
-def tree_prediction(results, tree, c: float, verify_cost=None, calls_per_depth: int = 1) -> Tuple[float, float]:
+def tree_prediction(results, tree, c: float, verify_cost=None, sibling: bool = False) -> Tuple[float, float]:
     """(expected tokens per target call, predicted speedup) by the tree theory at the acceptance table the
     generations `results` measured (``tree_table``); verify_cost as analysis.tree_speedup's (None: a wide call
-    costs one target call); calls_per_depth: the draft model calls that draft one depth of the tree, each costing
-    c (2 with a sibling draft: the draft's and the sibling's, c then their mean call). A shape: its own
-    (analysis.tree_expected_tokens, analysis.tree_speedup at draft_calls = depth x calls_per_depth); NaN if a
-    depth was never visited. A grown tree (speculant.DynamicTree), whose shape changes every iteration: the mean
-    over the iterations of the expected tokens of the tree each drafted (Iteration.tree), over the mean of its
-    cost (calls_per_depth draft calls per depth times c, plus verify_cost of its width); the table stops at the
-    first depth the accepted paths never reached with children to try, and each tree is cut there (what lies
-    deeper was never reached, so it adds nothing measurable)."""
+    costs one target call); sibling: drafted with a sibling draft, whose calls count too (analysis.tree_draft_calls,
+    each costing c, then the mean of the two models' calls). A shape: its own (analysis.tree_expected_tokens,
+    analysis.tree_speedup at analysis.tree_draft_calls's calls); NaN if a depth was never visited. A grown tree
+    (speculant.DynamicTree), whose shape changes every iteration: the mean over the iterations of the expected
+    tokens of the tree each drafted (Iteration.tree), over the mean of its cost (analysis.tree_draft_calls times c,
+    plus verify_cost of its width); the table stops at the first depth the accepted paths never reached with
+    children to try, and each tree is cut there (what lies deeper was never reached, so it adds nothing
+    measurable)."""
     nan = math.nan
     if isinstance(tree, Sequence):
         table = tree_table(results)
         if not _covers(table, tree):
             return nan, nan
-        calls = analysis.tree_depth(list(tree)) * calls_per_depth
+        calls = analysis.tree_draft_calls(list(tree), sibling)
         speedup = nan if math.isnan(c) else analysis.tree_speedup(list(tree), table, c, verify_cost, draft_calls=calls)
         return float(analysis.tree_expected_tokens(list(tree), table)), speedup
     visits, accepted, offered = _tree_counts(results)
@@ -177,7 +177,7 @@ def tree_prediction(results, tree, c: float, verify_cost=None, calls_per_depth: 
         return nan, nan
     tokens = float(np.mean([float(analysis.tree_expected_tokens(t, table)) for t in drafted]))
     width = analysis._verify_cost(verify_cost)
-    cost = float(np.mean([analysis.tree_depth(t) * calls_per_depth * c + width(len(t)) for t in drafted]))
+    cost = float(np.mean([analysis.tree_draft_calls(t, sibling) * c + width(len(t)) for t in drafted]))
     return tokens, tokens / cost
 
 
@@ -279,19 +279,18 @@ def engine_costs(rounds: Sequence[Round]) -> Optional[Dict[str, float]]:
             "bottom_c": level["draft_seconds"] / per / call if per else 0.0}
 
 
-def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int, tree=None, calls_per_depth: int = 1) -> float:
+def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int, tree=None, sibling: bool = False) -> float:
     """Theorem 3.8 (composed over a hierarchical draft's levels) at ``engine_costs``: only the calls per token are
     left to the theory (Equation (1) at ``acceptance``; the draft level's recurrence, at its model's mean call as
     its unit, everything below it counted as its drafter's time; for a token tree, ``tree_prediction`` with the
-    engine's time folded into the verification call's, calls_per_depth as there). NaN without a verified
-    position."""
+    engine's time folded into the verification call's, sibling as there). NaN without a verified position."""
     costs = engine_costs(rounds)
     if costs is None or math.isnan(acceptance):
         return math.nan
     slope, overhead, plain = costs["slope"], costs["overhead"], costs["plain_overhead"]
     if tree:
         _, speedup = tree_prediction(rounds[0].speculative, tree, costs["c"],
-                                     lambda w: 1.0 + slope * (w - 1) + overhead, calls_per_depth)
+                                     lambda w: 1.0 + slope * (w - 1) + overhead, sibling)
         return speedup * (1.0 + plain)
     wide = [lambda w: 1.0 + slope * (w - 1)]
     if "bottom_c" not in costs:
@@ -304,7 +303,7 @@ def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int, tree=N
 
 def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
               spread_threshold: float = SPREAD_THRESHOLD, tree: Optional[Sequence[int]] = None,
-              calls_per_depth: int = 1) -> Dict[str, Any]:
+              sibling: bool = False) -> Dict[str, Any]:
     """The ``COLUMNS`` of one setting from its timed rounds: counts and alpha from the first round (every round
     generates the same tokens), times as medians over the rounds.
 
@@ -328,9 +327,9 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     speculant.DynamicTree. Then expected_tokens and predicted_speedup come from the tree theory at the acceptance
     table the generations measured (``tree_table``): analysis.tree_expected_tokens and analysis.tree_speedup (one
     draft call per depth, a verification call costing one target call, as Theorem 3.8 assumes); for a grown tree
-    at the trees its iterations drafted (``tree_prediction``); NaN if a depth was never visited. calls_per_depth:
-    the draft model calls per depth of the tree, 2 with a sibling draft (SpeculativeDecoder's sibling_draft=: c
-    is then the mean of the two models' calls, and a depth costs 2c).
+    at the trees its iterations drafted (``tree_prediction``); NaN if a depth was never visited. sibling: the tree
+    was drafted with a sibling draft (SpeculativeDecoder's sibling_draft=): c is then the mean of the two models'
+    calls, and the tree costs analysis.tree_draft_calls(tree, sibling=True) of them.
     """
     spread_threshold = check_spread_threshold(spread_threshold)
     if not rounds:
@@ -371,9 +370,9 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
         costs = [level["c"] for level in levels]
         known = all(not math.isnan(x) for x in alphas + costs)
         predicted = analysis.hierarchical_improvement(alphas, gammas, costs) if known else nan
-    modelled = cost_model(rounds, acceptance=acceptance, gamma=gamma, tree=tree, calls_per_depth=calls_per_depth)
+    modelled = cost_model(rounds, acceptance=acceptance, gamma=gamma, tree=tree, sibling=sibling)
     if tree:
-        expected, predicted = tree_prediction(results, tree, c, calls_per_depth=calls_per_depth)
+        expected, predicted = tree_prediction(results, tree, c, sibling=sibling)
         known = not (math.isnan(expected) or math.isnan(c))
         predicted = predicted if known else nan
     flags = []
