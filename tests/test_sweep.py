@@ -303,8 +303,8 @@ def test_trees_beside_chains():
 def test_a_sibling_draft_draws_the_trees_later_children():
     """sibling_draft= makes every tree row draw its later children from the sibling (the tokens and counts of
     SpeculativeDecoder(..., sibling_draft=) at the same seeds), leaves the chains alone, counts both models'
-    calls and prices a depth at two draft calls; it is refused by name where it cannot apply, before anything
-    runs."""
+    calls and prices them (analysis.tree_draft_calls: the sibling's down to the deepest level that branches, [2, 1, 2]
+    through its single-child level 1); it is refused by name where it cannot apply, before anything runs."""
     from test_batch import MarkovRows
     from speculant import timing
     target, draft, sibling = (speculant.load(torch.jit.script(MarkovRows(t.float(), 64)))
