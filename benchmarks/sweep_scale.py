@@ -2,7 +2,7 @@
 prompts, and on a 2-worker dask LocalCluster; wall time of each, and how close the cluster comes to a linear
 speedup.
 
-    python benchmarks/sweep_scale.py                 # the demo pair (trained on first use, ~3 min on 2 cores)
+    python benchmarks/sweep_scale.py                 # the demo pair (shipped with the package)
     python benchmarks/sweep_scale.py --pair gpt2     # a benchmark pair (python benchmarks/train_pairs.py first)
     python benchmarks/sweep_scale.py --quick         # smoke run: the demo pair after 2 training steps, 2 settings
 

@@ -116,6 +116,9 @@ PYBIND11_MODULE(_core, m) {
         py::arg("path"), py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("python_model", &python_model, py::arg("impl"), py::arg("source"));
 
+  m.def("check_sampling", [](double temperature, int64_t top_k, double top_p,
+                             double lenience) { make_config(temperature, top_k, top_p, lenience); },
+        py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("lenience"));
   m.def("standardize",
         [](const at::Tensor& logits, double temperature, int64_t top_k, double top_p) {
           SamplingConfig config = make_config(temperature, top_k, top_p, 1.0);
@@ -414,7 +417,12 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("target_tokens", &BeamSearch::target_tokens)
       .def_readonly("draft_tokens", &BeamSearch::draft_tokens)
       .def_readonly("steps_per_call", &BeamSearch::steps_per_call)
-      .def_readonly("seconds", &BeamSearch::seconds);
+      .def_readonly("seconds", &BeamSearch::seconds)
+      .def("__repr__", [](const BeamSearch& b) {
+        return fmt::format("BeamSearch(steps={}, target_calls={}, draft_calls={}, target_tokens={}, "
+                           "draft_tokens={}, seconds={:.4f})",
+                           b.steps, b.target_calls, b.draft_calls, b.target_tokens, b.draft_tokens, b.seconds);
+      });
   m.def(
       "beam_search",
       [](const std::shared_ptr<Model>& target, const std::shared_ptr<Model>& draft,

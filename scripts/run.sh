@@ -2,37 +2,72 @@
 # One entry point for a fresh machine: installs everything (idempotently), then runs `demo` or `test`.
 #
 #   bash scripts/run.sh demo [demo options]   # speculative decoding with the default pair, trace + stats
-#   bash scripts/run.sh test [pytest options] # the whole test suite
+#   bash scripts/run.sh test [pytest options] # the whole test suite, on the newest torch and on torch 2.11
 #
-# torch is a multi-GB download, so it goes into a virtual environment outside the clone that later clones
-# and CI runs reuse: $SPECULANT_VENV (default ~/.cache/speculant/venv). $SPECULANT_TORCH says which torch
-# (default "torch>=2.11": PyPI's newest on a fresh machine, tested with 2.15.0; "torch==2.11.0" is the GPU
-# machines' release). PyPI's regular build carries the full C++ headers. The extension is built against the
-# torch installed there with --no-build-isolation (an isolated build would fetch another torch), and
-# importing it under another torch says so and how to rebuild.
+# torch is a multi-GB download, so it goes into virtual environments outside the clone that later clones and
+# CI runs reuse: $SPECULANT_VENV (default ~/.cache/speculant/venv) with $SPECULANT_TORCH (default
+# "torch>=2.11": PyPI's newest), and for `test` also $SPECULANT_OLDEST_VENV (default
+# ~/.cache/speculant/venv-oldest) with $SPECULANT_OLDEST_TORCH (default "torch==2.11.0", the oldest supported
+# torch and the GPU machines' release, with their transformers 5.17.0; set it to "" to test the newest torch
+# only). PyPI's regular build carries the full C++ headers. The extension is built against each environment's
+# torch with --no-build-isolation (an isolated build would fetch another torch), in build/torch-<version>/.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${SPECULANT_VENV:-$HOME/.cache/speculant/venv}"
 torch_req="${SPECULANT_TORCH:-torch>=2.11}"
-python="$venv/bin/python"
+oldest_venv="${SPECULANT_OLDEST_VENV:-$HOME/.cache/speculant/venv-oldest}"
+oldest_req="${SPECULANT_OLDEST_TORCH-torch==2.11.0}"
+# transformers per environment: the release the exporters were checked against, and the GPU image's beside 2.11
+newest_transformers="transformers==5.23.0"
+oldest_transformers="transformers==5.17.0"
 
-if [ ! -x "$python" ]; then
-  python3 -m venv "$venv"
-fi
-# Quiet when everything is already there; pip only downloads what is missing.
-# transformers is pinned to the release the exporters were checked against (speculant[export] allows 5.x).
-"$python" -m pip install --disable-pip-version-check --progress-bar off -q \
-  "$torch_req" "scikit-build-core>=0.10" "cmake>=3.26" ninja numpy tqdm pytest "hypothesis==6.170.15" scipy \
-  "transformers==5.23.0" "tokenizers==0.23.3" "pandas==3.1.1" "matplotlib==3.11.2" \
-  "nbclient==0.11.0" "nbformat==5.11.1" "ipykernel==7.4.0" "dask[distributed]==2026.8.0" "distributed==2026.8.0"
-CMAKE_BUILD_PARALLEL_LEVEL=2 "$python" -m pip install --disable-pip-version-check --progress-bar off -q --no-build-isolation \
-  "$root"
+say() { printf 'speculant setup: %s\n' "$*" >&2; }
+
+# setup VENV TORCH TRANSFORMERS: the environment with torch, the tools and speculant built against that torch.
+setup() {
+  local env="$1" requirement="$2" transformers="$3" python="$1/bin/python" quiet=(-q --progress-bar off)
+  if [ ! -x "$python" ]; then
+    python3 -m venv "$env"
+  fi
+  if ! "$python" -c "import torch" >/dev/null 2>&1; then
+    say "installing $requirement and the tools into $env (later runs reuse it)."
+    say "torch comes with its CUDA libraries: about 3 GB to download and 6 GB on disk, 5 to 30 minutes" \
+        "depending on the network; pip shows each download below."
+    quiet=(--progress-bar on)
+  fi
+  # pip only downloads what is missing. transformers is pinned (speculant[export] allows 5.x); ipywidgets draws
+  # tqdm's bars in Jupyter.
+  "$python" -m pip install --disable-pip-version-check "${quiet[@]}" \
+    "$requirement" "scikit-build-core>=0.10" "cmake>=3.26" ninja numpy tqdm "safetensors>=0.4" pytest \
+    "hypothesis==6.170.15" scipy "$transformers" "tokenizers==0.23.3" "pandas==3.1.1" \
+    "matplotlib==3.11.2" "nbclient==0.11.0" "nbformat==5.11.1" "ipykernel==7.4.0" "ipywidgets==8.1.9" \
+    "dask[distributed]==2026.8.0" "distributed==2026.8.0"
+  local version
+  version="$("$python" -c "import torch; print(torch.__version__)")"
+  say "building speculant's C++ extension against torch $version in build/torch-$version" \
+      "(3 to 10 minutes on 2 cores the first time, seconds when nothing changed)."
+  CMAKE_BUILD_PARALLEL_LEVEL=2 "$python" -m pip install --disable-pip-version-check -q --progress-bar off \
+    --no-build-isolation --config-settings="build-dir=build/torch-$version" "$root"
+}
 
 cmd="${1:-demo}"
 shift || true
 case "$cmd" in
-  demo) exec "$python" -m speculant demo "$@" ;;
-  test) cd "$root" && exec "$python" -m pytest tests "$@" ;;
+  demo)
+    setup "$venv" "$torch_req" "$newest_transformers"
+    say "ready. To use this environment yourself: source $venv/bin/activate (then speculant --help, python," \
+        "jupyter)."
+    exec "$venv/bin/python" -m speculant demo "$@" ;;
+  test)
+    setup "$venv" "$torch_req" "$newest_transformers"
+    status=0
+    (cd "$root" && "$venv/bin/python" -m pytest tests "$@") || status=$?
+    if [ -n "$oldest_req" ]; then
+      setup "$oldest_venv" "$oldest_req" "$oldest_transformers"
+      say "the suite again on $oldest_req with $oldest_transformers (the GPU machines' image)."
+      (cd "$root" && "$oldest_venv/bin/python" -m pytest tests "$@") || status=$((status ? status : $?))
+    fi
+    exit "$status" ;;
   *) echo "usage: bash scripts/run.sh demo|test [options]" >&2; exit 2 ;;
 esac

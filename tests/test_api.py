@@ -46,6 +46,33 @@ def test_prompt_forms_give_the_same_tokens(pair):
         speculant.generate(model, PROMPT, max_new_tokens=3, temperature=0).tokens
 
 
+def test_max_length_counts_the_prompt_as_in_transformers(pair):
+    """Issue 51: generate(max_length=20), a transformers habit, was a TypeError. It counts the prompt (a batch's
+    longest), as transformers' does, and matches transformers' greedy generate."""
+    model, draft = pair
+    decoder = speculant.SpeculativeDecoder(model, draft, temperature=0)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), max_length=12, do_sample=False,
+                              eos_token_id=None, pad_token_id=0, num_beams=1, top_k=None, top_p=None,
+                              temperature=None)[0, 3:].tolist()
+    assert len(want) == 9
+    assert decoder.generate(PROMPT, max_length=12).tokens == want
+    assert speculant.generate(model, PROMPT, max_length=12, temperature=0).tokens == want
+    rows = decoder.generate([PROMPT, PROMPT[:1]], max_length=12, eos_token_id=None)
+    assert [len(r.tokens) for r in rows] == [9, 9]
+    for kwargs, message in [
+            ({}, r"max_new_tokens is required.*max_length="),
+            (dict(max_new_tokens=4, max_length=12), "pass max_new_tokens or max_length, not both"),
+            (dict(max_length=2), r"max_length counts the prompt, as in transformers: it must be at least the "
+                                 r"prompt's length 3 \+ 0, got 2"),
+            (dict(max_length=True), "max_length must be an integer >= 1")]:
+        with pytest.raises(ValueError, match=message):
+            decoder.generate(PROMPT, **kwargs)
+        with pytest.raises(ValueError, match=message):
+            speculant.generate(model, PROMPT, **kwargs)
+
+
 def test_prompt_errors_name_the_fix(pair):
     model, draft = pair
     decoder = speculant.SpeculativeDecoder(model, draft)

@@ -184,7 +184,9 @@ def test_refusals_name_the_parameter(exports, tmp_path):
         (dict(num_beams=2, gamma_policy="heuristic"), "gamma_policy='heuristic' does not apply"),
         (dict(draft_beams=3), "draft_beams=3 applies to beam search: pass num_beams >= 2"),
         (dict(length_penalty=2.0), "length_penalty=2.0 applies to beam search"),
-        (dict(num_beams=3, draft_beams=2), "draft_beams must be an integer >= 3"),
+        (dict(num_beams=3, draft_beams=2), r"draft_beams must be at least num_beams = 3 .*got 2"),
+        (dict(num_beams=3, draft_beams=2.5), "draft_beams must be an integer >= 3"),
+        (dict(num_beams=2, max_length=2), r"max_length counts the prompt.* length 3 \+ 1, got 2"),
         (dict(num_beams=2, early_stopping="sometimes"), "early_stopping must be False, True or 'never'"),
         (dict(num_beams=2, num_return_sequences=3), "num_return_sequences must be <= num_beams = 2"),
         (dict(num_beams=2, length_penalty=float("inf")), "length_penalty must be a finite real number"),
@@ -192,9 +194,12 @@ def test_refusals_name_the_parameter(exports, tmp_path):
         (dict(num_beams=2, max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
     ]
     for kwargs, message in cases:
-        kwargs = {"max_new_tokens": 4, **kwargs}
+        kwargs = {**({} if "max_length" in kwargs else {"max_new_tokens": 4}), **kwargs}
         with pytest.raises(ValueError, match=message):
             decoder.generate(PROMPTS[0], **kwargs)
+    found = decoder.generate(PROMPTS[0], max_length=len(PROMPTS[0]) + 4, num_beams=2)
+    assert found.sequences == decoder.generate(PROMPTS[0], max_new_tokens=4, num_beams=2).sequences
+    assert repr(found.stats).startswith(f"BeamSearch(steps={found.stats.steps}, target_calls=")  # not <... at 0x>
     with pytest.raises(ValueError, match="needs a draft model, not a Bigram"):
         speculant.SpeculativeDecoder(target, speculant.drafters.Bigram.fit([PROMPTS[2]], vocab_size=64)).generate(
             PROMPTS[0], max_new_tokens=4, num_beams=2)

@@ -4,8 +4,15 @@ are refused with a message naming them."""
 
 import argparse
 import io
+import os
+import re
+import subprocess
+import sys
 
 import pytest
+import torch
+
+import speculant
 
 from speculant import __main__ as cli
 from speculant import demo, demo_pair
@@ -74,9 +81,35 @@ def test_demo_colours_only_a_terminal_without_no_color(no_color, color, coloured
 @pytest.mark.parametrize("argv,match", [
     (["--gamma", "0"], "gamma must be an integer >= 1"),
     (["--repeats", "0"], "repeats must be an integer >= 1"),
-    (["--lenience", "1.5"], "lenience"),
+    (["--lenience", "1.5"], "lenience must be in (0, 1]"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
+    (["--seed", "-2"], "seed must be an integer >= 0"),
+    (["--threads", "0"], "threads must be an integer >= 1"),
 ])
-def test_demo_refuses_bad_values_by_name(argv, match, smoke_pair, monkeypatch, capsys):
-    monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
+def test_demo_refuses_bad_values_by_name_before_it_loads_models(argv, match, monkeypatch, capsys):
+    """Issue 51: the options were checked only after the pair was made (an hour of training on a busy machine)."""
+    monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: pytest.fail("the pair was loaded"))
     assert cli.main(["demo", *argv]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0
+    assert re.fullmatch(rf"speculant {re.escape(speculant.__version__)} \(torch {re.escape(torch.__version__)}\)\n",
+                        capsys.readouterr().out)
+
+
+def test_the_shipped_demo_prints_its_trace_without_torchs_warnings(tmp_path):
+    """The demo in a fresh process on the shipped pair: its output opens with the demo's own lines (TorchScript's
+    deprecation notices were printed first), and it trains nothing."""
+    env = {**os.environ, "SPECULANT_CACHE": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-m", "speculant", "demo", "--max-new-tokens", "16", "--repeats", "1",
+                           "--color", "never"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("speculant demo: target ") and "Trace (one line per target call" in done.stdout
+    assert "deprecated" not in done.stderr and "train" not in done.stderr
+    assert [p.name.startswith("shipped-") for p in (tmp_path / "models").iterdir() if p.is_dir()] == [True]

@@ -200,9 +200,10 @@ def test_refusals_name_what_is_wrong(pair):
                                      draft_tokenizer=draft_tokenizer, target_tokenizer=target_tokenizer)
     with pytest.raises(ValueError, match="draft_tokenizer must be a transformers tokenizer"):
         speculant.SpeculativeDecoder(target, draft, draft_tokenizer="gpt2", target_tokenizer=target_tokenizer)
-    with pytest.raises(ValueError, match="proposes chains only"):
+    with pytest.raises(ValueError, match=r"tree: a draft with another tokenizer .* proposes chains only") as refusal:
         speculant.SpeculativeDecoder(target, draft, tree=[2, 2], draft_tokenizer=draft_tokenizer,
                                      target_tokenizer=target_tokenizer)
+    assert "PythonDrafter" not in str(refusal.value)  # issue 51: it named a drafter the user never made
     t5 = hf_models.make("t5", 0)
     with pytest.raises(ValueError, match="an encoder-decoder draft cannot continue the target's text"):
         speculant.SpeculativeDecoder(target, t5, draft_tokenizer=draft_tokenizer, target_tokenizer=target_tokenizer)

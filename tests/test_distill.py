@@ -215,6 +215,18 @@ def test_drafts_that_cannot_be_trained_are_refused(target_path, tmp_path):
                           new_tokens=2, save=str(tmp_path / "x.pt"), progress=False)
 
 
+@pytest.mark.parametrize("draft_vocab", [VOCAB // 2, VOCAB + 8])
+def test_a_draft_of_another_vocabulary_is_refused_before_training(target_path, draft_vocab):
+    """Issue 51: a smaller draft vocabulary raised torch's IndexError from the draft's embedding (in the α
+    measured before training); a larger one was refused only at the first training step. Both are refused by
+    name first."""
+    torch.manual_seed(1)
+    draft = TinyGPT(TinyGPTConfig(vocab_size=draft_vocab, n_layer=1, n_head=2, d_model=32, max_length=96))
+    with pytest.raises(ValueError, match=rf"draft: its vocabulary has {draft_vocab} tokens and the target's "
+                                         rf"{VOCAB}.*vocab_size={VOCAB}"):
+        speculant.distill(target_path, draft, PROMPTS, steps=1, new_tokens=2, progress=False)
+
+
 def test_encoder_decoder_pairs(tmp_path):
     """A T5 pair: the sources are the prompts, each continued from the decoder start; α over the decoder
     positions rises, from the TorchScript export and from the transformers model alike, and the distilled draft

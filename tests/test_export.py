@@ -253,6 +253,7 @@ def test_command_line_export_and_a_fresh_process_load(tmp_path):
                            "--max-length", "64"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "LlamaForCausalLM" in done.stdout and str(out) in done.stdout
+    assert "deprecated" not in done.stderr  # issue 51: torch's TorchScript notices got through the filter
     script = ("import speculant; m = speculant.load(%r); "
               "print(speculant.generate(m, [5, 6, 7], max_new_tokens=12, temperature=0).tokens)" % str(out))
     fresh = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
@@ -264,10 +265,20 @@ def test_command_line_export_and_a_fresh_process_load(tmp_path):
 
 def test_command_line_reports_bad_input(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, "-m", "speculant", "export", str(tmp_path / "none"), "x.pt"],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 2
-    assert "not a save_pretrained directory" in done.stderr and "Traceback" not in done.stderr
+    (tmp_path / "empty").mkdir()
+    hf_models.make("gpt2").save_pretrained(tmp_path / "hf")
+    for model_dir, out, message in [
+            (tmp_path / "empty", "x.pt", "not a save_pretrained directory"),
+            (tmp_path / "none", "x.pt", f"model_or_dir: {tmp_path / 'none'} does not exist"),  # issue 51
+            (tmp_path / "hf", str(tmp_path / "x.onnx"), "speculant writes .pt (torchscript) or .pt2 (pt2) files; "),
+            (tmp_path / "hf", str(tmp_path / "x"), "ends in 'no suffix'")]:
+        done = subprocess.run([sys.executable, "-m", "speculant", "export", str(model_dir), out],
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 2
+        assert message in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "x.onnx").exists()  # it wrote TorchScript under that name
+    with pytest.raises(ValueError, match=r"format='pt2' writes \.pt2"):
+        speculant.export(tmp_path / "hf", tmp_path / "x.pt", format="pt2")
 
 
 def test_export_leaves_the_model_as_it_was_and_checks_lengths(tmp_path):

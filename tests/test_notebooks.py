@@ -1,5 +1,5 @@
-"""The notebooks in notebooks/ run from top to bottom (nbclient, a kernel on this same Python) on the demo
-pair's smoke-sized models (SPECULANT_NOTEBOOK_SMOKE=1, trained once into a temporary cache). They are stored
+"""The notebooks in notebooks/ run from top to bottom (nbclient, a kernel on this same Python) on the shipped demo
+pair (converted into a temporary cache). They are stored
 either without outputs or with the outputs of one complete run, top to bottom without an error: quickstart and
 sweeps ship the outputs of a full run on the trained pair, made in notebooks/ with the venv's kernel by
 `jupyter execute --inplace --kernel_name=python3 quickstart.ipynb sweeps.ipynb`."""
@@ -26,7 +26,7 @@ CELL_TIMEOUT = 300  # seconds; every notebook takes well under a minute on 2 cor
 @pytest.fixture(scope="module")
 def kernel_env(tmp_path_factory):
     """A kernelspec that runs this interpreter, and the environment its kernels get: the package found the way
-    this process finds it (source tree or installed), the smoke pair cached in a temporary directory."""
+    this process finds it (source tree or installed), the demo pair's files in a temporary cache."""
     root = tmp_path_factory.mktemp("jupyter")
     spec = root / "kernels" / "speculant-tests"
     spec.mkdir(parents=True)
@@ -37,7 +37,7 @@ def kernel_env(tmp_path_factory):
     return {
         "JUPYTER_PATH": str(root), "JUPYTER_PLATFORM_DIRS": "1", "IPYTHONDIR": str(root / "ipython"),
         "PYTHONPATH": os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p),
-        "SPECULANT_NOTEBOOK_SMOKE": "1", "SPECULANT_CACHE": str(root / "cache"),
+        "SPECULANT_CACHE": str(root / "cache"),
         "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
     }
 

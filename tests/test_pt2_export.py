@@ -281,3 +281,21 @@ def test_the_load_check_passes_where_torch_loads_packages():
     assert re.search(r"^bound locally: the \d+ std::regex symbols the library defines all bind to its own copies",
                      result.stdout, re.M)
     assert re.search(r"^default: .*std::regex symbols", result.stdout, re.M)  # where the default library binds them
+
+
+def test_command_line_says_what_it_compiles_and_nothing_of_torchs(tmp_path):
+    """Issue 51: `speculant export MODEL out.pt2` compiled for minutes without a word, after torch's "No CUDA runtime
+    is found" on a CPU machine (no news there). It now says what it is doing up front, and only that."""
+    import os
+    import subprocess
+    import sys
+
+    gpt2_model(n_layer=1).save_pretrained(tmp_path / "hf")
+    out = tmp_path / "gpt2.pt2"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-m", "speculant", "export", str(tmp_path / "hf"), str(out),
+                           "--max-length", "32"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert f"speculant export: {tmp_path / 'hf'} -> {out}: torch.export, then AOTInductor compiles C++" in done.stderr
+    assert "No CUDA runtime" not in done.stderr and "deprecated" not in done.stderr
+    assert out.is_file() and "GPT2LMHeadModel" in done.stdout

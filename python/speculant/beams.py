@@ -61,6 +61,10 @@ def options(num_beams, draft_beams, length_penalty, early_stopping, num_return_s
         return int(value)
 
     beams = integer(num_beams, "num_beams", 1)
+    if draft_beams is not None and not isinstance(draft_beams, bool) and isinstance(draft_beams, numbers.Integral) \
+            and draft_beams < beams:
+        raise ValueError(f"draft_beams must be at least num_beams = {beams} (the draft's beam search keeps as many "
+                         f"candidates as the target's beams, or more), got {draft_beams!r}")
     out = {"beams": beams, "draft_beams": 0 if draft_beams is None else integer(draft_beams, "draft_beams", beams)}
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, numbers.Real) or \
             not float("-inf") < float(length_penalty) < float("inf"):

@@ -196,6 +196,18 @@ def _check_level(draft: "SpeculativeDecoder", sampling: dict) -> None:
                          "is allowed at the top level only)")
 
 
+def check_settings(*, gamma: int = DEFAULT_GAMMA, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                   lenience: float = 1.0) -> dict:
+    """The sampling settings as a decoder takes them, checked: ValueError naming a bad one (gamma < 1,
+    temperature < 0 or NaN, top_k < 0, top_p outside (0, 1], lenience outside (0, 1]). What a program that
+    loads its models slowly calls first."""
+    _integer(gamma, "gamma", 1)
+    sampling = {"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
+                "top_p": _real(top_p, "top_p"), "lenience": _real(lenience, "lenience")}
+    _core.check_sampling(**sampling)
+    return sampling
+
+
 GAMMA_POLICIES = ("fixed", "heuristic", "alpha")
 
 
@@ -400,13 +412,29 @@ def _eos_ids(value) -> List[int]:
     raise ValueError(f"eos_token_id must be an integer >= 0 or a non-empty sequence of them, got {value!r}")
 
 
+def _new_tokens(max_new_tokens, max_length, longest: int, minimum: int) -> int:
+    """max_new_tokens, or transformers' max_length (the prompt included; a batch's longest prompt, as transformers
+    counts its padded input) turned into it; checked (the engine adds the prompt's length to it in int64)."""
+    if max_length is None:
+        if max_new_tokens is None:
+            raise ValueError("max_new_tokens is required: the number of tokens to generate after the prompt (or "
+                             "max_length=, transformers' total length with the prompt)")
+        return _integer(max_new_tokens, "max_new_tokens", minimum, INT64_MAX - longest)
+    if max_new_tokens is not None:
+        raise ValueError(f"pass max_new_tokens or max_length, not both (got {max_new_tokens!r} and {max_length!r})")
+    total = _integer(max_length, "max_length", 1)
+    if total - longest < minimum:
+        raise ValueError(f"max_length counts the prompt, as in transformers: it must be at least the prompt's "
+                         f"length {longest} + {minimum}, got {total} (or pass max_new_tokens=)")
+    return total - longest
+
+
 def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id,
-         seed, profile, schedule=None, tokenizer=None, attention_mask=None) -> Union[Result, List[Result]]:
+         seed, profile, schedule=None, tokenizer=None, attention_mask=None,
+         max_length=None) -> Union[Result, List[Result]]:
     tokenizer = _tokenizer(tokenizer)
     prompts, sources, batch = _prompts_and_sources(target, prompt_ids, encoder_input_ids, tokenizer, attention_mask)
-    # The engine adds the prompt's length to max_new_tokens in int64.
-    longest = max(len(p) for p in prompts)
-    max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 0, INT64_MAX - longest)
+    max_new_tokens = _new_tokens(max_new_tokens, max_length, max(len(p) for p in prompts), 0)
     eos = _eos_ids(eos_token_id)
     seed = None if seed is None else _integer(seed, "seed", 0, 2**64 - 1)
     generations = decoder.generate_batch(prompts, sources, max_new_tokens, eos, seed, _flag(profile, "profile"),
@@ -455,11 +483,10 @@ def _beam_options(num_beams, draft_beams, length_penalty, early_stopping, num_re
 
 
 def _beam_search(target: Model, draft: Optional[Model], gamma: int, beam: dict, prompt_ids, encoder_input_ids,
-                 max_new_tokens, eos_token_id, tokenizer, attention_mask):
+                 max_new_tokens, eos_token_id, tokenizer, attention_mask, max_length=None):
     tokenizer = _tokenizer(tokenizer)
     prompts, sources, batch = _prompts_and_sources(target, prompt_ids, encoder_input_ids, tokenizer, attention_mask)
-    longest = max(len(p) for p in prompts)
-    max_new_tokens = _integer(max_new_tokens, "max_new_tokens", 1, INT64_MAX - longest)
+    max_new_tokens = _new_tokens(max_new_tokens, max_length, max(len(p) for p in prompts), 1)
     return beams.search(target._core, None if draft is None else draft._core, gamma, prompts, sources or None,
                         batch, max_new_tokens, _eos_ids(eos_token_id), tokenizer, beam)
 
@@ -560,14 +587,18 @@ class SpeculativeDecoder:
         if draft_tokenizer is not None or target_tokenizer is not None:
             self.draft = _cross_tokenizer(self.draft, draft_tokenizer, target_tokenizer, self.target)
         self._tree = _tree(tree)
+        if self._tree and getattr(self.draft, "kind", None) == "cross_tokenizer":
+            raise ValueError("tree: a draft with another tokenizer (draft_tokenizer= and target_tokenizer=, "
+                             "speculant.cross_tokenizer.CrossTokenizer) proposes chains only: its proposal is one "
+                             "sequence re-read from the draft's text, with no law for the other children of a "
+                             "tree node. Leave tree= out (gamma= sets the chain's length)")
         if self._tree and gamma is not None and gamma != _tree_depth(self._tree):
             raise ValueError(f"gamma must be the tree's depth {_tree_depth(self._tree)} with tree={self._tree} (or "
                              f"left out), got {gamma!r}")
         gamma = _tree_depth(self._tree) if self._tree else DEFAULT_GAMMA if gamma is None else gamma
         self._gamma = _integer(gamma, "gamma", 1)
         self._siblings = _siblings(siblings)
-        self._sampling = {"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
-                          "top_p": _real(top_p, "top_p"), "lenience": _real(lenience, "lenience")}
+        self._sampling = check_settings(temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
         if isinstance(self.draft, SpeculativeDecoder):
             _check_level(self.draft, self._sampling)
         self.sibling_draft = _sibling_draft(sibling_draft, self.draft, self._tree, self._siblings, device, dtype)
@@ -619,7 +650,8 @@ class SpeculativeDecoder:
     def gamma(self) -> int:
         return self._gamma
 
-    def generate(self, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
+    def generate(self, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: Optional[int] = None,
+                 max_length: Optional[int] = None,
                  input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
                  eos_token_id: Union[int, Sequence[int], None] = None, seed: Optional[int] = None,
                  profile: bool = False, gamma_policy: Optional[str] = None, max_gamma: Optional[int] = None,
@@ -632,7 +664,9 @@ class SpeculativeDecoder:
                  num_return_sequences: int = 1) -> Union[Result, List[Result], beams.BeamResult,
                                                          List[beams.BeamResult]]:
         """Generates up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after ``eos_token_id`` (one
-        id, or several: a row stops just after any of them, as with Llama 3's several end tokens).
+        id, or several: a row stops just after any of them, as with Llama 3's several end tokens). Or
+        ``max_length``, as transformers names it: the total length with the prompt (a batch's longest prompt;
+        an encoder-decoder's decoder start); one of the two is required.
 
         The prompt (``prompt_ids``, or ``input_ids`` as transformers names it): token ids as a list, a 1-D or
         [1, T] tensor or numpy array, a tokenizer's output (a BatchEncoding), or a string with ``tokenizer=``
@@ -696,7 +730,8 @@ class SpeculativeDecoder:
                 raise ValueError("num_beams: beam search is built with neither tree= nor lenience below 1 (it "
                                  "is exact and drafts its own candidate tree): use a decoder without them")
             return _beam_search(self.target, self.draft, self._gamma, beam, _prompt(prompt_ids, input_ids),
-                                encoder_input_ids, max_new_tokens, eos_token_id, tokenizer, attention_mask)
+                                encoder_input_ids, max_new_tokens, eos_token_id, tokenizer, attention_mask,
+                                max_length)
         overrides = (do_sample, temperature, top_k, top_p)
         core = self._core if all(v is None for v in overrides) else self._decoder(
             _sampling(self._sampling, *overrides))
@@ -707,13 +742,14 @@ class SpeculativeDecoder:
                 (self._schedule["cost"] if gamma_policy is None or gamma_policy == self._schedule["gamma_policy"]
                  else None) if cost is None else cost)
             return _run(core, self.target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
-                        eos_token_id, seed, profile, schedule, tokenizer, attention_mask)
+                        eos_token_id, seed, profile, schedule, tokenizer, attention_mask, max_length)
         finally:
             graphs.warn_failures(self._models)
             graphs.warn_verification_failure(core, self)
 
 
-def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: int,
+def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: Optional[int] = None,
+             max_length: Optional[int] = None,
              input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, do_sample: Optional[bool] = None,
              eos_token_id: Union[int, Sequence[int], None] = None, seed: Optional[int] = None, profile: bool = False,
@@ -735,7 +771,7 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
         for name, value, default in (("temperature", temperature, 1.0), ("top_k", top_k, 0), ("top_p", top_p, 1.0)):
             beams.refuse(name, None if value == default else value)
         return _beam_search(target, None, 0, beam, _prompt(prompt_ids, input_ids), encoder_input_ids,
-                            max_new_tokens, eos_token_id, tokenizer, attention_mask)
+                            max_new_tokens, eos_token_id, tokenizer, attention_mask, max_length)
     sampling = _sampling({"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
                           "top_p": _real(top_p, "top_p"), "lenience": 1.0}, do_sample, None, None, None)
     shapes, why = graphs.shapes(target._core, graphs.check_mode(cuda_graphs), "target")
@@ -743,7 +779,8 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
     decoder, lock = _plain_decoder(target, sampling, shapes)
     try:
         return _run(decoder, target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
-                    eos_token_id, seed, profile, tokenizer=tokenizer, attention_mask=attention_mask)
+                    eos_token_id, seed, profile, tokenizer=tokenizer, attention_mask=attention_mask,
+                    max_length=max_length)
     finally:
         if lock is not None:
             lock.release()

@@ -1,4 +1,4 @@
-"""The demo (`speculant demo`): speculative decoding with the default pair (trained on first use), its trace
+"""The demo (`speculant demo`): speculative decoding with the default pair (shipped with the package), its trace
 drawn like the paper's Figure 1, and its statistics and speedup next to plain decoding of the same target, timed
 by speculant.timing (warmed up, repeated, medians with their range) beside Theorem 3.8's prediction."""
 
@@ -10,7 +10,7 @@ import sys
 from typing import Optional, TextIO
 
 from . import demo_pair, timing
-from .decoder import DEFAULT_GAMMA, SpeculativeDecoder, generate
+from .decoder import DEFAULT_GAMMA, SpeculativeDecoder, check_settings, generate
 from .model import load
 from .trace import use_color
 
@@ -31,7 +31,12 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature
     Timed as speculant.sweep times (speculant.timing): one untimed run of speculative and plain decoding warms
     every shape, then ``repeats`` rounds interleaved ABBA; every time shown is the median over the rounds with
     its range, and the speedup stands next to Theorem 3.8's prediction from the measured alpha and c."""
-    repeats = timing.check_repeats(repeats)
+    repeats = timing.check_repeats(repeats)  # every option is checked before the models are made
+    check_settings(gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
+    for name, value in (("max_new_tokens", max_new_tokens), ("seed", seed)):
+        minimum = 1 if name == "max_new_tokens" else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     out = sys.stdout if out is None else out
     color = use_color(out, color)
     target_path, draft_path = demo_pair.default_pair(progress=True)
@@ -39,20 +44,8 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature
     target, draft = load(target_path), load(draft_path)
     decoder = SpeculativeDecoder(target, draft, gamma=gamma, temperature=temperature, top_k=top_k,
                                  top_p=top_p, lenience=lenience)
-    plain_generate = functools.partial(generate, target, temperature=temperature, top_k=top_k, top_p=top_p)
-    rounds = timing.timed_rounds(decoder.generate, plain_generate, [{"prompt_ids": demo_pair.encode(prompt)}],
-                                 max_new_tokens=max_new_tokens, seed=seed, repeats=repeats)
-    summary = timing.summarize(rounds, gamma=gamma, lenience=lenience)
-    spec, plain = rounds[0][0][0], rounds[0][1][0]  # every round generates the same tokens
-    s, b = spec.stats, plain.stats
-
-    def timed(side: int, of, digits: int = 3) -> str:  # the rounds' median (min-max) of a time
-        median, low, high = timing.median_range([of(r[side][0].stats) for r in rounds])
-        return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
-
-    def per_second(stats) -> float:
-        return stats.new_tokens / stats.total_seconds
-
+    # The first generation is shown at once (the timed rounds after it repeat its tokens: same seed).
+    spec = decoder.generate(demo_pair.encode(prompt), max_new_tokens=max_new_tokens, seed=seed)
     print(f"speculant demo: target {info['params']['target']:,} params, draft {info['params']['draft']:,} params "
           f"(byte-level GPTs trained on Python's standard library; held-out loss {info['target_loss']:.3f} / "
           f"{info['draft_loss']:.3f} nats per byte)", file=out)
@@ -62,7 +55,31 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature
           "blue: the target's correction, underlined blue: bonus token):" if color else
           "Trace (one line per target call: [accepted:...] draft tokens, the [rejected:...] draft token, and the "
           "target's [correction:...] or [bonus:...] token):", file=out)
-    print(spec.trace.with_decoder(demo_pair.decode).render(color=color, prefix=prompt), file=out)
+    print(spec.trace.with_decoder(demo_pair.decode).render(color=color, prefix=prompt), file=out, flush=True)
+    plain_generate = functools.partial(generate, target, temperature=temperature, top_k=top_k, top_p=top_p)
+    rounds = timing.timed_rounds(decoder.generate, plain_generate, [{"prompt_ids": demo_pair.encode(prompt)}],
+                                 max_new_tokens=max_new_tokens, seed=seed, repeats=repeats)
+    summary = timing.summarize(rounds, gamma=gamma, lenience=lenience)
+    _times(rounds, summary, repeats, lenience, out)
+    s = rounds[0][0][0].stats
+    return {"speedup": summary["speedup"], "speedup_min": summary["speedup_min"],
+            "speedup_max": summary["speedup_max"], "predicted": summary["predicted_speedup"],
+            "cost_model": summary["cost_model_speedup"],
+            "alpha": s.alpha, "c": summary["c"], "flag": summary["flag"],
+            "tokens_per_target_call": s.tokens_per_target_call, "text": demo_pair.decode(spec.tokens)}
+
+
+def _times(rounds, summary: dict, repeats: int, lenience: float, out: TextIO) -> None:
+    """The rounds' table (medians and ranges) and the speedup next to Theorem 3.8's prediction."""
+    s, b = rounds[0][0][0].stats, rounds[0][1][0].stats  # every round generates the same tokens
+
+    def timed(side: int, of, digits: int = 3) -> str:  # the rounds' median (min-max) of a time
+        median, low, high = timing.median_range([of(r[side][0].stats) for r in rounds])
+        return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+    def per_second(stats) -> float:
+        return stats.new_tokens / stats.total_seconds
+
     print(f"\nTimes: after an untimed warm-up run of each, the median (min-max) of {repeats} rounds, speculative "
           "and plain interleaved", file=out)
     print(_row("", "speculative", "plain"), file=out)
@@ -95,8 +112,3 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature
               "prediction", file=out)
     print(f"  accepted per draft position: {list(s.accepted_per_position)} of {list(s.drafted_per_position)}",
           file=out)
-    return {"speedup": summary["speedup"], "speedup_min": summary["speedup_min"],
-            "speedup_max": summary["speedup_max"], "predicted": summary["predicted_speedup"],
-            "cost_model": summary["cost_model_speedup"],
-            "alpha": s.alpha, "c": summary["c"], "flag": summary["flag"],
-            "tokens_per_target_call": s.tokens_per_target_call, "text": demo_pair.decode(spec.tokens)}

@@ -1,22 +1,30 @@
 """The demo's default target / draft pair: two byte-level TinyGPTs trained on Python's own standard library.
 
-The corpus exists wherever Python does (`sysconfig.get_paths()["stdlib"]`, top-level *.py modules, sorted
-by name) and the tokenizer is plain UTF-8 bytes (vocab 256), so `default_pair()` builds the pair anywhere
-without a download. Seeds fix the initialisation and the batch order; the floating-point trajectory still
-depends on the CPU and the thread count (held-out losses moved by ~0.06 nats between 1 and 2 threads), so
-pair.json records what this machine got. The result is cached under
-`${SPECULANT_CACHE:-~/.cache/speculant}/models/<recipe hash>/` as target.pt and draft.pt (TorchScript,
-cached form, see tiny_gpt.py) and pair.json (sizes, held-out losses, α, training seconds). The hash covers
-the recipe and the corpus bytes, so a different Python (a different stdlib) gets its own directory. Training
-holds an exclusive lock (fcntl.flock on models/<recipe hash>.lock): of several first runs at once one trains,
-and the others wait for it and then read its files, which are complete (each is written to a temp file and
-renamed into place, pair.json last).
+The pair ships with the package: its weights are safetensors files in ``speculant/demo_weights/`` beside
+``pair.json``, the record of how they were made (the recipe, the corpus's sha256, the held-out losses and α, the
+training seconds, the files' sha256). ``default_pair()`` turns them into the engine's TorchScript files in
+about a second, without training, and caches those under
+``${SPECULANT_CACHE:-~/.cache/speculant}/models/shipped-<hash>/`` (target.pt, draft.pt, pair.json; the hash
+covers the weights and the torch version, so two torches never share a TorchScript file).
+
+The recipe stays runnable. ``python -m speculant.demo_pair --train`` trains the pair again and writes the three
+files (about 3 minutes on 2 idle cores, much longer on busy ones). The corpus exists wherever Python does
+(``sysconfig.get_paths()["stdlib"]``, top-level *.py modules, sorted by name) and the tokenizer is plain UTF-8
+bytes (vocab 256), so nothing is downloaded. Seeds fix the initialisation and the batch order; the
+floating-point trajectory still depends on the CPU and the thread count, so pair.json records what the
+training machine got. ``default_pair(recipe=...)`` with another recipe (a test's ``DEFAULT_RECIPE.smoke()``)
+trains that recipe and caches it under ``models/<recipe hash>/``. Training or converting holds an exclusive lock
+(fcntl.flock on ``models/<name>.lock``): of several first runs at once one works, and the others wait for it and
+then read its files, which are complete (each is written to a temp file and renamed into place, pair.json
+last).
 
 α is the paper's expected acceptance rate (Leviathan et al. 2023, Corollary 3.6): the mean over held-out
 positions of Σ_x min(p(x), q(x)) with p = target M_p and q = draft M_q at temperature 1.
 
-    python -m speculant.demo_pair          # train (or find) the pair and print pair.json
+    python -m speculant.demo_pair                 # the shipped pair's record (pair.json)
+    python -m speculant.demo_pair --train         # train the recipe and write the weights and pair.json
 """
+import argparse
 import contextlib
 import dataclasses
 import fcntl
@@ -34,15 +42,16 @@ from typing import Iterable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 
-__all__ = ["TrainConfig", "Recipe", "DEFAULT_RECIPE", "encode", "decode", "load_corpus", "train", "evaluate",
-           "cache_root", "default_pair"]
+__all__ = ["TrainConfig", "Recipe", "DEFAULT_RECIPE", "WEIGHTS", "encode", "decode", "load_corpus", "train",
+           "evaluate", "train_pair", "save_pair", "read_record", "cache_root", "default_pair"]
 
-_FORMAT = 3  # bump when the files or the training code change meaning, so old caches are not reused (2: batched
-# calls, 3: tree calls)
+_FORMAT = 4  # bump when the files or the training code change meaning, so old caches are not reused (2: batched
+# calls, 3: tree calls, 4: the shipped pair)
 
 
 def encode(text: str) -> List[int]:
@@ -171,6 +180,11 @@ def evaluate(target: TinyGPT, draft: TinyGPT, tokens: Tensor, windows: int) -> d
     }
 
 
+WEIGHTS = Path(__file__).parent / "demo_weights"  # the shipped pair (package data)
+RETRAIN = "python -m speculant.demo_pair --train"
+NAMES = ("target", "draft")
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("SPECULANT_CACHE") or Path.home() / ".cache" / "speculant")
 
@@ -186,27 +200,122 @@ def _atomic_write(path: Path, write) -> None:
             os.unlink(tmp)
 
 
-def default_pair(progress: bool = True, *, recipe: Recipe = DEFAULT_RECIPE,
-                 cache_dir: Optional[os.PathLike] = None) -> Tuple[Path, Path]:
-    """(target_path, draft_path) of the demo pair, training it first (~3 min on 2 idle cores) if not cached.
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
-    cache_dir defaults to cache_root(); the files go to <cache_dir>/models/<recipe hash>/. pair.json is
-    written last and marks the directory complete. While one call trains, others for the same pair (threads or
-    processes) wait on <cache_dir>/models/<recipe hash>.lock and then return its files.
-    """
+
+def train_pair(recipe: Recipe = DEFAULT_RECIPE, progress: bool = True) -> Tuple[dict, dict]:
+    """Trains ``recipe``'s target and draft; returns ({"target": TinyGPT, "draft": TinyGPT}, record), the record
+    being what pair.json holds: the recipe, the corpus's sha256, the held-out losses and α, the seconds."""
     train_tokens, val_tokens, corpus_sha = load_corpus(recipe.holdout_every)
-    spec = {"format": _FORMAT, "recipe": dataclasses.asdict(recipe), "corpus_sha256": corpus_sha}
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    out = Path(cache_dir if cache_dir is not None else cache_root()) / "models" / key
+    seconds, models = {}, {}
+    for name, config, schedule in (("target", recipe.target, recipe.target_train),
+                                   ("draft", recipe.draft, recipe.draft_train)):
+        start = time.perf_counter()
+        models[name] = train(config, train_tokens, schedule, progress=progress, desc=f"speculant demo {name}")
+        seconds[name] = time.perf_counter() - start
+    record = {"format": _FORMAT, "recipe": dataclasses.asdict(recipe), "corpus_sha256": corpus_sha,
+              **evaluate(models["target"], models["draft"], val_tokens, recipe.eval_windows),
+              "train_seconds": seconds, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+              "python": sys.version.split()[0],
+              "params": {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()},
+              "corpus_bytes": {"train": train_tokens.numel(), "heldout": val_tokens.numel()}}
+    return models, record
+
+
+def _write_json(path: Path, record: dict) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=2)
+            f.write("\n")
+
+    _atomic_write(path, write)
+
+
+def save_pair(models: dict, record: dict, directory: os.PathLike) -> Path:
+    """Writes target.safetensors, draft.safetensors and pair.json (the record with the files' sha256) into
+    ``directory``; returns it."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    hashes = {}
+    for name in NAMES:
+        path = out / f"{name}.safetensors"
+        state = {key: value.detach().contiguous() for key, value in models[name].state_dict().items()}
+        _atomic_write(path, lambda tmp, s=state: save_file(s, tmp))
+        path.chmod(0o644)  # readable by all, as a package's files are
+        hashes[name] = _sha256(path)
+    _write_json(out / "pair.json", {**record, "sha256": hashes})
+    return out
+
+
+def read_record(directory: os.PathLike = WEIGHTS) -> dict:
+    """The pair.json of a pair written by save_pair (by default the shipped one), its files checked against the
+    sha256 it records. FileNotFoundError naming the missing file and how to make it again; ValueError for a file
+    that is not the one the record describes."""
+    directory = Path(directory)
+    missing = [p for p in [directory / "pair.json", *(directory / f"{n}.safetensors" for n in NAMES)] if not p.exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"the demo pair's weights are missing: {', '.join(str(p) for p in missing)}. They ship with the "
+            f"package (speculant/demo_weights/): reinstall speculant, or train them again with `{RETRAIN}` "
+            "(about 3 minutes on 2 idle cores, much longer on busy ones)")
+    record = json.loads((directory / "pair.json").read_text())
+    for name in NAMES:
+        path = directory / f"{name}.safetensors"
+        if _sha256(path) != record["sha256"][name]:
+            raise ValueError(f"{path} is not the file {directory / 'pair.json'} records (sha256 differs): "
+                             f"reinstall speculant, or train the pair again with `{RETRAIN}`")
+    return record
+
+
+def load_models(directory: os.PathLike = WEIGHTS) -> Tuple[dict, dict]:
+    """({"target": TinyGPT, "draft": TinyGPT}, record) from a pair written by save_pair (default: the shipped
+    one), with the configurations its record names."""
+    record = read_record(directory)
+    models = {}
+    for name in NAMES:
+        model = TinyGPT(TinyGPTConfig(**record["recipe"][name]))
+        model.load_state_dict(load_file(str(Path(directory) / f"{name}.safetensors")))
+        models[name] = model.eval()
+    return models, record
+
+
+def default_pair(progress: bool = True, *, recipe: Recipe = DEFAULT_RECIPE,
+                 cache_dir: Optional[os.PathLike] = None, weights: Optional[os.PathLike] = None) -> Tuple[Path, Path]:
+    """(target_path, draft_path): the demo pair as TorchScript files, under <cache_dir>/models/ (cache_dir
+    defaults to cache_root()).
+
+    With the default recipe, the shipped weights (or those in ``weights``, a directory save_pair wrote) are
+    converted, never trained: about a second. Another recipe is trained (a smoke recipe in seconds, the full one
+    in minutes) and cached by its hash. pair.json is written last and marks a directory complete. While one call
+    works, others for the same pair (threads or processes) wait on its lock file and then return its files.
+    """
+    if weights is not None and recipe != DEFAULT_RECIPE:
+        raise ValueError("default_pair: pass weights= (a trained pair) or recipe= (a pair to train), not both")
+    root = Path(cache_dir if cache_dir is not None else cache_root()) / "models"
+    if recipe == DEFAULT_RECIPE:
+        directory = Path(WEIGHTS if weights is None else weights)
+        hashes = read_record(directory)["sha256"]
+        key = json.dumps({"format": _FORMAT, "sha256": hashes, "torch": torch.__version__}, sort_keys=True)
+        name = "shipped-" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        make = lambda: load_models(directory)
+    else:
+        _, _, corpus_sha = load_corpus(recipe.holdout_every)
+        spec = {"format": _FORMAT, "recipe": dataclasses.asdict(recipe), "corpus_sha256": corpus_sha}
+        name = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+        make = lambda: train_pair(recipe, progress)
+    out = root / name
     target_path, draft_path, info_path = out / "target.pt", out / "draft.pt", out / "pair.json"
     complete = lambda: info_path.exists() and target_path.exists() and draft_path.exists()
     if complete():
         return target_path, draft_path
-
     out.mkdir(parents=True, exist_ok=True)
-    with _exclusive(out.parent / f"{key}.lock", progress):
-        if not complete():  # else another call trained the pair while this one waited
-            _train_pair(recipe, spec, train_tokens, val_tokens, target_path, draft_path, info_path, progress)
+    with _exclusive(root / f"{name}.lock", progress):
+        if not complete():  # else another call made the pair while this one waited
+            models, record = make()
+            for path, model in ((target_path, models["target"]), (draft_path, models["draft"])):
+                _atomic_write(path, lambda tmp, m=model: torch.jit.save(script_cached(m), tmp))
+            _write_json(info_path, record)
     return target_path, draft_path
 
 
@@ -220,7 +329,7 @@ def _exclusive(lock_path: Path, progress: bool) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if progress:
-                print(f"speculant: another process is training the demo pair ({lock_path}); waiting for it",
+                print(f"speculant: another process is making the demo pair ({lock_path}); waiting for it",
                       file=sys.stderr, flush=True)
             fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -229,30 +338,25 @@ def _exclusive(lock_path: Path, progress: bool) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _train_pair(recipe: Recipe, spec: dict, train_tokens: Tensor, val_tokens: Tensor, target_path: Path,
-                draft_path: Path, info_path: Path, progress: bool) -> None:
-    seconds = {}
-    models = {}
-    for name, config, schedule in (("target", recipe.target, recipe.target_train),
-                                   ("draft", recipe.draft, recipe.draft_train)):
-        start = time.perf_counter()
-        models[name] = train(config, train_tokens, schedule, progress=progress, desc=f"speculant demo {name}")
-        seconds[name] = time.perf_counter() - start
-    metrics = evaluate(models["target"], models["draft"], val_tokens, recipe.eval_windows)
-    for name, path in (("target", target_path), ("draft", draft_path)):
-        _atomic_write(path, lambda tmp, m=models[name]: torch.jit.save(script_cached(m), tmp))
-    info = {**spec, **metrics, "train_seconds": seconds, "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "params": {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()},
-            "corpus_bytes": {"train": train_tokens.numel(), "heldout": val_tokens.numel()}}
-
-    def write_info(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            json.dump(info, f, indent=2)
-
-    _atomic_write(info_path, write_info)
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m speculant.demo_pair",
+                                     description="The demo pair: print its record, or train it again.")
+    parser.add_argument("--train", action="store_true",
+                        help="train the recipe (about 3 minutes on 2 idle cores) and write the weights")
+    parser.add_argument("--out", default=str(WEIGHTS), help="where --train writes (default: %(default)s)")
+    parser.add_argument("--smoke", action="store_true", help="with --train: 2 tiny steps per model (a test)")
+    args = parser.parse_args(argv)
+    if args.smoke and not args.train:
+        parser.error("--smoke goes with --train")
+    if args.train:
+        recipe = DEFAULT_RECIPE.smoke() if args.smoke else DEFAULT_RECIPE
+        models, record = train_pair(recipe, progress=True)
+        out = save_pair(models, record, args.out)
+    else:
+        out = Path(args.out)
+    print(json.dumps(read_record(out), indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    target, draft = default_pair()
-    print(json.dumps(json.loads((target.parent / "pair.json").read_text()), indent=2))
+    sys.exit(main())

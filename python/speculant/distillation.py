@@ -379,6 +379,7 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
                          "draft to")
     trainee = _Draft(draft, save)
     _same_kind(teacher, trainee)
+    _same_vocabulary(teacher, trainee, vocab)
     first = None  # loss="residual": the draft beside the trainee
     if beside is not None:
         first = _Target(beside, "beside")
@@ -523,15 +524,33 @@ def _same_kind(teacher: _Target, trainee: _Draft) -> None:
                          f"{kinds[teacher.encoder_decoder]}, the draft {kinds[trainee.encoder_decoder]}")
 
 
+def _same_vocabulary(teacher: _Target, trainee: _Draft, vocab: int) -> None:
+    """ValueError unless the draft's logits index the target's vocabulary, checked with one token before any
+    training step (the target's token ids would otherwise overrun the draft's embedding). A smaller draft passes
+    only when the target's ids beyond it are padding of probability 0 (-inf logits, as load(vocab_size=) makes)."""
+    probe = torch.zeros(1, 1, dtype=torch.long, device=trainee.device)
+    with torch.no_grad():
+        own = trainee.logits(probe, probe if trainee.encoder_decoder else None).size(-1)
+    if own < vocab:
+        first = [teacher.start] if teacher.encoder_decoder else [0]
+        row = teacher.logits(first, [0] if teacher.encoder_decoder else None)[-1]  # [V]
+        if torch.isneginf(row[own:]).all():
+            return
+    if own != vocab:
+        raise ValueError(
+            f"draft: its vocabulary has {own} tokens and the target's {vocab}: distill trains the draft on the "
+            "target's token ids, so both must index one vocabulary. Use a draft built with the target's tokenizer "
+            f"and vocab_size={vocab} (a transformers draft: draft.resize_token_embeddings({vocab})); a draft with "
+            "another tokenizer drafts through text (SpeculativeDecoder(..., draft_tokenizer=, target_tokenizer=)) "
+            "and is not distilled")
+
+
 def _nested(corpus) -> bool:
     return isinstance(corpus, (list, tuple)) and len(corpus) > 0 and not isinstance(corpus[0], (int, np.integer))
 
 
 def _padded(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     """The draft's logits [n, V_own] on the target's vocabulary (extra rows masked, as load(vocab_size=) does)."""
-    if logits.size(-1) > vocab:
-        raise ValueError(f"draft: its vocabulary ({logits.size(-1)}) is larger than the target's ({vocab}); "
-                         "distill needs the target's tokenizer")
     return F.pad(logits, (0, vocab - logits.size(-1)), value=float("-inf"))
 
 

@@ -29,6 +29,7 @@ on a top-k / top-p boundary could fall on either side of it in the two (floating
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import os
 import warnings
@@ -37,6 +38,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from . import _core, sampling
 from .decoder import SpeculativeDecoder
@@ -57,7 +59,9 @@ class DistributionCheck:
     statistic: Pearson's chi-square; dof: its degrees of freedom (cells - 1); p_value: its upper tail (0 when a
     sample was impossible); passed: p_value >= significance; impossible: samples with a token of target
     probability 0; cells: (cell, observed, expected) rows the statistic sums over, pooled cells as ("pooled", i)
-    ; report: all of it, readable (also ``str(check)``).
+    ; report: all of it, readable (also ``str(check)``). test: "chi-square" (the law is the target's), or with
+    lenience < 1 "lenience bound" (statistic: the largest observed / bound ratio, dof: the cells tested, p_value:
+    Bonferroni's) or "argmax rule" at temperature 0 (statistic: the samples breaking it).
     """
 
     statistic: float
@@ -68,6 +72,7 @@ class DistributionCheck:
     impossible: int
     cells: Tuple[Tuple[Cell, int, float], ...]
     report: str
+    test: str = "chi-square"
 
     @property
     def passed(self) -> bool:
@@ -317,7 +322,7 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
                        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, lenience: float = 1.0,
                        samples: int = 2000, significance: float = 1e-3, seed: int = 0,
                        target_logits: Optional[Logits] = None, generate_kwargs: Optional[Mapping[str, Any]] = None,
-                       tokenizer=None) -> DistributionCheck:
+                       tokenizer=None, progress: bool = True) -> DistributionCheck:
     """Tests at level ``significance`` that the first ``k`` tokens speculative decoding generates after
     ``prompt_ids`` follow the target's own law (see the module docstring for the test).
 
@@ -335,10 +340,17 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     ``forward``), a second copy of its .pt2 package called at position 0, or its transformers forward without a
     cache; an encoder-decoder's source is encoded first. A Model loaded from an in-memory ScriptModule needs
     ``target_logits`` (or the ScriptModule itself). The logits are standardized with the same temperature,
-    top_k and top_p; lenience < 1 changes the output law on purpose (A.5), so the check then measures by how
-    much.
+    top_k and top_p.
 
-    ``tokenizer`` (anything ``Trace.with_tokenizer`` takes) adds each cell's text to the report.
+    ``lenience`` l < 1 changes the output law on purpose (Appendix A.5), so the check then tests what lenience
+    promises instead of equality: no token is drawn with probability above p(x) / l given its prefix, so no
+    k-token cell above its target probability / l^k (one-sided binomial tests, one per cell, Bonferroni over the
+    cells); the chi-square against the target's law is reported beside it, as how far the law moved. At
+    temperature 0 the promise is A.5's argmax rule: every token drawn has p(x) >= l max p given its prefix, p the
+    target's softmax of its raw logits.
+
+    ``tokenizer`` (anything ``Trace.with_tokenizer`` takes) adds each cell's text to the report. ``progress``
+    shows a progress bar of the generations (done, left, time left).
     """
     decode = _decoder(tokenizer)
     k = _integer(k, "k", 1)
@@ -359,11 +371,21 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
                        generate_kwargs.get("encoder_input_ids"))
     # Sampling before enumerating: the engine checks the prompt and the arguments and says what is wrong.
     max_new_tokens = max(k, int(gamma) + 1)  # gamma was checked by SpeculativeDecoder
-    drawn = [decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, seed=seed + i, **generate_kwargs).tokens[:k]
-             for i in range(samples)]
+    with tqdm(total=samples, desc="speculant check_distribution: generations", unit="gen",
+              disable=not progress) as bar:
+        drawn = []
+        for i in range(samples):
+            drawn.append(decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, seed=seed + i,
+                                          **generate_kwargs).tokens[:k])
+            bar.update()
     prompt = [engine_target.decoder_start_token_id] if prompt_ids is None else \
         torch.as_tensor(prompt_ids).reshape(-1).tolist()
     settings = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+    settings_text = (f"gamma={gamma}, temperature={temperature}, top_k={top_k}, top_p={top_p}, "
+                     f"lenience={lenience}")
+    lenience = float(lenience)  # checked by SpeculativeDecoder
+    if lenience < 1.0 and settings["temperature"] == 0.0:
+        return _argmax_rule(logits, prompt, drawn, lenience, significance, samples, k, seed, settings_text, decode)
     law, expanded = _partition(logits, prompt, k, MIN_EXPECTED / samples, settings)
 
     observed: Dict[Cell, int] = dict.fromkeys(law, 0)
@@ -385,13 +407,85 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     else:  # chi-square upper tail: Q(dof / 2, statistic / 2)
         p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
                                                 torch.tensor(statistic / 2, dtype=torch.float64)))
-    settings_text = (f"gamma={gamma}, temperature={temperature}, top_k={top_k}, top_p={top_p}, "
-                     f"lenience={lenience}")
     report = _report(statistic, dof, p_value, significance, samples, k, len(prompt), seed, settings_text, rows,
                      impossible, len(expanded), decode)
+    test = "chi-square"
+    if lenience < 1.0:  # the law moved on purpose: the verdict is the bound's, the chi-square says by how much
+        test = "lenience bound"
+        bound_p, worst = _bound_test(rows, samples, lenience ** k) if not impossible else (0.0, None)
+        report = _bound_report(report, bound_p, worst, significance, lenience, k, len(rows))
+        statistic, dof, p_value = (worst[1] / worst[2] if worst else float("inf")), len(rows), bound_p
     return DistributionCheck(statistic=statistic, dof=dof, p_value=p_value, significance=float(significance),
                              samples=samples, impossible=sum(impossible.values()), cells=tuple(rows),
-                             report=report)
+                             report=report, test=test)
+
+
+def _upper_tail(observed: int, n: int, probability: float) -> float:
+    """P(X >= observed) for X ~ Binomial(n, probability), summed exactly in log space."""
+    if observed <= 0:
+        return 1.0
+    if probability >= 1.0:
+        return 1.0
+    if probability <= 0.0:
+        return 0.0
+    log_p, log_q = math.log(probability), math.log1p(-probability)
+    terms = [math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * log_p + (n - j) * log_q
+             for j in range(observed, n + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
+
+
+def _bound_test(rows: List[Tuple[Cell, int, float]], samples: int, scale: float):
+    """(Bonferroni p-value, the row with the smallest tail) of the one-sided tests "the cell's probability is at
+    most its target probability / scale" (scale = l^k)."""
+    tails = [(_upper_tail(o, samples, min(1.0, e / samples / scale)), (cell, o, min(samples, e / scale)))
+             for cell, o, e in rows]
+    smallest, worst = min(tails, key=lambda t: t[0])
+    return min(1.0, smallest * len(rows)), worst
+
+
+def _bound_report(chi_square_report: str, p_value: float, worst, significance: float, lenience: float, k: int,
+                  cells: int) -> str:
+    verdict = "passed" if p_value >= significance else "FAILED"
+    lines = [f"speculant lenience check {verdict} at significance {significance:g}",
+             f"  lenience {lenience:g} < 1 changes the output law by design (Appendix A.5): what it promises is "
+             f"that no token is drawn with probability above p(x) / l given its prefix, so no cell of {k} "
+             f"token(s) above its target probability / l^{k} = x{lenience ** -k:.4g}",
+             f"  one-sided binomial tests of that bound on {cells} cells, Bonferroni p-value = {p_value:.4g}"]
+    if worst is not None:
+        cell, observed, bound = worst
+        lines.append(f"  closest to the bound: {cell} observed {observed} times, at most {bound:.1f} expected")
+    lines.append("  how far the law moved from the target's (information, not the verdict):")
+    lines += ["  " + line for line in chi_square_report.splitlines()[1:]]
+    return "\n".join(lines)
+
+
+def _argmax_rule(logits: Logits, prompt: List[int], drawn: List[List[int]], lenience: float, significance: float,
+                 samples: int, k: int, seed: int, settings_text: str, decode) -> DistributionCheck:
+    """Temperature 0 with lenience l < 1 (A.5): every token drawn must have p(x) >= l max p given its prefix, p
+    the softmax of the target's raw logits. Deterministic: passes (p-value 1) or fails (0)."""
+    counts: Dict[Tuple[int, ...], int] = {}
+    for tokens in drawn:
+        counts[tuple(tokens)] = counts.get(tuple(tokens), 0) + 1
+    broken: Dict[Tuple[int, ...], int] = {}
+    for tokens, count in counts.items():
+        for i, token in enumerate(tokens):
+            raw = torch.as_tensor(logits(prompt + list(tokens[:i]))).double().softmax(-1)  # [V]
+            if raw[token] < lenience * raw.max() * (1 - 1e-9):
+                broken[tokens] = count
+                break
+    p_value = 0.0 if broken else 1.0
+    verdict = "passed" if p_value >= significance else "FAILED"
+    lines = [f"speculant lenience check {verdict} (the argmax rule)",
+             f"  speculative decoding ({settings_text}): the first {k} token(s) of {samples} generations "
+             f"(seeds {seed}..{seed + samples - 1}); lenience {lenience:g} < 1 at temperature 0 changes the output "
+             "by design (Appendix A.5): every token drawn must have p(x) >= l max p given its prefix",
+             f"  {len(counts)} distinct sequence(s), {sum(broken.values())} sample(s) breaking the rule"]
+    lines += [f"    {_label(tokens, decode)} x{count}" for tokens, count in sorted(broken.items())[:8]]
+    cells = tuple((tokens, count, float(count)) for tokens, count in sorted(counts.items()))
+    return DistributionCheck(statistic=float(sum(broken.values())), dof=0, p_value=p_value,
+                             significance=float(significance), samples=samples, impossible=sum(broken.values()),
+                             cells=cells, report="\n".join(lines), test="argmax rule")
 
 
 def _label(cell: Cell, decode) -> str:

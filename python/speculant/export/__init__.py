@@ -3,7 +3,7 @@
     speculant.export(model_or_dir, out_path, *, format=None, max_length=None, max_source_length=None)
     speculant export MODEL_DIR OUT [--format torchscript|pt2] [--max-length N] [--max-source-length N]
 
-Two formats (`format=None` picks by suffix: `.pt2` is pt2, anything else TorchScript):
+Two formats (`format=None` picks by suffix: `.pt2` is pt2, `.pt` TorchScript; other suffixes are refused):
 
 * **torchscript** (`.pt`): transformers 5 has no torchscript flag, and tracing its generation code freezes
   shapes, so each supported architecture (GPT-2, Llama, T5) is re-expressed as a scripted module of our own
@@ -50,7 +50,8 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise ImportError("speculant.export needs transformers: pip install 'speculant[export]'") from None
+        raise ImportError("speculant.export needs transformers 5.x: pip install 'transformers>=5,<6' (or, from "
+                          "speculant's clone, pip install --no-build-isolation '.[export]')") from None
     return transformers
 
 
@@ -124,14 +125,34 @@ def _in_dtype(model, dtype):
     return model if model.dtype == dtype else copy.deepcopy(model).to(dtype)
 
 
+SUFFIXES = {"torchscript": ".pt", "pt2": ".pt2"}  # the file each format writes
+
+
+def _format(format: Optional[str], out_path) -> str:
+    """The format to write: ``format``, or out_path's suffix's; ValueError for a suffix that is not the one the
+    format writes (a file named .onnx would otherwise be TorchScript under another name)."""
+    suffix = os.path.splitext(os.fspath(out_path))[1]
+    if format is None:
+        format = next((name for name, known in SUFFIXES.items() if known == suffix), None)
+    elif format not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS} (or None: from out_path's suffix), got {format!r}")
+    if format is None or SUFFIXES[format] != suffix:
+        writes = " or ".join(f"{known} ({name})" for name, known in SUFFIXES.items())
+        raise ValueError(f"out_path: speculant writes {writes} files; {os.fspath(out_path)!r} ends in "
+                         f"{suffix or 'no suffix'!r}" + (f" (format={format!r} writes {SUFFIXES[format]})"
+                                                         if format else ""))
+    return format
+
+
 def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[str] = None,
            max_length: Optional[int] = None, max_source_length: Optional[int] = None,
            dtype=None) -> Dict[str, Any]:
     """Writes `model_or_dir` (a transformers model object or a local save_pretrained directory) to out_path
     and returns the metadata written with it.
 
-    format: "torchscript" (the engine's cached contract; GPT-2, Llama, T5) or "pt2" (torch.export +
-    AOTInductor with a static KV cache; decoder-only models and T5), by default from out_path's suffix.
+    format: "torchscript" (the engine's cached contract; GPT-2, Llama, T5; out_path ends in .pt) or "pt2"
+    (torch.export + AOTInductor with a static KV cache; decoder-only models and T5; out_path ends in .pt2), by
+    default from out_path's suffix; any other suffix is refused.
     max_length: decoder positions the preallocated KV cache holds (GPT-2: n_positions, the most there are;
     others: min(max_position_embeddings, 4096); T5: 512). max_source_length: T5's longest encoder input
     (default 512). dtype: export in this dtype (e.g. "bfloat16"; default: the model's own); the engine's
@@ -141,10 +162,10 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
     for name, value in (("max_length", max_length), ("max_source_length", max_source_length)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
-    if format is None:
-        format = "pt2" if os.fspath(out_path).endswith(".pt2") else "torchscript"
-    if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS} (or None: from out_path's suffix), got {format!r}")
+    if isinstance(model_or_dir, (str, os.PathLike)) and not os.path.exists(model_or_dir):
+        raise FileNotFoundError(f"model_or_dir: {os.fspath(model_or_dir)} does not exist (a save_pretrained "
+                                "directory or a transformers model object is exported)")
+    format = _format(format, out_path)
     if format == "pt2":
         if not isinstance(model_or_dir, (str, os.PathLike)):
             model_or_dir = _in_dtype(model_or_dir, dtype)
