@@ -25,7 +25,7 @@
 #                                  # per-call times beside the TorchScript graphs, then the pair as live
 #                                  # objects eager (never reached on leases 1-5), compiled (compile=True),
 #                                  # and as .pt2 packages (their CUDA export compiles for minutes: last); the
-#                                  # 1.1B bf16 Llama against its weight-streaming floor, measured on leases 1,
+#                                  # 1.1B bf16 Llama against its read floor, measured on leases 1,
 #                                  # 4 and 5, is left to `graphs.py --big`
 #
 # Results and logs go to $OUT when it is set (the device tool brings back 8 files: no more), else

@@ -16,8 +16,8 @@ For each model and width k (`--widths`):
   over `--calls` calls;
 * CUDA: the device's busy time per call (the kernels' durations summed), the call uncaptured (each kernel
   launched by the host) and replayed from a CUDA graph captured around it, as the engine's `cuda_graphs="on"`
-  does, in ms per call: median over `--repeats` rounds of `--calls` calls, with min-max; the weight-streaming
-  floor (weight bytes over the measured copy bandwidth, bytes read and written) beside it;
+  does, in ms per call: median over `--repeats` rounds of `--calls` calls, with min-max; the
+  read floor (benchmarks/floor.py: the weights and the attended keys and values over the read bandwidth) beside it;
 * the operations or kernels taking the most time, per call;
 * plain greedy decoding of the same model through the engine (speculant.generate; on a GPU with CUDA graphs on,
   each step a replayed call), ms per new token end to end: beside the replayed call alone, what the engine adds
@@ -47,7 +47,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).parent))
 import train_pairs  # noqa: E402
-from graphs import copy_bandwidth, median_range, sync  # noqa: E402
+import floor  # noqa: E402
+from graphs import median_range, sync  # noqa: E402
 
 # ATen operations that compute nothing on a device: views, allocations, metadata
 NOT_KERNELS = {
@@ -267,9 +268,11 @@ def measure_inductor(model, length: int, k: int, device: torch.device, calls: in
 def measure(name: str, device: torch.device, args) -> Dict:
     model, scripted, weight_bytes, length = build(name, device)
     out = {"weight_bytes": weight_bytes, "max_length": length, "widths": {}}
+    # the call attends the cache's first length / 2 + k slots (fixed_call); its floor reads those and the weights
+    element = next(model.parameters()).element_size()
+    out["kv_bytes_per_slot"] = floor.kv_bytes_per_slot(model.config, element)
     if device.type == "cuda":
-        bandwidth = copy_bandwidth(device, min(weight_bytes, 1 << 30))
-        out["floor_ms"] = 1e3 * weight_bytes / (bandwidth / 2)
+        out.update(floor.describe(device, min(weight_bytes, 1 << 30)))
     if args.engine:
         out["engine"] = engine_per_token(model, length, device, args.repeats)
         e = out["engine"]["ms_per_token"]
@@ -281,6 +284,11 @@ def measure(name: str, device: torch.device, args) -> Dict:
                                                                                   args.repeats)}
         if device.type == "cuda":
             row["graphed_ms"] = timed(graphed(call, device).replay, device, args.calls, args.repeats)
+        kv_bytes = out["kv_bytes_per_slot"] * (length // 2 + k)
+        for key, bandwidth in (("floor_ms", out.get("read_bytes_per_s")),
+                               ("datasheet_floor_ms", out.get("datasheet_bytes_per_s"))):
+            if bandwidth:
+                row[key] = floor.floor_ms(weight_bytes, kv_bytes, bandwidth)
         out["widths"][k] = row
         report(name, k, row, out)
         if name in args.inductor:
@@ -294,7 +302,10 @@ def report(name: str, k: int, row: Dict, out: Dict) -> None:
     line = f"{name}, k = {k}: uncaptured {e[0]:.3f} ms ({e[1]:.3f}-{e[2]:.3f})"
     if "graphed_ms" in row:
         g = row["graphed_ms"]
-        line += f"; graph replay {g[0]:.3f} ms ({g[1]:.3f}-{g[2]:.3f}); weight-streaming floor {out['floor_ms']:.3f} ms"
+        line += f"; graph replay {g[0]:.3f} ms ({g[1]:.3f}-{g[2]:.3f})"
+    if "floor_ms" in row:
+        line += (f"; read floor {row['floor_ms']:.3f} ms (measured bandwidth)"
+                 + (f", {row['datasheet_floor_ms']:.3f} ms (datasheet)" if "datasheet_floor_ms" in row else ""))
     prof = row.get("profile")
     if prof:
         unit = "kernels" if "graphed_ms" in row else "operations"

@@ -95,6 +95,14 @@ def test_demo_refuses_bad_values_by_name_before_it_loads_models(argv, match, mon
     assert match in capsys.readouterr().err
 
 
+def test_demo_without_its_weights_says_how_to_make_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo_pair, "WEIGHTS", tmp_path)
+    monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["demo", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "the demo pair's weights are missing" in err and "python -m speculant.demo_pair --train" in err
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as done:
         cli.main(["--version"])

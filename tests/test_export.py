@@ -153,8 +153,11 @@ def test_unsupported_architecture_is_refused_naming_the_supported_ones(tmp_path)
         speculant.export(tmp_path / "opt", tmp_path / "x.pt")
     with pytest.raises(ValueError, match="GPT2Model is not supported"):
         speculant.export(transformers.GPT2Model(hf_models.make("gpt2").config), tmp_path / "x.pt")
-    with pytest.raises(FileNotFoundError, match="not a save_pretrained directory"):
+    with pytest.raises(FileNotFoundError, match="missing does not exist"):
         speculant.export(tmp_path / "missing", tmp_path / "x.pt")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a save_pretrained directory"):
+        speculant.export(tmp_path / "empty", tmp_path / "x.pt")
     assert not (tmp_path / "x.pt").exists()
 
 

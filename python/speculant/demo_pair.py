@@ -48,7 +48,7 @@ from torch import Tensor
 from .tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 
 __all__ = ["TrainConfig", "Recipe", "DEFAULT_RECIPE", "WEIGHTS", "encode", "decode", "load_corpus", "train",
-           "evaluate", "train_pair", "save_pair", "read_record", "cache_root", "default_pair"]
+           "evaluate", "train_pair", "save_pair", "read_record", "load_models", "cache_root", "default_pair"]
 
 _FORMAT = 4  # bump when the files or the training code change meaning, so old caches are not reused (2: batched
 # calls, 3: tree calls, 4: the shipped pair)
