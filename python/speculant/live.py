@@ -43,7 +43,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise ImportError("live transformers models need transformers: pip install 'speculant[export]'") from None
+        raise ImportError("live transformers models need transformers 5.x: pip install 'transformers>=5,<6'") from None
     return transformers
 
 
