@@ -62,11 +62,11 @@ case "$cmd" in
   test)
     setup "$venv" "$torch_req" "$newest_transformers"
     status=0
-    (cd "$root" && "$venv/bin/python" -m pytest tests "$@") || status=$?
+    (cd "$root" && "$venv/bin/python" -m pytest tests "$@" --durations=20) || status=$?
     if [ -n "$oldest_req" ]; then
       setup "$oldest_venv" "$oldest_req" "$oldest_transformers"
       say "the suite again on $oldest_req with $oldest_transformers (the GPU machines' image)."
-      (cd "$root" && "$oldest_venv/bin/python" -m pytest tests "$@") || status=$((status ? status : $?))
+      (cd "$root" && "$oldest_venv/bin/python" -m pytest tests "$@" --durations=20) || status=$((status ? status : $?))
     fi
     exit "$status" ;;
   *) echo "usage: bash scripts/run.sh demo|test [options]" >&2; exit 2 ;;
