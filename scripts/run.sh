@@ -56,8 +56,7 @@ shift || true
 case "$cmd" in
   demo)
     setup "$venv" "$torch_req" "$newest_transformers"
-    say "ready. To use this environment yourself: source $venv/bin/activate (then speculant --help, python," \
-        "jupyter)."
+    say "ready. To use this environment yourself: source $venv/bin/activate (then speculant --help, or python)."
     exec "$venv/bin/python" -m speculant demo "$@" ;;
   test)
     setup "$venv" "$torch_req" "$newest_transformers"
