@@ -59,6 +59,7 @@ from speculant import analysis
 sys.path.insert(0, str(Path(__file__).parent))
 import batch  # noqa: E402  (benchmarks/batch.py: the pairs and their prompts)
 import floor  # noqa: E402
+import shapes  # noqa: E402
 import train_pairs  # noqa: E402
 
 warnings.filterwarnings("ignore", message=r".*TorchScript.*")
@@ -279,15 +280,9 @@ def hf_compiled(directory: Path, prompt: Dict, tokens: int, device: torch.device
 def big_llama(args, device: torch.device, scratch: Path) -> Dict:
     """~1.1B-parameter Llama, bf16, random weights: plain per-token ms per mode (and as a live object with
     compile=True where --backends has "compiled") vs weight bytes / bandwidth."""
-    import transformers
-
-    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                                      num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
-                                      max_position_embeddings=2048)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model = shapes.build("llama-1.1b", device, torch.bfloat16)
+    config = model.config
+    weight_bytes, parameters = shapes.read_weight_bytes(model), sum(p.numel() for p in model.parameters())
     path = scratch / "llama-1b.pt"
     speculant.export(model, path, max_length=512)
     exported = speculant.load(path, device=device)
@@ -301,7 +296,7 @@ def big_llama(args, device: torch.device, scratch: Path) -> Dict:
     device_read = floor.describe(device, min(weight_bytes, 1 << 30))
     bandwidth, sheet = device_read["read_bytes_per_s"], device_read["datasheet_bytes_per_s"]
     floor_ms = floor.floor_ms(weight_bytes, kv_bytes, bandwidth)
-    out = {"parameters": weight_bytes // 2, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, **device_read,
+    out = {"parameters": parameters, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes, **device_read,
            "floor_ms": floor_ms, "datasheet_floor_ms": sheet and floor.floor_ms(weight_bytes, kv_bytes, sheet),
            "modes": {}}
     for mode, (target, graphs) in runs.items():

@@ -1,13 +1,12 @@
 """Where an exported model's call goes: the kernels of one fixed-shape call (the engine's graph path: k tokens of
-row 0 through `extend_rows` against all max_length cache slots), counted and timed (issue 21).
+row 0 through `extend_rows` against max_length / 2 + k cache slots), counted and timed (issue 21).
 
     python benchmarks/kernels.py                                  # CPU: operations per call, ms per call
-    python benchmarks/kernels.py --device cuda --models gpt2-target gpt2-draft llama-1b   # a GPU
+    python benchmarks/kernels.py --device cuda --models gpt2-target gpt2-draft llama-8b   # a GPU
 
-Models, random weights (a call's cost does not depend on them): `gpt2-target` and `gpt2-draft`, the shapes of
-train_pairs.GPT2_CUDA's pair (92M and 3.8M parameters, float32, vocab 8192, 512 positions); `llama-1b`, the
-1.1B-parameter bf16 Llama of graphs.py --big (512 positions). Each is exported by speculant.export's
-TorchScript modules, as the engine runs it.
+Models, random weights (a call's cost does not depend on them): the shapes of shapes.py (`gpt2-target`,
+`gpt2-draft`, `llama-1.1b`, `llama-1b`, `llama-8b`, ...), in bf16 on a GPU and float32 on a CPU (`--dtype`), at
+most 512 cache positions. Each is exported by speculant.export's TorchScript modules, as the engine runs it.
 
 For each model and width k (`--widths`):
 
@@ -46,8 +45,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).parent))
-import train_pairs  # noqa: E402
 import floor  # noqa: E402
+import shapes  # noqa: E402
 from graphs import median_range, sync  # noqa: E402
 
 # ATen operations that compute nothing on a device: views, allocations, metadata
@@ -64,35 +63,22 @@ NOT_KERNELS = {
 # bias copied into a matrix product's output, a reduction's initial value): part of that operation where they sit
 # under it, not kernels of their own
 CONVERSIONS = {"aten::to", "aten::_to_copy", "aten::copy_", "aten::fill_"}
+# operations that a CPU computes as several but CUDA as one fused kernel: one operation each
+ONE_KERNEL_ON_CUDA = {"aten::rms_norm"}  # its CUDA dispatch: aten::_fused_rms_norm
 
 
-def build(name: str, device: torch.device):
-    """(transformers model and its scripted module on `device`, weight bytes, max_length) for a model name."""
-    import transformers
-
+def build(name: str, device: torch.device, dtype: torch.dtype):
+    """(transformers model and its scripted module on `device` in `dtype`, weight bytes a call reads,
+    max_length) for a shape of shapes.py."""
     from speculant.export import gpt2, llama
 
-    torch.manual_seed(0)
-    if name in ("gpt2-target", "gpt2-draft"):
-        recipe = train_pairs.GPT2_CUDA
-        shape = recipe.target if name == "gpt2-target" else recipe.draft
-        config = transformers.GPT2Config(vocab_size=recipe.vocab_size, n_positions=recipe.context, bos_token_id=1,
-                                         eos_token_id=2, **shape)
-        model, module, length = transformers.GPT2LMHeadModel(config), gpt2, recipe.context
-    elif name == "llama-1b":
-        config = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                                          num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
-                                          max_position_embeddings=2048)
-        with torch.device(device):  # random initialization where the model runs: seconds on a GPU, not minutes
-            model, module, length = transformers.LlamaForCausalLM(config).to(torch.bfloat16), llama, 512
-    else:
-        raise ValueError(f"--models: unknown model {name!r}; known: gpt2-target, gpt2-draft, llama-1b")
-    model = model.to(device).eval()
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model = shapes.build(name, device, dtype)
+    module = llama if shapes.SHAPES[name].kind == "llama" else gpt2
+    length = min(shapes.SHAPES[name].max_length, 512)  # the call attends half of it (fixed_call)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TorchScript's deprecation
         scripted = module.script(model, max_length=length)
-    return model, scripted, weight_bytes, length
+    return model, scripted, shapes.read_weight_bytes(model), length
 
 
 def timed(call: Callable[[], object], device: torch.device, calls: int, repeats: int) -> List[float]:
@@ -112,6 +98,8 @@ def cpu_kernels(event) -> List[object]:
     """The operations under a profiler event that would each be a kernel on a device: an ATen operation that
     computes (not a view or an allocation) and has no such operation under it, its own conversions aside."""
     name = event.name
+    if name in ONE_KERNEL_ON_CUDA:
+        return [event]
     computes = name.startswith("aten::") and name not in NOT_KERNELS
     found = []
     for child in event.cpu_children:
@@ -266,7 +254,8 @@ def measure_inductor(model, length: int, k: int, device: torch.device, calls: in
 
 
 def measure(name: str, device: torch.device, args) -> Dict:
-    model, scripted, weight_bytes, length = build(name, device)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    model, scripted, weight_bytes, length = build(name, device, dtype)
     out = {"weight_bytes": weight_bytes, "max_length": length, "widths": {}}
     # the call attends the cache's first length / 2 + k slots (fixed_call); its floor reads those and the weights
     element = next(model.parameters()).element_size()
@@ -315,10 +304,28 @@ def report(name: str, k: int, row: Dict, out: Dict) -> None:
         print(f"    {top['us_per_call']:9.1f} us  {top['per_call']:5.1f} x  {top['name'][:100]}")
 
 
+def summary_rows(results: Dict) -> str:
+    """Markdown rows: each model's kernels (CUDA) or operations (CPU) per layer of its one-token call, against
+    issue 48's goal of at most 8 (the call's own per-call work, the head and the mask, counted in)."""
+    rows = []
+    for name, model in results["models"].items():
+        call = model["widths"].get("1") or model["widths"].get(1)
+        if call is None:
+            continue
+        layers = shapes.config(name).num_hidden_layers if shapes.SHAPES[name].kind == "llama" else \
+            shapes.config(name).n_layer
+        per_layer = call["profile"]["per_call"] / layers
+        rows.append(f"| kernels per layer, {name} one-token call | {per_layer:.1f} ({call['profile']['per_call']:.0f} "
+                    f"per call, {layers} layers) | <= 8 | {'yes' if per_layer <= 8 else 'no'} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--models", nargs="+", default=["gpt2-target", "gpt2-draft"])
+    parser.add_argument("--models", nargs="+", default=["gpt2-target", "gpt2-draft"], choices=sorted(shapes.SHAPES))
+    parser.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default=None,
+                        help="default: bfloat16 on a GPU, float32 on a CPU")
     parser.add_argument("--widths", nargs="+", type=int, default=[1, 5])
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
@@ -328,7 +335,11 @@ def main() -> None:
     parser.add_argument("--inductor", nargs="*", default=[], metavar="MODEL",
                         help="these models' own forward compiled by Inductor beside their export (minutes to compile)")
     parser.add_argument("--out")
+    parser.add_argument("--summary", metavar="JSON", help="print a results file's kernels per layer as table rows")
     args = parser.parse_args()
+    if args.summary:
+        print(summary_rows(json.loads(Path(args.summary).read_text())))
+        return
     if any(k < 1 for k in args.widths) or args.calls < 1 or args.repeats < 1:
         parser.error("--widths, --calls and --repeats must be >= 1")
     if set(args.inductor) - set(args.models):

@@ -174,7 +174,7 @@ class AotiModel final : public Model {
     GraphCache* graphs = shapes_ == Shapes::graphed ? &graphed_ : shapes_ == Shapes::fixed ? &fixed_ : nullptr;
     const GraphCache::Call package = [this, k](const std::vector<at::Tensor>& in) { return run_package(in, k); };
     const at::Tensor logits = graphs != nullptr && step && moved_.empty() && !encoder_decoder_
-                                  ? graphs->run(CallKey{k, tree}, inputs, package)
+                                  ? graphs->run(CallKey{k, tree, *max_length_}, inputs, package)
                                   : package(inputs);
     forget_moves(0);  // made
     length_ += k;

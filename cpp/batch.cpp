@@ -63,7 +63,7 @@ Row make_row(bool drafting, int64_t gamma, const GammaSchedule& schedule, int64_
 Batch::Batch(Setup setup, std::vector<Row>& rows, std::unique_ptr<ModelRows> target_rows,
              std::unique_ptr<DraftRows> draft_rows)
     : s_(std::move(setup)), rows_(rows), target_rows_(std::move(target_rows)), draft_rows_(std::move(draft_rows)),
-      device_(s_.target.device()), start_(Clock::now()) {}
+      device_(s_.target.device()), clock_(device_, s_.profile), start_(Clock::now()) {}
 
 void Batch::start(const std::vector<std::vector<int64_t>>& prompts) {
   const auto long_options = at::TensorOptions(device_).dtype(at::kLong);
@@ -105,6 +105,7 @@ bool Batch::running() const {
 // Each phase in a profiler scope of its own (free when no profiler runs): benchmarks/overhead.py counts the
 // operations each launches.
 void Batch::iterate() {
+  clock_.settle([this](size_t r) -> Stats& { return rows_[r].out.stats; });  // the last iteration read back
   {
     RECORD_USER_SCOPE("speculant::draft");
     draft();
@@ -151,15 +152,21 @@ void Batch::draft() {
     std::vector<at::Generator> generators;
     for (Row& row : rows_) generators.push_back(row.generator);  // handles: the rows' own generators
     const auto draft_start = Clock::now();
+    clock_.begin();
     std::vector<Proposal> proposals = draft_rows_->propose(limits, s_.config, generators, s_.profile);
     const double draft_total = seconds_since(draft_start);
+    std::vector<size_t> drafted;
     for (size_t r = 0; r < rows_.size(); ++r) {
       Row& row = rows_[r];
       if (row.limit == 0) continue;
       row.proposal = std::move(proposals[r]);
-      row.out.stats.draft_seconds += row.proposal.calls > 0 ? row.proposal.seconds : draft_total;  // a table's
+      drafted.push_back(r);
+      if (!clock_.active()) {  // a table's drafter calls no model: its whole time
+        row.out.stats.draft_seconds += row.proposal.calls > 0 ? row.proposal.seconds : draft_total;
+      }
       row.out.stats.draft_calls += row.proposal.calls;
     }
+    clock_.end(&Stats::draft_seconds, std::move(drafted));  // the phase's device time, for each drafting row
   }
   const auto long_options = at::TensorOptions(device_).dtype(at::kLong);
   for (Row& row : rows_) {
@@ -309,6 +316,7 @@ void Batch::restart(int64_t r, int64_t length, const at::Tensor& t, int64_t t_ho
 }
 
 void Batch::finish() {
+  clock_.settle([this](size_t r) -> Stats& { return rows_[r].out.stats; });
   for (size_t r = 0; r < rows_.size(); ++r) {
     Row& row = rows_[r];
     if (row.out.stats.total_seconds == 0.0) row.out.stats.total_seconds = seconds_since(start_);
@@ -319,6 +327,16 @@ void Batch::finish() {
 // Runs `phase`, charging its time to every running row's `field` (model calls of a phase serve them all).
 template <typename Phase>
 void Batch::timed(double Stats::*field, const Phase& phase) {
+  if (clock_.active()) {  // the device's time, read at the next settle()
+    std::vector<size_t> running;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      if (rows_[r].running) running.push_back(r);
+    }
+    clock_.begin();
+    phase();
+    clock_.end(field, std::move(running));
+    return;
+  }
   double seconds = 0.0;
   {
     PhaseTimer timer(seconds, device_, s_.profile);
@@ -376,15 +394,19 @@ void Batch::draft_trees() {
   check_interrupt();
   std::vector<at::Generator> generators;
   for (Row& row : rows_) generators.push_back(row.generator);
+  clock_.begin();
   std::vector<TreeProposal> proposals = draft_rows_->propose_tree(drafting, s_.config, s_.siblings, generators,
                                                                   s_.profile);
+  std::vector<size_t> drafted;
   for (size_t r = 0; r < rows_.size(); ++r) {
     if (!drafting[r]) continue;
     Row& row = rows_[r];
     row.tree_proposal = std::move(proposals[r]);
-    row.out.stats.draft_seconds += row.tree_proposal.seconds;
+    drafted.push_back(r);
+    if (!clock_.active()) row.out.stats.draft_seconds += row.tree_proposal.seconds;
     row.out.stats.draft_calls += row.tree_proposal.calls;
   }
+  clock_.end(&Stats::draft_seconds, std::move(drafted));
 }
 
 // How many tree nodes (the root included) both models' caches hold beside the row's cached tokens.

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "device_clock.h"
 #include "drafter.h"
 #include "gamma_policy.h"
 #include "model.h"
@@ -114,6 +115,7 @@ class Batch {
   std::unique_ptr<ModelRows> target_rows_;
   std::unique_ptr<DraftRows> draft_rows_;
   at::Device device_;
+  DeviceClock clock_;  // the phases' device time on a GPU (device_clock.h)
   Clock::time_point start_;
 };
 

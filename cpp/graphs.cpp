@@ -24,7 +24,8 @@ constexpr int64_t kMaxGraphs = 32;
 }  // namespace
 
 std::string CallKey::name() const {
-  return what.empty() ? fmt::format("the {}-token {}call", width, tree ? "tree " : "") : what;
+  if (!what.empty()) return what;
+  return fmt::format("the {}-token {}call over {} slots", width, tree ? "tree " : "", keys);
 }
 
 void GraphCache::clear() {

@@ -1,7 +1,7 @@
 // CUDA graphs of a model's fixed-shape calls (rows.h: Shapes::graphed).
 //
-// A fixed-shape call's shapes depend on a small key alone (CallKey: the call's width, and whether it is a tree
-// call, its mask an input too). After a few eager runs of a key (warm-up: the TorchScript executor profiles and
+// A fixed-shape call's shapes depend on a small key alone (CallKey: the call's width, whether it is a tree call,
+// its mask an input too, and the cache slots it reads). After a few eager runs of a key (warm-up: the TorchScript executor profiles and
 // optimizes its graph in its first runs; the last run is on the capture stream, so that per-stream set-up such
 // as cuBLAS workspaces happens outside the capture) the call is captured once, with its inputs in static
 // buffers. Later calls of that key copy their inputs into the buffers and replay the graph, one launch instead
@@ -36,15 +36,16 @@
 
 namespace speculant {
 
-// What a fixed-shape call's shapes depend on: its width (tokens per row), and whether it is a tree call (its
-// mask an input too).
+// What a fixed-shape call's shapes depend on: its width (tokens per row), whether it is a tree call (its mask an
+// input too), and the cache slots it reads (native_rows.h: a power-of-two bucket).
 struct CallKey {
   int64_t width = 0;
   bool tree = false;
+  int64_t keys = 0;
   // a call that is no model's (tree_verification.cpp): what it is and every shape it depends on; names it
   std::string what;
   auto operator<=>(const CallKey&) const = default;
-  // "the 3-token call", "the 3-token tree call", or `what`
+  // "the 3-token call over 64 slots", "the 3-token tree call over 64 slots", or `what`
   std::string name() const;
 };
 

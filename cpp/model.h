@@ -21,7 +21,8 @@
 //      to cache slot slots[r, j] of row rows[r] (slot max_length is scratch, for padding), and it attends to
 //      that row's slots s < keys with s <= positions[r, j]. The engine keeps each row's length. With fixed
 //      shapes (rows.h, for CUDA graphs) every call passes every row (a row sitting it out is all padding) and
-//      keys = max_length, so that its shapes depend on its token count alone. extend_rows writes the cache
+//      keys is a power-of-two bucket (native_rows.h), so that its shapes depend on its token count and bucket
+//      alone, and it reads the slots in use rather than all max_length. extend_rows writes the cache
 //      in place (index assignment into the tensors start_rows made, never rebinding an attribute to a new
 //      tensor): a CUDA graph replays into the memory it captured. Fixed shapes check it (graphs.h), so a module
 //      that rebinds is refused by name instead of replaying stale caches.

@@ -158,7 +158,7 @@ class NativeRows final : public ModelRows {
     Ran out{std::vector<at::Tensor>(tokens.size()), at::Tensor()};
     require(width > 0 || then == nullptr, "model {}: extend_tree_then with no tokens", source_);
     if (width == 0) return out;
-    if (fixed) keys = max_length_;
+    if (fixed) keys = bucket(keys);
     const auto count = static_cast<int64_t>(rows.size());
     at::Tensor layout = host_buffer({count, 2 * width + 1}, at::kLong, device_);  // positions | slots | row
     at::Tensor mask = host_buffer({count, width, keys}, at::kBool, device_).zero_();
@@ -207,10 +207,12 @@ class NativeRows final : public ModelRows {
     // fixed shapes: the host's layout and mask straight into the graph's buffers (graphs.h)
     std::vector<at::Tensor> in{stacked(ids), layout, mask};
     if (then == nullptr) {
-      out.logits = split(graphs_->run({width, true}, in, call), tokens, rows);
+      out.logits = split(graphs_->run({width, true, keys}, in, call), tokens, rows);
     } else {
       in.insert(in.end(), inputs->begin(), inputs->end());
-      out.then = graphs_->run({width, true, fmt::format("the {}-token tree call, then {}", width, what)}, in, call);
+      const CallKey key{width, true, keys,
+                        fmt::format("the {}-token tree call over {} slots, then {}", width, keys, what)};
+      out.then = graphs_->run(key, in, call);
     }
     return out;
   }
@@ -252,7 +254,7 @@ class NativeRows final : public ModelRows {
     Ran out{std::vector<at::Tensor>(tokens.size()), at::Tensor()};
     require(width > 0 || then == nullptr, "model {}: extend_then with no tokens", source_);
     if (width == 0) return out;
-    if (fixed) keys = max_length_;
+    if (fixed) keys = bucket(keys);
     const auto count = static_cast<int64_t>(rows.size());
     // positions [R, W] | slots [R, W] | row [R, 1] | last [R, 1], copied to the device at once (upload.h)
     at::Tensor layout = host_buffer({count, 2 * width + 2}, at::kLong, device_);
@@ -279,17 +281,19 @@ class NativeRows final : public ModelRows {
       const CallLayout parts(upload(layout, device_), width);
       logits = call_(stacked(ids), parts.row, parts.positions, parts.slots, keys);
     } else if (then == nullptr) {  // the host's layout straight into the graph's buffer (graphs.h)
-      logits = graphs_->run({width, false}, {stacked(ids), layout}, [this, width](const std::vector<at::Tensor>& in) {
+      const auto call = [this, width, keys](const std::vector<at::Tensor>& in) {
         const CallLayout parts(in[1], width);
-        return call_(in[0], parts.row, parts.positions, parts.slots, max_length_);
-      });
+        return call_(in[0], parts.row, parts.positions, parts.slots, keys);
+      };
+      logits = graphs_->run({width, false, keys}, {stacked(ids), layout}, call);
     } else {
       std::vector<at::Tensor> in{stacked(ids), layout};
       in.insert(in.end(), inputs->begin(), inputs->end());
-      const CallKey key{width, false, fmt::format("the {}-token step call, then {}", width, what)};
-      out.then = graphs_->run(key, in, [this, width, then](const std::vector<at::Tensor>& in) {
+      const CallKey key{width, false, keys,
+                        fmt::format("the {}-token step call over {} slots, then {}", width, keys, what)};
+      out.then = graphs_->run(key, in, [this, width, keys, then](const std::vector<at::Tensor>& in) {
         const CallLayout parts(in[1], width);
-        const at::Tensor all = call_(in[0], parts.row, parts.positions, parts.slots, max_length_);
+        const at::Tensor all = call_(in[0], parts.row, parts.positions, parts.slots, keys);
         RECORD_USER_SCOPE("speculant::fused");  // benchmarks/overhead.py: what the step's graph replays with it
         return (*then)(last_logits(all, in[1], width), std::vector<at::Tensor>(in.begin() + 2, in.end()));
       });
@@ -302,6 +306,14 @@ class NativeRows final : public ModelRows {
       lengths_[r] += k;
     }
     return out;
+  }
+
+  // The slots a fixed-shape call reads when its rows end at `end`: the smallest power of two that holds them,
+  // at least kSmallestBucket, at most max_length (native_rows.h).
+  int64_t bucket(int64_t end) const {
+    int64_t keys = kSmallestBucket;
+    while (keys < end && keys < max_length_) keys *= 2;
+    return std::min(keys, max_length_);
   }
 
   RowsCall call_;

@@ -4,9 +4,12 @@
 // and rollback only moves a row's length.
 //
 // Shapes (rows.h): dynamic calls run the rows taking part over the slots in use. Fixed and graphed step calls,
-// tree calls among them, run every row (a row sitting the call out is all padding) over all max_length slots
-// (a tree call's mask [R, W, max_length]), so that their shapes depend on the width alone; graphed ones replay
-// CUDA graphs (graphs.h), one per width and kind of call. Prefills and copy_slots run eagerly. A fixed-shape call
+// tree calls among them, run every row (a row sitting the call out is all padding) over a bucket of slots: the
+// smallest power of two (at least kSmallestBucket, at most max_length) that holds every taking part row's
+// positions (a tree call's mask [R, W, bucket]). So their shapes depend on the width and the bucket alone, and
+// their attention reads about the slots in use, not the cache's capacity; graphed ones replay CUDA graphs
+// (graphs.h), one per width, bucket and kind of call (a 4096-slot cache: 9 buckets). Prefills (over their
+// bucket too) and copy_slots run eagerly. A fixed-shape call
 // can carry its caller's work on its logits (rows.h: extend_then, extend_tree_then: the draft's draws), inside
 // its graph, keyed by the width and that work.
 #pragma once
@@ -22,6 +25,9 @@
 #include "rows.h"
 
 namespace speculant {
+
+// The fewest slots a fixed-shape call reads (a short sequence's attention costs little next to the weights).
+inline constexpr int64_t kSmallestBucket = 16;
 
 // The backend's call: logits [R, T, V] for ids [R, T] in rows `rows` [R] (ascending), token (r, j) at
 // positions[r, j], written to slots[r, j], attending to its row's slots s < keys with s <= positions[r, j].

@@ -21,8 +21,9 @@ class Model;
 
 // How a batch's model calls are shaped. dynamic: each call runs the rows taking part, padded to their
 // longest token count, over the cache slots in use. fixed: each step call runs every row, padded to the
-// call's width W, over every cache slot (each row's own mask hides the rest), so that its shapes depend on W
-// alone. graphed: fixed, each width's call captured once into a CUDA graph and replayed (graphs.h).
+// call's width W, over a power-of-two bucket of cache slots that holds the rows' positions (native_rows.h; each
+// row's own mask hides the rest), so that its shapes depend on W and the bucket alone. graphed: fixed, each
+// (width, bucket)'s call captured once into a CUDA graph and replayed (graphs.h).
 enum class Shapes { dynamic, fixed, graphed };
 
 class ModelRows {

@@ -51,7 +51,7 @@ class VerificationGraphs {
                                                         const std::function<at::Tensor(const std::vector<at::Tensor>&,
                                                                                        Plan&)>& work) {
     if (!plans_.contains(key) && keys() >= kMaxKeys) return std::nullopt;
-    at::Tensor packed = cache_.run(CallKey{0, true, key}, in, [&](const std::vector<at::Tensor>& buffers) {
+    at::Tensor packed = cache_.run(CallKey{0, true, 0, key}, in, [&](const std::vector<at::Tensor>& buffers) {
       RECORD_USER_SCOPE("speculant::graphed");  // benchmarks/overhead.py: what a replay launches at once
       auto run = std::make_shared<Plan>();
       at::Tensor out = work(buffers, *run);

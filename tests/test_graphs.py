@@ -95,24 +95,36 @@ class CapturableRows(MarkovRows):
         return self.table[(positions + 1) % 2, prev2, input_ids]  # [R, T, V]
 
 
+def is_bucket(keys: int, max_length: int, positions: Tensor, slots: Tensor) -> bool:
+    """Whether a fixed-shape call's slots are its bucket (native_rows.h): the smallest power of two, at least 16,
+    that holds every real token's slot (a padding token writes the scratch slot max_length), or max_length."""
+    end = int(torch.where(slots < max_length, slots, torch.zeros_like(slots)).max()) + 1
+    bucket = 16
+    while bucket < end and bucket < max_length:
+        bucket *= 2
+    return keys == min(bucket, max_length)
+
+
 class FixedOnlyRows(CapturableRows):
-    """A table model that refuses any call that is not fixed-shape: every row of the batch, all max_length slots."""
+    """A table model that refuses any call that is not fixed-shape: every row of the batch, over its bucket of
+    slots."""
 
     @torch.jit.export
     def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
-        if rows.size(0) != self.row_tokens.size(0) or keys != self.max_length:
-            raise RuntimeError("FixedOnlyRows: a call that does not cover every row and every slot")
+        if rows.size(0) != self.row_tokens.size(0) or not is_bucket(keys, self.max_length, positions, slots):
+            raise RuntimeError("FixedOnlyRows: a call that does not cover every row and its bucket of slots")
         return self.lookup(input_ids, rows, positions, slots)
 
 
 class FixedOnlyTreeCalls(CapturableRows):
-    """A table model whose tree calls refuse anything but fixed shapes: every row, all max_length slots."""
+    """A table model whose tree calls refuse anything but fixed shapes: every row, over its bucket of slots."""
 
     @torch.jit.export
     def extend_rows_masked(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor,
                            mask: Tensor) -> Tensor:
-        if rows.size(0) != self.row_tokens.size(0) or mask.size(2) != self.max_length:
-            raise RuntimeError("FixedOnlyRows: a tree call that does not cover every row and every slot")
+        if rows.size(0) != self.row_tokens.size(0) or \
+                not is_bucket(mask.size(2), self.max_length, positions, slots):
+            raise RuntimeError("FixedOnlyRows: a tree call that does not cover every row and its bucket of slots")
         return self.masked_lookup(input_ids, rows, positions, slots, mask)
 
 
@@ -452,7 +464,8 @@ def test_fixed_tree_calls_cover_every_row_and_slot():
 def test_fixed_tree_calls_refuse_a_cache_that_is_not_written_in_place():
     target, draft = markov.target_and_draft(5, 57, mask_prob=0.1)
     models = table_model(RebindingTreeCalls, target), table_model(RebindingTreeCalls, draft)
-    with pytest.raises(ValueError, match="the [0-9]+-token tree call rebinds the module's tensor `row_tokens`"):
+    with pytest.raises(ValueError, match="the [0-9]+-token tree call over [0-9]+ slots rebinds the module.s tensor "
+                                         "`row_tokens`"):
         speculant.SpeculativeDecoder(*models, tree=[2, 1], cuda_graphs="fixed").generate([[4], [1, 0]], seed=1,
                                                                                         max_new_tokens=MAX_NEW)
 
@@ -748,3 +761,47 @@ def test_device_sampling_path_law():
     assert not np.isin(draws, [2, 5]).any()  # zero-probability tokens never come
     pvalue = chi_square_pvalue(probs.double().cpu(), draws.reshape(-1, 1))
     assert pvalue > SIGNIFICANCE, f"_sample_generic on CUDA rejects its probabilities, p = {pvalue:.3g}"
+
+
+def attended_slots(run) -> set:
+    """The key lengths of every attention `run()` computes (the profiler's recorded input shapes)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        run()
+    return {e.input_shapes[1][2] for e in prof.events() if e.name == "aten::scaled_dot_product_attention"}
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_fixed_calls_read_the_slots_in_use_not_the_cache_capacity(arch, tmp_path):
+    """A call at a short sequence attends its bucket (16, 32, ...) however large the cache, so its cost does not
+    grow with max_length (native_rows.h), and its tokens and statistics equal those of a cache just large enough."""
+    model = hf_models.make(arch, seed=0, **({"max_position_embeddings": 1024} if arch == "llama" else
+                                            {"n_positions": 1024}))
+    runs = []
+    for length in (64, 1024):
+        speculant.export(model, tmp_path / f"{length}.pt", max_length=length)
+        target = speculant.load(tmp_path / f"{length}.pt")
+        generate = functools.partial(speculant.generate, target, [3, 1, 4], max_new_tokens=40, seed=3,
+                                     temperature=1.0, cuda_graphs="fixed")
+        generate()  # the first calls of each width and bucket
+        runs.append((attended_slots(generate), generate()))
+    (small_slots, small), (large_slots, large) = runs
+    assert large_slots == small_slots == {16, 32, 64}  # 2 + 40 positions: three buckets
+    assert large.tokens == small.tokens and large.stats.target_calls == small.stats.target_calls
+
+
+def test_a_bucketed_call_equals_the_call_over_every_slot(tmp_path):
+    """extend_rows over a bucket of slots returns the logits of the same call over the whole cache (the slots past
+    the bucket are masked out either way), to float32 rounding."""
+    model = hf_models.make("llama", seed=0)
+    speculant.export(model, tmp_path / "m.pt", max_length=128)
+    module = torch.jit.load(tmp_path / "m.pt")
+    module.start_rows(1)
+    rows = torch.zeros(1, dtype=torch.long)
+    prompt = torch.tensor([[5, 9, 2, 7, 1, 3]])
+    positions = torch.arange(6).unsqueeze(0)
+    module.extend_rows(prompt, rows, positions, positions, 6)
+    step, at = torch.tensor([[4, 8]]), torch.tensor([[6, 7]])
+    bucket = module.extend_rows(step, rows, at, at, 16)
+    full = module.extend_rows(step, rows, at, at, 128)
+    torch.testing.assert_close(bucket, full, rtol=1e-5, atol=1e-5)
+    assert torch.equal(bucket.argmax(-1), full.argmax(-1))

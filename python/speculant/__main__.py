@@ -37,7 +37,7 @@ def _demo(args) -> int:
     try:
         demo.run(prompt=args.prompt, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
                  top_p=args.top_p, lenience=args.lenience, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                 repeats=args.repeats, color=color)
+                 repeats=args.repeats, color=color, device=args.device, dtype=args.dtype)
     except (ValueError, FileNotFoundError) as error:  # FileNotFoundError: the demo pair's weights are missing
         print(f"speculant demo: {error}", file=sys.stderr)
         return 2
@@ -97,6 +97,9 @@ def parser() -> argparse.ArgumentParser:
                       help="timed rounds of speculative and plain decoding, after an untimed warm-up")
     demo.add_argument("--threads", type=int, default=1,
                       help="torch's intra-op threads (the demo's models are too small to gain from more)")
+    demo.add_argument("--device", default="cpu", help="where the models run: cpu, cuda, cuda:1, ...")
+    demo.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                      help="the models' dtype (default: bfloat16 on a GPU, float32 on the CPU)")
     demo.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                       help="ANSI colours in the trace (auto: when writing to a terminal and NO_COLOR is unset)")
     demo.set_defaults(main=_demo)

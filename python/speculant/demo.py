@@ -9,12 +9,15 @@ import json
 import sys
 from typing import Optional, TextIO
 
+import torch
+
 from . import demo_pair, timing
 from .decoder import DEFAULT_GAMMA, SpeculativeDecoder, check_settings, generate
 from .model import load
 from .trace import use_color
 
 DEFAULT_PROMPT = "def __init__(self"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _row(name: str, spec, plain) -> str:
@@ -23,40 +26,47 @@ def _row(name: str, spec, plain) -> str:
 
 def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature: float = 0.8, top_k: int = 0,
         top_p: float = 1.0, lenience: float = 1.0, max_new_tokens: int = 200, seed: int = 0, repeats: int = 3,
-        color: Optional[bool] = None, out: Optional[TextIO] = None) -> dict:
+        color: Optional[bool] = None, out: Optional[TextIO] = None, device: str = "cpu",
+        dtype: Optional[str] = None) -> dict:
     """Runs the demo and prints it (to ``out``, default sys.stdout); returns the figures it printed. The trace
     is in ANSI colours when ``color`` is True, or when it is None (the default) and ``out`` is a terminal and the
     NO_COLOR environment variable is unset (speculant.trace.use_color).
 
     Timed as speculant.sweep times (speculant.timing): one untimed run of speculative and plain decoding warms
     every shape, then ``repeats`` rounds interleaved ABBA; every time shown is the median over the rounds with
-    its range, and the speedup stands next to Theorem 3.8's prediction from the measured alpha and c."""
+    its range, and the speedup stands next to Theorem 3.8's prediction from the measured alpha and c.
+
+    ``device``: where the models run ("cpu", "cuda", "cuda:1"); on a GPU in ``dtype`` (default bfloat16; on the CPU
+    float32, the weights' own) with CUDA graphs (cuda_graphs="auto"), c from the phases' device time."""
     repeats = timing.check_repeats(repeats)  # every option is checked before the models are made
     check_settings(gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
     for name, value in (("max_new_tokens", max_new_tokens), ("seed", seed)):
         minimum = 1 if name == "max_new_tokens" else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    gpu, dtype = _placement(device, dtype)
     out = sys.stdout if out is None else out
     color = use_color(out, color)
     target_path, draft_path = demo_pair.default_pair(progress=True)
     info = json.loads((target_path.parent / "pair.json").read_text())
-    target, draft = load(target_path), load(draft_path)
+    target, draft = (load(path, device=device, dtype=dtype) for path in (target_path, draft_path))
+    graphs = "auto" if gpu else "off"
     decoder = SpeculativeDecoder(target, draft, gamma=gamma, temperature=temperature, top_k=top_k,
-                                 top_p=top_p, lenience=lenience)
+                                 top_p=top_p, lenience=lenience, cuda_graphs=graphs)
     # The first generation is shown at once (the timed rounds after it repeat its tokens: same seed).
     spec = decoder.generate(demo_pair.encode(prompt), max_new_tokens=max_new_tokens, seed=seed)
     print(f"speculant demo: target {info['params']['target']:,} params, draft {info['params']['draft']:,} params "
           f"(byte-level GPTs trained on Python's standard library; held-out loss {info['target_loss']:.3f} / "
           f"{info['draft_loss']:.3f} nats per byte)", file=out)
     print(f"gamma={gamma} temperature={temperature} top_k={top_k} top_p={top_p} lenience={lenience} "
-          f"seed={seed}\n", file=out)
+          f"seed={seed} device={device} dtype={str(dtype or torch.float32).removeprefix('torch.')}\n", file=out)
     print("Trace (one line per target call; green: accepted draft tokens, red: rejected draft token, "
           "blue: the target's correction, underlined blue: bonus token):" if color else
           "Trace (one line per target call: [accepted:...] draft tokens, the [rejected:...] draft token, and the "
           "target's [correction:...] or [bonus:...] token):", file=out)
     print(spec.trace.with_decoder(demo_pair.decode).render(color=color, prefix=prompt), file=out, flush=True)
-    plain_generate = functools.partial(generate, target, temperature=temperature, top_k=top_k, top_p=top_p)
+    plain_generate = functools.partial(generate, target, temperature=temperature, top_k=top_k, top_p=top_p,
+                                       cuda_graphs=graphs)
     rounds = timing.timed_rounds(decoder.generate, plain_generate, [{"prompt_ids": demo_pair.encode(prompt)}],
                                  max_new_tokens=max_new_tokens, seed=seed, repeats=repeats)
     summary = timing.summarize(rounds, gamma=gamma, lenience=lenience)
@@ -67,6 +77,21 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature
             "cost_model": summary["cost_model_speedup"],
             "alpha": s.alpha, "c": summary["c"], "flag": summary["flag"],
             "tokens_per_target_call": s.tokens_per_target_call, "text": demo_pair.decode(spec.tokens)}
+
+
+def _placement(device: str, dtype: Optional[str]):
+    """(whether `device` is a GPU, the dtype to load the pair in: None keeps the weights' float32)."""
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must name a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    if where.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: this torch sees no CUDA device (torch {torch.__version__})")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    gpu = where.type == "cuda"
+    chosen = dtype or ("bfloat16" if gpu else None)
+    return gpu, None if chosen in (None, "float32") else DTYPES[chosen]
 
 
 def _times(rounds, summary: dict, repeats: int, lenience: float, out: TextIO) -> None:

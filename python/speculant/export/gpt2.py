@@ -110,7 +110,8 @@ def script(model, *, max_length: Optional[int] = None) -> torch.jit.ScriptModule
                          f"positions), got {max_length}")
     like = model.transformer.wte.weight
     tied = is_tied(model)
-    core = GPT2(config, tied).to(dtype=like.dtype, device=like.device).eval()
+    with torch.device(like.device):  # initialized where the weights are, then overwritten (llama.py)
+        core = GPT2(config, tied).to(dtype=like.dtype).eval()
     copy_weights(core, _weights(model))
     wrapper = CachedDecoder(core, vocab_size=config.vocab_size, max_length=max_length, layers=config.n_layer,
                             kv_heads=config.n_head, head_dim=config.n_embd // config.n_head, like=like)
