@@ -11,10 +11,10 @@
 #                                  # against Theorem 3.8), cut off at the deadline; ends with ONE summary table
 #                                  # ($OUT/summary.md): every goal, the CUDA tests' line among them
 #                                  # and, time left, kernels.py's kernels per layer of the bf16 Llamas' call
-#   bash benchmarks/gpu.sh again   # a second call on the still-warm machine, no build: lease's wheel (copied
-#                                  # from its $OUT into .whl/, listed in .git/info/exclude, named in the call's
-#                                  # carry) with this tree's Python over it; memory_speed.py's parts $PARTS
-#                                  # (default: target draft) within LEASE_SECONDS (default 200)
+#   bash benchmarks/gpu.sh again   # the same without the build, on any machine of that image: lease's wheel
+#                                  # (copied from its $OUT into .whl/, listed in .git/info/exclude, named in the
+#                                  # call's carry) with this tree's Python over it (so C++ must not have changed
+#                                  # since lease's build), within LEASE_SECONDS (default 400)
 #
 # .pt2 is not run here: torch 2.11+cu130's AOTInductor loader segfaults on this image for any package (leases
 # of 2026-11-26 and 27, benchmarks/pt2_load_check.py); README says it is unverified on that image.
@@ -27,6 +27,22 @@ mkdir -p "$out"
 export PYTHONPATH="$PWD/benchmarks" PYTHONUNBUFFERED=1
 # pytest under a limit, interrupted (SIGINT) at it so that its summary names the failures so far
 pytest_for() { local limit=$1; shift; timeout -s INT -k 20 "$limit" python3 -m pytest -p no:benchmark "$@"; }
+# the CUDA tests, then memory_speed.py and kernels.py until the deadline, then the summary table
+measure() {
+  pytest_for 170 -n 4 -m cuda -k "not pt2" tests -q -rfEs --basetemp /tmp/pt-cuda >"$out/cuda-tests.log" 2>&1 || true
+  local tests; tests=$(tail -1 "$out/cuda-tests.log")
+  echo "[$SECONDS s] cuda tests: $tests"; grep -E "^(FAILED|ERROR) " "$out/cuda-tests.log" || true
+  python3 benchmarks/memory_speed.py --device cuda --deadline $((deadline - SECONDS - 120)) \
+    --out "$out/memory-speed.json" --summary "$out/summary.md" 2>&1 | grep -v "Loading weights" || true
+  local met=no; [[ "$tests" =~ passed && ! "$tests" =~ (failed|error) ]] && met=yes
+  echo "| CUDA tests (the law tests among them) | ${tests//|/ } | all pass | $met |" >>"$out/summary.md"
+  if ((deadline - SECONDS > 30)); then  # kernels per layer of the bf16 Llamas' one-token call
+    timeout $((deadline - SECONDS)) python3 benchmarks/kernels.py --device cuda --models llama-1.1b llama-8b \
+      --widths 1 --no-engine --calls 5 --repeats 2 --out "$out/kernels-cuda.json" >/tmp/kernels.log 2>&1 || true
+    python3 benchmarks/kernels.py --summary "$out/kernels-cuda.json" >>"$out/summary.md" || true
+  fi
+  echo; echo "[$SECONDS s] summary ($out/summary.md):"; cat "$out/summary.md"
+}
 case "${1:-}" in
   lease)
     deadline=$((SECONDS + ${LEASE_SECONDS:-530}))
@@ -38,28 +54,14 @@ case "${1:-}" in
       || { tail -40 /tmp/build.log; exit 1; }
     cp /tmp/wheel/speculant-*.whl "$out/"
     echo "[$SECONDS s] built"
-    pytest_for 170 -n 4 -m cuda -k "not pt2" tests -q -rfEs --basetemp /tmp/pt-cuda >"$out/cuda-tests.log" 2>&1 \
-      || true
-    tests=$(tail -1 "$out/cuda-tests.log")
-    echo "[$SECONDS s] cuda tests: $tests"; grep -E "^(FAILED|ERROR) " "$out/cuda-tests.log" || true
-    python3 benchmarks/memory_speed.py --device cuda --deadline $((deadline - SECONDS - 120)) \
-      --out "$out/memory-speed.json" --summary "$out/summary.md" 2>&1 | grep -v "Loading weights" || true
-    met=no; [[ "$tests" =~ passed && ! "$tests" =~ (failed|error) ]] && met=yes
-    echo "| CUDA tests (the law tests among them) | ${tests//|/ } | all pass | $met |" >>"$out/summary.md"
-    if ((deadline - SECONDS > 30)); then  # kernels per layer of the bf16 Llamas' one-token call
-      timeout $((deadline - SECONDS)) python3 benchmarks/kernels.py --device cuda --models llama-1.1b llama-8b \
-        --widths 1 --no-engine --calls 10 --repeats 3 --out "$out/kernels-cuda.json" >/tmp/kernels.log 2>&1 || true
-      python3 benchmarks/kernels.py --summary "$out/kernels-cuda.json" >>"$out/summary.md" || true
-    fi
-    echo; echo "[$SECONDS s] summary ($out/summary.md):"; cat "$out/summary.md" ;;
+    measure ;;
   again)
-    deadline=$((SECONDS + ${LEASE_SECONDS:-200}))
+    deadline=$((SECONDS + ${LEASE_SECONDS:-400}))
     exec > >(tee -a "$out/again.log") 2>&1
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
     python3 -m pip install -q --no-deps .whl/speculant-*.whl
     cp -r python/speculant/. "$(python3 -c "import os, speculant; print(os.path.dirname(speculant.__file__))")/"
-    python3 benchmarks/memory_speed.py --device cuda --deadline $((deadline - SECONDS - 60)) \
-      --parts ${PARTS:-target draft} --out "$out/memory-speed-again.json" --summary "$out/summary-again.md" 2>&1 \
-      | grep -v "Loading weights" || true
-    echo "[$SECONDS s] done" ;;
+    echo "[$SECONDS s] installed"
+    measure ;;
   *) echo "usage: bash benchmarks/gpu.sh lease|again" >&2; exit 2 ;;
 esac

@@ -50,12 +50,14 @@ def test_llama_layer_fuses_its_projections_and_shares_key_value_heads():
     assert found["aten::where"] == 1 and "aten::copy_" not in found  # the mask made in the model's dtype, float32
     # each RMSNorm one torch.rms_norm (one fused kernel on CUDA), not transformers' cast, square, mean, rsqrt, scale
     assert found["aten::rms_norm"] == 2 * 2 + 1 and not {"aten::pow", "aten::rsqrt", "aten::mean"} & set(found)
-    # a layer: 2 norms, 4 matrix products, attention, the cache write, the rotation (2 mul, cat, add: one fused
-    # kernel on CUDA), the key/value stack, 2 residual adds, silu and its product, and at this width (3 tokens)
-    # 2 copies (the queries stacked per key/value head, the attention's output); per call the mask and its copy
-    # per query head, the rotary tables' gathers, the final norm, the head
+    # a layer: 2 norms, 4 matrix products, attention, the cache write, the rotation (2 mul, cat, add: one kernel
+    # of TorchScript's CUDA fuser), the key/value stack, 2 residual adds, the gated product (sigmoid and 2 mul:
+    # fused likewise), and at this width (3 tokens) 2 copies (the queries stacked per key/value head, the
+    # attention's output); per call the mask and its copy per query head, the rotary tables' gathers, the final
+    # norm, the head
+    assert found["aten::sigmoid"] == 2 and "aten::silu" not in found
     assert found["aten::clone"] == 2 * 2 + 1
-    assert sum(found.values()) == 2 * (17 + 2) + 8 + 1
+    assert sum(found.values()) == 2 * (18 + 2) + 8 + 1
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         call()
     names = {e.name for e in prof.events()}

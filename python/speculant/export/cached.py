@@ -45,6 +45,14 @@ def activate(x: Tensor, kind: str) -> Tensor:
     return F.silu(x)
 
 
+def gated(gate: Tensor, up: Tensor, kind: str) -> Tensor:
+    """A gated MLP's activate(gate) * up. SiLU as gate * sigmoid(gate): elementwise operations TorchScript's CUDA
+    fuser joins into one kernel with the product (aten::silu it leaves alone: two kernels), rounding once."""
+    if kind == "silu":
+        return gate * torch.sigmoid(gate) * up
+    return activate(gate, kind) * up
+
+
 def causal_mask(new: int, start: int, device: torch.device) -> Tensor:
     """[T, S] bool, S = start + T: query i sits at position start + i and sees keys 0 .. start + i."""
     return torch.ones(new, start + new, dtype=torch.bool, device=device).tril(start)

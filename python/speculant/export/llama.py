@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import CachedDecoder, Step, activate, activation_kind, cached_kv, copy_weights, is_tied
+from .cached import CachedDecoder, Step, activation_kind, cached_kv, copy_weights, gated, is_tied
 
 # RoPE types whose frequencies depend on the current sequence length: one precomputed table cannot hold them.
 DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -80,7 +80,7 @@ class Block(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, step)  # [B, T, C]
         h = self.gate_up(self.post_attention_layernorm(x))  # [B, T, 2F]
-        return x + self.down_proj(activate(h[..., :self.inner], self.act) * h[..., self.inner:])  # [B, T, C]
+        return x + self.down_proj(gated(h[..., :self.inner], h[..., self.inner:], self.act))  # [B, T, C]
 
 
 class Llama(nn.Module):

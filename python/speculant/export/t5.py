@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import ACTIVATIONS, Step, activate, cached_kv, check_masked_call, copy_row_slots
+from .cached import ACTIVATIONS, Step, activate, cached_kv, check_masked_call, copy_row_slots, gated
 
 __all__ = ["check_config", "script", "T5Cached", "relative_position_bucket"]
 
@@ -156,7 +156,7 @@ class GatedDense(nn.Module):
         self.wo = _weight(hf_dense.wo.weight)  # [C, F]
 
     def forward(self, x: Tensor) -> Tensor:
-        h = activate(F.linear(x, self.wi_0), self.act) * F.linear(x, self.wi_1)  # [B, T, F]
+        h = gated(F.linear(x, self.wi_0), F.linear(x, self.wi_1), self.act)  # [B, T, F]
         return F.linear(h.to(self.wo.dtype), self.wo)  # [B, T, C]
 
 
