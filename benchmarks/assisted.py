@@ -62,7 +62,8 @@ from speculant import analysis
 from speculant.timing import median_range
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train_pairs  # noqa: E402  (benchmarks/ is not a package)
+import shapes  # noqa: E402  (benchmarks/ is not a package)
+import train_pairs  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -91,7 +92,10 @@ class Pair:
     device: torch.device
 
 
-def load_pair(recipe: train_pairs.Recipe, device: str, cache: Optional[os.PathLike] = None) -> Pair:
+def load_pair(recipe: train_pairs.Recipe, device: str, cache: Optional[os.PathLike] = None,
+              dtype: Optional[str] = None) -> Pair:
+    """The trained pair, transformers' models and speculant's exports, on `device` in `dtype` (shapes.dtype_for:
+    bfloat16 on a GPU, float32 on a CPU)."""
     from speculant.export import load_pretrained
 
     out = train_pairs.pair_dir(recipe, cache)
@@ -99,13 +103,15 @@ def load_pair(recipe: train_pairs.Recipe, device: str, cache: Optional[os.PathLi
         raise FileNotFoundError(f"{out}/pair.json: train the pair first (python benchmarks/train_pairs.py "
                                 f"--stage {recipe.kind})")
     dev = torch.device(device)
-    hf_target = load_pretrained(out / "target").to(dev)
-    hf_draft = load_pretrained(out / "draft").to(dev)
+    kind = shapes.dtype_for(dev, dtype)
+    hf_target = load_pretrained(out / "target").to(dev, kind)
+    hf_draft = load_pretrained(out / "draft").to(dev, kind)
     eos = train_pairs.EOS if recipe.kind == "t5" else None
     for model in (hf_target, hf_draft):
         model.generation_config.eos_token_id = eos  # GPT-2: no EOS stop, the same length for every method
-    return Pair(recipe.kind, out, speculant.load(out / "target.pt", device=dev),
-                speculant.load(out / "draft.pt", device=dev), hf_target, hf_draft, eos, dev)
+    exported = [speculant.load(out / f"{role}.pt", device=dev, dtype=shapes.load_dtype(dev, dtype))
+                for role in ("target", "draft")]
+    return Pair(recipe.kind, out, *exported, hf_target, hf_draft, eos, dev)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -209,10 +215,12 @@ def methods_for(pair: Pair, temperature: float, gammas: Sequence[int], cuda_grap
 
 
 def call_seconds(path: Path, prompt: Dict, widths: Sequence[int], device: torch.device, calls: int = 60,
-                 rounds: int = 3) -> Dict[int, float]:
+                 rounds: int = 3, dtype: Optional[torch.dtype] = None) -> Dict[int, float]:
     """Median seconds of an `extend` call of each width at a cached prefix (the prompt; T5: the source encoded
-    and the decoder start), calls of all widths interleaved, truncating back after each."""
+    and the decoder start), calls of all widths interleaved, truncating back after each; in `dtype` if given."""
     module = torch.jit.load(str(path), map_location=device)
+    if dtype is not None:
+        module = module.to(dtype)
     with torch.no_grad():
         if "encoder_input_ids" in prompt:
             module.encode(torch.tensor([prompt["encoder_input_ids"]], device=device))
@@ -301,8 +309,10 @@ def measure(pair: Pair, temperature: float, *, gammas: Sequence[int] = GAMMAS, p
         return sum(a != b for a, b in zip(method.tokens, reference)) if greedy else 0
 
     widths = sorted({1} | {g + 1 for g in gammas})
-    target_calls = call_seconds(pair.directory / "target.pt", prompts[0], widths, pair.device)
-    draft_call = call_seconds(pair.directory / "draft.pt", prompts[0], [1], pair.device)[1]
+    dtype = next(pair.hf_target.parameters()).dtype  # the pair's (shapes.dtype_for)
+    dtype = None if dtype == torch.float32 else dtype
+    target_calls = call_seconds(pair.directory / "target.pt", prompts[0], widths, pair.device, dtype=dtype)
+    draft_call = call_seconds(pair.directory / "draft.pt", prompts[0], [1], pair.device, dtype=dtype)[1]
     c_direct = draft_call / target_calls[1]
     plain_call = _sum(plain.results, "target_seconds") / _sum(plain.results, "target_calls")
 
@@ -371,7 +381,7 @@ def run(args) -> Path:
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=r".*TorchScript.*|.*torch\.jit.*")
     recipe = train_pairs.PRESETS[args.preset][args.pair]
-    pair = load_pair(recipe, args.device)
+    pair = load_pair(recipe, args.device, dtype=args.dtype)
     prompts = train_pairs.heldout_prompts(recipe, pair.directory, args.prompts, args.prompt_tokens)
     max_new = args.max_new_tokens or (64 if args.pair == "t5" else 96)
     rows, facts = measure(pair, args.temperature, gammas=args.gammas, prompts=prompts, max_new_tokens=max_new,
@@ -627,6 +637,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--pair", choices=["gpt2", "t5"], default="gpt2")
     parser.add_argument("--preset", choices=sorted(train_pairs.PRESETS), default="cpu")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=shapes.DTYPE_CHOICES, default=None, help=shapes.DTYPE_HELP)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--gammas", type=int, nargs="+", default=GAMMAS)
     parser.add_argument("--prompts", type=int, default=8)

@@ -34,6 +34,9 @@ import torch
 import speculant
 from speculant import analysis, demo_pair, timing
 
+sys.path.insert(0, str(Path(__file__).parent))
+import shapes  # noqa: E402  (benchmarks/ is not a package)
+
 warnings.filterwarnings("ignore", message=r".*TorchScript.*")
 SIZES = (1, 2, 4, 8, 16, 32)
 
@@ -50,7 +53,6 @@ def load_pair(args, scratch: Path):
     if args.pair == "demo":
         target_path, draft_path = demo_pair.default_pair(progress=False)
         return target_path, draft_path, [{"prompt_ids": p} for p in prompts(args.prompts)]
-    sys.path.insert(0, str(Path(__file__).parent))
     import train_pairs
     from speculant.export import load_pretrained
 
@@ -76,6 +78,7 @@ def main() -> None:
     parser.add_argument("--preset", choices=["cpu", "cuda", "lease"], default="cpu",
                         help="train_pairs preset (--pair gpt2)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=shapes.DTYPE_CHOICES, default=None, help=shapes.DTYPE_HELP)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4)
@@ -90,8 +93,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     target_path, draft_path, calls = load_pair(args, Path(tempfile.mkdtemp(prefix="speculant-batch-")))
-    target = speculant.load(target_path, device=args.device)
-    draft = speculant.load(draft_path, device=args.device)
+    dtype = shapes.load_dtype(args.device, args.dtype)
+    target = speculant.load(target_path, device=args.device, dtype=dtype)
+    draft = speculant.load(draft_path, device=args.device, dtype=dtype)
     c_hat = parameters(draft_path) / parameters(target_path)
     decoder = speculant.SpeculativeDecoder(target, draft, gamma=args.gamma, temperature=args.temperature,
                                            cuda_graphs=args.cuda_graphs)

@@ -223,7 +223,7 @@ def other_backends(pair_dir: Path, prompt: Dict, args, device: torch.device, scr
         started = time.perf_counter()
         models = []
         for role in ("target", "draft"):
-            model = load_pretrained(pair_dir / role).to(device).eval()
+            model = load_pretrained(pair_dir / role).to(device, shapes.dtype_for(device, args.dtype)).eval()
             if backend == "pt2":
                 speculant.export(model, scratch / f"{role}.pt2")
                 model = scratch / f"{role}.pt2"
@@ -320,6 +320,7 @@ def main() -> None:
     parser.add_argument("--preset", choices=sorted(train_pairs.PRESETS), default="cpu",
                         help="train_pairs preset (--pair gpt2)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=shapes.DTYPE_CHOICES, default=None, help=shapes.DTYPE_HELP)
     parser.add_argument("--modes", nargs="+", choices=list(speculant.graphs.CUDA_GRAPHS), default=None,
                         help="cuda_graphs modes to compare (default: off on on CUDA, off fixed on CPU)")
     parser.add_argument("--prompts", type=int, default=8)
@@ -354,8 +355,9 @@ def main() -> None:
         batch_args = argparse.Namespace(pair=args.pair, preset=args.preset, prompts=args.prompts)
         target_path, draft_path, prompts = batch.load_pair(batch_args, scratch)
         pair_dir = train_pairs.pair_dir(train_pairs.PRESETS[args.preset]["gpt2"]) if args.pair == "gpt2" else None
-    target = speculant.load(target_path, device=device)
-    draft = speculant.load(draft_path, device=device)
+    dtype = shapes.load_dtype(device, args.dtype)
+    target = speculant.load(target_path, device=device, dtype=dtype)
+    draft = speculant.load(draft_path, device=device, dtype=dtype)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     temperatures = args.temperature
     args.temperature = temperatures[0]  # call_times, --backends, --big: the first

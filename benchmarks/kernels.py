@@ -254,7 +254,7 @@ def measure_inductor(model, length: int, k: int, device: torch.device, calls: in
 
 
 def measure(name: str, device: torch.device, args) -> Dict:
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    dtype = shapes.dtype_for(device, args.dtype)
     model, scripted, weight_bytes, length = build(name, device, dtype)
     out = {"weight_bytes": weight_bytes, "max_length": length, "widths": {}}
     # the call attends the cache's first length / 2 + k slots (fixed_call); its floor reads those and the weights
@@ -324,8 +324,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--models", nargs="+", default=["gpt2-target", "gpt2-draft"], choices=sorted(shapes.SHAPES))
-    parser.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default=None,
-                        help="default: bfloat16 on a GPU, float32 on a CPU")
+    parser.add_argument("--dtype", choices=shapes.DTYPE_CHOICES, default=None, help=shapes.DTYPE_HELP)
     parser.add_argument("--widths", nargs="+", type=int, default=[1, 5])
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)

@@ -130,7 +130,7 @@ class Run:
     def __init__(self, args):
         self.args = args
         self.device = torch.device(args.device)
-        self.dtype = getattr(torch, args.dtype or ("bfloat16" if self.device.type == "cuda" else "float32"))
+        self.dtype = shapes.dtype_for(self.device, args.dtype)
         self.graphs = "auto" if self.device.type == "cuda" else "fixed"
         self.names = MODELS[args.models]
         self.results: Dict = {}
@@ -278,8 +278,7 @@ def markdown(rows: List[List[str]]) -> str:
 def main(argv: Optional[List[str]] = None) -> Dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default=None,
-                        help="default: bfloat16 on a GPU, float32 on a CPU")
+    parser.add_argument("--dtype", choices=shapes.DTYPE_CHOICES, default=None, help=shapes.DTYPE_HELP)
     parser.add_argument("--models", choices=sorted(MODELS), default="full")
     parser.add_argument("--parts", nargs="+", choices=[name for name, _ in PARTS], default=[n for n, _ in PARTS])
     parser.add_argument("--tokens", type=int, default=128)

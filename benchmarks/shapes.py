@@ -51,6 +51,23 @@ SHAPES = {
 }
 
 
+def dtype_for(device: torch.device, name: Optional[str] = None) -> torch.dtype:
+    """The benchmarks' dtype: `name` when given ("bfloat16", "float32", "float16"), else bfloat16 on a GPU (what
+    deployments run) and float32 on a CPU."""
+    return getattr(torch, name) if name else (torch.bfloat16 if torch.device(device).type == "cuda" else
+                                              torch.float32)
+
+
+def load_dtype(device: torch.device, name: Optional[str] = None) -> Optional[torch.dtype]:
+    """speculant.load's dtype= for a float32 export: dtype_for's, None where that is float32 (no conversion)."""
+    dtype = dtype_for(device, name)
+    return None if dtype == torch.float32 else dtype
+
+
+DTYPE_CHOICES = ["bfloat16", "float32", "float16"]
+DTYPE_HELP = "the models' dtype (default: bfloat16 on a GPU, float32 on a CPU)"
+
+
 def config(name: str, positions: Optional[int] = None):
     """The transformers config of shape `name`."""
     import transformers

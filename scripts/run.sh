@@ -10,7 +10,8 @@
 # ~/.cache/speculant/venv-oldest) with $SPECULANT_OLDEST_TORCH (default "torch==2.11.0", the oldest supported
 # torch and the GPU machines' release, with their transformers 5.17.0; set it to "" to test the newest torch
 # only). PyPI's regular build carries the full C++ headers. The extension is built against each environment's
-# torch with --no-build-isolation (an isolated build would fetch another torch), in build/torch-<version>/.
+# torch with --no-build-isolation (an isolated build would fetch another torch), in build/torch-<version>/. The
+# two suites run side by side (2 cores: one each).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,13 +60,33 @@ case "$cmd" in
     say "ready. To use this environment yourself: source $venv/bin/activate (then speculant --help, or python)."
     exec "$venv/bin/python" -m speculant demo "$@" ;;
   test)
+    # Both environments are built first, one build at a time; then the two suites run side by side, each in one
+    # torch thread (two threads per suite on 2 cores wait for each other's cores), the newest torch's shown as
+    # it runs and the oldest's printed when it ends. The exit status is the worst of the two.
     setup "$venv" "$torch_req" "$newest_transformers"
-    status=0
-    (cd "$root" && "$venv/bin/python" -m pytest tests "$@" --durations=20) || status=$?
+    [ -z "$oldest_req" ] || setup "$oldest_venv" "$oldest_req" "$oldest_transformers"
+    export OMP_NUM_THREADS=1
+    status=0 oldest_log="" oldest=""
     if [ -n "$oldest_req" ]; then
-      setup "$oldest_venv" "$oldest_req" "$oldest_transformers"
-      say "the suite again on $oldest_req with $oldest_transformers (the GPU machines' image)."
-      (cd "$root" && "$oldest_venv/bin/python" -m pytest tests "$@" --durations=20) || status=$((status ? status : $?))
+      oldest_log="$(mktemp)"
+      say "the suite on $oldest_req with $oldest_transformers (the GPU machines' image) runs beside the newest's;" \
+          "its output follows the newest's."
+      # its own temporary folder and no cache folder: nothing shared with the newest's run
+      (cd "$root" && "$oldest_venv/bin/python" -m pytest tests "$@" --durations=20 -p no:cacheprovider \
+        --basetemp "$oldest_log.tmp") \
+        >"$oldest_log" 2>"$oldest_log.err" &
+      oldest=$!
+      trap 'kill "$oldest" 2>/dev/null || true' EXIT  # an interrupted run leaves no suite behind
+    fi
+    (cd "$root" && "$venv/bin/python" -m pytest tests "$@" --durations=20) || status=$?
+    if [ -n "$oldest" ]; then
+      oldest_status=0
+      wait "$oldest" || oldest_status=$?
+      say "the suite on $oldest_req with $oldest_transformers:"
+      cat "$oldest_log"
+      cat "$oldest_log.err" >&2
+      rm -rf "$oldest_log" "$oldest_log.err" "$oldest_log.tmp"
+      status=$((status ? status : oldest_status))
     fi
     exit "$status" ;;
   *) echo "usage: bash scripts/run.sh demo|test [options]" >&2; exit 2 ;;

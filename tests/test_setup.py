@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
 STAND_IN = """#!/usr/bin/env bash
-# a stand-in interpreter: logs its arguments; has torch only when {has_torch} is 1
+# a stand-in interpreter: logs its arguments (and its torch threads when it runs pytest); has torch only when
+# {has_torch} is 1
 echo "{name}: $*" >&2
+case "$*" in *"-m pytest"*) echo "{name} threads: ${{OMP_NUM_THREADS:-unset}}" >&2 ;; esac
 case "$*" in
   *"import torch; print"*) echo 2.99.0 ;;
   *"import torch"*) [ {has_torch} = 1 ] || exit 1 ;;
@@ -58,9 +60,14 @@ def test_an_installed_environment_is_quiet(tmp_path):
 
 
 def test_the_test_command_runs_the_suite_on_both_torch_ends(tmp_path):
+    """Both builds first, then the two suites side by side, one torch thread each, the oldest's output after the
+    newest's."""
     lines = run_script(tmp_path, "test", "-x", has_torch=True)
-    runs = [line for line in lines if "-m pytest tests -x" in line]
-    assert [line.split(":")[0] for line in runs] == ["newest", "oldest"]
+    runs = [i for i, line in enumerate(lines) if "-m pytest tests -x" in line]
+    assert [lines[i].split(":")[0] for i in runs] == ["newest", "oldest"]
+    builds = [i for i, line in enumerate(lines) if "--no-build-isolation" in line]
+    assert max(builds) < min(runs)
+    assert [line for line in lines if " threads: " in line] == ["newest threads: 1", "oldest threads: 1"]
     assert any(line.startswith("oldest: -m pip install") and "torch==2.11.0" in line and "transformers==5.17.0" in line
                for line in lines)
     builds = [line for line in lines if "--no-build-isolation" in line]

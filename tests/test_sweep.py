@@ -156,17 +156,17 @@ def slow_drafter(vocab: int, delays: dict):
 
 
 def test_a_slow_first_call_is_not_timed():
-    """The untimed round absorbs a first call that costs 0.5 s (as TorchScript's first calls of a shape do):
-    no timed round contains it, so the reported speedup does not move."""
+    """The untimed round absorbs a first call that costs 3 s (as TorchScript's first calls of a shape do): no
+    timed round contains it, so the reported speedup does not move."""
     torch.manual_seed(0)
     target = speculant.load(script_cached(TinyGPT(TinyGPTConfig(16, 1, 2, 16, 64))))
-    drafter, calls = slow_drafter(16, {0: 0.5})
+    drafter, calls = slow_drafter(16, {0: 3.0})
     frame = speculant.sweep(target, drafter, [[1, 2, 3]], gammas=[2], temperatures=[0.0], max_new_tokens=8,
                             progress=False)
     assert calls[0] > 8  # the untimed round and the timed ones all drafted
-    # a timed round holding the 0.5 s call would take plain seconds / its speedup >= 0.5 s; the bound is 0.25 s, not
-    # a speedup (the fifth GPU lease's 12 loaded workers saw a round 12x the plain one, 0.1 s: a hiccup, not the call)
-    assert frame.seconds.item() < 0.25 and frame.plain_seconds.item() / frame.speedup_min.item() < 0.25
+    # a timed round holding the 3 s call would take at least 3 s; without it a round of 8 tokens of this model takes
+    # milliseconds, so the bound (half the call) leaves a loaded machine a margin of about a hundredfold
+    assert frame.seconds.item() < 1.5 and frame.plain_seconds.item() / frame.speedup_min.item() < 1.5
 
 
 def test_siblings_are_an_axis_of_the_trees():
