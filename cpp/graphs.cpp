@@ -18,8 +18,9 @@ namespace {
 
 // Eager runs of a key before it is captured (the last one on the capture stream).
 constexpr int64_t kWarmup = 3;
-// Keys captured per model at most (the rest stay eager): the widths a decoder uses are few.
-constexpr int64_t kMaxGraphs = 32;
+// Keys captured per model at most (the rest stay eager): the widths a decoder uses are few, times the slot
+// buckets a long sequence passes through (native_rows.h: 9 for a 4096-slot cache).
+constexpr int64_t kMaxGraphs = 128;
 
 }  // namespace
 

@@ -1,15 +1,15 @@
 // CUDA graphs of a model's fixed-shape calls (rows.h: Shapes::graphed).
 //
 // A fixed-shape call's shapes depend on a small key alone (CallKey: the call's width, whether it is a tree call,
-// its mask an input too, and the cache slots it reads). After a few eager runs of a key (warm-up: the TorchScript executor profiles and
-// optimizes its graph in its first runs; the last run is on the capture stream, so that per-stream set-up such
-// as cuBLAS workspaces happens outside the capture) the call is captured once, with its inputs in static
-// buffers. Later calls of that key copy their inputs into the buffers and replay the graph, one launch instead
-// of one per operation, and return a copy of the graph's output (the next replay overwrites it). The graphs of
-// one cache share one memory pool: replays run one at a time on the caller's stream and their outputs are
-// copied at once. A capture that fails leaves every call of
-// the model uncaptured, and failure() says why. Shapes::fixed runs the same calls through the same buffers
-// without capturing, on any device.
+// its mask an input too, and the cache slots it reads). After a few eager runs of a key (warm-up: the
+// TorchScript executor profiles and optimizes its graph in its first runs; the last run is on the capture
+// stream, so that per-stream set-up such as cuBLAS workspaces happens outside the capture) the call is captured
+// once, with its inputs in static buffers. Later calls of that key copy their inputs into the buffers and replay
+// the graph, one launch instead of one per operation, and return a copy of the graph's output (the next replay
+// overwrites it). The graphs of one cache share one memory pool: replays run one at a time on the caller's
+// stream and their outputs are copied at once. A capture that fails leaves every call of the model uncaptured,
+// and failure() says why. Shapes::fixed runs the same calls through the same buffers without capturing, on any
+// device.
 //
 // A graph replays into the memory it captured, so a call must write its cache in place (model.h): a module
 // that rebinds its cache to a new tensor would replay into the old one and return wrong logits. The backend's

@@ -7,6 +7,10 @@ import torch
 
 from speculant.testing import pool_cells
 
+# The significance level of every statistical test of the suite: each test fails a correct engine with probability
+# at most this (their seeds are fixed, so a run that passes passes again).
+SIGNIFICANCE = 1e-3
+
 
 def pooled(expected: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """speculant.testing's grouping of cells expected fewer than MIN_EXPECTED times into bins (in order of

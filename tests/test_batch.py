@@ -42,8 +42,8 @@ import hf_families
 import hf_models
 import markov
 import speculant
-from chisquare import chi_square_pvalue
-from test_distribution import SIGNIFICANCE, WINDOWS, assert_law
+from chisquare import SIGNIFICANCE, chi_square_pvalue
+from test_distribution import WINDOWS, assert_law
 from test_drafters import every_drafter
 from test_engine import check_stats, load_pair, poisoned_table, same, vars_of
 from speculant import drafters, tiny_gpt

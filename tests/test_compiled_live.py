@@ -32,13 +32,12 @@ import torch
 
 import hf_families
 import speculant
-from chisquare import chi_square_pvalue
+from chisquare import SIGNIFICANCE, chi_square_pvalue
 from speculant.compiled_live import CompiledLiveModel
 from test_live import two_token_law
 
 PROMPT = [1, 5, 9]
 MAX_NEW = 20
-SIGNIFICANCE = 1e-3
 N_SAMPLES = 1000
 FAMILIES = ["llama", "gpt2", "bloom"]
 OPTIONS = {"bloom": {"max_length": 64}}  # Bloom states no context length

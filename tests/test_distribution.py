@@ -29,9 +29,8 @@ import torch
 
 import markov
 import speculant
-from chisquare import chi_square_pvalue, pooled
+from chisquare import SIGNIFICANCE, chi_square_pvalue, pooled
 
-SIGNIFICANCE = 1e-3
 N_SAMPLES = 5000
 MAX_NEW_TOKENS = 6
 WINDOWS = [(0, 1, 2), (3, 4, 5)]  # token indices whose joint law is tested (4-6 need several iterations)

@@ -9,6 +9,7 @@ import speculant
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+CUDA_GRAPHS = (ROOT / "docs" / "cuda-graphs.md").read_text(encoding="utf-8")
 BENCHMARKS = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
 
 
@@ -38,7 +39,7 @@ def test_backend_figures_in_readme_are_benchmarks_figures():
 
 
 def test_readme_states_the_cuda_graphs_default():
-    graphs = section(README, "CUDA graphs")
+    graphs = CUDA_GRAPHS
     default = inspect.signature(speculant.SpeculativeDecoder).parameters["cuda_graphs"].default
     assert f'`cuda_graphs="{default}"` is the default' in graphs
     assert "# the default" not in graphs.split("```")[1]  # the example passes "auto": it must not claim the default

@@ -1,6 +1,6 @@
 """Damaged and foreign files: a truncated, corrupted or foreign .pt / .pt2 / drafter file raises a ValueError that
 names the file and says what is wrong (never a crash, never a silently wrong model), and the weights-only route for
-untrusted sources (README, 'Untrusted model files'): a save_pretrained directory of safetensors + config, loaded
+untrusted sources (docs/untrusted-files.md): a save_pretrained directory of safetensors + config, loaded
 by speculant.load through transformers or exported locally, works as described."""
 
 import re
@@ -87,7 +87,7 @@ def test_damaged_drafter_files(kind, tmp_path):
 
 
 def test_weights_only_route_safetensors_and_config(tmp_path):
-    """README's route for untrusted weights: a save_pretrained directory holding only config and safetensors
+    """docs/untrusted-files.md's route for untrusted weights: a save_pretrained directory holding only config and safetensors
     (no pickle), loaded by speculant.load (transformers reads the safetensors) and exported locally."""
     model = hf_families.make("llama", seed=3)
     model.save_pretrained(tmp_path / "hf")

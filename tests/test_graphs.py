@@ -23,7 +23,7 @@ buffers) without capturing them, so on CPU everything but the capture itself is 
   package; a table model whose tree call refuses anything narrower decodes with fixed shapes only; a tree call
   that rebinds its cache is refused by name; and the law of tree [2, 2] with fixed shapes is the target's
   (chi-square at SIGNIFICANCE, 2 windows: with the 4 above, at most 0.6% family-wise).
-* The option: "off" is the default (README says why, though the capture ran correctly on an H200); bad values,
+* The option: "off" is the default (docs/cuda-graphs.md says why, though the capture ran correctly on an H200); bad values,
   "on" without CUDA, and "fixed" on backends without fixed-shape calls raise ValueError saying why; "auto" on CPU
   leaves the calls as they were, without a warning.
 
@@ -50,10 +50,10 @@ from torch import Tensor
 import hf_models
 import markov
 import speculant
-from chisquare import chi_square_pvalue
+from chisquare import SIGNIFICANCE, chi_square_pvalue
 from test_batch import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, LAW_NEW, LAW_PROMPT, LAW_VOCAB, MarkovRows,
                         assert_same_result, batched_samples, markov_model, tiny_models)
-from test_distribution import SIGNIFICANCE, assert_law, check_no_top_p_boundary
+from test_distribution import assert_law, check_no_top_p_boundary
 from speculant import graphs, tiny_gpt
 from speculant.testing import tensor_path
 

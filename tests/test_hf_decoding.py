@@ -21,9 +21,8 @@ import torch
 import hf_models
 import reference
 import speculant
-from chisquare import chi_square_pvalue
+from chisquare import SIGNIFICANCE, chi_square_pvalue
 
-SIGNIFICANCE = 1e-3
 N_SAMPLES = 3000
 PROMPTS = [[1, 5, 9], [7], [3, 3, 12, 40, 8, 21, 2, 17]]
 SOURCES = [[4, 8, 15, 16, 23, 42], [9], [30, 2, 7, 7, 1]]  # T5's encoder inputs

@@ -18,10 +18,9 @@ import torch
 
 import markov
 import speculant
-from chisquare import chi_square_pvalue
+from chisquare import SIGNIFICANCE, chi_square_pvalue
 from speculant import analysis, sampling
 
-SIGNIFICANCE = 1e-3
 N_SAMPLES = 4000
 BATCH = 100  # rows per generate call; row r of a call seeded s is what a batch of one seeded s + r gives
 MAX_NEW_TOKENS = 6

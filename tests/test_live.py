@@ -23,11 +23,10 @@ import transformers
 import hf_families
 import reference
 import speculant
-from chisquare import chi_square_pvalue
+from chisquare import SIGNIFICANCE, chi_square_pvalue
 
 TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 
-SIGNIFICANCE = 1e-3
 N_SAMPLES = 1000
 PROMPT = [1, 5, 9]
 SOURCE = [4, 8, 15, 16, 23, 42]  # the encoder-decoders' input

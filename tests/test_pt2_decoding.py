@@ -24,12 +24,11 @@ import torch
 
 import hf_families
 import speculant
-from chisquare import chi_square_pvalue
+from chisquare import SIGNIFICANCE, chi_square_pvalue
 from conftest import PT2_FAMILIES
 from speculant.export import pt2
 from test_live import hf_greedy, two_token_law, _inputs, _start, MAX_NEW, SOURCE
 
-SIGNIFICANCE = 1e-3
 N_SAMPLES = 1000
 TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 

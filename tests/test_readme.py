@@ -1,6 +1,6 @@
-"""Every ```python block of README.md runs as written, in order and in one namespace (as a reader pasting them
-into one session would), against the demo pair: its smoke-sized models stand in for the trained ones, and the
-blocks' files go to a temporary directory."""
+"""Every ```python block of README.md and of the guide (docs/, in README's order) runs as written, in order and in
+one namespace (as a reader pasting them into one session would), against the demo pair: its smoke-sized models
+stand in for the trained ones, and the blocks' files go to a temporary directory."""
 
 import re
 import time
@@ -15,7 +15,19 @@ pytest.importorskip("distributed")  # "Sweeps on a cluster" starts a dask LocalC
 
 from speculant import demo_pair  # noqa: E402
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def pages():
+    """README.md, then the guide's pages in the order README's "The guide" links them."""
+    guide = README.read_text().split("## The guide", 1)[1].split("\n## ", 1)[0]
+    linked = re.findall(r"\]\((docs/[\w-]+\.md)\)", guide)
+    return [README] + [ROOT / page for page in dict.fromkeys(linked)]
+
+
+def test_the_guide_links_every_page():
+    assert sorted(p.name for p in pages()[1:]) == sorted(p.name for p in (ROOT / "docs").glob("*.md"))
 
 
 def python_blocks(text: str):
@@ -40,15 +52,15 @@ def test_readme_python_blocks_run(smoke_pair, tmp_path, monkeypatch):
 
     monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
     monkeypatch.chdir(tmp_path)
-    blocks = python_blocks(README.read_text())
+    blocks = [(page, line, source) for page in pages() for line, source in python_blocks(page.read_text())]
     assert len(blocks) >= 5
     namespace = {"__name__": "readme"}
     try:
-        for line, source in blocks:
-            # compiled under README.md, each block's lines numbered as in the file, so a traceback points there
+        for page, line, source in blocks:
+            # compiled under its file, each block's lines numbered as in the file, so a traceback points there
             start = time.perf_counter()
-            exec(compile("\n" * (line - 1) + source, str(README), "exec"), namespace)
-            print(f"README.md block at line {line}: {time.perf_counter() - start:.1f} s")
+            exec(compile("\n" * (line - 1) + source, str(page), "exec"), namespace)
+            print(f"{page.name} block at line {line}: {time.perf_counter() - start:.1f} s")
     finally:
         plt.close("all")
     assert namespace["frame"].attrs["repeats"] == 3 and namespace["check"].passed

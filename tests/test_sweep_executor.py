@@ -290,7 +290,7 @@ def test_dask_reports_a_killed_worker(pair, dask_executor):
 
 
 class RayExecutor:
-    """The thin adaptor of README's "Sweeps on a cluster": Ray has no concurrent.futures executor, but an
+    """The thin adaptor of docs/research.md's "Sweeps on a cluster": Ray has no concurrent.futures executor, but an
     ObjectRef gives a concurrent.futures.Future."""
 
     def __init__(self, ray):

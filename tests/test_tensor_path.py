@@ -23,11 +23,11 @@ import pytest
 
 import markov
 import speculant
-from chisquare import chi_square_pvalue
+from chisquare import SIGNIFICANCE, chi_square_pvalue
 from speculant.testing import tensor_path
 from speculant.tiny_gpt import script_cached
 from test_batch import LAW_NEW, LAW_PROMPT, LAW_VOCAB, SETTINGS, batched_samples, check_rows, markov_model
-from test_distribution import SIGNIFICANCE, assert_law
+from test_distribution import assert_law
 from test_engine import poisoned_table
 from test_greedy import TARGET, perturbed, torch_greedy
 from test_tree_decoding import GIVEN, NEW, PROMPTS, table_model

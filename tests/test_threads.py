@@ -105,7 +105,7 @@ def test_every_model_call_runs_without_autograd():
 
 
 # One process's seeded run, printed. argv: torch threads, device, cuda_graphs mode. cuBLAS repeats itself across
-# processes only with a fixed workspace (README, "Determinism on CUDA"): same_seed_outputs sets it.
+# processes only with a fixed workspace (docs/determinism.md): same_seed_outputs sets it.
 SAME_SEED = r"""
 import sys, torch
 torch.set_num_threads(int(sys.argv[1]))

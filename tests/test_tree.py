@@ -34,10 +34,9 @@ import scipy.stats
 import torch
 
 import reference
-from chisquare import pooled
+from chisquare import SIGNIFICANCE, pooled
 from speculant import _core
 
-SIGNIFICANCE = 1e-3
 VOCAB = 5
 F64 = torch.float64
 

@@ -19,8 +19,8 @@ import pytest
 import scipy.stats
 
 from speculant import _core, analysis
+from chisquare import SIGNIFICANCE
 
-SIGNIFICANCE = 1e-3
 
 
 # ------------------------------------------------------------------------------------------------

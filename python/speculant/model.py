@@ -2,7 +2,7 @@
 against the engine's contract when loaded.
 
 The file contract (also in cpp/model.h), in one of two forms (a .pt2 package and a live transformers model are
-the other two forms: README, 'Model contract'):
+the other two forms: docs/model-contract.md):
 
 * cached: int attribute ``vocab_size`` (optionally ``max_length``, 0 = unlimited) and exported methods
   ``prefill(input_ids[1, T]) -> logits[1, T, V]`` (clears the cache), ``extend(input_ids[1, k]) ->
@@ -280,7 +280,7 @@ def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dt
     if isinstance(model, torch.nn.Module):
         raise ValueError(f"model: a plain {type(model).__name__} (torch.nn.Module) does not follow the engine's "
                          "contract; pass a transformers model, or a torch.jit.ScriptModule with the cached or "
-                         f"plain form (README, 'Model contract'), or {EXPORT_HINT}")
+                         f"plain form (docs/model-contract.md), or {EXPORT_HINT}")
     if not isinstance(model, (str, os.PathLike)):
         raise ValueError("model must be a path, a transformers model, a torch.jit.ScriptModule or a "
                          f"speculant.Model, got {type(model).__name__}")

@@ -215,7 +215,7 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     executor: None runs the settings one after the other in this process, with these models; an exception
     raised by a setting propagates (a bug in the call). Otherwise any ``concurrent.futures``-style executor (an
     object whose ``submit(fn, *args)`` returns a future with ``result()``): ``ProcessPoolExecutor``, dask's
-    ``Client.get_executor()``, or a thin adaptor for Ray (README, "Sweeps on a cluster"). Each setting becomes
+    ``Client.get_executor()``, or a thin adaptor for Ray (docs/research.md, "Sweeps on a cluster"). Each setting becomes
     one task (``task`` in the module speculant.sweep), sent plain data only (``speculant.workers``): a model as
     its file or save_pretrained directory plus its device (and a directory's dtype and vocab_size), loaded once
     per worker; a drafter as its constructor arguments (a PythonDrafter's propose must pickle: a module-level

@@ -1,7 +1,7 @@
 """A small GPT-style decoder and its two TorchScript contract forms.
 
 `TinyGPT` is the training form: forward(ids[B, T]) -> logits[B, T, V]. `script_cached` and `script_plain`
-turn trained weights into the model contract the engine loads (see the README's "Model contract"):
+turn trained weights into the model contract the engine loads (docs/model-contract.md):
 
 - cached form: export.cached.CachedDecoder around the model: its own KV cache, prefill / extend / truncate /
   cache_length;
