@@ -114,7 +114,7 @@ def run(args) -> Path:
         batched_seconds = time.perf_counter() - start
 
         with LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True,
-                          dashboard_address=None) as cluster, Client(cluster) as client:
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
             client.run(torch.set_num_threads, 1)
             warm_workers(client, target, draft, grid, analysis.generation_kwargs(prompts))
             start = time.perf_counter()

@@ -258,15 +258,16 @@ def test_a_worker_loads_each_model_once_and_a_new_file_again(files, tmp_path):
 
 @pytest.fixture(scope="module")
 def dask_executor():
-    """A real dask LocalCluster: two worker processes, one thread each (dashboard off: its port may be taken,
-    and it needs bokeh). The client and the cluster are closed at the end of the module."""
+    """A real dask LocalCluster: two worker processes, one thread each, its HTTP server on a free port (8787 may be
+    taken, by the other torch's suite among others: run.sh runs them side by side). The client and the cluster are
+    closed at the end of the module."""
     distributed = pytest.importorskip("distributed")
     import dask
 
     # allowed-failures 0: a task whose worker dies is reported at once (KilledWorker), not tried on 3 more
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
         cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                           dashboard_address=None)
+                                           dashboard_address=":0")
     client = distributed.Client(cluster)
     yield client.get_executor()
     client.close()
