@@ -87,7 +87,8 @@ def test_demo_colours_only_a_terminal_without_no_color(no_color, color, coloured
     (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1"),
     (["--seed", "-2"], "seed must be an integer >= 0"),
     (["--threads", "0"], "threads must be an integer >= 1"),
-])
+    (["--device", "gpu0"], "device must name a torch device"),
+] + ([] if torch.cuda.is_available() else [(["--device", "cuda"], "this torch sees no CUDA device")]))
 def test_demo_refuses_bad_values_by_name_before_it_loads_models(argv, match, monkeypatch, capsys):
     """Issue 51: the options were checked only after the pair was made (an hour of training on a busy machine)."""
     monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: pytest.fail("the pair was loaded"))

@@ -17,7 +17,7 @@ from .model import load
 from .trace import use_color
 
 DEFAULT_PROMPT = "def __init__(self"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # the names speculant.load takes
 
 
 def _row(name: str, spec, plain) -> str:
@@ -59,7 +59,7 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature
           f"(byte-level GPTs trained on Python's standard library; held-out loss {info['target_loss']:.3f} / "
           f"{info['draft_loss']:.3f} nats per byte)", file=out)
     print(f"gamma={gamma} temperature={temperature} top_k={top_k} top_p={top_p} lenience={lenience} "
-          f"seed={seed} device={device} dtype={str(dtype or torch.float32).removeprefix('torch.')}\n", file=out)
+          f"seed={seed} device={device} dtype={dtype or 'float32'}\n", file=out)
     print("Trace (one line per target call; green: accepted draft tokens, red: rejected draft token, "
           "blue: the target's correction, underlined blue: bonus token):" if color else
           "Trace (one line per target call: [accepted:...] draft tokens, the [rejected:...] draft token, and the "
@@ -80,7 +80,7 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature
 
 
 def _placement(device: str, dtype: Optional[str]):
-    """(whether `device` is a GPU, the dtype to load the pair in: None keeps the weights' float32)."""
+    """(whether `device` is a GPU, the dtype name to load the pair in: None keeps the weights' float32)."""
     try:
         where = torch.device(device)
     except (RuntimeError, TypeError):
@@ -88,10 +88,10 @@ def _placement(device: str, dtype: Optional[str]):
     if where.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r}: this torch sees no CUDA device (torch {torch.__version__})")
     if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     gpu = where.type == "cuda"
     chosen = dtype or ("bfloat16" if gpu else None)
-    return gpu, None if chosen in (None, "float32") else DTYPES[chosen]
+    return gpu, None if chosen in (None, "float32") else chosen
 
 
 def _times(rounds, summary: dict, repeats: int, lenience: float, out: TextIO) -> None:
