@@ -10,7 +10,8 @@
 #                                  # c, verification widths, cache buckets, the GPT-2-shaped pair, the demo pair
 #                                  # against Theorem 3.8), cut off at the deadline; ends with ONE summary table
 #                                  # ($OUT/summary.md): every goal, the CUDA tests' line among them
-#                                  # and, time left, kernels.py's kernels per layer of the bf16 Llamas' call
+#                                  # and, time left, kernels.py's kernels per layer and replayed call of the
+#                                  # bf16 Llamas and GPT-2, then the 1.1B's own forward compiled by Inductor
 #   bash benchmarks/gpu.sh again   # the same without the build, on any machine of that image: lease's wheel
 #                                  # (copied from its $OUT into .whl/, listed in .git/info/exclude, named in the
 #                                  # call's carry) with this tree's Python over it (so C++ must not have changed
@@ -36,10 +37,18 @@ measure() {
     --out "$out/memory-speed.json" --summary "$out/summary.md" 2>&1 | grep -v "Loading weights" || true
   local met=no; [[ "$tests" =~ passed && ! "$tests" =~ (failed|error) ]] && met=yes
   echo "| CUDA tests (the law tests among them) | ${tests//|/ } | all pass | $met |" >>"$out/summary.md"
-  if ((deadline - SECONDS > 30)); then  # kernels per layer of the bf16 Llamas' one-token call
-    timeout $((deadline - SECONDS)) python3 benchmarks/kernels.py --device cuda --models llama-1.1b llama-8b \
-      --widths 1 --no-engine --calls 5 --repeats 2 --out "$out/kernels-cuda.json" >/tmp/kernels.log 2>&1 || true
+  if ((deadline - SECONDS > 30)); then  # kernels per layer and the replayed call of the bf16 Llamas and GPT-2
+    timeout $((deadline - SECONDS)) python3 benchmarks/kernels.py --device cuda \
+      --models llama-1.1b llama-8b gpt2-target --widths 1 --no-engine --calls 5 --repeats 2 \
+      --out "$out/kernels-cuda.json" >/tmp/kernels.log 2>&1 || true
     python3 benchmarks/kernels.py --summary "$out/kernels-cuda.json" >>"$out/summary.md" || true
+  fi
+  if ((deadline - SECONDS > 60)); then  # the 1.1B's own forward compiled by Inductor beside its export
+    timeout $((deadline - SECONDS)) python3 benchmarks/kernels.py --device cuda --models llama-1.1b \
+      --inductor llama-1.1b --widths 1 --no-engine --calls 5 --repeats 2 --out "$out/kernels-inductor.json" \
+      >/tmp/inductor.log 2>&1 || tail -5 /tmp/inductor.log
+    python3 benchmarks/kernels.py --summary "$out/kernels-inductor.json" 2>/dev/null | grep Inductor \
+      >>"$out/summary.md" || true
   fi
   echo; echo "[$SECONDS s] summary ($out/summary.md):"; cat "$out/summary.md"
 }

@@ -1,10 +1,13 @@
 """benchmarks/kernels.py's operation counts on small exports (CPU), and what they show of the exports' calls: the
 attention mask made once per call, not converted in every layer; a Llama layer's projections fused into four
-matrix products (q, k and v in one, gate and up in one), its queries and keys rotated together, and its shared
-key/value heads attended without copying them per query head."""
+matrix products (q, k and v in one, gate and up in one, the other two accumulating into the residual stream),
+its queries, keys and values rotated in one pass, and its shared key/value heads attended without copying them
+per query head."""
 
+import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -16,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import kernels  # noqa: E402
 
 CPU = torch.device("cpu")
+RESULTS = Path(__file__).parent.parent / "benchmarks" / "results"
 
 
 def counts(scripted, length: int, k: int):
@@ -43,21 +47,24 @@ def test_llama_layer_fuses_its_projections_and_shares_key_value_heads():
     model = make("llama")  # 2 layers, 4 query heads over 2 key/value heads
     found, call = counts(llama.script(model), 128, 3)
     assert attention(found) == 2
-    assert found["aten::mm"] == 2 * 4 + 1  # qkv, o, gate_up, down per layer; the head
-    assert "aten::neg" not in found and found["aten::cat"] == 2 * 2  # per layer: one rotation, queries and keys
-    # together, and the rotated keys stacked with the values, written in one operation
+    # qkv and gate_up per layer, the head; o and down accumulate into the residual stream (addmm_), so a layer
+    # has no residual add of its own: its one add is the rotation's
+    assert found["aten::mm"] == 2 * 2 + 1 and found["aten::addmm_"] == 2 * 2 and found["aten::add"] == 2
+    # per layer one rotation of queries, keys and values together (the values by the identity), whose output the
+    # cache write reads as it is (no stack); per call the two head tables
+    assert "aten::neg" not in found and "aten::stack" not in found and found["aten::cat"] == 2 * 1 + 2
     assert found["aten::_index_put_impl_"] == 2
     assert found["aten::where"] == 1 and "aten::copy_" not in found  # the mask made in the model's dtype, float32
     # each RMSNorm one torch.rms_norm (one fused kernel on CUDA), not transformers' cast, square, mean, rsqrt, scale
     assert found["aten::rms_norm"] == 2 * 2 + 1 and not {"aten::pow", "aten::rsqrt", "aten::mean"} & set(found)
     # a layer: 2 norms, 4 matrix products, attention, the cache write, the rotation (2 mul, cat, add: one kernel
-    # of TorchScript's CUDA fuser), the key/value stack, 2 residual adds, the gated product (sigmoid and 2 mul:
-    # fused likewise), and at this width (3 tokens) 2 copies (the queries stacked per key/value head, the
-    # attention's output); per call the mask and its copy per query head, the rotary tables' gathers, the final
-    # norm, the head
+    # of TorchScript's CUDA fuser), the gated product (sigmoid and 2 mul: fused likewise), and at this width
+    # (3 tokens) 2 copies (the queries stacked per key/value head, the attention's output): 17, 10 kernels on
+    # CUDA at one token. Per call: the mask (arange, le, where) and its copy per query head, the rotary tables'
+    # gathers and their head tables (ones, zeros, 2 cat), the embedding, the final norm, the head
     assert found["aten::sigmoid"] == 2 and "aten::silu" not in found
     assert found["aten::clone"] == 2 * 2 + 1
-    assert sum(found.values()) == 2 * (18 + 2) + 8 + 1
+    assert sum(found.values()) == 2 * 17 + 13
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         call()
     names = {e.name for e in prof.events()}
@@ -86,3 +93,20 @@ def test_inductor_call_keeps_its_cache_in_bounds():
         assert logits.shape == (1, 5, model.config.vocab_size) and torch.isfinite(logits).all()
         row = kernels.measure_inductor(model, 96, 5, CPU, calls=100, repeats=2)
     assert set(row) == {"eager_ms"} and 0 < row["eager_ms"][1] <= row["eager_ms"][0] <= row["eager_ms"][2]
+
+
+def test_summary_rows_hold_the_kernels_the_replayed_call_and_inductor():
+    """A recorded H100 run (commit 23651cd) with an Inductor row added: each figure lands in its row, against the
+    goal issue 48 states for that model."""
+    results = json.loads((RESULTS / "kernels-h100-23651cd.json").read_text())
+    one = results["models"]["llama-1.1b"]["widths"]["1"]
+    results["models"]["llama-1.1b"]["inductor"] = {"1": {"graphed_ms": [0.9, 0.89, 0.91],
+                                                         "profile": {"per_call": 22 * 6.0}}}
+    rows = kernels.summary_rows(results).splitlines()
+    assert rows[0].startswith("| kernels per layer, llama-1.1b one-token call | 14.4 (316 per call, 22 layers)")
+    g, floor_ms = one["graphed_ms"], one["floor_ms"]
+    assert rows[1] == (f"| llama-1.1b one-token call, replayed | {g[0]:.3f} ms ({g[1]:.3f}-{g[2]:.3f}), "
+                       f"{g[0] / floor_ms:.2f}x its {floor_ms:.3f} ms read floor | <= 0.95 ms | no |")
+    assert rows[2] == ("| llama-1.1b: transformers' forward compiled by Inductor, replayed | 0.900 ms (0.890-0.910), "
+                       "6.0 kernels per layer | beside the export's | - |")
+    assert rows[3].startswith("| kernels per layer, llama-8b one-token call | 15.2") and rows[4].endswith("- | - |")

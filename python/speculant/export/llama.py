@@ -34,17 +34,40 @@ class RMSNorm(nn.Module):
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x [B, n, T, D]; cos, sin [T, D] or [B, 1, T, D]: the rotation of pairs (i, i + D/2), transformers' rotate_half
+    # x [B, n, T, D]; cos, sin broadcast to it: the rotation of pairs (i, i + D/2), transformers' rotate_half
     # layout, with sin's first half negated beforehand (_rotary_tables): x2 * -s is -(x2 * s) bit for bit, so
     # this is transformers' x * cos + cat(-x2, x1) * sin without the negation's pass
     half = x.size(-1) // 2
     return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def head_tables(cos: Tensor, sin: Tensor, rotated: int, kept: int) -> Tuple[Tensor, Tensor]:
+    """cos, sin [R, 1, T, D] -> [R, rotated + kept, T, D]: the tables for `rotated` heads, then the identity
+    (cos 1, sin 0) for `kept` heads, so that one rotation passes the values through with the queries and keys
+    (v * 1 + v' * 0 is v exactly) and its output holds the keys and values side by side, ready for the cache."""
+    R, _, T, D = cos.shape
+    ones, zeros = torch.ones_like(cos).expand(R, kept, T, D), torch.zeros_like(sin).expand(R, kept, T, D)
+    return (torch.cat((cos.expand(R, rotated, T, D), ones), dim=1),
+            torch.cat((sin.expand(R, rotated, T, D), zeros), dim=1))
+
+
+def add_linear(x: Tensor, y: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """x + F.linear(y, weight, bias) written into x [.., C] (the residual stream, a layer's own tensor): one matrix
+    product that accumulates into its output (addmm_, cuBLAS's beta = 1) where an add would be a kernel of its
+    own, rounding once."""
+    flat = x.view(-1, x.size(-1))
+    flat.addmm_(y.reshape(-1, y.size(-1)), weight.t())
+    if bias is not None:
+        flat.add_(bias)
+    return x
+
+
 class Attention(nn.Module):
-    """Queries, keys and values from one fused projection, the queries and keys rotated together, and each
-    key/value head attended by its H / H_kv query heads stacked along the query axis (the mask stacked to
-    match in Llama.run), so the cached keys and values are never copied per query head."""
+    """Queries, keys and values from one fused projection, all rotated in one pass (the values by the identity:
+    head_tables) whose output holds the keys and values as the cache takes them, and each key/value head attended
+    by its H / H_kv query heads stacked along the query axis (the mask stacked to match in Llama.run), so the
+    cached keys and values are never copied per query head. The output projection accumulates into the
+    residual stream."""
 
     def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
         super().__init__()
@@ -52,17 +75,19 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(width, (heads + 2 * kv_heads) * head_dim, bias=bias)  # [q | k | v] rows
         self.o_proj = nn.Linear(heads * head_dim, width, bias=bias)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
-        B, T, _ = x.shape  # [R, T, C]
+    def forward(self, x: Tensor, residual: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tensor],
+                step: Step) -> Tensor:
+        # x [R, T, C] normalized, residual [R, T, C]; cos, sin [1 | R, H + 2 H_kv, T, D] (head_tables)
+        B, T, _ = x.shape
         H, H_kv, D = self.heads, self.kv_heads, self.head_dim
-        qkv = self.qkv(x).view(B, T, H + 2 * H_kv, D).transpose(1, 2)  # [B, H + 2 H_kv, T, D]
-        qk = rotate(qkv[:, :H + H_kv], cos, sin)  # [B, H + H_kv, T, D]
-        k, v = cached_kv(torch.stack((qk[:, H:], qkv[:, H + H_kv:])), cache, step)  # [B, H_kv, S, D] each
+        qkv = rotate(self.qkv(x).view(B, T, H + 2 * H_kv, D).transpose(1, 2), cos, sin)  # [B, H + 2 H_kv, T, D]
+        k, v = cached_kv(qkv[:, H:].view(B, 2, H_kv, T, D).transpose(0, 1), cache, step)  # [B, H_kv, S, D] each
         # query head h reads key/value head h // (H / H_kv), as repeat_interleave would pair them: each key/value
         # head's H / H_kv query heads stacked along the query axis, [B, H_kv, H / H_kv * T, D]
-        q = qk[:, :H].reshape(B, H_kv, H // H_kv * T, D)
+        q = qkv[:, :H].reshape(B, H_kv, H // H_kv * T, D)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=D ** -0.5)  # [B, H_kv, H/H_kv T, D]
-        return self.o_proj(y.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D))  # [B, T, C]
+        y = y.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        return add_linear(residual, y, self.o_proj.weight, self.o_proj.bias)  # [B, T, C]: residual + o_proj(y)
 
 
 class Block(nn.Module):
@@ -78,9 +103,11 @@ class Block(nn.Module):
         self.down_proj = nn.Linear(inner, width, bias=config.mlp_bias)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, step)  # [B, T, C]
+        # x [B, T, C], the residual stream: each sublayer's output projection accumulates into it (add_linear)
+        x = self.self_attn(self.input_layernorm(x), x, cos, sin, cache, step)
         h = self.gate_up(self.post_attention_layernorm(x))  # [B, T, 2F]
-        return x + self.down_proj(gated(h[..., :self.inner], h[..., self.inner:], self.act))  # [B, T, C]
+        return add_linear(x, gated(h[..., :self.inner], h[..., self.inner:], self.act), self.down_proj.weight,
+                          self.down_proj.bias)
 
 
 class Llama(nn.Module):
@@ -103,16 +130,18 @@ class Llama(nn.Module):
             if step.start + T > self.cos.size(0):
                 raise ValueError(f"run: positions up to {step.start + T} exceed the {self.cos.size(0)} rotary "
                                  "positions")
-            cos, sin = self.cos[step.start:step.start + T], self.sin[step.start:step.start + T]  # [T, D]
+            end = step.start + T
+            cos, sin = self.cos[step.start:end][None, None], self.sin[step.start:end][None, None]  # [1, 1, T, D]
         else:
             cos, sin = self.cos[step.positions].unsqueeze(1), self.sin[step.positions].unsqueeze(1)  # [R, 1, T, D]
+        cos, sin = head_tables(cos, sin, self.heads + self.kv_heads, self.kv_heads)  # [1 | R, H + 2 H_kv, T, D]
         group = self.heads // self.kv_heads
         if group > 1:  # each query's mask row once per query head sharing its key/value head (Attention)
             shape = step.mask.shape  # [.., T, S]
             mask = step.mask.unsqueeze(-3).expand(shape[:-2] + [group] + shape[-2:]).reshape(
                 shape[:-2] + [group * shape[-2], shape[-1]])  # [.., H / H_kv * T, S]: a copy at most
             step = Step(step.positions, mask, step.start, step.rows, step.slots, step.keys)
-        x = self.embed_tokens(input_ids)  # [R, T, C]
+        x = self.embed_tokens(input_ids)  # [R, T, C], a new tensor: the layers accumulate into it
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, caches[i] if len(caches) > 0 else None, step)
         return F.linear(self.norm(x), self.head)  # [R, T, V]
