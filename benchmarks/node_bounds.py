@@ -7,11 +7,11 @@ On the trained GPT-2 pair (train_pairs.GPT2_CPU), at every position after the fi
 128 held-out tokens (evenly spread over the held-out stream), p and q are the target's and the draft's
 next-token laws at T = 1. For k = 1 .. 8 children at such a node:
 
-* the acceptance of cpp/tree.h's rule (recursive rejection sampling: child j tried against what the earlier
+* the acceptance of cpp/math/tree.h's rule (recursive rejection sampling: child j tried against what the earlier
   rejections left of p), with children drawn with replacement and without, estimated by Monte Carlo over
   --draws draws of the children per position (fixed seed; the accept coins integrated out: child j is accepted
   with probability prod_{i<j} (1 - a_i) a_j), mean over positions with its standard error;
-* siblings="coupled" (cpp/tree.h: i.i.d. children, each coin looking at whether the next child could be
+* siblings="coupled" (cpp/math/tree.h: i.i.d. children, each coin looking at whether the next child could be
   accepted after it), in closed form (coupled()), mean over positions, and its per-rank shares;
 * a selection rule for comparison (not in the engine): of k i.i.d. children keep the one with the largest
   p(x) / q(x) and verify it by one step of speculative sampling against the law of that choice,
@@ -37,7 +37,7 @@ Results: benchmarks/results/node-bounds-gpt2-cpu.json.
     python benchmarks/train_pairs.py --stage gpt2-sibling && python benchmarks/node_bounds.py --sibling
 
 instead measures the trained sibling draft (sibling.pt, SpeculativeDecoder's sibling_draft=: children 1 .. k - 1
-drawn from its law s, cpp/tree.h) at the same positions: the coupled rule's per-rank shares with s as the later
+drawn from its law s, cpp/math/tree.h) at the same positions: the coupled rule's per-rank shares with s as the later
 children's law (coupled(..., siblings=s)) against q's, the second child's share with independent coins (with
 replacement: sum min(max(0, p - q), (1 - beta) s), distillation.sibling_share), and Sequoia's best tree of 16
 drafts under the positional model with each, beside the chain of 16 and the ceiling of exact verifiers of i.i.d.
@@ -103,7 +103,7 @@ def rejection_sampling(p, q, k: int, replacement: bool, generator) -> torch.Tens
 
 
 def coupled(p, q, k: int, siblings=None) -> torch.Tensor:
-    """[N, k]: the probability that child j is the one accepted under siblings="coupled" (cpp/tree.h: i.i.d.
+    """[N, k]: the probability that child j is the one accepted under siblings="coupled" (cpp/math/tree.h: i.i.d.
     children, child j's coin looking at whether child j + 1 is in H_j = {p_j > q_j}), in closed form: child j
     is accepted with sum min(p_j, q_j) of what reaches it, and a rejection leaves p_{j+1} = norm(max(0, p_j - q_j))
     and child j + 1's law q reweighted on H_j and off it (tree.h's q_{j+1}). Unnormalized: left is P(every child

@@ -17,8 +17,8 @@ batch: each row's overhead per iteration (the batch's time outside its model cal
 averaged over the rows; the operations per iteration are the batch's. With --cuda-graphs fixed every model call
 runs through the fixed-shape buffers that a GPU's CUDA graphs replay (uncaptured on a CPU), as calls do on a GPU
 with graphs on: the count then includes the copies into those buffers (a host-to-device copy stays a copy on the
-CPU), the verification's work through its own buffers (cpp/verification_graphs.h) and the draft's draws inside
-its calls (cpp/rows.h: extend_then, extend_tree_then). Its "captured" column counts what a GPU would launch with
+CPU), the verification's work through its own buffers (cpp/device/verification_graphs.h) and the draft's draws inside
+its calls (cpp/models/rows.h: extend_then, extend_tree_then). Its "captured" column counts what a GPU would launch with
 those graphs captured: the verification's work as one replay and the copy of its output, the draws inside the
 call's replay, and each model call's graph output copied once.
 
@@ -110,7 +110,7 @@ NO_LAUNCH = {"aten::" + name for name in (
 COPIES = {"aten::_to_copy", "aten::copy_", "aten::clone"}
 
 
-PHASES = ("draft", "verify", "accept")  # the engine's profiler scopes, "speculant::<phase>" (cpp/batch.cpp)
+PHASES = ("draft", "verify", "accept")  # the engine's profiler scopes, "speculant::<phase>" (cpp/loop/batch.cpp)
 
 
 def operations_per_iteration(decoder, prompts, tokens: int) -> dict:
@@ -119,7 +119,7 @@ def operations_per_iteration(decoder, prompts, tokens: int) -> dict:
     generation): one generation under torch.profiler, counting the operations the engine itself calls, at the top
     level or directly in a phase's scope (a model's calls are TorchScript methods, whose operations nest under
     them). Also "captured": the operations a GPU would launch with the graphs captured: the verification's work
-    through its buffers (cpp/verification_graphs.h, its "speculant::graphed" scope) becomes one replay and the copy
+    through its buffers (cpp/device/verification_graphs.h, its "speculant::graphed" scope) becomes one replay and the copy
     of its output, the draft's draws inside its calls (rows.h: extend_then, extend_tree_then; "speculant::fused")
     join the call's replay, and each model call through fixed-shape buffers adds the copy of its graph's output
     (graphs.h)."""

@@ -22,7 +22,7 @@ and draft of a pair share it (speculative decoding needs one vocabulary).
 * A sibling draft for the GPT-2 pair (`--stage gpt2-sibling`, after the pair; not part of the default): a copy of
   the draft trained by `speculant.distill(..., loss="residual", beside=the draft)` at T = 1 on windows of the
   training stream (SIBLING below), saved as sibling/ and sibling.pt with sibling.json: the law a token tree's
-  later children are drawn from (SpeculativeDecoder's sibling_draft=, cpp/tree.h).
+  later children are drawn from (SpeculativeDecoder's sibling_draft=, cpp/math/tree.h).
 
 Every stage is seeded (initialisation and batch order) and cached under
 `${SPECULANT_CACHE:-~/.cache/speculant}/bench/<pair>-<recipe hash>/`: tokenizer.json, target/ and draft/

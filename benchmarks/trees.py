@@ -35,7 +35,7 @@ prompts, batch 1, each temperature:
 At temperature 0 the children of a node are the draft's top k (ranks by draft probability); at temperature 1 they
 are drawn by each of --siblings (default: "coupled", the library's). With --sibling (the GPT-2 pair, after
 `python benchmarks/train_pairs.py --stage gpt2-sibling`) every independent rule (coupled, with_replacement) also
-runs with the trained sibling draft (sibling.pt: SpeculativeDecoder's sibling_draft=, cpp/tree.h), its rows marked
+runs with the trained sibling draft (sibling.pt: SpeculativeDecoder's sibling_draft=, cpp/math/tree.h), its rows marked
 "+ sibling", with a probe and Sequoia's trees of their own; their predicted speedups charge the sibling's calls
 too, one per depth down to the deepest that branches (analysis.tree_draft_calls), each at the draft's c (the
 sibling has the draft's shape). Under siblings="top" (q's k - 1 most probable

@@ -376,7 +376,7 @@ def hierarchical_law(
     lenience: float = 1.0,
     verify: VerifyFn = reference.verify,
 ) -> Tensor:
-    """Exact law [V] * k of the first k tokens of a hierarchical draft (cpp/hierarchy.h): tables[0] verifies
+    """Exact law [V] * k of the first k tokens of a hierarchical draft (cpp/drafting/hierarchy.h): tables[0] verifies
     gammas[0] tokens per iteration drafted by a speculative decoder of tables[1] with tables[2] (gammas[1]
     tokens per iteration), and so on down; the last table drafts alone. Each level below the top emits exactly
     the tokens asked of it (its drafts clamped to the tokens still due - 1) at lenience 1, and reports the

@@ -137,7 +137,7 @@ def tiny():
 
 class MarkovRows(markov.MarkovCached):
     """markov.MarkovCached with the native batched methods of export/cached.py (start_rows, extend_rows), so that
-    the engine runs its rows in one call (cpp/script_model.cpp's ScriptRows) on exactly enumerable tables. Row r's
+    the engine runs its rows in one call (cpp/models/script_model.cpp's ScriptRows) on exactly enumerable tables. Row r's
     tokens are kept at their slots; the next-token logits of a token need the one before it, read back after the
     call's own tokens are written. Checks the calls: a real token's slot is its position, positions are below
     `keys`, rows ascend, and no token reads a position that was never written.

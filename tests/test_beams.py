@@ -1,4 +1,4 @@
-"""Beam search, plain and speculative (A.4; cpp/beam.h), equals transformers' beam search.
+"""Beam search, plain and speculative (A.4; cpp/loop/beam.h), equals transformers' beam search.
 
 * Exports (GPT-2, Llama, T5: a prompt is its source, the decoder starting at decoder_start_token_id) and live
   transformers objects of every decoder-only family with tree calls: the

@@ -1,5 +1,5 @@
 """Fixed-shape calls and CUDA graphs: the decoders' ``cuda_graphs`` option (python/speculant/graphs.py,
-cpp/native_rows.h, cpp/graphs.h).
+cpp/models/native_rows.h, cpp/device/graphs.h).
 
 The contract: graphs change no output. ``cuda_graphs="fixed"`` runs exactly the calls a CUDA graph replays (every
 row of the batch, each call padded to its width, every cache slot read, the inputs copied into per-width
@@ -17,7 +17,7 @@ buffers) without capturing them, so on CPU everything but the capture itself is 
   SIGNIFICANCE = 1e-3 per test (test_distribution.py's level and windows): the target law at temperature 1 and
   the exact lenient law at lenience 0.5, 2 windows each, make 4 tests that a correct engine fails by chance with
   probability at most 0.4% (Bonferroni) for a fresh draw of seeds; the seeds are fixed.
-* Token trees (cpp/native_rows.cpp's extend_tree): with fixed shapes every tree call runs over every row and all
+* Token trees (cpp/models/native_rows.cpp's extend_tree): with fixed shapes every tree call runs over every row and all
   max_length slots (its mask [rows, width, max_length]) and gives what dynamic shapes give, for a shape, a given
   tree and grown trees, each way of drawing siblings, on every backend above, with EOS stops and on a .pt2
   package; a table model whose tree call refuses anything narrower decodes with fixed shapes only; a tree call
@@ -611,7 +611,7 @@ def test_cuda_graphs_equal_the_calls_they_capture(cuda_pairs, name, setting):
         assert model._core.graphs_captured >= 1
     assert_same_runs(plain_runs(target, ("fixed", "on")), PROMPTS, seed=102, max_new_tokens=MAX_NEW,
                      **SETTINGS[setting])
-    # the verification's graphs (cpp/verification_graphs.h) serve a decoder's own core: its sampling set on it
+    # the verification's graphs (cpp/device/verification_graphs.h) serve a decoder's own core: its sampling set on it
     fixed, on = decoders(target, draft, ("fixed", "on"), **SETTINGS[setting])
     assert_same_runs([fixed.generate, on.generate], PROMPTS, seed=104, max_new_tokens=MAX_NEW)
     keys, captured, failure = on._core.verification_graphs

@@ -169,7 +169,7 @@ def test_tree_two_token_law_matches_transformers(pairs, arch, siblings):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_hierarchical_draft_is_greedy_exact_and_keeps_the_law(pairs, arch):
     """A three-level stack on the exports: the target, its draft model, and a bigram table drafting for the draft
-    model (cpp/hierarchy.h). Greedy: transformers' output token for token; T = 1: the first two tokens' law."""
+    model (cpp/drafting/hierarchy.h). Greedy: transformers' output token for token; T = 1: the first two tokens' law."""
     model, target, draft = pairs[arch]
     vocab = target.vocab_size
     bigram = speculant.drafters.Bigram.fit(np.random.default_rng(3).integers(0, vocab, 4000), vocab)

@@ -1,4 +1,4 @@
-"""Hierarchical drafts (cpp/hierarchy.h): a SpeculativeDecoder as the draft of another, to any depth.
+"""Hierarchical drafts (cpp/drafting/hierarchy.h): a SpeculativeDecoder as the draft of another, to any depth.
 
 Exactness is checked twice, as for the chain: the law of the algorithm enumerated on Markov tables
 (markov.hierarchical_law, with the C++ verification kernel) equals the target's own continuation law to 1e-6;

@@ -147,7 +147,7 @@ def test_tree_law_matches_transformers(zoo, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hierarchical_draft_of_live_models_is_greedy_exact(zoo, family):
-    """Live models at two levels with a bigram table under the draft (cpp/hierarchy.h): transformers' greedy
+    """Live models at two levels with a bigram table under the draft (cpp/drafting/hierarchy.h): transformers' greedy
     output token for token, in a batch with a row of its own too."""
     model, draft_model = zoo[family]
     expected = hf_greedy(model, family)

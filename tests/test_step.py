@@ -1,4 +1,4 @@
-"""The engine's step kernels (cpp/step.h, cpp/cpu_kernels.h) against tests/reference.py.
+"""The engine's step kernels (cpp/math/step.h, cpp/math/cpu_kernels.h) against tests/reference.py.
 
 CPU tensors run fused host kernels, accelerators the tensor path; both are checked here on CPU:
 * standardize: host kernel = tensor path = reference, on edge cases (masks, ties, top-k / top-p edges,

@@ -1,8 +1,8 @@
 """The accelerators' code path, end to end on the CPU (``speculant.testing.tensor_path``).
 
 On CUDA tensors the engine draws, verifies and walks token trees with tensor operations and one device-to-host
-read per verification (cpp/step.cpp, cpp/tree.cpp: the *_generic functions); on CPU tensors it runs host kernels
-(cpp/cpu_kernels.cpp). tests/test_step.py and tests/test_tree.py check each generic function alone; here whole
+read per verification (cpp/math/step.cpp, cpp/math/tree.cpp: the *_generic functions); on CPU tensors it runs host kernels
+(cpp/math/cpu_kernels.cpp). tests/test_step.py and tests/test_tree.py check each generic function alone; here whole
 decodes take that path, batches, level-wide draws, tree verification and rollback included, so the loop a GPU
 runs (all of it but the CUDA graphs) is checked on every machine:
 

@@ -1,4 +1,4 @@
-"""Token trees, one iteration (cpp/tree.h): the shape, the children a node draws, and multi-draft verification.
+"""Token trees, one iteration (cpp/math/tree.h): the shape, the children a node draws, and multi-draft verification.
 
 The rule (tree.h): at a node, the children are tried in the order they were drawn, each by one step of
 speculative sampling against what the earlier rejections left of p (the residual), with q itself (children drawn

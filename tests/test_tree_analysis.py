@@ -126,7 +126,7 @@ def test_small_trees_by_hand():
 @pytest.mark.parametrize("shape", [[1], [3], [1, 1, 1, 1], [2, 1], [3, 2, 1], [1, 4, 2], [2, 2, 2, 2]])
 def test_shapes_and_their_parents(shape):
     parents = analysis.tree_parents(shape)
-    assert parents == list(_core._tree_parents(shape))  # cpp/tree.h's Tree::from_shape
+    assert parents == list(_core._tree_parents(shape))  # cpp/math/tree.h's Tree::from_shape
     assert analysis.tree_parents(parents) == parents
     assert analysis.tree_size(shape) == analysis.tree_size(parents) == len(parents) - 1
     assert analysis.tree_depth(shape) == analysis.tree_depth(parents) == len(shape)

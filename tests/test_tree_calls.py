@@ -1,4 +1,4 @@
-"""The tree calls of the batched cached form (cpp/model.h; export/cached.py writes them): extend_rows_masked and
+"""The tree calls of the batched cached form (cpp/models/model.h; export/cached.py writes them): extend_rows_masked and
 copy_slots, on TinyGPT's cached form and on GPT-2 and Llama exports.
 
 * Every node of a tree of drafts, fed in one masked call (ancestor mask, positions by depth, slots by node),

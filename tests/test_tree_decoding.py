@@ -1,4 +1,4 @@
-"""Token trees in the decoder: ``SpeculativeDecoder(target, draft, tree=[k_1, ..., k_d])`` (cpp/tree.h).
+"""Token trees in the decoder: ``SpeculativeDecoder(target, draft, tree=[k_1, ..., k_d])`` (cpp/math/tree.h).
 
 Each iteration the draft grows a tree level by level (one draft call per depth, every node of a depth in it),
 the target verifies the pending token and every node in one call with an ancestor mask and positions by depth,
@@ -13,7 +13,7 @@ copy_slots). What is checked:
   tables (tests/test_batch.py's MarkovRows, which reads each node's predecessor through the mask), at
   SIGNIFICANCE = 1e-3 per window, 2 windows per case, fixed seeds: 9 cases (each way of drawing siblings, given
   trees), at most 1.8% family-wise false failures for a fresh choice of seeds (Bonferroni).
-* Sibling drafts (``sibling_draft=``, cpp/tree.h): a second draft model for the later children. The law on
+* Sibling drafts (``sibling_draft=``, cpp/math/tree.h): a second draft model for the later children. The law on
   Markov tables (chi-square, 2 more cases under the family-wise bound below: at most 2.8% with the 12), greedy
   trees equal plain greedy, the second model's cache follows the accepted path (its calls, and the tokens of a
   sibling equal to the draft those without one), and the refusals by name.

@@ -1,4 +1,4 @@
-"""Grown token trees: ``tree=speculant.DynamicTree(budget, depth, children, width)`` (cpp/tree_growth.h).
+"""Grown token trees: ``tree=speculant.DynamicTree(budget, depth, children, width)`` (cpp/drafting/tree_growth.h).
 
 Each iteration's tree is grown by the draft's confidence: level by level the ``width`` nodes of the newest depth
 with the highest path log probability under the draft each get ``children`` children, until ``budget`` drafts

@@ -8,7 +8,7 @@ The formulas of §3 take scalars or numpy arrays (broadcast together; an array i
 give a Python float) and raise ValueError naming the parameter for out-of-range input. ``estimate_alpha`` is the
 one function here that runs models.
 
-Token trees (several drafts per position, cpp/tree.h) come last: the expected tokens and walltime improvement of a
+Token trees (several drafts per position, cpp/math/tree.h) come last: the expected tokens and walltime improvement of a
 tree under positional acceptance (Sequoia, Chen et al. 2024), the best tree for a budget of drafts, and the
 acceptance table from verification counts. They take one tree and one acceptance model, not arrays.
 """
@@ -94,7 +94,7 @@ def multi_draft_bound(p: torch.Tensor, q: torch.Tensor, k: int) -> torch.Tensor:
     (1 - q(S))^k leaves each piece's maximum at a corner. So the bound is exact and costs one sort.
 
     What it is for: the distance from a verifier to the best possible one. Recursive rejection sampling
-    (cpp/tree.h) with siblings drawn with replacement is one such coupling, so it accepts at most this, and
+    (cpp/math/tree.h) with siblings drawn with replacement is one such coupling, so it accepts at most this, and
     less where the draft is close to the target in law (tests/test_tree.py enumerates it); an optimal
     transport plan per node (SpecTr's formulation, solved exactly) reaches it. Children drawn without
     replacement are not i.i.d.: the bound does not cover them (they may accept more)."""
@@ -126,7 +126,7 @@ def second_child_bound(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     every such set at once.
 
     A tree wants its first child to keep beta (that child gets the deepest subtree), so this is the ceiling on
-    what a second sibling can add there; siblings="coupled" (cpp/tree.h) is a rule under it (its coins depend
+    what a second sibling can add there; siblings="coupled" (cpp/math/tree.h) is a rule under it (its coins depend
     on Y2 only through whether Y2 is a b), rejection sampling with independent coins another."""
     p, q = torch.broadcast_tensors(torch.as_tensor(p, dtype=torch.float64), torch.as_tensor(q, dtype=torch.float64))
     ratio = torch.where(q > 0, p / q.clamp_min(1e-300), torch.where(p > 0, math.inf, 1.0))
@@ -300,10 +300,10 @@ def estimate_alpha(target, draft, prompts, *, temperature: float = 1.0, top_k: i
 
 
 # --------------------------------------------------------------------------------------------------
-# Token trees: several drafts per position, verified in one target call (cpp/tree.h)
+# Token trees: several drafts per position, verified in one target call (cpp/math/tree.h)
 # --------------------------------------------------------------------------------------------------
 #
-# A tree is given in one of two forms (the C++ Tree's, cpp/tree.h):
+# A tree is given in one of two forms (the C++ Tree's, cpp/math/tree.h):
 #   * a shape [k1, ..., kd] (d >= 1, each k >= 1): every node of depth i - 1 has k_i children; [1] * gamma is
 #     Algorithm 1's chain of gamma drafts; 1 + k1 + k1 k2 + ... nodes, the root included;
 #   * breadth-first parents [-1, p1, ..., pN]: node 0 is the root (the last decided token), nodes 1 .. N are the
@@ -315,7 +315,7 @@ def estimate_alpha(target, draft, prompts, *, temperature: float = 1.0, top_k: i
 #
 # Acceptance (Sequoia's positional acceptance, Chen et al. 2024, arXiv:2402.12374, made depth-dependent here):
 # acceptance[i][j] is the probability that verifying the children of a node of depth i ends by accepting its
-# rank-j child. Verification tries the children in rank order (multi-draft speculative sampling, cpp/tree.h), so
+# rank-j child. Verification tries the children in rank order (multi-draft speculative sampling, cpp/math/tree.h), so
 # whether rank j is accepted does not depend on the siblings after it: a node with k children accepts rank j < k
 # with probability acceptance[i][j] and rejects them all (then t is drawn from the residual) with probability
 # 1 - sum_{j<k} acceptance[i][j]. The model assumes these laws depend on the depth and rank alone, not on the
@@ -536,7 +536,7 @@ def _verify_cost(verify_cost) -> Callable[[int], float]:
 
 
 def tree_parents(tree: TreeLike) -> List[int]:
-    """The breadth-first parents [-1, p1, ..., pN] of a tree (cpp/tree.h's Tree::from_shape for a shape; parents
+    """The breadth-first parents [-1, p1, ..., pN] of a tree (cpp/math/tree.h's Tree::from_shape for a shape; parents
     are returned as given, validated). A shape may expand to at most MAX_TREE_NODES drafts."""
     t = _Tree(tree)
     if t.parents is not None:
@@ -846,7 +846,7 @@ def acceptance_from_counts(accepted, visits, offered=None) -> List[List[float]]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Hierarchical drafts (cpp/hierarchy.h): Theorem 3.8 composed over levels
+# Hierarchical drafts (cpp/drafting/hierarchy.h): Theorem 3.8 composed over levels
 # --------------------------------------------------------------------------------------------------
 
 

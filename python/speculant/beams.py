@@ -1,10 +1,10 @@
-"""Beam search, plain and speculative (the paper's Appendix A.4), run by the C++ engine (cpp/beam.h).
+"""Beam search, plain and speculative (the paper's Appendix A.4), run by the C++ engine (cpp/loop/beam.h).
 
 ``generate(..., num_beams=w)`` and ``SpeculativeDecoder.generate(..., num_beams=w)`` come here: the target's beam
 search with transformers' semantics (``length_penalty``, ``early_stopping``, ``eos_token_id``,
 ``num_return_sequences``; do_sample=False), and with a draft model, the draft's own beam search of width
 ``draft_beams`` proposes gamma levels of candidates that one target call scores. The result is the target's
-beam search alone, whatever the draft proposes (cpp/beam.h says why).
+beam search alone, whatever the draft proposes (cpp/loop/beam.h says why).
 """
 
 from __future__ import annotations

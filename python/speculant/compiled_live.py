@@ -1,5 +1,5 @@
 """Live transformers models compiled: transformers' static cache and torch.compile behind the engine's Model
-interface (cpp/python_model.h), the fast route for a model object (``speculant.load(model, compile=True)``).
+interface (cpp/models/python_model.h), the fast route for a model object (``speculant.load(model, compile=True)``).
 
 live.py runs a model's forward eagerly with a DynamicCache: every call re-enters transformers' Python, which
 costs more than a small model's arithmetic. Here:

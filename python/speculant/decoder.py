@@ -349,7 +349,7 @@ def _rows(value, name: str, tokenizer=None, attention_mask=None,
 @dataclass(frozen=True)
 class DynamicTree:
     """``tree=`` for a token tree grown while it is drafted, by the draft's confidence under a node budget
-    (EAGLE-2, Li et al. 2024; cpp/tree_growth.h). A node's value is its path's draft log probability (at
+    (EAGLE-2, Li et al. 2024; cpp/drafting/tree_growth.h). A node's value is its path's draft log probability (at
     temperature 0 under the softmax of the draft's raw logits). Level by level, the ``width`` nodes of the newest
     depth with the highest values each get ``children`` children, drawn as a fixed tree's are (by the decoder's
     ``siblings``; the draft's top ``children`` at temperature 0), until ``budget`` drafts are placed or
@@ -369,7 +369,7 @@ class DynamicTree:
 
 
 def _tree(value) -> Union[List[int], DynamicTree]:
-    """tree= as the engine takes it: [] (a chain), [k_1 .. k_d], each >= 1 (cpp/tree.h), breadth-first parents
+    """tree= as the engine takes it: [] (a chain), [k_1 .. k_d], each >= 1 (cpp/math/tree.h), breadth-first parents
     [-1, p_1, ..., p_N] (any tree; analysis.best_tree's or optimal_tree's result may be given whole), or a
     DynamicTree."""
     if value is None:
@@ -511,10 +511,10 @@ class SpeculativeDecoder:
     token is sampled with probability above p(x) / lenience (argmax: a draft token is kept when
     p(x) >= lenience * max p). gamma defaults to DEFAULT_GAMMA = 4.
 
-    ``tree=[k_1, ..., k_d]`` drafts a token tree instead of a chain (cpp/tree.h): each node of depth i gets k_i
+    ``tree=[k_1, ..., k_d]`` drafts a token tree instead of a chain (cpp/math/tree.h): each node of depth i gets k_i
     children from the draft's q there, by ``siblings``: "coupled" (the default: independent draws, each
     child's acceptance coin looking at whether the next child could be accepted after it, so the first child
-    keeps its chance and the later ones gain, cpp/tree.h; on benchmarks/trees.py's GPT-2 pair the most tokens
+    keeps its chance and the later ones gain, cpp/math/tree.h; on benchmarks/trees.py's GPT-2 pair the most tokens
     per target call of the four), "without_replacement" (distinct siblings, recursive rejection sampling),
     "with_replacement" (independent draws, independent coins) or "top" (q's k_i - 1 most probable tokens, then
     one draw from q without them: better for a draft whose argmax is right but whose mass is spread, worse for
@@ -547,7 +547,7 @@ class SpeculativeDecoder:
     tokens are those of "off". "auto" has run on leased H100 and H200 GPUs (BENCHMARKS.md: the tokens of "off",
     the verification's graphs and the drawing inside the draft's calls included).
 
-    ``draft`` may itself be a SpeculativeDecoder, to any depth (a hierarchical draft, cpp/hierarchy.h):
+    ``draft`` may itself be a SpeculativeDecoder, to any depth (a hierarchical draft, cpp/drafting/hierarchy.h):
     ``SpeculativeDecoder(target, SpeculativeDecoder(draft, smaller, gamma=2), gamma=4)``. Each iteration asks the
     draft level for exactly gamma tokens, which it produces by speculative decoding of its own pair, reporting its
     model's standardized law at each token as q: the output law stays exactly the target's. Every level samples
@@ -558,7 +558,7 @@ class SpeculativeDecoder:
     ``gamma_policy``, ``max_gamma``, ``cost``: the defaults of ``generate``'s (see there), and the schedule this
     decoder's gamma follows when it is another decoder's draft level.
 
-    ``sibling_draft``: a second draft model for a tree's later children (cpp/tree.h, sibling drafts): each node's
+    ``sibling_draft``: a second draft model for a tree's later children (cpp/math/tree.h, sibling drafts): each node's
     first child is drawn from the draft's q, its others independently from the sibling draft's law at the same node
     (its own cache, fed the same tree nodes down to the deepest level that branches; deeper, every node has one
     child, the draft's), and verified against that law, so the output law stays exactly the
@@ -793,7 +793,7 @@ PLAIN_DECODERS = 8  # plain decoders kept per model, by settings
 
 def _plain_decoder(target: Model, sampling: dict, shapes: str) -> Tuple[_core.Decoder, Optional[threading.Lock]]:
     """The plain decoder of `target` at these settings, kept on the model handle so that its verification's buffers
-    and graphs (cpp/verification_graphs.h) serve every call, with its lock held (release it after the call); a
+    and graphs (cpp/device/verification_graphs.h) serve every call, with its lock held (release it after the call); a
     fresh decoder, without a lock, while another thread decodes with the kept one."""
     kept = target.__dict__.setdefault("_plain_decoders", {})
     key = (sampling["temperature"], sampling["top_k"], sampling["top_p"], shapes)

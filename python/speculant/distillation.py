@@ -16,7 +16,7 @@ is that distance itself, averaged over positions the decoder will meet:
   laws at the temperature only (the truncations of top-k / top-p would make it infinite); at temperature 0
   the cross-entropy to the target's argmax.
 * ``loss="reverse_kl"``: KL(q || p), at the temperature only; refused at temperature 0 (p is a point mass).
-* ``loss="residual"`` with ``beside=`` a draft model: trains a *sibling draft* (cpp/tree.h; SpeculativeDecoder's
+* ``loss="residual"`` with ``beside=`` a draft model: trains a *sibling draft* (cpp/math/tree.h; SpeculativeDecoder's
   sibling_draft=), whose law s draws a token tree's later children beside the draft's first. When the first child
   (drawn from the draft's q) is rejected, the target's token is drawn from the residual r = norm(max(0, p - q)),
   so the sibling should put its mass there: the loss is the cross-entropy to r weighted by the residual's mass

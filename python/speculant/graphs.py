@@ -1,4 +1,4 @@
-"""CUDA graphs: which shapes each model's calls take (cpp/rows.h, cpp/graphs.h), from a decoder's
+"""CUDA graphs: which shapes each model's calls take (cpp/models/rows.h, cpp/device/graphs.h), from a decoder's
 ``cuda_graphs`` option, and the warnings when a model cannot be captured.
 
 ``cuda_graphs``:
@@ -72,7 +72,7 @@ def warn(messages: Iterable[Optional[str]]) -> None:
 
 def warn_verification_failure(core, decoder) -> None:
     """Warns once per SpeculativeDecoder (or model, for plain decoding) whose verification's capture has failed
-    (cpp/verification_graphs.h): it runs uncaptured from then on."""
+    (cpp/device/verification_graphs.h): it runs uncaptured from then on."""
     failure = core.verification_graphs[2]
     if failure and not getattr(decoder, "_verification_failure_told", False):
         decoder._verification_failure_told = True

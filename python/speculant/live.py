@@ -1,4 +1,4 @@
-"""Live transformers models behind the engine's Model interface (cpp/python_model.h).
+"""Live transformers models behind the engine's Model interface (cpp/models/python_model.h).
 
 ``speculant.load(model)`` wraps a transformers ``*ForCausalLM`` or encoder-decoder
 ``*ForConditionalGeneration`` object as it is (its dtype, its device). The Algorithm 1 loop stays in C++; each
@@ -148,7 +148,7 @@ def decoder_start(model) -> Optional[int]:
 
 
 class LiveModel:
-    """The object cpp/python_model.cpp calls: a transformers model and the cache this wrapper owns."""
+    """The object cpp/models/python_model.cpp calls: a transformers model and the cache this wrapper owns."""
 
     form = "live"  # what speculant.Model.form reports (compiled_live.py: "compiled")
     cache_kind = "a DynamicCache it crops to roll back"  # for messages
@@ -234,7 +234,7 @@ class LiveModel:
         return self._run(tokens, logits=True)
 
     def replica(self) -> "LiveModel":
-        """The same module object with a cache of its own: another row of a batch (cpp/rows.h)."""
+        """The same module object with a cache of its own: another row of a batch (cpp/models/rows.h)."""
         other = copy.copy(self)
         other._cache, other._length, other._encoder_outputs, other._source_mask = None, 0, None, None
         other._tree_obstacle = self._tree_obstacle
@@ -245,7 +245,7 @@ class LiveModel:
             self._cache.crop(length - self._length)  # transformers 5: a negative count removes that many
         self._length = length
 
-    # -- token trees (cpp/model.h: extend_masked, keep) --------------------------------------------------------
+    # -- token trees (cpp/models/model.h: extend_masked, keep) --------------------------------------------------------
     def extend_masked(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """tokens, positions: int64 [T]; mask: bool [T, S], S = the cache's entries + T. Appends the tokens as
         cache entries, token j at positions[j] attending to exactly the entries where mask[j]; logits [T, V]."""

@@ -1,7 +1,7 @@
 """Model handles: TorchScript files, in-memory ScriptModules and live transformers models (live.py), each checked
 against the engine's contract when loaded.
 
-The file contract (also in cpp/model.h), in one of two forms (a .pt2 package and a live transformers model are
+The file contract (also in cpp/models/model.h), in one of two forms (a .pt2 package and a live transformers model are
 the other two forms: docs/model-contract.md):
 
 * cached: int attribute ``vocab_size`` (optionally ``max_length``, 0 = unlimited) and exported methods

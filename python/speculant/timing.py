@@ -313,7 +313,7 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     (1) at acceptance; totals over the prompts (new_tokens, target_calls, draft_calls, seconds of speculative and
     plain_seconds of plain decoding, the engine's own timings); c (Definition 3.7): the draft's mean seconds per
     call in the speculative runs (per drafted token for a drafter that calls no model) over the target's in
-    plain decoding (on a GPU the phases' device time, cpp/device_clock.h); speedup: plain seconds per token over
+    plain decoding (on a GPU the phases' device time, cpp/device/device_clock.h); speedup: plain seconds per token over
     speculative seconds per token, with speedup_min, speedup_max and spread = (max - min) / median;
     predicted_speedup: Theorem 3.8 at acceptance, gamma and c (it assumes a verification call costs what a
     one-token call does, which a CPU does not grant); flag:

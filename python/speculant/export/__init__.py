@@ -33,7 +33,7 @@ SUPPORTED = {
     "LlamaForCausalLM": (llama, "llama"),
     "T5ForConditionalGeneration": (t5, "t5"),
 }
-METADATA_FILE = "speculant.json"  # the extra file cpp/script_model.cpp reads
+METADATA_FILE = "speculant.json"  # the extra file cpp/models/script_model.cpp reads
 FORMAT = 1
 FORMATS = ("torchscript", "pt2")
 # what a TorchScript refusal offers instead: the pt2 format serves any causal LM with a static cache (Qwen2,

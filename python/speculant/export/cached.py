@@ -5,7 +5,7 @@ An architecture module (gpt2.py, llama.py, tiny_gpt.py) provides
 `run(input_ids[R, T], caches, step) -> logits[R, T, V]`, where `caches` is [] (stateless) or one view per layer
 into the preallocated cache (keys and values together), and `step` (a Step) says where the tokens sit and what
 they attend to; the attention hands its new keys and values to `cached_kv`. Batch 1 caches are [2, H_kv, M, D]
-views written at slots [start, start + T); a batch's rows (cpp/rows.h) share [2, B, M + 1, H_kv, D] views, each
+views written at slots [start, start + T); a batch's rows (cpp/models/rows.h) share [2, B, M + 1, H_kv, D] views, each
 row written at its own slots, slot M being scratch for padding. Shapes: R = rows in the call, T = new tokens,
 S = attended positions, H_kv = key/value heads, D = head_dim, L = layers, M = max_length, V = vocab.
 """
@@ -106,7 +106,7 @@ def cached_kv(kv: Tensor, cache: Optional[Tensor], step: Step) -> Tuple[Tensor, 
 
 
 class CachedDecoder(nn.Module):
-    """The engine's cached contract (cpp/model.h) around a decoder-only `core`, batch 1: a KV cache of
+    """The engine's cached contract (cpp/models/model.h) around a decoder-only `core`, batch 1: a KV cache of
     `max_length` positions with prefill / extend / truncate / cache_length, and a stateless
     forward(input_ids[1, T]) -> logits[1, T, V] that leaves the cache alone.
 
@@ -166,7 +166,7 @@ class CachedDecoder(nn.Module):
 
     @torch.jit.export
     def start_rows(self, batch: int) -> None:
-        """A batch of `batch` rows (cpp/script_model.cpp keeps each row's length); their old contents are stale."""
+        """A batch of `batch` rows (cpp/models/script_model.cpp keeps each row's length); their old contents are stale."""
         if batch < 1:
             raise ValueError(f"start_rows: batch must be >= 1, got {batch}")
         shape = self.row_cache_shape[:2] + [batch] + self.row_cache_shape[3:]
@@ -194,7 +194,7 @@ class CachedDecoder(nn.Module):
     @torch.jit.export
     def extend_rows_masked(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor,
                            mask: Tensor) -> Tensor:
-        """extend_rows with an explicit mask [R, T, S] bool (token trees, cpp/model.h): query (r, j) attends to
+        """extend_rows with an explicit mask [R, T, S] bool (token trees, cpp/models/model.h): query (r, j) attends to
         exactly the slots s < S of row rows[r] where mask[r, j, s]; its own slot must be among them."""
         if self.row_cache.numel() == 0:
             raise ValueError("extend_rows_masked: call start_rows first (the batch's cache is allocated there)")

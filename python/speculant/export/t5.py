@@ -25,7 +25,7 @@ Encoder-decoder cached contract of the scripted module (batch 1):
     truncate(length) -> None, cache_length() -> int
     forward(input_ids[1, S], decoder_input_ids[1, T]) -> [1, T, V]   stateless, leaves the caches alone
 
-and the tree calls of one row over the encoded source (cpp/model.h; beam search holds every beam in them):
+and the tree calls of one row over the encoded source (cpp/models/model.h; beam search holds every beam in them):
 start_rows(1), extend_rows, extend_rows_masked and copy_slots as decoder-only exports have them
 (export/cached.py), the row's cache [2, L, 1, M + 1, H, D] apart from the batch-1 cache. A tree node's relative
 position bias needs each attended key's position, which a slot does not tell (tree nodes sit after the row's

@@ -1,0 +1,63 @@
+// Python bindings: The models: Model and its loaders (TorchScript files and bytes, .pt2 packages, Python objects), and
+// greedy continuations of one model (cross-tokenizer drafts).
+#include "bindings/bindings.h"
+
+#include "loop/interrupt.h"
+#include "models/aoti_model.h"
+#include "models/continuation.h"
+#include "models/model.h"
+#include "models/python_model.h"
+
+namespace speculant::bindings {
+
+void bind_models(py::module_& m) {
+  py::class_<Model, std::shared_ptr<Model>>(m, "Model")
+      .def_property_readonly("vocab_size", &Model::vocab_size)
+      .def_property_readonly("max_length", &Model::max_length)
+      .def_property_readonly("device", [](const Model& model) { return model.device().str(); })
+      .def_property_readonly("form", &Model::form)
+      .def_property_readonly("batched", &Model::batched)
+      .def_property_readonly("fixed_shapes_obstacle", &Model::fixed_shapes_obstacle)
+      .def_property_readonly("capture_obstacle", &Model::capture_obstacle)
+      .def_property_readonly("graph_failure", &Model::graph_failure)
+      .def_property_readonly("graphs_captured", &Model::graphs_captured)
+      .def_property_readonly("tree_obstacle", &Model::tree_obstacle)
+      .def_property_readonly("beam_obstacle", &Model::beam_obstacle)
+      .def_property_readonly("encoder_decoder", &Model::encoder_decoder)
+      .def_property_readonly("max_source_length", &Model::max_source_length)
+      .def_property_readonly("metadata", [](const Model& model) { return py::bytes(model.metadata()); });
+
+  m.def("load_file",
+        [](const std::string& path, const std::optional<std::string>& device) {
+          return load_script_file(path, parse_device(device));
+        },
+        py::arg("path"), py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("load_bytes",
+        [](const py::bytes& data, const std::string& source, const std::optional<std::string>& device) {
+          std::string bytes = data;
+          py::gil_scoped_release release;
+          return load_script_bytes(bytes, source, parse_device(device));
+        },
+        py::arg("data"), py::arg("source"), py::arg("device") = py::none());
+
+  m.def("load_pt2",
+        [](const std::string& path, const std::optional<std::string>& device) {
+          return load_pt2_file(path, parse_device(device));
+        },
+        py::arg("path"), py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>());
+  m.def("python_model", &python_model, py::arg("impl"), py::arg("source"));
+
+  py::class_<GreedyContinuation>(m, "GreedyContinuation")
+      .def(py::init<std::shared_ptr<Model>>(), py::arg("model"))
+      .def(
+          "__call__",
+          [](GreedyContinuation& self, const std::vector<int64_t>& ids, int64_t count) {
+            InterruptScope interruptible(signal_check());
+            py::gil_scoped_release release;
+            return self(ids, count);
+          },
+          py::arg("ids"), py::arg("count"))
+      .def_property_readonly("reused", &GreedyContinuation::reused);
+}
+
+}  // namespace speculant::bindings

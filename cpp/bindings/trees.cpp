@@ -1,0 +1,80 @@
+// Python bindings: Token trees for the tests: shapes, children's draws, and trees verified with given seeds.
+#include "bindings/bindings.h"
+
+#include "math/tree.h"
+
+namespace speculant::bindings {
+
+void bind_trees(py::module_& m) {
+  // Token trees (tree.h), for the tests: the parents of a shape, a node's children, one tree's verification
+  // drawn with each of `seeds` -> [(path, path_tokens, t, accepted_rank, finite)].
+  m.def("_tree_parents", [](const std::vector<int64_t>& shape) { return Tree::from_shape(shape).parents(); },
+        py::arg("shape"));
+  // k children of one node (q [V], k an int) or counts[i] children of each of several (q [n, V], k a list); groups:
+  // the rows of each generator, group g seeded with seed + g (default: one group).
+  m.def("_draw_children",
+        [](const at::Tensor& q, const py::object& k, const std::string& siblings_name, bool greedy, uint64_t seed,
+           bool generic, std::vector<int64_t> groups, const std::optional<at::Tensor>& sibling_q) {
+          const Siblings siblings = parse_siblings(siblings_name);
+          const bool one = py::isinstance<py::int_>(k);
+          const at::Tensor rows = one ? q.unsqueeze(0) : q;
+          const std::vector<int64_t> counts = one ? std::vector<int64_t>{k.cast<int64_t>()}
+                                                  : k.cast<std::vector<int64_t>>();
+          if (groups.empty()) groups.push_back(rows.size(0));
+          std::vector<at::Generator> generators;
+          for (size_t g = 0; g < groups.size(); ++g) generators.push_back(make_generator(q.device(), seed + g));
+          std::vector<DrawGroup> drawing;
+          for (size_t g = 0; g < groups.size(); ++g) drawing.push_back({&generators[g], groups[g]});
+          const at::Tensor sibling = !sibling_q ? at::Tensor() : one ? sibling_q->unsqueeze(0) : *sibling_q;
+          return generic && !greedy ? draw_children_generic(rows, counts, siblings, drawing, nullptr, sibling)
+                                    : draw_children(rows, counts, siblings, greedy, drawing, nullptr, sibling);
+        },
+        py::arg("q"), py::arg("k"), py::arg("siblings"), py::arg("greedy"), py::arg("seed"),
+        py::arg("generic") = false, py::arg("groups") = std::vector<int64_t>{},
+        py::arg("sibling_q") = std::optional<at::Tensor>());
+  auto verify = [](const std::vector<std::tuple<std::vector<int64_t>, at::Tensor, at::Tensor, at::Tensor>>& trees,
+                   double temperature, int64_t top_k, double top_p, double lenience, const std::string& siblings_name,
+                   const std::vector<uint64_t>& seeds, bool generic, const std::vector<at::Tensor>& sibling_qs) {
+    require(seeds.size() == trees.size(), "seeds: one per tree ({}), got {}", trees.size(), seeds.size());
+    require(sibling_qs.empty() || sibling_qs.size() == trees.size(), "sibling_qs: none, or one per tree ({}), got {}",
+            trees.size(), sibling_qs.size());
+    const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
+    std::vector<Tree> shapes;
+    std::vector<at::Generator> generators;
+    for (size_t i = 0; i < trees.size(); ++i) {
+      shapes.emplace_back(std::get<0>(trees[i]));
+      generators.push_back(make_generator(std::get<1>(trees[i]).device(), seeds[i]));
+    }
+    std::vector<TreeInput> rows;
+    for (size_t i = 0; i < trees.size(); ++i) {
+      rows.push_back({&shapes[i], std::get<1>(trees[i]), std::get<2>(trees[i]), std::get<3>(trees[i]).to(at::kLong),
+                      at::Tensor(), &generators[i], sibling_qs.empty() ? at::Tensor() : sibling_qs[i]});
+    }
+    const Siblings siblings = parse_siblings(siblings_name);
+    py::list out;
+    for (const TreeVerdict& v : generic ? verify_trees_generic(rows, config, siblings)
+                                        : verify_trees(rows, config, siblings)) {
+      out.append(py::make_tuple(v.path, v.path_tokens, v.host_token, v.accepted_rank, v.finite));
+    }
+    return out;
+  };
+  // Several trees in one batch, tree i drawing from a generator seeded with seeds[i].
+  m.def("_verify_trees_seeded", verify, py::arg("trees"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+        py::arg("lenience"), py::arg("siblings"), py::arg("seeds"), py::arg("generic") = false,
+        py::arg("sibling_qs") = std::vector<at::Tensor>{});
+  // One tree verified with each of `seeds` (a batch of copies of it).
+  m.def("_verify_tree_seeded",
+        [verify](const std::vector<int64_t>& parents, const at::Tensor& target_logits, const at::Tensor& q,
+                 const at::Tensor& tokens, double temperature, int64_t top_k, double top_p, double lenience,
+                 const std::string& siblings_name, const std::vector<uint64_t>& seeds, bool generic,
+                 const std::optional<at::Tensor>& sibling_q) {
+          return verify({seeds.size(), {parents, target_logits, q, tokens}}, temperature, top_k, top_p, lenience,
+                        siblings_name, seeds, generic,
+                        sibling_q ? std::vector<at::Tensor>(seeds.size(), *sibling_q) : std::vector<at::Tensor>{});
+        },
+        py::arg("parents"), py::arg("target_logits"), py::arg("q"), py::arg("tokens"), py::arg("temperature"),
+        py::arg("top_k"), py::arg("top_p"), py::arg("lenience"), py::arg("siblings"), py::arg("seeds"),
+        py::arg("generic") = false, py::arg("sibling_q") = std::optional<at::Tensor>());
+}
+
+}  // namespace speculant::bindings

@@ -1,0 +1,172 @@
+#include "drafting/hierarchy.h"
+
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include "loop/batch.h"
+#include "errors.h"
+
+namespace speculant {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::optional<int64_t> smaller(std::optional<int64_t> a, std::optional<int64_t> b) {
+  if (!a) return b;
+  if (!b) return a;
+  return std::min(*a, *b);
+}
+
+// The draft level's rows: a Batch of its own pair, run a few tokens at a time (hierarchy.h).
+class HierarchyRows final : public DraftRows {
+ public:
+  HierarchyRows(Model& model, Drafter& drafter, int64_t gamma, const GammaSchedule& schedule, int64_t count,
+                std::unique_ptr<ModelRows> model_rows, std::unique_ptr<DraftRows> drafter_rows)
+      : rows_(make_rows(gamma, schedule, count, model.device())), start_length_(count, 0),
+        batch_(Batch::Setup{model, &drafter, SamplingConfig{}, {}, false, nullptr, Siblings::with_replacement,
+                            /*laws=*/true},
+               rows_, std::move(model_rows), std::move(drafter_rows)),
+        device_(model.device()) {}
+
+  void encode(const std::vector<at::Tensor>& sources) override {
+    sources_.clear();
+    for (const at::Tensor& source : sources) {
+      const at::Tensor host = source.to(at::kCPU);
+      sources_.emplace_back(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+    }
+  }
+
+  void begin(const std::vector<at::Tensor>&, const std::vector<std::vector<int64_t>>& host_prompts) override {
+    batch_.start(host_prompts);
+    batch_.prefill(host_prompts, sources_);
+  }
+
+  std::vector<Proposal> propose(const std::vector<int64_t>& gammas, const SamplingConfig& config,
+                                std::vector<at::Generator>& generators, bool profile) override {
+    Batch::Setup& setup = batch_.setup();
+    setup.config = config;
+    setup.config.lenience = 1.0;  // this level's output law must be its model's own (hierarchy.h)
+    setup.profile = profile;
+    std::vector<double> before(rows_.size());
+    std::vector<size_t> traced(rows_.size());
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Row& row = rows_[r];
+      row.running = gammas[r] > 0;
+      row.stop_at = row.out.stats.new_tokens + gammas[r];
+      row.generator = generators[r];
+      row.emitted.clear();
+      row.laws.clear();
+      start_length_[r] = row.sequence_length;
+      before[r] = row.out.stats.total_seconds;
+      traced[r] = row.out.trace.size();
+    }
+    const auto start = Clock::now();
+    while (batch_.running()) batch_.iterate();
+    if (profile && device_.is_cuda()) torch::cuda::synchronize();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    std::vector<Proposal> out(rows_.size());
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Row& row = rows_[r];
+      row.out.stats.total_seconds = before[r] + (gammas[r] > 0 ? seconds : 0.0);
+      if (gammas[r] == 0) continue;
+      Proposal& proposal = out[r];
+      proposal.tokens = at::cat(row.emitted);  // [gamma], on the device: no host copy
+      proposal.q = at::cat(row.laws);          // [gamma, V]
+      row.out.tokens.clear();                  // the level's sequence lives in its caches, not here
+      proposal.seconds = seconds;
+      auto first = row.out.trace.begin() + static_cast<std::ptrdiff_t>(traced[r]);
+      proposal.inner.assign(std::make_move_iterator(first), std::make_move_iterator(row.out.trace.end()));
+      row.out.trace.erase(first, row.out.trace.end());
+    }
+    return out;
+  }
+
+  void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>&,
+               int64_t t_host) override {
+    batch_.restart(row, start_length_[row] + accepted, t, t_host);
+  }
+
+  void restart(int64_t row, int64_t length, const at::Tensor& t, int64_t t_host) override {
+    batch_.restart(row, length, t, t_host);
+  }
+
+  std::vector<Stats> levels(int64_t row) const override {
+    std::vector<Stats> out{rows_[row].out.stats};
+    const std::vector<Stats> below = batch_.draft_rows()->levels(row);
+    out.insert(out.end(), below.begin(), below.end());
+    return out;
+  }
+
+ private:
+  static std::vector<Row> make_rows(int64_t gamma, const GammaSchedule& schedule, int64_t count,
+                                    const at::Device& device) {
+    std::vector<Row> rows;
+    for (int64_t r = 0; r < count; ++r) {
+      // the generator is the outer row's, handed over with each proposal
+      rows.push_back(make_row(true, gamma, schedule, std::numeric_limits<int64_t>::max(), {}, device, 0));
+      rows.back().running = false;
+    }
+    return rows;
+  }
+
+  std::vector<Row> rows_;
+  std::vector<std::vector<int64_t>> sources_;
+  std::vector<int64_t> start_length_;  // each row's sequence length when its last proposal began
+  Batch batch_;
+  at::Device device_;
+};
+
+class HierarchyDrafter final : public Drafter {
+ public:
+  HierarchyDrafter(std::shared_ptr<Model> model, std::shared_ptr<Drafter> drafter, int64_t gamma,
+                   GammaSchedule schedule, Shapes drafter_shapes)
+      : model_(std::move(model)), drafter_(std::move(drafter)), gamma_(gamma), schedule_(std::move(schedule)),
+        drafter_shapes_(drafter_shapes) {}
+
+  std::unique_ptr<DraftRows> rows(int64_t count, Shapes shapes) override {
+    return std::make_unique<HierarchyRows>(*model_, *drafter_, gamma_, schedule_, count, model_->rows(count, shapes),
+                                           drafter_->rows(count, drafter_shapes_));
+  }
+  int64_t vocab_size() const override { return model_->vocab_size(); }
+  at::Device device() const override { return model_->device(); }
+  bool encoder_decoder() const override { return model_->encoder_decoder(); }
+  std::optional<int64_t> max_length() const override {
+    return smaller(model_->max_length(), drafter_->max_length());
+  }
+  std::optional<int64_t> max_source_length() const override {
+    return smaller(model_->max_source_length(), drafter_->max_source_length());
+  }
+  std::string name() const override { return fmt::format("speculative decoder (over a {} drafter)", drafter_->name()); }
+  Model* model() override { return model_.get(); }
+  std::vector<std::mutex*> locks() override {
+    std::vector<std::mutex*> out{&model_->in_use()};
+    const std::vector<std::mutex*> below = drafter_->locks();
+    out.insert(out.end(), below.begin(), below.end());
+    return out;
+  }
+  std::string tree_obstacle() const override {
+    return "a speculative decoder used as the draft (a hierarchical draft) proposes chains only";
+  }
+
+ private:
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<Drafter> drafter_;
+  int64_t gamma_;
+  GammaSchedule schedule_;
+  Shapes drafter_shapes_;
+};
+
+}  // namespace
+
+std::shared_ptr<Drafter> hierarchy_drafter(std::shared_ptr<Model> model, std::shared_ptr<Drafter> drafter,
+                                           int64_t gamma, const GammaSchedule& schedule, Shapes drafter_shapes) {
+  require(model != nullptr && drafter != nullptr, "a hierarchical draft needs a model and its drafter");
+  require(gamma >= 1, "gamma of the draft level must be >= 1, got {}", gamma);
+  make_gamma_policy(schedule.policy, gamma, schedule.max_gamma.value_or(2 * gamma), schedule.cost, gamma);
+  return std::make_shared<HierarchyDrafter>(std::move(model), std::move(drafter), gamma, schedule, drafter_shapes);
+}
+
+}  // namespace speculant

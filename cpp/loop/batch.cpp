@@ -1,0 +1,486 @@
+#include "loop/batch.h"
+
+#include <ATen/record_function.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include "errors.h"
+#include "loop/interrupt.h"
+#include "math/step.h"
+
+namespace speculant {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Accumulates the wall time of one phase into `total`, synchronizing an accelerator first when profiling.
+class PhaseTimer {
+ public:
+  PhaseTimer(double& total, const at::Device& device, bool profile)
+      : total_(total), sync_(profile && device.is_cuda()), start_(Clock::now()) {}
+  ~PhaseTimer() {
+    if (sync_) torch::cuda::synchronize();
+    total_ += seconds_since(start_);
+  }
+
+ private:
+  double& total_;
+  bool sync_;
+  Clock::time_point start_;
+};
+
+}  // namespace
+
+Row make_row(bool drafting, int64_t gamma, const GammaSchedule& schedule, int64_t cap,
+             const std::vector<int64_t>& tree_shape, const at::Device& device, uint64_t seed) {
+  Row row;
+  if (drafting) {
+    // default max_gamma 2 gamma, saturating; no iteration drafts more than `cap` tokens
+    const int64_t twice = gamma > std::numeric_limits<int64_t>::max() / 2 ? std::numeric_limits<int64_t>::max()
+                                                                          : 2 * gamma;
+    row.policy = make_gamma_policy(schedule.policy, gamma, schedule.max_gamma.value_or(twice), schedule.cost, cap);
+  }
+  Stats& stats = row.out.stats;
+  const int64_t max_gamma = row.policy ? row.policy->max_gamma() : 0;
+  stats.gamma = gamma;
+  stats.drafted_per_position.assign(max_gamma, 0);
+  stats.accepted_per_position.assign(max_gamma, 0);
+  stats.tree_visits.assign(tree_shape.size(), 0);
+  for (const int64_t children : tree_shape) stats.tree_accepted.emplace_back(children, 0);
+  stats.tree_offered = stats.tree_accepted;
+  stats.seed = seed;
+  row.generator = make_generator(device, seed);
+  return row;
+}
+
+Batch::Batch(Setup setup, std::vector<Row>& rows, std::unique_ptr<ModelRows> target_rows,
+             std::unique_ptr<DraftRows> draft_rows)
+    : s_(std::move(setup)), rows_(rows), target_rows_(std::move(target_rows)), draft_rows_(std::move(draft_rows)),
+      device_(s_.target.device()), clock_(device_, s_.profile), start_(Clock::now()) {}
+
+void Batch::start(const std::vector<std::vector<int64_t>>& prompts) {
+  const auto long_options = at::TensorOptions(device_).dtype(at::kLong);
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    rows_[r].pending = at::tensor(prompts[r], long_options);  // [P]: prefill caches all but the last
+    rows_[r].sequence_length = static_cast<int64_t>(prompts[r].size());
+  }
+}
+
+void Batch::prefill(const std::vector<std::vector<int64_t>>& prompts,
+                    const std::vector<std::vector<int64_t>>& sources) {
+  const auto long_options = at::TensorOptions(device_).dtype(at::kLong);
+  std::vector<at::Tensor> whole(rows_.size()), cached(rows_.size());
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Row& row = rows_[r];
+    whole[r] = row.pending;
+    cached[r] = row.pending.narrow(0, 0, row.pending.numel() - 1);
+    row.pending = row.pending.narrow(0, row.pending.numel() - 1, 1);  // [1]
+  }
+  // Encoder-decoder: each model encodes each source once (cross-attention keys and values included).
+  std::vector<at::Tensor> source_tensors;
+  for (const auto& source : sources) source_tensors.push_back(at::tensor(source, long_options));  // [S]
+  timed(&Stats::target_seconds, [&] {
+    if (!source_tensors.empty()) target_rows_->encode(source_tensors);
+    target_rows_->reset(cached);
+  });
+  if (draft_rows_) {
+    timed(&Stats::draft_seconds, [&] {
+      if (!source_tensors.empty()) draft_rows_->encode(source_tensors);
+      draft_rows_->begin(whole, prompts);
+    });
+  }
+}
+
+bool Batch::running() const {
+  return std::any_of(rows_.begin(), rows_.end(), [](const Row& row) { return row.running; });
+}
+
+// Each phase in a profiler scope of its own (free when no profiler runs): benchmarks/overhead.py counts the
+// operations each launches.
+void Batch::iterate() {
+  clock_.settle([this](size_t r) -> Stats& { return rows_[r].out.stats; });  // the last iteration read back
+  {
+    RECORD_USER_SCOPE("speculant::draft");
+    draft();
+  }
+  if (s_.trees) {
+    std::vector<TreeVerdict> verdicts;
+    {
+      RECORD_USER_SCOPE("speculant::verify");
+      verdicts = verify_trees();
+    }
+    RECORD_USER_SCOPE("speculant::accept");
+    accept_trees(verdicts);
+  } else {
+    std::vector<Verdict> verdicts;
+    {
+      RECORD_USER_SCOPE("speculant::verify");
+      verdicts = verify();
+    }
+    RECORD_USER_SCOPE("speculant::accept");
+    accept(verdicts);
+  }
+}
+
+// Draft: up to gamma tokens for each running row, from the row's gamma policy. A longer draft than the
+// tokens still wanted would be wasted work (any gamma keeps the law exact); limit 0 only in a row's last
+// iteration (one token still wanted): nothing to draft.
+void Batch::draft() {
+  std::vector<int64_t> limits(rows_.size());
+  bool drafting = false;
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Row& row = rows_[r];
+    const int64_t wanted = row.running && row.policy ? row.policy->next() : 0;
+    row.limit = row.running ? std::min<int64_t>(wanted, row.stop_at - row.out.stats.new_tokens - 1) : 0;
+    row.proposal = Proposal{};
+    limits[r] = row.limit;
+    drafting = drafting || row.limit > 0;
+  }
+  if (s_.trees) {
+    draft_trees();
+    return;
+  }
+  if (draft_rows_) {  // even when no row drafts: the drafter learns that none did (advance follows)
+    if (drafting) check_interrupt();  // the drafter checks again before each of its own model calls
+    std::vector<at::Generator> generators;
+    for (Row& row : rows_) generators.push_back(row.generator);  // handles: the rows' own generators
+    const auto draft_start = Clock::now();
+    clock_.begin();
+    std::vector<Proposal> proposals = draft_rows_->propose(limits, s_.config, generators, s_.profile);
+    const double draft_total = seconds_since(draft_start);
+    std::vector<size_t> drafted;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Row& row = rows_[r];
+      if (row.limit == 0) continue;
+      row.proposal = std::move(proposals[r]);
+      drafted.push_back(r);
+      if (!clock_.active()) {  // a table's drafter calls no model: its whole time
+        row.out.stats.draft_seconds += row.proposal.calls > 0 ? row.proposal.seconds : draft_total;
+      }
+      row.out.stats.draft_calls += row.proposal.calls;
+    }
+    clock_.end(&Stats::draft_seconds, std::move(drafted));  // the phase's device time, for each drafting row
+  }
+  const auto long_options = at::TensorOptions(device_).dtype(at::kLong);
+  for (Row& row : rows_) {
+    const bool proposed = row.proposal.tokens.defined() && row.proposal.tokens.numel() > 0;
+    row.drafted = proposed ? row.proposal.tokens : at::empty({0}, long_options);  // [gamma]
+  }
+}
+
+// Verify: Algorithm 1 runs M_p on prefix + [x_1 .. x_gamma] in parallel (one call for every running row),
+// then every running row's n leading acceptances and t ~ residual(p_{n+1}, q_{n+1}) at once (step.h), each
+// row with its own generator. Returns the verdicts of the running rows, in row order.
+std::vector<Verdict> Batch::verify() {
+  // Each running row's input, [pending, x_1 .. x_gamma]: where every row's has the same shape (the usual case) the
+  // batch's are joined in three operations, else row by row.
+  std::vector<at::Tensor> inputs(rows_.size()), pending, drafted;
+  std::vector<size_t> running;
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    if (!rows_[r].running) continue;
+    running.push_back(r);
+    pending.push_back(rows_[r].pending);
+    drafted.push_back(rows_[r].drafted);
+  }
+  const auto same = [](const std::vector<at::Tensor>& tensors) {
+    const int64_t size = tensors.empty() ? 0 : tensors[0].numel();
+    return std::all_of(tensors.begin(), tensors.end(), [size](const at::Tensor& t) { return t.numel() == size; });
+  };
+  if (running.size() > 1 && same(pending) && same(drafted)) {
+    const at::Tensor all = at::cat({at::stack(pending), at::stack(drafted)}, 1);  // [R, k]
+    for (size_t i = 0; i < running.size(); ++i) inputs[running[i]] = all.select(0, static_cast<int64_t>(i));
+  } else {
+    for (size_t i = 0; i < running.size(); ++i) inputs[running[i]] = at::cat({pending[i], drafted[i]});
+  }
+  check_interrupt();
+  std::vector<at::Tensor> logits;
+  timed(&Stats::target_seconds, [&] { logits = target_rows_->extend(inputs); });  // [pending + gamma, V]
+  std::vector<VerifyInput> checks;
+  std::vector<at::Generator*> generators;
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Row& row = rows_[r];
+    if (!row.running) continue;
+    const int64_t gamma = row.drafted.numel();
+    const at::Tensor verified = logits[r].narrow(0, logits[r].size(0) - gamma - 1, gamma + 1);
+    if (s_.laws) row.logits = verified;
+    checks.push_back({verified, row.proposal.q, row.drafted, row.proposal.maxima, row.proposal.finite});
+    generators.push_back(&row.generator);
+  }
+  return verify_rows(checks, s_.config, generators, s_.verify_graphs);
+}
+
+// Accept and emit, then roll back, for each running row (verdicts in row order, as verify returns them). The
+// target ran on pending + x_1..x_gamma: it keeps the accepted prefix, and t becomes pending. The draft's
+// rollback is bookkeeping: counted in other_seconds, not in c's draft time.
+void Batch::accept(std::vector<Verdict>& verdicts) {
+  size_t next = 0;
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Row& row = rows_[r];
+    if (!row.running) continue;
+    Verdict& verdict = verdicts[next++];
+    require_finite(row, r, verdict.finite);
+    Iteration it = record(row, verdict);
+    const bool stopped = emit(row, it);
+    if (s_.laws) {
+      row.emitted.push_back(it.emitted > it.accepted ? at::cat({row.drafted.narrow(0, 0, it.accepted), verdict.token})
+                                                     : row.drafted.narrow(0, 0, it.emitted));
+      row.laws.push_back(standardize(row.logits.narrow(0, 0, it.emitted), s_.config));
+    }
+    const auto index = static_cast<int64_t>(r);
+    target_rows_->truncate(index, row.sequence_length + it.accepted);
+    if (draft_rows_) {
+      draft_rows_->advance(index, it.accepted, verdict.token,
+                           std::vector<int64_t>(it.drafted.begin(), it.drafted.begin() + it.accepted), it.token);
+    }
+    row.pending = verdict.token;
+    row.sequence_length += it.accepted + 1;
+    end(row, it, stopped);
+  }
+}
+
+// Token trees (tree.h): one target call for every running row's tree, then each row's multi-draft
+// verification. Returns the verdicts of the running rows, in row order.
+std::vector<TreeVerdict> Batch::verify_trees() {
+  std::vector<at::Tensor> inputs(rows_.size());
+  std::vector<ModelRows::TreeNodes> nodes(rows_.size());
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Row& row = rows_[r];
+    if (!row.running) continue;
+    const Tree& tree = row.tree_proposal.tree;
+    const int64_t size = tree.size();
+    inputs[r] = size > 1 ? at::cat({row.pending, row.tree_proposal.tokens.narrow(0, 1, size - 1)}) : row.pending;
+    for (int64_t v = 0; v < size; ++v) {
+      nodes[r].offsets.push_back(tree.depth(v));
+      nodes[r].parents.push_back(tree.parent(v));
+    }
+  }
+  check_interrupt();
+  std::vector<at::Tensor> logits;
+  timed(&Stats::target_seconds, [&] { logits = target_rows_->extend_tree(inputs, nodes); });  // [N + 1, V]
+  // a row that drafted nothing (the root alone) has no laws: rows nothing reads, the sibling's too where the batch
+  // has a sibling draft (the verification takes every row's or none)
+  const bool sibling_law = std::any_of(rows_.begin(), rows_.end(), [](const Row& row) {
+    return row.running && row.tree_proposal.sibling_q.defined();
+  });
+  std::vector<TreeInput> trees;
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Row& row = rows_[r];
+    if (!row.running) continue;
+    const at::Tensor q = row.tree_proposal.q.defined() ? row.tree_proposal.q : at::zeros_like(logits[r]);
+    const at::Tensor sibling_q = row.tree_proposal.sibling_q.defined() || !sibling_law ? row.tree_proposal.sibling_q
+                                                                                         : at::zeros_like(q);
+    trees.push_back({&row.tree_proposal.tree, logits[r], q, inputs[r], row.tree_proposal.maxima, &row.generator,
+                     sibling_q});
+  }
+  return speculant::verify_trees(trees, s_.config, s_.siblings, s_.verify_graphs);
+}
+
+// Accept and emit, then roll back, for each running row's tree (verdicts as verify_trees returns them).
+void Batch::accept_trees(std::vector<TreeVerdict>& verdicts) {
+  size_t next = 0;
+  std::vector<int64_t> committing;
+  std::vector<std::vector<int64_t>> kept;  // each row's root (the pending token) and accepted path
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Row& row = rows_[r];
+    if (!row.running) continue;
+    TreeVerdict& verdict = verdicts[next++];
+    require_finite(row, r, verdict.finite);
+    Iteration it = record_tree(row, verdict);
+    const bool stopped = emit(row, it);
+    committing.push_back(static_cast<int64_t>(r));
+    kept.push_back({0});
+    kept.back().insert(kept.back().end(), verdict.path.begin(), verdict.path.end());
+    if (draft_rows_) {
+      draft_rows_->advance_tree(static_cast<int64_t>(r), verdict.path, verdict.token, verdict.path_tokens,
+                                verdict.host_token);
+    }
+    row.pending = verdict.token;
+    row.sequence_length += it.accepted + 1;
+    end(row, it, stopped);
+  }
+  target_rows_->commit(committing, kept);  // every row's kept entries moved in one call where the rows can
+}
+
+void Batch::restart(int64_t r, int64_t length, const at::Tensor& t, int64_t t_host) {
+  Row& row = rows_[r];
+  row.pending = restart_row(*target_rows_, r, row.pending, length, t);
+  if (draft_rows_) draft_rows_->restart(r, length, t, t_host);
+  row.sequence_length = length + 1;
+}
+
+void Batch::finish() {
+  clock_.settle([this](size_t r) -> Stats& { return rows_[r].out.stats; });
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Row& row = rows_[r];
+    if (row.out.stats.total_seconds == 0.0) row.out.stats.total_seconds = seconds_since(start_);
+    if (draft_rows_) row.out.levels = draft_rows_->levels(static_cast<int64_t>(r));
+  }
+}
+
+// Runs `phase`, charging its time to every running row's `field` (model calls of a phase serve them all).
+template <typename Phase>
+void Batch::timed(double Stats::*field, const Phase& phase) {
+  if (clock_.active()) {  // the device's time, read at the next settle()
+    std::vector<size_t> running;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      if (rows_[r].running) running.push_back(r);
+    }
+    clock_.begin();
+    phase();
+    clock_.end(field, std::move(running));
+    return;
+  }
+  double seconds = 0.0;
+  {
+    PhaseTimer timer(seconds, device_, s_.profile);
+    phase();
+  }
+  for (Row& row : rows_) {
+    if (row.running) row.out.stats.*field += seconds;
+  }
+}
+
+// The iteration's statistics: drafted and accepted per position, the betas (Theorem 3.5), the gamma policy.
+Iteration Batch::record(Row& row, Verdict& verdict) {
+  Stats& stats = row.out.stats;
+  const int64_t gamma = row.drafted.numel(), accepted = verdict.accepted;
+  Iteration it;
+  it.drafted = std::move(verdict.drafted);
+  it.accepted = accepted;
+  it.token = verdict.host_token;
+  it.bonus = accepted == gamma;
+  it.inner = std::move(row.proposal.inner);
+  stats.target_calls += 1;
+  stats.iterations += 1;
+  stats.drafted_tokens += gamma;
+  stats.accepted_tokens += accepted;
+  for (int64_t i = 0; i < gamma; ++i) {
+    stats.drafted_per_position[i] += 1;
+    stats.accepted_per_position[i] += i < accepted;
+  }
+  const auto verified = static_cast<int64_t>(verdict.betas.size());  // min(accepted + 1, gamma)
+  double beta_sum = 0.0;
+  for (const double beta : verdict.betas) beta_sum += beta;
+  stats.beta_sum += beta_sum;
+  stats.beta_count += verified;
+  if (row.policy && row.limit > 0) row.policy->observe(gamma, accepted, beta_sum, verified);
+  return it;
+}
+
+// Token trees: each running row's tree (at most `limit` deep), drafted level by level for all rows at once.
+// Every node of a tree takes a cache slot until the accepted path is kept, so near max_length a row's tree
+// shrinks until its nodes fit beside the cached tokens (any tree chosen before drawing keeps the law exact);
+// the root alone always fits (Decoder::check_inputs).
+void Batch::draft_trees() {
+  std::vector<std::optional<TreeDraft>> drafts(rows_.size());
+  std::vector<TreeDraft*> drafting(rows_.size(), nullptr);
+  bool any = false;
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Row& row = rows_[r];
+    row.tree_proposal = TreeProposal{};
+    if (!row.running || row.limit == 0) continue;
+    drafts[r].emplace(s_.trees->draft(row.limit, room(row)));
+    drafting[r] = &*drafts[r];
+    any = true;
+  }
+  if (!any) return;
+  check_interrupt();
+  std::vector<at::Generator> generators;
+  for (Row& row : rows_) generators.push_back(row.generator);
+  clock_.begin();
+  std::vector<TreeProposal> proposals = draft_rows_->propose_tree(drafting, s_.config, s_.siblings, generators,
+                                                                  s_.profile);
+  std::vector<size_t> drafted;
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    if (!drafting[r]) continue;
+    Row& row = rows_[r];
+    row.tree_proposal = std::move(proposals[r]);
+    drafted.push_back(r);
+    if (!clock_.active()) row.out.stats.draft_seconds += row.tree_proposal.seconds;
+    row.out.stats.draft_calls += row.tree_proposal.calls;
+  }
+  clock_.end(&Stats::draft_seconds, std::move(drafted));
+}
+
+// How many tree nodes (the root included) both models' caches hold beside the row's cached tokens.
+int64_t Batch::room(const Row& row) const {
+  int64_t most = std::numeric_limits<int64_t>::max();
+  for (const std::optional<int64_t> limit : {s_.target.max_length(), s_.draft ? s_.draft->max_length()
+                                                                               : std::optional<int64_t>()}) {
+    if (limit) most = std::min(most, *limit - (row.sequence_length - 1));
+  }
+  return most;
+}
+
+// A tree iteration's statistics: the path as the accepted drafts, every node as drafted, the depths and
+// ranks of the acceptances (Stats::tree_visits / tree_accepted), the betas of the path's nodes.
+Iteration Batch::record_tree(Row& row, TreeVerdict& verdict) {
+  Stats& stats = row.out.stats;
+  const Tree& tree = row.tree_proposal.tree;
+  const auto accepted = static_cast<int64_t>(verdict.path.size());
+  Iteration it;
+  it.drafted = verdict.path_tokens;
+  it.accepted = accepted;
+  it.token = verdict.host_token;
+  it.bonus = accepted == tree.depth() && tree.depth() > 0;
+  it.tree = tree.parents();
+  stats.target_calls += 1;
+  stats.iterations += 1;
+  stats.drafted_tokens += tree.size() - 1;
+  stats.accepted_tokens += accepted;
+  for (int64_t i = 0; i < tree.depth(); ++i) {
+    stats.drafted_per_position[i] += 1;
+    stats.accepted_per_position[i] += i < accepted;
+  }
+  for (size_t i = 0; i < verdict.accepted_rank.size(); ++i) {
+    const int64_t node = i == 0 ? 0 : verdict.path[i - 1];
+    if (tree.children(node) == 0) continue;
+    stats.tree_visits[i] += 1;
+    for (int64_t j = 0; j < tree.children(node); ++j) stats.tree_offered[i][j] += 1;
+    if (verdict.accepted_rank[i] >= 0) stats.tree_accepted[i][verdict.accepted_rank[i]] += 1;
+  }
+  for (const double beta : verdict.betas) stats.beta_sum += beta;
+  stats.beta_count += static_cast<int64_t>(verdict.betas.size());
+  return it;
+}
+
+// ValueError unless the verification of row r saw finite logits.
+void Batch::require_finite(const Row& row, size_t r, bool finite) const {
+  require(finite, "model returned NaN or +inf logits, or an all -inf row, at sequence position {}{} "
+          "(checked in every draft and target call)", row.sequence_length,
+          rows_.size() == 1 ? std::string() : fmt::format(" of row {}", r));
+}
+
+// Emits x_1 .. x_n, t, stopping at the row's stop_at or just after an EOS. Returns whether the row stopped.
+bool Batch::emit(Row& row, Iteration& it) {
+  Stats& stats = row.out.stats;
+  for (int64_t i = 0; i <= it.accepted; ++i) {
+    const int64_t token = i < it.accepted ? it.drafted[i] : it.token;
+    row.out.tokens.push_back(token);
+    it.emitted += 1;
+    stats.new_tokens += 1;
+    if (stats.new_tokens == row.stop_at || is_eos(token)) return true;
+  }
+  return false;
+}
+
+// Records the iteration; a stopped row ends with its time.
+void Batch::end(Row& row, Iteration& it, bool stopped) {
+  row.out.trace.push_back(std::move(it));
+  if (!stopped) return;
+  row.running = false;
+  row.out.stats.total_seconds = seconds_since(start_);
+}
+
+bool Batch::is_eos(int64_t token) const {
+  return std::find(s_.eos_token_ids.begin(), s_.eos_token_ids.end(), token) != s_.eos_token_ids.end();
+}
+
+}  // namespace speculant

@@ -1,0 +1,408 @@
+#include "math/cpu_kernels.h"
+
+#include <ATen/Dispatch.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "errors.h"
+
+namespace speculant::cpu {
+namespace {
+
+std::atomic<bool> host_kernels_on{true};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The passes over a row are written so that the compiler vectorizes them: comparisons and OR-reductions, and
+// reductions that `omp simd` lets it reorder (-fopenmp-simd; CMakeLists.txt). Sums of probabilities are taken
+// in float64.
+
+// Whether a row of raw logits is usable: no NaN, no +inf, and not entirely -inf (-inf alone masks a token).
+template <typename acc_t, typename in_t>
+bool row_finite(const in_t* x, int64_t vocab) {
+  int bad = 0, real = 0;
+#pragma omp simd reduction(| : bad, real)
+  for (int64_t v = 0; v < vocab; ++v) {
+    const auto value = static_cast<acc_t>(x[v]);
+    bad |= !(value < std::numeric_limits<acc_t>::infinity());  // NaN or +inf
+    real |= value > -std::numeric_limits<acc_t>::infinity();
+  }
+  return bad == 0 && real != 0;
+}
+
+// The maximum of a finite row.
+template <typename acc_t, typename in_t>
+acc_t row_max(const in_t* x, int64_t vocab) {
+  auto top = -std::numeric_limits<acc_t>::infinity();
+#pragma omp simd reduction(max : top)
+  for (int64_t v = 0; v < vocab; ++v) top = std::max(top, static_cast<acc_t>(x[v]));
+  return top;
+}
+
+// First index of the maximum (NaN never wins, as no value compares above it).
+template <typename acc_t>
+int64_t argmax(const acc_t* row, int64_t vocab) {
+  int64_t best = 0;
+  for (int64_t v = 1; v < vocab; ++v) {
+    if (row[v] > row[best]) best = v;
+  }
+  return best;
+}
+
+// Inverse CDF of an unnormalized row with positive mass, in float64: the first token whose cumulative mass
+// exceeds u * total. A zero-probability token never is. The total is summed in another order than the scan,
+// so when rounding leaves the target above the scan's last sum the last token with positive mass is returned.
+// `value(v)` gives the row's mass at v.
+template <typename F>
+int64_t inverse_cdf(int64_t vocab, double u, const F& value) {
+  double total = 0.0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t v = 0; v < vocab; ++v) total += value(v);
+  const double target = u * total * kBelowOne;
+  double cumulative = 0.0;
+  int64_t last = vocab - 1;  // only for a row without positive mass (NaN), which callers reject
+  for (int64_t v = 0; v < vocab; ++v) {
+    const double mass = value(v);
+    if (mass > 0) last = v;
+    cumulative += mass;
+    if (cumulative > target && mass > 0) return v;
+  }
+  return last;
+}
+
+// Top-p on one finite probability row, in place: keeps the most probable tokens whose preceding mass (in
+// descending order, ties in index order) is below top_p, and renormalizes.
+template <typename acc_t>
+void keep_top_p(acc_t* row, int64_t vocab, double top_p, std::vector<int64_t>& order) {
+  order.resize(vocab);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [row](int64_t a, int64_t b) { return row[a] > row[b]; });
+  double cumulative = 0.0, kept = 0.0;
+  for (const int64_t v : order) {
+    const acc_t before = static_cast<acc_t>(cumulative + row[v]) - row[v];  // as cumsum(sorted) - sorted
+    cumulative += row[v];
+    if (static_cast<double>(before) < top_p) {  // in float64: a tiny top_p must not round to 0
+      kept += row[v];
+    } else {
+      row[v] = 0;
+    }
+  }
+  for (int64_t v = 0; v < vocab; ++v) row[v] = static_cast<acc_t>(row[v] / kept);
+}
+
+template <typename in_t, typename acc_t>
+at::Tensor standardize_rows(const at::Tensor& logits, const SamplingConfig& config, std::vector<uint8_t>* finite) {
+  const int64_t n = logits.size(0), vocab = logits.size(1);
+  const in_t* x = logits.const_data_ptr<in_t>();
+  const auto options = logits.options().dtype(c10::CppTypeToScalarType<acc_t>::value);
+  std::vector<uint8_t> ok(n);
+  for (int64_t i = 0; i < n; ++i) ok[i] = row_finite<acc_t>(x + i * vocab, vocab);
+  if (finite) *finite = ok;
+  if (config.greedy()) {  // one-hot at the argmax, first index on ties
+    at::Tensor out = at::zeros({n, vocab}, options);
+    acc_t* y = out.mutable_data_ptr<acc_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const in_t* row = x + i * vocab;
+      int64_t best = 0;
+      for (int64_t v = 1; v < vocab; ++v) {
+        if (static_cast<acc_t>(row[v]) > static_cast<acc_t>(row[best])) best = v;
+      }
+      y[i * vocab + best] = 1;
+    }
+    return out;
+  }
+  const bool top_k = config.top_k > 0 && config.top_k < vocab;
+  at::Tensor shifted;
+  if (config.temperature == 1.0 && !top_k) {
+    shifted = logits.to(options.dtype());  // softmax shifts by the maximum itself; no copy when already so
+  } else {
+    // (x - max) / T: the law is unchanged and the quotient stays finite for any T > 0 (sampling.cpp).
+    shifted = at::empty({n, vocab}, options);
+    acc_t* y = shifted.mutable_data_ptr<acc_t>();
+    const auto temperature = static_cast<acc_t>(config.temperature);
+    std::vector<acc_t> scratch;
+    for (int64_t i = 0; i < n; ++i) {
+      const in_t* row = x + i * vocab;
+      acc_t* out = y + i * vocab;
+      if (!ok[i]) {  // NaN throughout: the caller rejects the row
+        std::fill(out, out + vocab, std::numeric_limits<acc_t>::quiet_NaN());
+        continue;
+      }
+      const acc_t top = row_max<acc_t>(row, vocab);
+      for (int64_t v = 0; v < vocab; ++v) out[v] = (static_cast<acc_t>(row[v]) - top) / temperature;
+      if (top_k) {  // keep the k largest and every value tied with the k-th
+        scratch.assign(out, out + vocab);
+        std::nth_element(scratch.begin(), scratch.begin() + (config.top_k - 1), scratch.end(), std::greater<acc_t>());
+        const acc_t kth = scratch[config.top_k - 1];
+        for (int64_t v = 0; v < vocab; ++v) {
+          if (out[v] < kth) out[v] = -std::numeric_limits<acc_t>::infinity();
+        }
+      }
+    }
+  }
+  at::Tensor probs = at::_softmax(shifted, /*dim=*/1, /*half_to_float=*/false);  // vectorized, all rows at once
+  if (config.top_p < 1.0) {
+    acc_t* data = probs.mutable_data_ptr<acc_t>();
+    std::vector<int64_t> order;
+    for (int64_t i = 0; i < n; ++i) {
+      if (ok[i]) keep_top_p(data + i * vocab, vocab, config.top_p, order);
+    }
+  }
+  return probs;
+}
+
+template <typename acc_t>
+Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* drafted, const at::Tensor& logits,
+                    const SamplingConfig& config, const Uniform& uniform) {
+  const int64_t gamma = q.size(0), vocab = p.size(1);
+  const acc_t* p_data = p.const_data_ptr<acc_t>();
+  const acc_t* q_data = gamma > 0 ? q.const_data_ptr<acc_t>() : nullptr;  // read only where drafts exist
+  const bool lenient_argmax = config.greedy() && config.lenience < 1.0;
+  const double log_lenience = std::log(config.lenience);
+  Verdict out;
+  int64_t n = 0;
+  for (; n < gamma; ++n) {
+    const acc_t* p_i = p_data + n * vocab;
+    const acc_t* q_i = q_data + n * vocab;
+    double beta = 0.0;
+#pragma omp simd reduction(+ : beta)
+    for (int64_t v = 0; v < vocab; ++v) beta += std::min(p_i[v], q_i[v]);
+    out.betas.push_back(beta);
+    const int64_t x = drafted[n];
+    // min(1, p(x) / (l q(x))): 0 where p(x) = 0, 1 where q(x) = 0 < p(x) (speculative.h)
+    const double p_x = p_i[x], denominator = static_cast<double>(q_i[x]) * config.lenience;
+    double accept = denominator > 0 ? std::min(1.0, p_x / denominator) : (p_x > 0 ? 1.0 : 0.0);
+    if (lenient_argmax) {  // A.5, argmax variant: logit(x) - max logit >= log l
+      const at::Tensor raw = logits[n].to(at::kDouble);  // a rare mode: tensor reads suffice
+      const double margin = raw[x].item<double>() - raw.max().item<double>();
+      if (margin >= log_lenience) accept = 1.0;
+    }
+    const bool kept = config.greedy() ? accept >= 1.0 : uniform() < accept;
+    if (!kept) break;
+  }
+  out.accepted = n;
+  const acc_t* p_n = p_data + n * vocab;
+  if (n == gamma) {  // all kept: the bonus token from p_{gamma+1}
+    out.token = config.greedy() ? argmax(p_n, vocab) : inverse_cdf(vocab, uniform(), [p_n](int64_t v) {
+      return static_cast<double>(p_n[v]);
+    });
+    return out;
+  }
+  // residual(p_{n+1}, q_{n+1}) = norm(max(0, p - q)), drawn unnormalized; p itself when its mass is zero
+  const acc_t* q_n = q_data + n * vocab;
+  const auto excess = [p_n, q_n](int64_t v) { return std::max(0.0, static_cast<double>(p_n[v] - q_n[v])); };
+  double mass = 0.0;
+#pragma omp simd reduction(+ : mass)
+  for (int64_t v = 0; v < vocab; ++v) mass += excess(v);
+  if (config.greedy()) {
+    int64_t best = 0;
+    for (int64_t v = 1; v < vocab; ++v) {
+      if (excess(v) > excess(best)) best = v;
+    }
+    out.token = mass > 0 ? best : argmax(p_n, vocab);
+  } else if (mass > 0) {
+    out.token = inverse_cdf(vocab, uniform(), excess);
+  } else {
+    out.token = inverse_cdf(vocab, uniform(), [p_n](int64_t v) { return static_cast<double>(p_n[v]); });
+  }
+  return out;
+}
+
+}  // namespace
+
+bool host_kernels(const at::Tensor& t) { return t.is_cpu() && host_kernels_on.load(std::memory_order_relaxed); }
+
+bool set_host_kernels(bool on) { return host_kernels_on.exchange(on); }
+
+bool all_finite(const at::Tensor& maxima) {
+  if (!maxima.defined()) return true;
+  const at::Tensor values = maxima.to(at::kDouble).contiguous();
+  const double* data = values.const_data_ptr<double>();
+  return std::all_of(data, data + values.numel(), [](double m) { return std::isfinite(m); });
+}
+
+at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, std::vector<uint8_t>* finite) {
+  const at::Tensor x = logits.contiguous();
+  if (x.scalar_type() == at::kDouble) return standardize_rows<double, double>(x, config, finite);
+  at::Tensor out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "speculant_standardize", [&] {
+    out = standardize_rows<scalar_t, float>(x, config, finite);
+  });
+  return out;
+}
+
+int64_t draw(const at::Tensor& probs, int64_t row, bool greedy, const Uniform& uniform) {
+  const int64_t vocab = probs.size(1);
+  int64_t token = 0;
+  AT_DISPATCH_FLOATING_TYPES(probs.scalar_type(), "speculant_draw", [&] {
+    const scalar_t* data = probs.const_data_ptr<scalar_t>() + row * vocab;
+    token = greedy ? argmax(data, vocab)
+                   : inverse_cdf(vocab, uniform(), [data](int64_t v) { return static_cast<double>(data[v]); });
+  });
+  return token;
+}
+
+at::Tensor sample(const at::Tensor& probs, at::Generator& generator) {
+  const at::Tensor rows = probs.scalar_type() == at::kDouble || probs.scalar_type() == at::kFloat
+                              ? probs.contiguous()
+                              : probs.to(at::kFloat).contiguous();
+  const int64_t n = rows.size(0);
+  at::Tensor out = at::empty({n}, rows.options().dtype(at::kLong));
+  int64_t* token = out.mutable_data_ptr<int64_t>();
+  GeneratorUniform uniform(generator);
+  for (int64_t i = 0; i < n; ++i) token[i] = draw(rows, i, /*greedy=*/false, [&uniform] { return uniform(); });
+  return out;
+}
+
+at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, const Uniform& uniform,
+                         const at::Tensor& sibling) {
+  const at::Tensor row = q.to(at::kDouble).contiguous();
+  const int64_t vocab = row.numel();
+  std::vector<double> left(row.const_data_ptr<double>(), row.const_data_ptr<double>() + vocab);
+  const at::Tensor sibling_row = sibling.defined() ? sibling.to(at::kDouble).contiguous() : at::Tensor();
+  at::Tensor out = at::empty({k}, row.options().dtype(at::kLong));
+  int64_t* token = out.mutable_data_ptr<int64_t>();
+  int64_t j = 0;
+  if (siblings == Siblings::top) {  // q's k - 1 most probable tokens, the first index on ties: one scan each
+    for (; j < k - 1; ++j) {
+      token[j] = argmax(left.data(), vocab);
+      left[token[j]] = -1.0;  // below every probability until the draw
+    }
+    for (int64_t i = 0; i < j; ++i) left[token[i]] = 0.0;
+  }
+  for (; j < k; ++j) {
+    if (j == 1 && sibling_row.defined()) {  // children 1 .. k - 1 from the sibling law (independent draws)
+      std::copy(sibling_row.const_data_ptr<double>(), sibling_row.const_data_ptr<double>() + vocab, left.begin());
+    }
+    double mass = 0.0;
+#pragma omp simd reduction(+ : mass)
+    for (int64_t v = 0; v < vocab; ++v) mass += left[v];
+    token[j] = mass > 0 ? inverse_cdf(vocab, uniform(), [&left](int64_t v) { return left[v]; }) : 0;
+    if (!independent_draws(siblings)) left[token[j]] = 0.0;
+  }
+  return out;
+}
+
+TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
+                        const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
+                        const at::Tensor& sibling_q) {
+  std::vector<uint8_t> finite;
+  const at::Tensor p = standardize(target_logits, config, &finite).to(at::kDouble).contiguous();  // [N + 1, V]
+  const int64_t vocab = p.size(1);
+  const double* p_data = p.const_data_ptr<double>();
+  TreeVerdict out;
+  out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });
+  std::vector<double> p_j(vocab), q_left(vocab), q_j(vocab);
+  for (int64_t node = 0;;) {
+    const double* p_node = p_data + node * vocab;
+    const int64_t children = tree.children(node);
+    if (children == 0) {  // a leaf: t from p there
+      out.accepted_rank.push_back(-1);
+      out.host_token = config.greedy() ? argmax(p_node, vocab)
+                                       : inverse_cdf(vocab, uniform(), [p_node](int64_t v) { return p_node[v]; });
+      return out;
+    }
+    const at::Tensor q_row = q[node].to(at::kDouble).contiguous();  // [V]
+    const double* q_node = q_row.const_data_ptr<double>();
+    // the law the later children were drawn from: q, or the sibling draft's (tree.h)
+    const at::Tensor s_row = sibling_q.defined() ? sibling_q[node].to(at::kDouble).contiguous() : q_row;
+    const double* s_node = s_row.const_data_ptr<double>();
+    double beta = 0.0;
+#pragma omp simd reduction(+ : beta)
+    for (int64_t v = 0; v < vocab; ++v) beta += std::min(p_node[v], q_node[v]);
+    out.betas.push_back(beta);
+    int64_t chosen = -1;
+    if (config.greedy()) {  // the first child that is the target's argmax; else t is that argmax
+      const int64_t best = argmax(p_node, vocab);
+      for (int64_t j = 0; j < children && chosen < 0; ++j) {
+        if (tokens[tree.first_child(node) + j] == best) chosen = j;
+      }
+      out.accepted_rank.push_back(chosen);
+      if (chosen < 0) {
+        out.host_token = best;
+        return out;
+      }
+    } else {
+      std::copy(p_node, p_node + vocab, p_j.begin());
+      std::copy(q_node, q_node + vocab, q_left.begin());
+      for (int64_t j = 0; j < children && chosen < 0; ++j) {
+        const int64_t x = tokens[tree.first_child(node) + j];
+        const bool look_ahead = siblings == Siblings::coupled && j + 1 < children;
+        if (j == 1 && siblings == Siblings::with_replacement) std::copy(s_node, s_node + vocab, q_left.begin());
+        // q_j: what is left of q (without replacement or top: the earlier siblings removed), renormalized
+        double mass = 0.0;
+#pragma omp simd reduction(+ : mass)
+        for (int64_t v = 0; v < vocab; ++v) mass += q_left[v];
+        const double scale = 1.0 / std::max(mass, std::numeric_limits<double>::min());
+        for (int64_t v = 0; v < vocab; ++v) q_j[v] = q_left[v] * scale;
+        if (siblings == Siblings::top && j < children - 1) {  // the first k - 1: the point mass at x (tree.h)
+          std::fill(q_j.begin(), q_j.end(), 0.0);
+          q_j[x] = 1.0;
+        }
+        // min(1, p_j(x) / q_j(x)); a child q_j could not have drawn is never accepted (speculative.h, tree.h).
+        // Coupled: the coin looks at whether the next child is in H_j = {p_j > q_j}, of q mass w (tree.h).
+        double w = 0.0;
+        if (look_ahead) {
+#pragma omp simd reduction(+ : w)
+          for (int64_t v = 0; v < vocab; ++v) w += p_j[v] > q_j[v] ? s_node[v] : 0.0;
+        }
+        const double ratio = q_j[x] > 0 ? p_j[x] / q_j[x] : 0.0;
+        const int64_t next = look_ahead ? tokens[tree.first_child(node) + j + 1] : 0;
+        const double accept = q_j[x] <= 0  ? 0.0
+                              : look_ahead ? coupled_coin(ratio, p_j[next] > q_j[next], w)
+                                           : std::min(1.0, ratio);
+        if (uniform() < accept) {
+          chosen = j;
+          break;
+        }
+        if (look_ahead) {  // the next child's law given this rejection: q reweighted on H_j and off it (tree.h)
+          double keep_in = 0.0, keep_out = 0.0;
+          for (int64_t v = 0; v < vocab; ++v) {
+            if (q_j[v] <= 0 || p_j[v] >= q_j[v]) continue;  // r >= 1: always accepted
+            const double r = p_j[v] / q_j[v];
+            keep_in += q_j[v] * (1.0 - coupled_coin(r, true, w));
+            keep_out += q_j[v] * (1.0 - coupled_coin(r, false, w));
+          }
+          for (int64_t v = 0; v < vocab; ++v) q_left[v] = s_node[v] * (p_j[v] > q_j[v] ? keep_in : keep_out);
+        }
+        // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself when that has no mass
+        double excess = 0.0;
+#pragma omp simd reduction(+ : excess)
+        for (int64_t v = 0; v < vocab; ++v) excess += std::max(0.0, p_j[v] - q_j[v]);
+        if (excess > 0) {
+          for (int64_t v = 0; v < vocab; ++v) p_j[v] = std::max(0.0, p_j[v] - q_j[v]) / excess;
+        }
+        if (!independent_draws(siblings)) q_left[x] = 0.0;
+      }
+      out.accepted_rank.push_back(chosen);
+      if (chosen < 0) {  // every child rejected: t from the last residual
+        out.host_token = inverse_cdf(vocab, uniform(), [&p_j](int64_t v) { return p_j[v]; });
+        return out;
+      }
+    }
+    node = tree.first_child(node) + chosen;
+    out.path.push_back(node);
+    out.path_tokens.push_back(tokens[node]);
+  }
+}
+
+Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
+               const SamplingConfig& config, const Uniform& uniform) {
+  std::vector<uint8_t> finite;
+  const at::Tensor p = standardize(target_logits, config, &finite);  // [gamma + 1, V]
+  const at::Tensor q_rows = q.size(0) > 0 ? q.to(p.scalar_type()).contiguous() : q;  // no copy when already so
+  Verdict out;
+  if (p.scalar_type() == at::kDouble) {
+    out = verify_rows<double>(p, q_rows, drafted, target_logits, config, uniform);
+  } else {
+    out = verify_rows<float>(p, q_rows, drafted, target_logits, config, uniform);
+  }
+  out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });
+  return out;
+}
+
+}  // namespace speculant::cpu

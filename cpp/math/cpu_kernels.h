@@ -1,0 +1,91 @@
+// Host kernels for CPU tensors: the sampling math of a draft step and of a verification in a few passes over
+// the vocabulary, with pointer loops instead of small tensor operations. On a CPU each ATen operation costs
+// microseconds of dispatch and allocation, and the tensor formulation of one Algorithm 1 iteration runs about
+// fifty of them (BENCHMARKS.md, "Engine overhead"); these kernels run one softmax and a few allocations.
+//
+// The laws are those of sampling.h and speculative.h, which the tensor path computes for accelerators. Tests
+// check both paths against tests/reference.py (test_sampling.py, test_step.py).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/DistributionsHelper.h>
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "math/sampling.h"
+#include "math/tree.h"
+
+namespace speculant::cpu {
+
+// Whether CPU tensors run these host kernels (the default) or the tensor path that accelerators run. Tests and
+// benchmarks turn them off process-wide (speculant.testing.tensor_path) to run the accelerators' sampling and
+// verification code, all of it but the CUDA graphs, on a CPU.
+bool host_kernels(const at::Tensor& t);
+bool set_host_kernels(bool on);  // returns the previous setting
+
+// Whether a CPU tensor of raw row maxima holds no NaN and no +inf (read on the host; undefined: true).
+bool all_finite(const at::Tensor& maxima);
+
+// A source of independent uniforms in [0, 1): the decoder's generator, or given values in tests.
+using Uniform = std::function<double()>;
+
+// standardize() for CPU logits [n, V], same contract and working dtype. `finite` (if given) receives one flag
+// per row: no NaN, no +inf, not entirely -inf (what row_maxima() being finite means). A row that fails comes
+// out as NaN (callers reject it through its flag).
+at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, std::vector<uint8_t>* finite);
+
+// One token from row `row` of a CPU probability matrix [n, V] (float32 or float64; rows need not be
+// normalized): argmax (first on ties) when greedy, else inverse CDF with one uniform.
+int64_t draw(const at::Tensor& probs, int64_t row, bool greedy, const Uniform& uniform);
+
+// sample() for CPU probabilities: one token per row, one uniform per row from `generator`.
+at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
+
+struct Verdict {
+  int64_t accepted = 0;       // n: leading draft tokens kept
+  int64_t token = 0;          // t ~ residual(p_{n+1}, q_{n+1}), p_{gamma+1} when all were kept (argmax if greedy)
+  std::vector<double> betas;  // beta_i = sum_x min(p_i, q_i) for the verified positions, i < min(n + 1, gamma)
+  bool finite = true;         // every target row was finite (standardize's flags)
+};
+
+// Algorithm 1's verification for CPU tensors: target_logits [gamma + 1, V], q [gamma, V] the draft rows the
+// tokens were drawn from, drafted [gamma] the draft tokens (host). Draws one r per draft token up to the first
+// rejection, then one uniform for t, from `uniform`; greedy draws none. Standardizes all gamma + 1 target rows
+// (all are checked for finiteness) but evaluates beta and the residual only where Algorithm 1 reads them.
+Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
+               const SamplingConfig& config, const Uniform& uniform);
+
+// draw_children() (tree.h) for a CPU row q [V], sampled (not greedy): k tokens, each by inverse CDF with one
+// uniform from what is left of q (without replacement: the tokens drawn before it removed); once nothing is
+// left, token 0 (verify_tree never accepts a token its q_j gives no mass). sibling (may be undefined; independent
+// draws only): [V], the law of children 1 .. k - 1.
+at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, const Uniform& uniform,
+                         const at::Tensor& sibling = at::Tensor());
+
+// Multi-draft verification of a token tree for CPU tensors (tree.h's rule and arguments; tokens: the nodes'
+// tokens, host). Standardizes every target row (all are checked for finiteness) but walks down from the root
+// evaluating only the nodes it reaches: at each, its children's tests in rank order, one uniform each until
+// one is accepted (greedy: none), and at the node where it stops one uniform for t from the last residual
+// (greedy: the argmax of p there). verdict.token is left undefined (the caller makes it).
+TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
+                        const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
+                        const at::Tensor& sibling_q = at::Tensor());
+
+// Uniforms from a CPU generator, holding the generator's lock while it lives.
+class GeneratorUniform {
+ public:
+  explicit GeneratorUniform(at::Generator& generator)
+      : generator_(at::check_generator<at::CPUGeneratorImpl>(generator)), lock_(generator_->mutex_) {}
+  double operator()() { return distribution_(generator_); }
+
+ private:
+  at::CPUGeneratorImpl* generator_;
+  std::lock_guard<std::mutex> lock_;
+  at::uniform_real_distribution<double> distribution_{0.0, 1.0};
+};
+
+}  // namespace speculant::cpu

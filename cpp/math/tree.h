@@ -1,0 +1,215 @@
+// Token trees: several drafts per position, verified in one target call (SpecInfer, Miao et al. 2024;
+// recursive rejection sampling, Jeon et al. 2024). A chain of gamma drafts is the tree [1] * gamma.
+//
+// Notation as in speculative.h: p = target M_p, q = draft M_q, both standardized by one SamplingConfig.
+//
+// Exactness (multi-draft speculative sampling). At a node with target distribution p and children x_1 .. x_k
+// (in the order they were drawn), the verifier runs k speculative sampling steps in turn:
+//     p_1 = p;  step j: accept x_j with probability min(1, p_j(x_j) / q_j(x_j)),
+//                       otherwise p_{j+1} = norm(max(0, p_j - q_j));
+//     if every child is rejected, t ~ p_{k+1}.
+// where q_j is the law x_j was drawn from given x_1 .. x_{j-1}: q itself when the children are drawn with
+// replacement (independently), q without the earlier siblings' tokens, renormalized, when drawn without
+// replacement; for `top` children (below) the point mass at x_j for each of the first k - 1, which are q's most
+// probable tokens, and q without them, renormalized, for the last.
+// Claim: the token this emits at the node is distributed as p. Proof by induction on the
+// children left: with none left, t ~ p_{k+1} = p_j. With children j .. k left, fix x_1 .. x_{j-1}; x_j ~ q_j,
+// and step j is one step of Algorithm 1 for the pair (p_j, q_j): P(emit x_j) = min(q_j(x), p_j(x)), and on a
+// rejection (probability 1 - sum min(p_j, q_j)) the rest emits a sample of p_{j+1} by the induction
+// hypothesis, whatever x_j was (p_{j+1} depends on q_j, not on the drawn x_j, and the later children are
+// drawn from laws the later steps use). So P(emit x) = min(p_j, q_j)(x) + (1 - sum min(p_j, q_j)) p_{j+1}(x)
+// = p_j(x) (Theorem 3.5's identity, A.1). An accepted child becomes the next node: its own children were
+// drawn from q at its context, so the same argument applies there, and the emitted sequence is distributed as
+// the target's own continuation, token by token. Without replacement p_{j+1}(x_i) = 0 for every rejected x_i
+// (a rejection needs p_j(x_i) < q_j(x_i)), so removing the rejected tokens from q_{j+1} loses nothing; with
+// replacement a repeated token, once rejected, has p_{j+1}(x) = 0 and is rejected again.
+// Top children (how the drafts are drawn bounds what any verifier can accept: Hu et al., ICLR 2025, "Towards
+// optimal multi-draft speculative decoding"). A point mass is a law like any other, so the proof above covers
+// x_j fixed in advance: step j accepts x_j with probability min(1, p_j(x_j) / 1) = p_j(x_j) and on a rejection
+// leaves p_{j+1} = norm(max(0, p_j - delta_{x_j})), which is p_j with x_j removed, renormalized. The first k - 1
+// children are a function of q alone (its k - 1 most probable tokens, the first index on ties), so the claim
+// needs nothing of the draft's calibration there; the last child, drawn from q without them, is an ordinary
+// speculative step against what is left. With k = 1 this is the chain's Algorithm 1. Together the first k - 1
+// steps accept with probability p(T) (T: the top k - 1 tokens), the last with the sum over x outside T of
+// min(p(x), q(x) (1 - p(T)) / (1 - q(T))): more than sampled siblings where the draft's argmax is the
+// target's but its mass is spread, less where the draft is close to the target in law (tests/test_tree.py
+// enumerates both; on the trained GPT-2 pair sampled siblings keep more, benchmarks/trees.py).
+// Coupled children (siblings = coupled: drawn independently from q, as with replacement). Rejection sampling tries
+// child j with a coin of probability min(1, r(x_j)), r = p_j / q_j, that ignores the later children, so a child
+// of r < 1 is sometimes accepted when the child after it would have been accepted too, and sometimes rejected when
+// the child after it is useless. The coupled rule lets child j's coin look at child j + 1's token, and only at
+// whether it lies in H_j = {v : p_j(v) > q_j(v)}, the support of the residual p_{j+1}. With w = q(H_j), the chance
+// that child j + 1 lands in H_j, a child of r = r(x_j) is accepted with probability
+//     u(r, in H_j) = clamp((r - (1 - w)) / w, 0, 1),     u(r, not in H_j) = min(1, r / (1 - w))
+// (1 when the denominator is 0; u = 1 for r >= 1 either way): a child of r < 1 spends its acceptance on the
+// draws of j + 1 that are useless, as far as they reach. The last child, with no child after it, keeps min(1, r).
+// Claim: the token emitted at the node is distributed as p. (1) For every x_j = a, the coin averaged over
+// x_{j+1} ~ q is (1 - w) u(r, out) + w u(r, in) = min(1, r(a)) (check the cases r <= 1 - w and r > 1 - w), so
+// P(emit x_j = a) = q_j(a) min(1, r(a)) = min(p_j, q_j)(a), as in Algorithm 1, and a rejection has probability
+// 1 - sum min(p_j, q_j) and must be followed by a sample of p_{j+1} = norm(max(0, p_j - q_j)), as above.
+// (2) Given the rejection, x_{j+1} is no longer distributed as q: its law is
+//     q_{j+1}(b) = q(b) (1 - sum_a q_j(a) u(r(a), b in H_j)) / (1 - sum min(p_j, q_j)),
+// which the verifier computes (it depends on b only through b in H_j), while x_{j+2} .. x_k, not looked at yet,
+// are still independent draws of q, independent of x_{j+1}. Step j + 1 is then the same rule for the pair
+// (p_{j+1}, q_{j+1}) with its own look-ahead at x_{j+2}, and by induction on the children left (the base case
+// the last child's plain step, then t ~ p_{k+1}) it emits a sample of p_{j+1}; with (1), of p_j. The verifier
+// never reads x_j's token after step j, so the rest may depend on x_{j+1} in any way its law q_{j+1} accounts
+// for. Accepted children go on as above: their subtrees were drawn from q at their own tokens.
+// Why it keeps more: a rejection of child j now happens mostly when child j + 1 is in H_j, so the residual's
+// support meets child j + 1 more often than with independent coins, while child j keeps its chance
+// sum min(p_j, q_j). On the trained GPT-2 pair at T = 1 the second child's share rises from 0.105 to 0.148, with
+// the first child's 0.61 unchanged (benchmarks/node_bounds.py): rank 0 keeps its lead, and a tree of this rule
+// puts its deepest subtree there as Sequoia's trees do.
+// Sibling drafts (a second draft model for the later children: TreeInput::sibling_q). With independent draws (with
+// replacement, coupled) a node's first child is drawn from the draft's q and children 1 .. k - 1 independently from
+// another law s at the same node, a second model's: the arguments above hold for any law a child was drawn from, as
+// long as each step uses the law its child was drawn from given the earlier rejections. With replacement, child
+// j >= 1 is tried against s itself; coupled, child j's coin looks at whether child j + 1 lies in H_j and w = s(H_j)
+// (child j + 1 is a draw of s), and q_{j+1} is s reweighted on and off H_j (in (2) above q becomes s). Child 0 keeps
+// Algorithm 1's beta. What it is for: the next child is accepted with sum min(p_{j+1}, q_{j+1}), largest when its
+// law is close to the residual p_{j+1} = norm(max(0, p - q)), which a draft's own q is not (it is where q falls
+// short of p); a model trained toward that residual (speculant.distill, loss="residual") draws siblings
+// that are accepted more often. Without replacement and top are not defined with a sibling law here. A node with one
+// child never reads s (its child is the draft's), so s's rows there may be any law: the drafter does not run the
+// sibling below the deepest level that branches, and gives those nodes q's rows.
+// Greedy (temperature 0): children are the draft's top-k tokens (with a sibling draft: the draft's argmax, then the
+// sibling's k - 1 most probable tokens), and the first child equal to the target's argmax is accepted (the longest
+// path of argmax agreement); t is the argmax.
+// Lenience (A.5) is not defined for trees here: its bound is proven for one draft per position.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "math/sampling.h"
+
+namespace speculant {
+
+// A tree of draft nodes. Node 0 is the root: the sequence's last token, already decided. Nodes 1 .. N are
+// drafts in breadth-first order: parent[i] < i, parents nondecreasing, so the children of a node are
+// contiguous, in the order they were drawn (their rank).
+class Tree {
+ public:
+  // parent[0] = -1; the rest as above (ValueError otherwise).
+  explicit Tree(std::vector<int64_t> parent);
+  Tree() : Tree(std::vector<int64_t>{-1}) {}  // the root alone
+  // Every node of depth i < d has shape[i] children (each >= 1): 1 + k1 + k1 k2 + ... nodes; [1] * gamma is
+  // the chain of gamma drafts.
+  static Tree from_shape(const std::vector<int64_t>& shape);
+
+  int64_t size() const { return static_cast<int64_t>(parent_.size()); }  // N + 1, the root included
+  int64_t parent(int64_t node) const { return parent_[node]; }
+  int64_t depth(int64_t node) const { return depth_[node]; }
+  int64_t depth() const { return depth_.back(); }  // the deepest node's
+  int64_t first_child(int64_t node) const { return first_child_[node]; }
+  int64_t children(int64_t node) const { return children_[node]; }
+  int64_t rank(int64_t node) const { return node - first_child_[parent_[node]]; }
+  int64_t max_children() const;
+  bool chain() const { return max_children() <= 1; }
+  const std::vector<int64_t>& parents() const { return parent_; }
+
+ private:
+  std::vector<int64_t> parent_, depth_, first_child_, children_;
+};
+
+// How the children of a node were drawn from the draft's q at that node (and, for coupled, how they are verified).
+enum class Siblings { with_replacement, without_replacement, top, coupled };
+// Whether a node's children are independent draws of q (with replacement, coupled).
+inline bool independent_draws(Siblings siblings) {
+  return siblings == Siblings::with_replacement || siblings == Siblings::coupled;
+}
+
+// The coupled rule's coin (above) for a child of ratio r = p_j(x) / q_j(x), given whether the next child lies in
+// H_j, whose q mass is w.
+inline double coupled_coin(double r, bool next_in_h, double w) {
+  if (next_in_h) return w > 0 ? std::clamp((r - (1.0 - w)) / w, 0.0, 1.0) : 1.0;
+  return w < 1 ? std::min(1.0, r / (1.0 - w)) : 1.0;
+}
+
+// The children of n nodes at once, counts[i] of them for node i, from q [n, V] (row i: node i's standardized
+// row; greedy: its raw scores): for each node, counts[i] independent draws (with replacement, coupled), or draws
+// without replacement (each from q without the tokens drawn before it, renormalized; once q's support is used up,
+// the remaining children are arbitrary tokens, which verify_tree never accepts), or (top) q's counts[i] - 1 most
+// probable tokens, the first index on ties, then one draw from q without them; greedy: the counts[i] most probable
+// tokens, the first index on ties. Returns int64 [sum counts] on q's device, node 0's children first. The rows come
+// in consecutive groups (a batch's rows' nodes), each drawing from its own generator the uniforms it would draw
+// alone, so that a group's children do not depend on the others. CPU rows are drawn by cpu::draw_children, row
+// after row.
+struct DrawGroup {
+  at::Generator* generator = nullptr;
+  int64_t rows = 0;  // its rows of q, after the previous groups'
+};
+// `mass` (the tensor path of sampled draws only; left undefined elsewhere): each row's total mass [n, 1], float64,
+// which is finite exactly when q's row is (a finiteness witness of the draft's logits, as sample_inverse_cdf_scaled's).
+// `sibling_q` (may be undefined; independent draws or greedy only): [n, V], each node's children 1 .. k - 1 drawn from
+// its row instead of q's (greedy: its raw scores, whose top k - 1 they are); the uniforms are the same either way.
+at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings, bool greedy,
+                         const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr,
+                         const at::Tensor& sibling_q = at::Tensor());
+// The tensor path of the sampled (not greedy) draws, which accelerators run: the draws of every row of every group
+// in a few operations, not per node.
+at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
+                                 const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr,
+                                 const at::Tensor& sibling_q = at::Tensor());
+// draw_children_generic in two parts, so that the draws can run inside a model call's CUDA graph (drafter.cpp): the
+// uniforms the draws take from the groups' generators, in the order they take them, as one float64 table [n, width]
+// on `device` (width: the widest count, or 1 for top), then the draws from them (top: every count the same).
+at::Tensor children_uniforms(const std::vector<int64_t>& counts, Siblings siblings,
+                             const std::vector<DrawGroup>& groups, const at::Device& device);
+at::Tensor draw_children_with(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
+                              const at::Tensor& uniforms, at::Tensor* mass = nullptr,
+                              const at::Tensor& sibling_q = at::Tensor());
+// Each row's k most probable tokens, the first index on ties: int64 [..., k].
+at::Tensor top_tokens(const at::Tensor& q, int64_t k);
+
+struct TreeVerdict {
+  std::vector<int64_t> path;  // the accepted nodes, root excluded, by depth
+  std::vector<int64_t> path_tokens;
+  at::Tensor token;           // int64 [1] on the device: t, after the last accepted node
+  int64_t host_token = 0;
+  // For each node on the path, the root included, the rank of the child accepted there (-1: none, or a leaf).
+  std::vector<int64_t> accepted_rank;
+  std::vector<double> betas;  // sum_x min(p, q) at each internal node on the path (Theorem 3.5's beta)
+  bool finite = true;         // every target row (and draft row given) had finite logits
+};
+
+// One row's tree and what its verification needs. target_logits [N + 1, V]: row i is the target after node i.
+// q [N + 1, V]: row i is the draft's standardized distribution at node i, which node i's children were drawn from
+// (rows of leaves are not read). tokens int64 [N + 1]: node i's token (the root's is not read). draft_maxima (may
+// be undefined): the draft's raw row maxima, checked for NaN / +inf. The row draws from *generator. sibling_q (may be
+// undefined) [N + 1, V]: row i the law node i's children 1 .. k - 1 were drawn from (a sibling draft's, above).
+struct TreeInput {
+  const Tree* tree = nullptr;
+  at::Tensor target_logits, q, tokens, draft_maxima;
+  at::Generator* generator = nullptr;
+  at::Tensor sibling_q;
+};
+
+// ValueError unless the row's tensors are shaped as above for its tree, lenience is 1, and a sibling law comes with
+// independent draws.
+void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblings siblings);
+
+// Every row's tree (lenience must be 1). CPU tensors go to cpu::verify_tree row by row, which evaluates only the
+// nodes on the walk. On accelerators (verify_trees_generic, tree_verification.cpp) every internal node of every row
+// runs its steps as tensors at once (the residuals p_j and the children's laws q_j over the vocabulary, every
+// node's candidate t drawn from its last row), with one device -> host read for the batch: the children's
+// probabilities under p and q, each step's sums and the row's coins. The host follows each child's token through
+// the steps, tests it, and walks down the tree (the same law, other draws than the host kernel's). A row gets the
+// verdict it gets alone: its generator gives the same draws in the same order.
+//
+// With `graphs` the accelerators' path runs its device work (everything between the inputs, joined, and the one
+// packed read-back) through fixed-shape buffers keyed by the rows' trees and the settings (verification_graphs.h):
+// captured as a CUDA graph (one launch where a batch of [2, 1, 1] trees launches some fifty operations), or only run
+// through the buffers. The uniforms are drawn outside, from each row's generator as without graphs: the same
+// verdicts.
+class VerificationGraphs;  // verification_graphs.h
+
+std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+                                      Siblings siblings, VerificationGraphs* graphs = nullptr);
+std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+                                              Siblings siblings, VerificationGraphs* graphs = nullptr);
+
+}  // namespace speculant
