@@ -36,6 +36,8 @@ import torch
 
 from . import _core, sampling
 from .drafters import PythonDrafter
+from .model import as_model
+from .reference import sequence_logits
 
 __all__ = ["CrossTokenizer", "MODES"]
 
@@ -76,9 +78,7 @@ class CrossTokenizer(PythonDrafter):
     def __init__(self, draft, draft_tokenizer, target_tokenizer, vocab_size: int, device="cpu", *,
                  mode: str = "text", draft_tokens: Optional[int] = None, temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0):
-        from .decoder import _model
-
-        self.draft = _model(draft, "draft")
+        self.draft = as_model(draft, "draft")
         if self.draft.encoder_decoder:
             raise ValueError("draft: an encoder-decoder draft cannot continue the target's text; CrossTokenizer "
                              "needs a decoder-only draft")
@@ -91,9 +91,7 @@ class CrossTokenizer(PythonDrafter):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
         self.mode = mode
-        from .distillation import _settings  # the checks every sampling configuration gets
-
-        self.settings = _settings(temperature, top_k, top_p)
+        self.settings = sampling.checked_settings(temperature, top_k, top_p)
         self._generator = torch.Generator().manual_seed(seed)
         self._paired = None  # (draft ids [m], target ids [m], the draft id of each paired target id), at first use
         self._draft_logits = None
@@ -145,8 +143,6 @@ class CrossTokenizer(PythonDrafter):
 
     def _sampled(self, context: List[int], gamma: int):
         """Up to gamma target tokens drawn in the intersection, and the laws [k, V] they were drawn from."""
-        from .testing import sequence_logits
-
         draft_ids, target_ids = self.pairs()
         ids = _encode(self.draft_tokenizer, _decode(self.target_tokenizer, context))
         if not ids or not len(draft_ids):

@@ -13,10 +13,12 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from . import _core, analysis, beams, graphs
+from . import _core, beams, graphs
+from .cross_tokenizer import CrossTokenizer
 from .drafters import Drafter
-from .model import Model, load
+from .model import Model, as_model
 from .trace import Trace
+from .trees import TreeChoice, TreeSpeedup, tree_depth, tree_parents
 
 PromptIds = Union[Sequence[int], torch.Tensor, np.ndarray, Mapping, str]
 DEFAULT_GAMMA = 4  # draft tokens per iteration: Theorem 3.8's optimum (§3.5) at alpha = 0.7, c = 0.1
@@ -75,7 +77,7 @@ def _siblings(value) -> str:
     return value
 
 
-def _tokenizer(value):
+def checked_tokenizer(value):
     """None, or an object with encode and decode (a transformers tokenizer, a tokenizers.Tokenizer)."""
     if value is not None and not all(callable(getattr(value, m, None)) for m in ("encode", "decode")):
         raise ValueError("tokenizer must be a transformers tokenizer or a tokenizers.Tokenizer (an object with "
@@ -83,7 +85,7 @@ def _tokenizer(value):
     return value
 
 
-def _ids(value: PromptIds, name: str, tokenizer=None) -> List[int]:
+def token_ids(value: PromptIds, name: str, tokenizer=None) -> List[int]:
     """Token ids from a sequence, a 1-D or [1, T] tensor or numpy array, a tokenizer's output (a mapping with
     input_ids, such as a BatchEncoding), or a string encoded by `tokenizer`."""
     if isinstance(value, str):
@@ -120,23 +122,13 @@ def _ids(value: PromptIds, name: str, tokenizer=None) -> List[int]:
     return [int(t) for t in ids]
 
 
-def _model(value, name: str, device=None, dtype=None) -> Model:
-    """A speculant.Model, or anything speculant.load takes (a transformers model, a path, a ScriptModule)."""
-    if isinstance(value, Model):
-        return value
-    try:
-        return load(value, device=device, dtype=dtype)
-    except ValueError as error:
-        raise ValueError(f"{name}: {error}") from None
-
-
 def _draft(value, device=None, dtype=None) -> Union[Model, Drafter, "SpeculativeDecoder"]:
     """A drafter, a SpeculativeDecoder (a hierarchical draft), or a speculant.Model from anything
     speculant.load takes."""
     if isinstance(value, (Drafter, Model, SpeculativeDecoder)):
         return value
     if isinstance(value, (str, os.PathLike, torch.nn.Module)):
-        return _model(value, "draft", device, dtype)
+        return as_model(value, "draft", device, dtype)
     raise ValueError("draft must be a model (a speculant.Model, a transformers model, a model path), a drafter "
                      "from speculant.drafters or a SpeculativeDecoder (a hierarchical draft), got "
                      f"{type(value).__name__}")
@@ -144,8 +136,6 @@ def _draft(value, device=None, dtype=None) -> Union[Model, Drafter, "Speculative
 
 def _cross_tokenizer(draft: Union[Model, Drafter], draft_tokenizer, target_tokenizer, target: Model) -> Drafter:
     """The draft model behind a CrossTokenizer drafter (cross_tokenizer.py) for SpeculativeDecoder's tokenizers."""
-    from .cross_tokenizer import CrossTokenizer
-
     if draft_tokenizer is None or target_tokenizer is None:
         raise ValueError("draft_tokenizer and target_tokenizer go together: a draft with another tokenizer needs "
                          "both (the target's to decode the sequence, the draft's to encode it)")
@@ -175,7 +165,7 @@ def _sibling_draft(value, draft, tree, siblings: str, device, dtype) -> Optional
     if siblings not in ("coupled", "with_replacement"):
         raise ValueError(f"sibling_draft: its children are independent draws, so siblings must be 'coupled' or "
                          f"'with_replacement', got {siblings!r}")
-    sibling = _model(value, "sibling_draft", device, dtype)
+    sibling = as_model(value, "sibling_draft", device, dtype)
     if sibling is draft:
         raise ValueError("sibling_draft must be another model than the draft (each keeps its own cache)")
     return sibling
@@ -317,7 +307,7 @@ def _rows(value, name: str, tokenizer=None, attention_mask=None,
     rows = value if isinstance(value, (list, tuple)) and value and not all(
         isinstance(v, numbers.Integral) for v in value) else None
     if rows is None:
-        ids = _ids(value, name, tokenizer)
+        ids = token_ids(value, name, tokenizer)
         if attention_mask is not None:  # one prompt with its mask (a tokenizer's output without tensors)
             mask = attention_mask.tolist() if isinstance(attention_mask, (torch.Tensor, np.ndarray)) else attention_mask
             if not isinstance(mask, (list, tuple)) or not all(isinstance(m, numbers.Integral) for m in mask):
@@ -335,7 +325,7 @@ def _rows(value, name: str, tokenizer=None, attention_mask=None,
         label = name if len(rows) == 1 else f"{name}[{r}]"
         if row is None:
             raise ValueError(f"{label} is None: every row of a batch needs its own ids")
-        ids = _ids(row, label, tokenizer)
+        ids = token_ids(row, label, tokenizer)
         if attention_mask is not None:
             ids = _unpadded(ids, masks[r], label, r)
         if not ids:
@@ -376,24 +366,25 @@ def _tree(value) -> Union[List[int], DynamicTree]:
         return []
     if isinstance(value, DynamicTree):
         return value
-    if isinstance(value, (analysis.TreeChoice, analysis.TreeSpeedup)):
+    if isinstance(value, (TreeChoice, TreeSpeedup)):
         value = value.tree
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
         raise ValueError(f"tree must be a non-empty list of children per depth [k_1, ..., k_d] (each >= 1; "
                          f"[1] * gamma is the chain), breadth-first parents [-1, p_1, ..., p_N] or a "
                          f"speculant.DynamicTree, got {value!r}")
     if isinstance(value[0], numbers.Integral) and not isinstance(value[0], bool) and value[0] == -1:
-        parents = analysis.tree_parents(list(value))  # validated: breadth-first, each parent before its child
+        parents = tree_parents(list(value))  # validated: breadth-first, each parent before its child
         if not 2 <= len(parents) <= 4097:
             raise ValueError(f"tree: parents must give 1 to 4096 drafts, got {len(parents) - 1}")
         return [int(v) for v in parents]
     return [_integer(k, f"tree[{i}]", 1, 64) for i, k in enumerate(value)]
 
 
-def _tree_depth(tree) -> int:
+def tree_gamma(tree) -> int:
+    """The gamma a tree runs at: its depth. The tree is a DynamicTree or a list as _tree returns it."""
     if isinstance(tree, DynamicTree):
         return tree.depth
-    return analysis.tree_depth(tree) if tree and tree[0] == -1 else len(tree)
+    return tree_depth(tree) if tree and tree[0] == -1 else len(tree)
 
 
 def _eos_ids(value) -> List[int]:
@@ -432,7 +423,7 @@ def _new_tokens(max_new_tokens, max_length, longest: int, minimum: int) -> int:
 def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, max_new_tokens, eos_token_id,
          seed, profile, schedule=None, tokenizer=None, attention_mask=None,
          max_length=None) -> Union[Result, List[Result]]:
-    tokenizer = _tokenizer(tokenizer)
+    tokenizer = checked_tokenizer(tokenizer)
     prompts, sources, batch = _prompts_and_sources(target, prompt_ids, encoder_input_ids, tokenizer, attention_mask)
     max_new_tokens = _new_tokens(max_new_tokens, max_length, max(len(p) for p in prompts), 0)
     eos = _eos_ids(eos_token_id)
@@ -484,7 +475,7 @@ def _beam_options(num_beams, draft_beams, length_penalty, early_stopping, num_re
 
 def _beam_search(target: Model, draft: Optional[Model], gamma: int, beam: dict, prompt_ids, encoder_input_ids,
                  max_new_tokens, eos_token_id, tokenizer, attention_mask, max_length=None):
-    tokenizer = _tokenizer(tokenizer)
+    tokenizer = checked_tokenizer(tokenizer)
     prompts, sources, batch = _prompts_and_sources(target, prompt_ids, encoder_input_ids, tokenizer, attention_mask)
     max_new_tokens = _new_tokens(max_new_tokens, max_length, max(len(p) for p in prompts), 1)
     return beams.search(target._core, None if draft is None else draft._core, gamma, prompts, sources or None,
@@ -581,7 +572,7 @@ class SpeculativeDecoder:
                  top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "off",
                  draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
                  max_gamma: Optional[int] = None, cost: Optional[float] = None, sibling_draft=None):
-        self.target = _model(target, "target", device, dtype)
+        self.target = as_model(target, "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
         self._schedule = _schedule(gamma_policy, max_gamma, cost)
         if draft_tokenizer is not None or target_tokenizer is not None:
@@ -592,10 +583,10 @@ class SpeculativeDecoder:
                              "speculant.cross_tokenizer.CrossTokenizer) proposes chains only: its proposal is one "
                              "sequence re-read from the draft's text, with no law for the other children of a "
                              "tree node. Leave tree= out (gamma= sets the chain's length)")
-        if self._tree and gamma is not None and gamma != _tree_depth(self._tree):
-            raise ValueError(f"gamma must be the tree's depth {_tree_depth(self._tree)} with tree={self._tree} (or "
+        if self._tree and gamma is not None and gamma != tree_gamma(self._tree):
+            raise ValueError(f"gamma must be the tree's depth {tree_gamma(self._tree)} with tree={self._tree} (or "
                              f"left out), got {gamma!r}")
-        gamma = _tree_depth(self._tree) if self._tree else DEFAULT_GAMMA if gamma is None else gamma
+        gamma = tree_gamma(self._tree) if self._tree else DEFAULT_GAMMA if gamma is None else gamma
         self._gamma = _integer(gamma, "gamma", 1)
         self._siblings = _siblings(siblings)
         self._sampling = check_settings(temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
@@ -761,7 +752,7 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
     Arguments as in SpeculativeDecoder.generate, and ``cuda_graphs`` as in SpeculativeDecoder. ``num_beams``
     >= 2 runs the target's beam search alone (one target call per step), the baseline of speculative beam
     search."""
-    target = _model(target, "target")
+    target = as_model(target, "target")
     beam = _beam_options(num_beams, None, length_penalty, early_stopping, num_return_sequences)
     if beam is not None:
         beams.refuse("do_sample", do_sample, allowed=False)

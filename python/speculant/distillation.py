@@ -56,17 +56,18 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import sampling
-from .decoder import _ids, _tokenizer, generate
-from .live import is_transformers_model
+from .decoder import checked_tokenizer, generate, token_ids
+from .live import is_transformers_model, pretrained
 from .model import Model, load
-from .testing import sequence_logits
+from .reference import sequence_logits
+from .tiny_gpt import TinyGPT, script_cached
 
 __all__ = ["AlphaEstimate", "Distillation", "distill", "heldout_alpha", "LOSSES", "DATA"]
 
@@ -184,7 +185,6 @@ class _Draft:
                 raise ValueError(f"draft: {os.fspath(draft)!r} is not a save_pretrained directory; distill trains "
                                  "a transformers model object or directory, or a torch module returning logits "
                                  "(exported TorchScript / .pt2 files cannot be trained)")
-            from .live import pretrained
             self.directory = os.fspath(draft)
             self.module = pretrained(self.directory, None)
         elif isinstance(draft, torch.jit.ScriptModule):
@@ -197,7 +197,6 @@ class _Draft:
                              f"got {type(draft).__name__}")
         self.transformers = is_transformers_model(self.module)
         self.encoder_decoder = self.transformers and bool(getattr(self.module.config, "is_encoder_decoder", False))
-        from .tiny_gpt import TinyGPT
         if save is not None and not (self.transformers or isinstance(self.module, TinyGPT)):
             raise ValueError("save: only transformers models and TinyGPT modules can be written in a form "
                              "speculant.load takes; leave save out and export the returned module")
@@ -232,7 +231,6 @@ class _Draft:
         if self.transformers:
             self.module.save_pretrained(save)
         else:
-            from .tiny_gpt import script_cached
             Path(save).parent.mkdir(parents=True, exist_ok=True)
             torch.jit.save(script_cached(self.module), save)
         return (save if self.directory is not None else self.module), save
@@ -299,21 +297,12 @@ def _positive(value, name: str) -> float:
     return float(value)
 
 
-def _settings(temperature, top_k, top_p) -> tuple:
-    """(temperature, top_k, top_p) checked, as the engine's standardization takes them."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    return float(temperature), _count(top_k, "top_k", 0), float(top_p)
-
-
 def _sequences(values, name: str, tokenizer, vocab: int) -> List[List[int]]:
     if values is None or isinstance(values, (str, bytes)) or len(values) == 0:
         raise ValueError(f"{name} must be a non-empty list of prompts (token ids, or strings with tokenizer=)")
     out = []
     for i, value in enumerate(values):
-        ids = _ids(value, f"{name}[{i}]", tokenizer)
+        ids = token_ids(value, f"{name}[{i}]", tokenizer)
         if not ids:
             raise ValueError(f"{name}[{i}] is empty: a prompt needs at least one token")
         bad = [t for t in ids if not 0 <= t < vocab]
@@ -351,8 +340,33 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
     loss = _choice(loss, "loss", LOSSES)
     data = _choice(data, "data", DATA)
     steps = _count(steps, "steps", 1)
-    settings = _settings(temperature, top_k, top_p)
-    temperature = settings[0]
+    settings = sampling.checked_settings(temperature, top_k, top_p)
+    _check_loss(loss, settings[0], beside)
+    new_tokens, batch_size = _count(new_tokens, "new_tokens", 1), _count(batch_size, "batch_size", 1)
+    lr = _positive(lr, "lr")
+    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < 1:
+        raise ValueError(f"weight_decay must be in [0, 1), got {weight_decay!r}")
+    checkpoint_every = _count(checkpoint_every, "checkpoint_every", 0)
+    if checkpoint_every and checkpoint_dir is None:
+        raise ValueError("checkpoint_every needs checkpoint_dir=, the directory to write the checkpoints to")
+    tokenizer = checked_tokenizer(tokenizer)
+
+    teacher, trainee, first = _models(target, draft, beside, save)
+    vocab = teacher.handle.vocab_size
+    examples = _examples(data, prompts, corpus, heldout, window, tokenizer, teacher, vocab)
+    references = _references(teacher, examples.held, new_tokens, settings, seed, first)  # kept for α after
+    alpha_before = _alpha(trainee, references, settings, vocab)
+    losses, checkpoints, seconds = _train(
+        trainee, teacher, first, examples, loss, settings, vocab, steps=steps, batch_size=batch_size,
+        new_tokens=new_tokens, lr=lr, weight_decay=weight_decay, seed=seed, resume=resume,
+        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, progress=progress)
+    alpha_after = _alpha(trainee, references, settings, vocab)
+    result, saved = trainee.result(save)
+    return Distillation(result, alpha_before, alpha_after, losses, seconds, saved, checkpoints)
+
+
+def _check_loss(loss: str, temperature: float, beside) -> None:
+    """ValueError where the loss is undefined at the temperature, or beside= and loss="residual" come apart."""
     if loss == "reverse_kl" and temperature == 0.0:
         raise ValueError("loss='reverse_kl' is undefined at temperature 0 (the target's law is a point mass); use "
                          "'tv' or 'forward_kl'")
@@ -363,15 +377,11 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
     if loss == "residual" and temperature == 0.0:
         raise ValueError("loss='residual' is undefined at temperature 0 (the laws are point masses, a sibling draft "
                          "draws sampled children)")
-    new_tokens, batch_size = _count(new_tokens, "new_tokens", 1), _count(batch_size, "batch_size", 1)
-    lr = _positive(lr, "lr")
-    if isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float)) or not 0 <= weight_decay < 1:
-        raise ValueError(f"weight_decay must be in [0, 1), got {weight_decay!r}")
-    checkpoint_every = _count(checkpoint_every, "checkpoint_every", 0)
-    if checkpoint_every and checkpoint_dir is None:
-        raise ValueError("checkpoint_every needs checkpoint_dir=, the directory to write the checkpoints to")
-    tokenizer = _tokenizer(tokenizer)
 
+
+def _models(target, draft, beside, save: Optional[str]) -> tuple:
+    """(teacher, trainee, first): the target, the draft to train and, for loss="residual", the draft beside it
+    (else None). ValueError where they do not fit together."""
     teacher = _Target(target)
     vocab = teacher.handle.vocab_size
     if isinstance(draft, (str, os.PathLike)) and os.path.isdir(draft) and save is None:
@@ -380,7 +390,7 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
     trainee = _Draft(draft, save)
     _same_kind(teacher, trainee)
     _same_vocabulary(teacher, trainee, vocab)
-    first = None  # loss="residual": the draft beside the trainee
+    first = None
     if beside is not None:
         first = _Target(beside, "beside")
         if teacher.encoder_decoder or first.encoder_decoder:
@@ -388,7 +398,20 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
                              "with one model)")
         if first.handle.vocab_size != vocab:
             raise ValueError(f"beside: its vocabulary ({first.handle.vocab_size}) must be the target's ({vocab})")
+    return teacher, trainee, first
 
+
+class _Examples(NamedTuple):
+    """What distill learns from and measures α on."""
+    data: str  # "draft", "target" or "corpus"
+    prompts: List[List[int]]  # training prompts (none for a corpus)
+    pieces: List[List[int]]  # corpus sequences at least a window long (none for prompts)
+    window: int
+    held: List[List[int]]  # held-out prompts for α
+
+
+def _examples(data: str, prompts, corpus, heldout, window, tokenizer, teacher: _Target, vocab: int) -> _Examples:
+    """The training data and the held-out prompts, checked. Without heldout=, every 5th prompt is held out."""
     if data == "corpus":
         if teacher.encoder_decoder:
             raise ValueError("data='corpus' takes decoder-only pairs; an encoder-decoder pair learns from its "
@@ -396,25 +419,32 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
         if corpus is None or heldout is None:
             raise ValueError("data='corpus' needs corpus= (token ids) and heldout= (prompts to measure α on)")
         window = _count(window, "window", 2)
-        pieces = [_ids(c, "corpus", tokenizer) for c in (corpus if _nested(corpus) else [corpus])]
+        pieces = [token_ids(c, "corpus", tokenizer) for c in (corpus if _nested(corpus) else [corpus])]
         pieces = [c for c in pieces if len(c) >= window]
         if not pieces:
             raise ValueError(f"corpus: no sequence has window={window} tokens")
-        train_prompts, held = [], _sequences(heldout, "heldout", tokenizer, vocab)
-    else:
-        if corpus is not None:
-            raise ValueError(f"corpus= is used with data='corpus' only, got data={data!r}")
-        everything = _sequences(prompts, "prompts", tokenizer, vocab)
-        if heldout is not None:
-            train_prompts, held = everything, _sequences(heldout, "heldout", tokenizer, vocab)
-        else:
-            if len(everything) < 2:
-                raise ValueError("prompts: give at least 2 (every 5th is held out for α) or pass heldout=")
-            held = everything[::HELDOUT_EVERY]
-            train_prompts = [p for i, p in enumerate(everything) if i % HELDOUT_EVERY]
+        return _Examples(data, [], pieces, window, _sequences(heldout, "heldout", tokenizer, vocab))
+    if corpus is not None:
+        raise ValueError(f"corpus= is used with data='corpus' only, got data={data!r}")
+    everything = _sequences(prompts, "prompts", tokenizer, vocab)
+    if heldout is not None:
+        return _Examples(data, everything, [], window, _sequences(heldout, "heldout", tokenizer, vocab))
+    if len(everything) < 2:
+        raise ValueError("prompts: give at least 2 (every 5th is held out for α) or pass heldout=")
+    train_prompts = [p for i, p in enumerate(everything) if i % HELDOUT_EVERY]
+    return _Examples(data, train_prompts, [], window, everything[::HELDOUT_EVERY])
 
-    references = _references(teacher, held, new_tokens, settings, seed, first)  # kept for α after
-    alpha_before = _alpha(trainee, references, settings, vocab)
+
+# ------------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------------
+
+def _train(trainee: _Draft, teacher: _Target, first: Optional[_Target], examples: _Examples, loss: str, settings,
+           vocab: int, *, steps: int, batch_size: int, new_tokens: int, lr: float, weight_decay: float, seed: int,
+           resume: Optional[str], checkpoint_every: int, checkpoint_dir: Optional[str], progress: bool) -> tuple:
+    """The training loop, from step 0 or from the checkpoint `resume`. Returns (losses, checkpoint paths,
+    seconds)."""
+    from tqdm.auto import tqdm
 
     generator = torch.Generator().manual_seed(seed)  # batches and samples
     optimizer = torch.optim.AdamW(trainee.module.parameters(), lr=lr, weight_decay=weight_decay)
@@ -425,46 +455,60 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
     with torch.random.fork_rng(devices=cuda):  # dropout draws from the global generators: seeded, restored after
         torch.manual_seed(seed)
         if resume is not None:
-            state = torch.load(resume, map_location="cpu", weights_only=True)
-            trainee.module.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            generator.set_state(state["generator"])
-            torch.set_rng_state(state["global"])
-            if cuda:
-                torch.cuda.set_rng_state(state["global_cuda"], trainee.device)
-            losses, start = list(state["losses"]), int(state["step"])
-            if start > steps:
-                raise ValueError(f"resume: the checkpoint is at step {start}, past steps={steps}")
-
-        from tqdm.auto import tqdm
+            losses, start = _resumed(resume, trainee, optimizer, generator, cuda, steps)
         began = time.perf_counter()
         bar = tqdm(total=steps, initial=start, desc="speculant distill", disable=not progress)
         try:
             for step in range(start, steps):
                 trainee.module.eval()  # sampling without dropout
-                if data == "corpus":
-                    batch = [_window(pieces, window, generator) for _ in range(batch_size)]
-                else:
-                    chosen = torch.randint(len(train_prompts), (batch_size,), generator=generator).tolist()
-                    batch = _continue([train_prompts[i] for i in chosen], data, trainee, teacher, settings,
-                                      new_tokens, generator, vocab)
+                batch = _batch(examples, batch_size, trainee, teacher, settings, new_tokens, generator, vocab)
                 losses.append(_step(trainee, optimizer, batch, teacher, loss, settings, vocab, step, first))
                 bar.update()
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
                 if checkpoint_every and (step + 1) % checkpoint_every == 0:
-                    path = Path(checkpoint_dir) / f"step-{step + 1:06d}.pt"
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    torch.save({"model": trainee.module.state_dict(), "optimizer": optimizer.state_dict(),
-                                "generator": generator.get_state(), "global": torch.get_rng_state(),
-                                **({"global_cuda": torch.cuda.get_rng_state(trainee.device)} if cuda else {}),
-                                "losses": losses, "step": step + 1}, path)
-                    checkpoints.append(str(path))
+                    checkpoints.append(_checkpoint(checkpoint_dir, step + 1, trainee, optimizer, generator, cuda,
+                                                   losses))
         finally:
             bar.close()
-    seconds = time.perf_counter() - began
-    alpha_after = _alpha(trainee, references, settings, vocab)
-    result, saved = trainee.result(save)
-    return Distillation(result, alpha_before, alpha_after, losses, seconds, saved, checkpoints)
+    return losses, checkpoints, time.perf_counter() - began
+
+
+def _resumed(path: str, trainee: _Draft, optimizer, generator: torch.Generator, cuda: List[int],
+             steps: int) -> tuple:
+    """Restores a checkpoint's weights, optimizer and random state. Returns (its losses, its step)."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    trainee.module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    generator.set_state(state["generator"])
+    torch.set_rng_state(state["global"])
+    if cuda:
+        torch.cuda.set_rng_state(state["global_cuda"], trainee.device)
+    losses, start = list(state["losses"]), int(state["step"])
+    if start > steps:
+        raise ValueError(f"resume: the checkpoint is at step {start}, past steps={steps}")
+    return losses, start
+
+
+def _checkpoint(directory: str, step: int, trainee: _Draft, optimizer, generator: torch.Generator,
+                cuda: List[int], losses: List[float]) -> str:
+    """Writes step-<step>.pt in `directory` (weights, optimizer, random state, losses). Returns its path."""
+    path = Path(directory) / f"step-{step:06d}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": trainee.module.state_dict(), "optimizer": optimizer.state_dict(),
+                "generator": generator.get_state(), "global": torch.get_rng_state(),
+                **({"global_cuda": torch.cuda.get_rng_state(trainee.device)} if cuda else {}),
+                "losses": losses, "step": step}, path)
+    return str(path)
+
+
+def _batch(examples: _Examples, size: int, trainee: _Draft, teacher: _Target, settings, new_tokens: int,
+           generator: torch.Generator, vocab: int) -> list:
+    """One step's batch: random windows of the corpus, or random prompts continued by the draft or the target."""
+    if examples.data == "corpus":
+        return [_window(examples.pieces, examples.window, generator) for _ in range(size)]
+    chosen = torch.randint(len(examples.prompts), (size,), generator=generator).tolist()
+    return _continue([examples.prompts[i] for i in chosen], examples.data, trainee, teacher, settings, new_tokens,
+                     generator, vocab)
 
 
 def _step(trainee: _Draft, optimizer, batch, teacher: _Target, loss: str, settings, vocab: int, step: int,
@@ -591,8 +635,8 @@ def heldout_alpha(target, draft, prompts, *, new_tokens: int = 32, temperature: 
     after: on the target's continuations of ``prompts`` (prompt i drawn with seed + i), so two drafts measured
     with the same arguments are compared on the same positions."""
     teacher = _Target(target)
-    settings = _settings(temperature, top_k, top_p)
-    held = _sequences(prompts, "prompts", _tokenizer(tokenizer), teacher.handle.vocab_size)
+    settings = sampling.checked_settings(temperature, top_k, top_p)
+    held = _sequences(prompts, "prompts", checked_tokenizer(tokenizer), teacher.handle.vocab_size)
     trainee = _Draft(draft, None)
     _same_kind(teacher, trainee)
     references = _references(teacher, held, _count(new_tokens, "new_tokens", 1), settings, seed)

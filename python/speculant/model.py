@@ -290,6 +290,16 @@ def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dt
     return _path(path, device, dtype, options)
 
 
+def as_model(value, name: str, device=None, dtype=None) -> Model:
+    """A speculant.Model as it is, or anything speculant.load takes, loaded. Load errors name the argument."""
+    if isinstance(value, Model):
+        return value
+    try:
+        return load(value, device=device, dtype=dtype)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+
+
 def _live_options_refused(options: dict, what: str) -> None:
     """ValueError for load's options that only live models take, passed with `what` (an export, a module)."""
     if options["vocab_size"] is not None:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import analysis, timing, workers
-from .decoder import SIBLINGS, DynamicTree, SpeculativeDecoder, _tree_depth, generate
+from .decoder import SIBLINGS, DynamicTree, SpeculativeDecoder, generate, tree_gamma
 from .model import Model
 
 Grid = Union[float, Sequence[float]]
@@ -236,9 +236,26 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     stop button) returns the rows finished so far with a RuntimeWarning and ``frame.attrs["interrupted"] =
     True`` (on an executor it cancels the tasks that have not started; running ones finish unread).
     """
-    import pandas as pd
-    from tqdm.auto import tqdm
+    import pandas as pd  # before anything runs: the frame needs it
 
+    repeats, spread_threshold, batch_size = _checked(generate_kwargs, seed, executor, repeats, spread_threshold,
+                                                     batch_size)
+    settings = _settings(gammas, trees, siblings, temperatures, lenience, top_k, top_p, sibling_draft)
+    target, draft, sibling_draft = _loaded(target, draft, sibling_draft, settings)
+    calls = analysis.generation_kwargs(prompts, generate_kwargs)
+    options = {"max_new_tokens": max_new_tokens, "seed": seed, "repeats": repeats,
+               "spread_threshold": spread_threshold, "batch_size": batch_size}
+    specs = _specs(executor, target, draft, sibling_draft)
+    results, failures, interrupted = _run_all(executor, specs, target, draft, sibling_draft, settings, calls,
+                                              options, progress)
+    frame = pd.DataFrame([results[i] for i in sorted(results)], columns=COLUMNS)
+    return _recorded(frame, failures, settings, interrupted=interrupted, prompts=len(calls),
+                     max_new_tokens=max_new_tokens, seed=seed, repeats=repeats, batch_size=batch_size,
+                     spread_threshold=spread_threshold)
+
+
+def _checked(generate_kwargs, seed, executor, repeats, spread_threshold, batch_size) -> tuple:
+    """sweep's run options checked. Returns (repeats, spread_threshold, batch_size)."""
     if generate_kwargs is not None and not isinstance(generate_kwargs, Mapping):
         raise ValueError("generate_kwargs must be a mapping of generate's keyword arguments, got "
                          f"{type(generate_kwargs).__name__}")
@@ -250,9 +267,13 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise ValueError("executor must be None or a concurrent.futures-style executor (with submit(fn, *args) "
                          f"returning a future), got {type(executor).__name__}")
-    repeats = timing.check_repeats(repeats)
-    spread_threshold = timing.check_spread_threshold(spread_threshold)
-    batch_size = timing.check_batch_size(batch_size)
+    return (timing.check_repeats(repeats), timing.check_spread_threshold(spread_threshold),
+            timing.check_batch_size(batch_size))
+
+
+def _settings(gammas, trees, siblings, temperatures, lenience, top_k, top_p,
+              sibling_draft) -> List[Dict[str, Any]]:
+    """The grid, one setting per row: the chains of gammas, then each tree with each of siblings."""
     shapes = _trees(trees)
     if gammas is None and not shapes:
         raise ValueError("give gammas (chains), trees (token-tree shapes) or both")
@@ -267,13 +288,17 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     settings = [{"gamma": g, "tree": None, "siblings": None, "sibling_draft": False, "temperature": t, "top_k": k,
                  "top_p": p, "lenience": leniency} for t, k, p, g, leniency in itertools.product(*sampling, *chains)] \
         if chains else []
-    settings += [{"gamma": _tree_depth(shape), "tree": shape, "siblings": way,
+    settings += [{"gamma": tree_gamma(shape), "tree": shape, "siblings": way,
                   "sibling_draft": sibling_draft is not None, "temperature": t, "top_k": k, "top_p": p,
                   "lenience": 1.0}
                  for t, k, p in itertools.product(*sampling) for shape in shapes for way in ways]
-    # Every decoder built first, so that a bad value anywhere in the grids raises before anything runs; the
-    # first one loads target and draft (once) when they are paths or transformers objects, the first tree with
-    # the sibling draft loads it.
+    return settings
+
+
+def _loaded(target, draft, sibling_draft, settings: List[Dict[str, Any]]) -> tuple:
+    """Builds every setting's decoder, so that a bad value anywhere in the grids raises before anything runs.
+    Returns (target, draft, sibling_draft) as the decoders loaded them, each once: the first decoder loads target
+    and draft, when they are paths or transformers objects; the first tree with the sibling draft loads it."""
     for i, setting in enumerate(settings):
         decoder = SpeculativeDecoder(target, _level(draft, setting), **_options(setting, sibling_draft))
         if i == 0:
@@ -281,16 +306,26 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
             draft = draft if isinstance(draft, SpeculativeDecoder) else decoder.draft
         if setting["sibling_draft"]:
             sibling_draft = decoder.sibling_draft
-    calls = analysis.generation_kwargs(prompts, generate_kwargs)
-    options = {"max_new_tokens": max_new_tokens, "seed": seed, "repeats": repeats,
-               "spread_threshold": spread_threshold, "batch_size": batch_size}
-    # what travels to the workers; ValueError for a model or drafter that cannot, before anything runs
+    return target, draft, sibling_draft
+
+
+def _specs(executor, target, draft, sibling_draft) -> Optional[tuple]:
+    """What travels to the workers (None without an executor). ValueError, before anything runs, for a model or
+    drafter that cannot travel."""
     if executor is not None and isinstance(draft, SpeculativeDecoder):
         raise ValueError("executor=: a hierarchical draft (a SpeculativeDecoder) does not travel to workers; sweep "
                          "it with executor=None")
-    specs = None if executor is None else (
+    return None if executor is None else (
         workers.spec(target, "target"), workers.spec(draft, "draft"),
         None if sibling_draft is None else workers.spec(sibling_draft, "sibling_draft"))
+
+
+def _run_all(executor, specs, target, draft, sibling_draft, settings: List[Dict[str, Any]], calls,
+             options: Dict[str, Any], progress: bool) -> tuple:
+    """Runs every setting, here one after the other or on the executor, under a progress bar. Returns (results,
+    failures, interrupted), results and failures by grid index. A KeyboardInterrupt warns and keeps the rows
+    finished so far."""
+    from tqdm.auto import tqdm
 
     results: Dict[int, Dict[str, Any]] = {}
     failures: Dict[int, str] = {}
@@ -306,21 +341,28 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     except KeyboardInterrupt:
         interrupted = True
         warnings.warn(f"sweep interrupted: returning the {len(results)} of {len(settings)} settings it finished",
-                      RuntimeWarning, stacklevel=2)
+                      RuntimeWarning, stacklevel=3)
     finally:
         bar.close()
-    frame = pd.DataFrame([results[i] for i in sorted(results)], columns=COLUMNS)
+    return results, failures, interrupted
+
+
+def _recorded(frame, failures: Dict[int, str], settings: List[Dict[str, Any]], *, interrupted: bool, prompts: int,
+              max_new_tokens: int, seed: int, repeats: int, batch_size: int, spread_threshold: float):
+    """The frame with the run's options and its failed settings in its attrs. Warns once for the failed settings
+    and once for the flagged rows."""
     failed = [{**settings[i], "error": failures[i]} for i in sorted(failures)]
-    frame.attrs.update(interrupted=interrupted, failed=failed, prompts=len(calls), max_new_tokens=max_new_tokens,
+    frame.attrs.update(interrupted=interrupted, failed=failed, prompts=prompts, max_new_tokens=max_new_tokens,
                        seed=seed, repeats=repeats, batch_size=batch_size)
     if failed:
         warnings.warn(f"{len(failed)} of {len(settings)} settings failed and are missing from the frame "
                       "(frame.attrs['failed'] holds their errors): " +
-                      "; ".join(f"{_describe(f)} ({f['error']})" for f in failed), RuntimeWarning, stacklevel=2)
+                      "; ".join(f"{_describe(f)} ({f['error']})" for f in failed), RuntimeWarning, stacklevel=3)
     flagged = frame[frame.flag != ""]
     if len(flagged):
         warnings.warn(f"{len(flagged)} of {len(frame)} settings are flagged (column 'flag'): a spread of the "
-                      f"speedup over {repeats} rounds above {spread_threshold:.0%} ('noisy': the machine was busy, "
-                      f"or the runs are too short) or a speedup outside a factor {timing.THEORY_FACTOR:g} of Theorem "
-                      "3.8's prediction ('off theory'); read those rows with care", RuntimeWarning, stacklevel=2)
+                      f"speedup over {repeats} rounds above {spread_threshold:.0%} ('noisy': the machine "
+                      f"was busy, or the runs are too short) or a speedup outside a factor {timing.THEORY_FACTOR:g} "
+                      "of Theorem 3.8's prediction ('off theory'); read those rows with care", RuntimeWarning,
+                      stacklevel=3)
     return frame

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from . import analysis
+from .trees import Tree
 
 THEORY_FACTOR = 2.0  # a measured speedup outside [predicted / 2, predicted * 2] is flagged "off theory"
 SPREAD_THRESHOLD = 0.25  # a (max - min) / median of the rounds' speedups above this is flagged "noisy"
@@ -184,7 +185,7 @@ def tree_prediction(results, tree, c: float, verify_cost=None, sibling: bool = F
 def _covers(table: List[List[float]], tree) -> bool:
     """Whether the acceptance table estimates every rank `tree` has at every depth (a rank never offered on the
     accepted paths has no estimate: acceptance_from_counts ends the row before it)."""
-    need = analysis._Tree(list(tree)).max_children
+    need = Tree(list(tree)).max_children
     return len(table) >= len(need) and all(len(table[i]) >= k for i, k in enumerate(need))
 
 

@@ -46,7 +46,9 @@ def use_color(stream: Optional[TextIO] = None, color: Optional[bool] = None) -> 
         return False
 
 
-def _decoder(tokenizer: Optional[Tokenizer]) -> Optional[Decode]:
+def decode_function(tokenizer: Optional[Tokenizer]) -> Optional[Decode]:
+    """The ids -> str function of a tokenizer: its decode method, or the tokenizer itself if it is callable. None
+    for None."""
     if tokenizer is None:
         return None
     decode = getattr(tokenizer, "decode", None)
@@ -101,7 +103,7 @@ class Trace(Sequence[Iteration]):
 
     def __init__(self, iterations: Sequence[Iteration], tokenizer: Optional[Tokenizer] = None):
         self._iterations = list(iterations)
-        self._decode = _decoder(tokenizer)
+        self._decode = decode_function(tokenizer)
         self.tokenizer = tokenizer
 
     def __getitem__(self, index):
@@ -148,7 +150,7 @@ class Trace(Sequence[Iteration]):
         A hierarchical draft's iterations follow, indented and labelled "i.j", the iteration i they drafted
         for (``levels=False`` leaves them out)."""
         color = use_color(None, color)
-        decode = self._decode if tokenizer is None else _decoder(tokenizer)
+        decode = self._decode if tokenizer is None else decode_function(tokenizer)
         lines = []
         for name, output, pieces in self._lines(decode, levels):
             shown = "".join(f"{_ANSI[kind]}{text}{_ANSI['reset']}" if color else f"[{kind}:{text}]"
