@@ -10,8 +10,8 @@ matmul may round differently in the last bits; table models are compared bit for
   target (row replicas), live transformers GPT-2 target and draft, Llama and GPT-2 exports (native), a .pt2
   GPT-2 (conftest.pt2_zoo; replicas reload the package), a T5 export with a live T5 draft (encoder-decoder:
   sources of different lengths, no prompt / one decoder start for all / one prompt per source / padded sources),
-  and table models (tests/markov.py's, deep-copied replicas, and MarkovRows below: the same tables with the
-  native batched methods, so that the exact laws also cover the native path).
+  and table models (tests/markov.py's, deep-copied replicas, and tests/engine_checks.py's MarkovRows: the same
+  tables with the native batched methods, so that the exact laws also cover the native path).
 * Every drafter (model, unigram, bigram, prompt lookup, Python drafters), every gamma policy, EOS stopping rows
   at different iterations, max_new_tokens 0 and 1, seed None and seeds that wrap at 2^64.
 * Inputs: right- and left-padded [B, T] tensors and arrays with attention_mask, tokenizer-style mappings and
@@ -29,70 +29,26 @@ matmul may round differently in the last bits; table models are compared bit for
   the outcome is deterministic. Power: the lenient rows must reject the target law by the same test.
 """
 
-import math
-from typing import Tuple
-
 import numpy as np
 import pytest
 import torch
 import transformers
-from torch import Tensor
 
 import hf_families
 import hf_models
 import markov
 import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue
-from test_distribution import WINDOWS, assert_law
-from test_drafters import every_drafter
-from test_engine import check_stats, load_pair, poisoned_table, same, vars_of
+from drafter_sets import every_drafter
+from engine_checks import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, TINY_MAX_LENGTH, TINY_VOCAB, assert_same_result,
+                           check_rows, check_stats, load_pair, markov_model, poisoned_table, tiny_models)
+from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, WINDOWS, assert_law, batched_samples
 from speculant import drafters, tiny_gpt
-
-PROMPTS = [[5], [1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11, 12]]  # lengths 1, 3, 7, 2
-MAX_NEW = 20
-GAMMA = 3
-TINY_VOCAB = 32  # test_drafters.every_drafter()'s vocabulary
-TINY_MAX_LENGTH = 7 + MAX_NEW - 1  # the longest prompt plus MAX_NEW - 1: exactly enough
-SETTINGS = {
-    "greedy": dict(temperature=0.0),
-    "T1": dict(temperature=1.0),
-    "T0.8-topk8-topp0.9": dict(temperature=0.8, top_k=8, top_p=0.9),
-}
-COUNTS = ("iterations", "target_calls", "draft_calls", "drafted_tokens", "accepted_tokens", "new_tokens", "gamma",
-          "seed", "drafted_per_position", "accepted_per_position", "acceptance_rate", "tokens_per_target_call")
 
 
 # ------------------------------------------------------------------------------------------------
 # Comparing a batch with batch-1 runs
 # ------------------------------------------------------------------------------------------------
-
-
-def iteration(it) -> dict:
-    return {**vars_of(it), "emitted": it.emitted}
-
-
-def assert_same_result(got, want, label: str, *, alpha_rel: float = 1e-6) -> None:
-    """Same tokens, trace and counts; alpha within alpha_rel (0: bit for bit)."""
-    assert got.tokens == want.tokens, f"{label}: tokens"
-    assert [iteration(it) for it in got.trace] == [iteration(it) for it in want.trace], f"{label}: trace"
-    for name in COUNTS:
-        assert same(getattr(got.stats, name), getattr(want.stats, name)), f"{label}: stats.{name}"
-    if math.isnan(want.stats.alpha):
-        assert math.isnan(got.stats.alpha), f"{label}: alpha"
-    else:
-        assert got.stats.alpha == pytest.approx(want.stats.alpha, rel=alpha_rel, abs=1e-12), f"{label}: alpha"
-
-
-def check_rows(generate, rows, *, seed: int, alpha_rel: float = 1e-6, **kwargs) -> list:
-    """generate(rows, seed=seed) as one batch, each row against generate(rows[r], seed=seed + r) alone."""
-    batch = generate(rows, seed=seed, **kwargs)
-    assert isinstance(batch, list) and len(batch) == len(rows)
-    for r, row in enumerate(rows):
-        alone = generate(row, seed=seed + r, **kwargs)
-        assert not isinstance(alone, list)
-        assert_same_result(batch[r], alone, f"row {r}", alpha_rel=alpha_rel)
-        assert batch[r].stats.seed == seed + r
-    return batch
 
 
 def assert_mixed(results) -> None:
@@ -112,117 +68,12 @@ def plain(target):
 # ------------------------------------------------------------------------------------------------
 
 
-def tiny_models(max_length: int = TINY_MAX_LENGTH):
-    """A TinyGPT away from its near-uniform init (so attention and positions matter) and a noisy copy as draft."""
-    torch.manual_seed(0)
-    target = tiny_gpt.TinyGPT(tiny_gpt.TinyGPTConfig(TINY_VOCAB, 2, 2, 32, max_length))
-    with torch.no_grad():
-        for p in target.parameters():
-            p.add_(torch.randn_like(p), alpha=0.3)
-    draft = tiny_gpt.TinyGPT(target.config)
-    draft.load_state_dict(target.state_dict())
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn_like(p), alpha=0.05)
-    return target.eval(), draft.eval()
-
-
 @pytest.fixture(scope="module")
 def tiny():
     """(target, draft, plain-form target): TinyGPT script_cached pair (native batched) and script_plain."""
     target, draft = tiny_models()
     return (speculant.load(tiny_gpt.script_cached(target)), speculant.load(tiny_gpt.script_cached(draft)),
             speculant.load(tiny_gpt.script_plain(target)))
-
-
-class MarkovRows(markov.MarkovCached):
-    """markov.MarkovCached with the native batched methods of export/cached.py (start_rows, extend_rows), so that
-    the engine runs its rows in one call (cpp/models/script_model.cpp's ScriptRows) on exactly enumerable tables. Row r's
-    tokens are kept at their slots; the next-token logits of a token need the one before it, read back after the
-    call's own tokens are written. Checks the calls: a real token's slot is its position, positions are below
-    `keys`, rows ascend, and no token reads a position that was never written.
-
-    The tree calls (extend_rows_masked, copy_slots) keep each slot's position too: a node's predecessor is the one
-    slot its mask shows at its position - 1, so a wrong mask (no such slot, or two) is an error, and copy_slots
-    moves tokens with their positions."""
-
-    def __init__(self, table: Tensor, max_length: int):
-        super().__init__(table, max_length)
-        self.register_buffer("row_tokens", torch.zeros(0, max_length + 1, dtype=torch.long), persistent=False)
-        self.register_buffer("row_positions", torch.zeros(0, max_length + 1, dtype=torch.long), persistent=False)
-
-    @torch.jit.export
-    def start_rows(self, batch: int) -> None:
-        self.row_tokens = torch.full((batch, self.max_length + 1), -1, dtype=torch.long, device=self.table.device)
-        self.row_positions = torch.full_like(self.row_tokens, -1)
-
-    @torch.jit.export
-    def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
-        real = slots < self.max_length  # padding goes to the scratch slot max_length
-        if bool((slots[real] != positions[real]).any()):
-            raise RuntimeError("MarkovRows: a token's slot is not its position")
-        if keys < 1 or keys > self.max_length or bool((positions[real] >= keys).any()):
-            raise RuntimeError("MarkovRows: keys out of range")
-        if rows.size(0) > 1 and bool((rows[1:] <= rows[:-1]).any()):
-            raise RuntimeError("MarkovRows: rows must ascend")
-        index = rows.unsqueeze(1).expand_as(slots)  # [R, T]
-        self.row_tokens[index, slots] = input_ids
-        self.row_positions[index, slots] = positions
-        before = self.row_tokens[index, torch.clamp(positions - 1, min=0)]  # [R, T]
-        if bool((before[real & (positions >= 1)] < 0).any()):
-            raise RuntimeError("MarkovRows: a token's predecessor was never written")
-        return self.logits(input_ids, positions, before)
-
-    def logits(self, input_ids: Tensor, positions: Tensor, before: Tensor) -> Tensor:
-        prev2 = torch.where(positions >= 1, before.clamp(min=0), torch.full_like(before, self.vocab_size))
-        self.calls += 1
-        return self.table[(positions + 1) % 2, prev2, input_ids]  # [R, T, V]
-
-    @torch.jit.export
-    def extend_rows_masked(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor,
-                           mask: Tensor) -> Tensor:
-        keys = mask.size(2)
-        if mask.dtype != torch.bool or mask.shape[:2] != input_ids.shape or keys < 1 or keys > self.max_length:
-            raise RuntimeError("MarkovRows: mask must be bool [R, T, S] with 1 <= S <= max_length")
-        real = slots < self.max_length
-        index = rows.unsqueeze(1).expand_as(slots)  # [R, T]
-        own = mask.gather(2, slots.clamp(max=keys - 1).unsqueeze(2)).squeeze(2)  # [R, T]
-        if bool((slots[real] >= keys).any()) or not bool(own[real].all()):
-            raise RuntimeError("MarkovRows: a tree node does not see its own slot")
-        self.row_tokens[index, slots] = input_ids
-        self.row_positions[index, slots] = positions
-        match, before = self.predecessors(rows, positions, mask)
-        needed = real & (positions >= 1)
-        if bool((match.sum(2)[needed] != 1).any()):
-            raise RuntimeError("MarkovRows: a tree node does not see exactly one slot at its position - 1")
-        return self.logits(input_ids, positions, before)
-
-    def predecessors(self, rows: Tensor, positions: Tensor, mask: Tensor) -> Tuple[Tensor, Tensor]:
-        """(the slots [R, T, S] each token's mask shows at its position - 1, the token [R, T] in the first)."""
-        keys = mask.size(2)
-        seen = self.row_positions[rows, :keys].unsqueeze(1)  # [R, 1, S]
-        match = mask & (seen == (positions - 1).unsqueeze(2)) & (seen >= 0)  # [R, T, S]
-        before = self.row_tokens[rows, :keys].unsqueeze(1).expand_as(match).gather(
-            2, match.long().argmax(2, keepdim=True)).squeeze(2)  # [R, T]
-        return match, before
-
-    @torch.jit.export
-    def copy_slots(self, rows: Tensor, sources: Tensor, targets: Tensor) -> None:
-        index = rows.unsqueeze(1).expand_as(sources)
-        if bool((self.row_positions[index, sources] < 0).any()):
-            raise RuntimeError("MarkovRows: copy_slots from a slot never written")
-        tokens, positions = self.row_tokens[index, sources], self.row_positions[index, sources]
-        self.row_tokens[index, targets] = tokens
-        self.row_positions[index, targets] = positions
-
-
-def markov_model(table: Tensor, kind: str, max_length: int = 64):
-    """A loaded table model: "replica" (markov.py's cached form: deep-copied replicas) or "native" (MarkovRows)."""
-    module = markov.cached_model(table) if kind == "replica" else torch.jit.script(MarkovRows(table.float(),
-                                                                                             max_length))
-    model = speculant.load(module)
-    assert model._core.batched == (kind == "native")
-    return model
 
 
 # ------------------------------------------------------------------------------------------------
@@ -629,7 +480,7 @@ def test_bad_encoder_decoder_batches(t5_pair):
 @pytest.mark.parametrize("kind", ["replica", "native"])
 @pytest.mark.parametrize("role", ["target", "draft", "plain"])
 def test_non_finite_logits_name_the_row(kind, role):
-    """Row 1's prompt ends in token 0, after which the table's logits are NaN (test_engine.poisoned_table); row 0
+    """Row 1's prompt ends in token 0, after which the table's logits are NaN (engine_checks.poisoned_table); row 0
     never reaches them within max_new_tokens (1 token; 2 with a draft of gamma 1, which drafts one)."""
     bad = markov_model(poisoned_table(float("nan")), kind)
     good = markov_model(markov.random_table(3, 5), kind)
@@ -683,24 +534,6 @@ def test_batches_of_other_sizes_reuse_the_decoder(tiny, kind):
 # ------------------------------------------------------------------------------------------------
 # 5. Exact laws of batched rows (chi-square at SIGNIFICANCE, as test_distribution.py)
 # ------------------------------------------------------------------------------------------------
-
-LAW_VOCAB = 4
-LAW_NEW = 6  # test_distribution's MAX_NEW_TOKENS: WINDOWS are tokens 1-3 and 4-6
-LAW_PROMPT = [2, 1, 3]
-BATCH = 1000
-
-
-def batched_samples(decoder, prompts, n: int, seed: int) -> np.ndarray:
-    """n rows of LAW_NEW tokens: rows cycle through `prompts`, in batches of BATCH rows, row i with seed + i."""
-    out = []
-    for start in range(0, n, BATCH):
-        rows = [prompts[i % len(prompts)] for i in range(start, min(start + BATCH, n))]
-        results = decoder.generate(rows, max_new_tokens=LAW_NEW, seed=seed + start)
-        assert [r.stats.seed for r in results] == list(range(seed + start, seed + start + len(rows)))
-        out += [r.tokens for r in results]
-    samples = np.array(out)
-    assert samples.shape == (n, LAW_NEW)
-    return samples
 
 
 @pytest.mark.parametrize("kind", ["replica", "native"])

@@ -14,52 +14,16 @@
 import itertools
 
 import pytest
-import torch
 
 import hf_families
 import hf_models
 import speculant
+from decoding_references import MAX_NEW, OPTIONS, TARGET, assert_equal_beams, run, transformers_beams
 from speculant.tiny_gpt import script_plain
-from test_greedy import TARGET
 
 PROMPTS = [[1, 5, 9], [7], [3, 3, 12, 40, 8, 21, 2, 17]]
-MAX_NEW = 12
 # (num_beams w, draft_beams u, gamma): gamma 0 is plain beam search (speculant.generate)
 SEARCHES = [(2, None, 0), (2, None, 3), (2, 4, 2), (4, None, 4), (3, 5, 1)]
-# (length_penalty, early_stopping, eos_token_id): EOS sets with tokens that the tiny GPT-2, Llama and T5 emit
-# within MAX_NEW tokens, several per set (Llama 3 style), and one that never comes
-OPTIONS = [(1.0, False, [37, 28, 58]), (-0.5, True, [44, 62, 19, 52]), (2.0, "never", [51, 23, 12]),
-           (1.0, True, [38, 29, 17]), (0.0, False, None), (1.0, False, [2])]
-
-
-def transformers_beams(model, prompt, w, length_penalty, early_stopping, eos):
-    skip = 1 if model.config.is_encoder_decoder else len(prompt)  # the decoder start, or the prompt
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             do_sample=False, num_beams=w, num_return_sequences=w, max_new_tokens=MAX_NEW,
-                             eos_token_id=eos, pad_token_id=0, length_penalty=length_penalty,
-                             early_stopping=early_stopping, return_dict_in_generate=True, output_scores=True,
-                             top_k=None, top_p=None, temperature=None)
-    return [row[skip:].tolist() for row in out.sequences], out.sequences_scores.tolist()
-
-
-def assert_equal_beams(result, expected, eos, label):
-    sequences, scores = expected
-    assert len(result.sequences) == len(sequences), label
-    # transformers pads a shorter finished beam with pad_token_id, or eos_token_id[0] where the pad id is 0
-    fill = {0} | ({eos[0]} if eos else set())
-    for i, (ours, theirs) in enumerate(zip(result.sequences, sequences)):
-        assert ours == theirs[:len(ours)] and set(theirs[len(ours):]) <= fill, f"{label}: beam {i}"
-        assert result.scores[i] == pytest.approx(scores[i], abs=1e-4), f"{label}: score {i}"
-
-
-def run(target, draft, prompt, w, u, gamma, length_penalty, early_stopping, eos):
-    options = dict(max_new_tokens=MAX_NEW, num_beams=w, num_return_sequences=w, length_penalty=length_penalty,
-                   early_stopping=early_stopping, eos_token_id=eos)
-    options["encoder_input_ids" if target.encoder_decoder else "prompt_ids"] = prompt
-    if gamma == 0:
-        return speculant.generate(target, **options)
-    return speculant.SpeculativeDecoder(target, draft, gamma=gamma).generate(draft_beams=u, **options)
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,8 @@ import torch
 import hf_families
 import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue
+from live_reference import two_token_law
 from speculant.compiled_live import CompiledLiveModel
-from test_live import two_token_law
 
 PROMPT = [1, 5, 9]
 MAX_NEW = 20
@@ -209,7 +209,7 @@ def test_greedy_trees_and_beams_equal_transformers(zoo, family):
     """tree= drafts (one row and a batch) give transformers' greedy tokens, beam search its beams; the tree
     probe (a tree call and a kept path against uncached forwards, on first use) passed. Bloom takes no
     position_ids, which a tree's nodes need: refused by name, as on the eager route."""
-    from test_beams import OPTIONS, assert_equal_beams, run, transformers_beams
+    from decoding_references import OPTIONS, assert_equal_beams, run, transformers_beams
 
     model, _, target, draft = zoo[family]
     assert target.tree_obstacle == draft.tree_obstacle == ""

@@ -30,10 +30,10 @@ import torch
 import markov
 import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue, pooled
+from laws import WINDOWS, assert_law, check_no_top_p_boundary
 
 N_SAMPLES = 5000
 MAX_NEW_TOKENS = 6
-WINDOWS = [(0, 1, 2), (3, 4, 5)]  # token indices whose joint law is tested (4-6 need several iterations)
 VOCAB = 4
 PROMPT = [2, 1, 3]
 
@@ -61,17 +61,6 @@ def predicted_power(law: torch.Tensor, alternative: torch.Tensor, n: int) -> flo
 # ------------------------------------------------------------------------------------------------
 
 
-def check_no_top_p_boundary(table: torch.Tensor, temperature: float, top_k: int, top_p: float) -> None:
-    """Precondition: no context puts a top-p boundary within 1e-5 of top_p, so the engine's float32
-    standardization and the float64 enumeration keep the same tokens."""
-    if top_p >= 1.0:
-        return
-    probs = markov.standardized_table(table, temperature, top_k, 1.0).reshape(-1, table.shape[-1])
-    sorted_probs = probs.sort(dim=-1, descending=True).values
-    mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    assert ((mass_before - top_p).abs() > 1e-5).all(), "pick another seed or top_p"
-
-
 def generate_samples(generate, n: int, seed_base: int) -> np.ndarray:
     out = np.empty((n, MAX_NEW_TOKENS), dtype=np.int64)
     for i in range(n):
@@ -79,13 +68,6 @@ def generate_samples(generate, n: int, seed_base: int) -> np.ndarray:
         assert len(tokens) == MAX_NEW_TOKENS
         out[i] = tokens
     return out
-
-
-def assert_law(samples: np.ndarray, law: torch.Tensor, label: str) -> None:
-    for window in WINDOWS:
-        window_law = markov.marginal(law, list(window))
-        pvalue = chi_square_pvalue(window_law, samples[:, list(window)])
-        assert pvalue > SIGNIFICANCE, f"{label}: tokens {window} reject the exact law, p = {pvalue:.3g}"
 
 
 CONFIGS = [

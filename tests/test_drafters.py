@@ -8,10 +8,10 @@ import torch
 
 import markov
 import speculant
+from drafter_sets import VOCAB, every_drafter
 from speculant import drafters
 from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 
-VOCAB = 32
 PROMPT = [3, 7, 3, 7, 1, 3, 7]
 
 
@@ -19,19 +19,6 @@ PROMPT = [3, 7, 3, 7, 1, 3, 7]
 def target():
     torch.manual_seed(0)
     return speculant.load(script_cached(TinyGPT(TinyGPTConfig(VOCAB, 2, 2, 32, 128))))
-
-
-def every_drafter():
-    corpus = np.random.default_rng(0).integers(0, VOCAB, 500)
-    return {
-        "unigram": drafters.Unigram.fit(corpus, VOCAB),
-        "bigram": drafters.Bigram.fit(corpus, VOCAB),
-        "prompt_lookup": drafters.PromptLookup(VOCAB, max_ngram=3),
-        "python": drafters.PythonDrafter(lambda context, gamma: ([context[-1]] * gamma,
-                                                                 torch.nn.functional.one_hot(
-                                                                     torch.tensor([context[-1]] * gamma), VOCAB)
-                                                                 .float()), VOCAB),
-    }
 
 
 @pytest.mark.parametrize("kind", ["unigram", "bigram", "prompt_lookup", "python"])

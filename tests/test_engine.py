@@ -11,25 +11,16 @@ import torch
 
 import markov
 import speculant
+from engine_checks import VOCAB, check_stats, load_pair, poisoned_table, vars_of
 from speculant import tiny_gpt
 
-VOCAB = 5
 PROMPT = [1, 2, 3]
-
-
-def load_pair(seed: int = 1, *, vocab: int = VOCAB, forms=("cached", "cached"), **kwargs):
-    target, draft = markov.target_and_draft(vocab, seed, **kwargs)
-    return speculant.load(markov.script(target, forms[0])), speculant.load(markov.script(draft, forms[1]))
 
 
 def decoder(gamma: int = 3, *, seed: int = 1, forms=("cached", "cached"), vocab: int = VOCAB,
             draft_scale: float = 0.7, **sampling):
     target, draft = load_pair(seed, vocab=vocab, forms=forms, concentration=3.0, draft_scale=draft_scale)
     return speculant.SpeculativeDecoder(target, draft, gamma=gamma, **sampling)
-
-
-def vars_of(it) -> dict:
-    return {name: getattr(it, name) for name in ("drafted", "accepted", "token", "bonus")}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -81,70 +72,6 @@ def test_seed_none_is_reported_and_replays():
 # ------------------------------------------------------------------------------------------------
 # Statistics and trace
 # ------------------------------------------------------------------------------------------------
-
-
-def check_stats(result, gamma: int, max_new_tokens: int, *, vocab: int = VOCAB, eos=None, seed=None):
-    """Every invariant the spec states between tokens, trace and stats.
-
-    An iteration drafts γ tokens, except that near max_new_tokens the engine may draft fewer (it drafts
-    min(γ, tokens still due - 1): more would be wasted work), so draft_calls = Σ len(drafted), which is
-    γ · iterations whenever no iteration was shortened.
-    """
-    tokens, stats, trace = result.tokens, result.stats, list(result.trace)
-    assert stats.new_tokens == len(tokens) <= max_new_tokens
-    if eos is not None and eos in tokens:
-        assert tokens.index(eos) == len(tokens) - 1  # stops at the first EOS, which is included
-    elif max_new_tokens > 0:
-        assert len(tokens) == max_new_tokens
-    assert stats.iterations == len(trace) == stats.target_calls
-    assert stats.draft_calls == sum(len(it.drafted) for it in trace)
-    rebuilt: list[int] = []
-    for i, it in enumerate(trace):
-        drafted = list(it.drafted)
-        assert 0 <= it.accepted <= len(drafted) <= gamma
-        if len(rebuilt) + gamma + 1 <= max_new_tokens:
-            assert len(drafted) == gamma  # only the iterations near max_new_tokens may draft fewer
-        assert it.bonus == (it.accepted == len(drafted))
-        assert all(0 <= t < vocab for t in drafted + [it.token])
-        block = drafted[: it.accepted] + [it.token]
-        if i < len(trace) - 1:
-            rebuilt += block
-        else:  # the last iteration may be cut at max_new_tokens or the EOS
-            rebuilt += block[: len(tokens) - len(rebuilt)]
-    assert rebuilt == tokens
-    assert sum(len(it.drafted[: it.accepted]) + 1 for it in trace) - stats.new_tokens in range(0, gamma + 1)
-    # Per position: position i was accepted in the iterations that kept more than i drafts. One entry per
-    # position this generation could draft: no iteration drafts more than max_new_tokens - 1 tokens.
-    positions = min(gamma, max(max_new_tokens - 1, 1))
-    assert len(stats.accepted_per_position) == len(stats.drafted_per_position) == positions
-    assert list(stats.accepted_per_position) == [sum(it.accepted > i for it in trace) for i in range(positions)]
-    assert list(stats.drafted_per_position) == [sum(len(it.drafted) > i for it in trace) for i in range(positions)]
-    accepted, drafted = sum(stats.accepted_per_position), sum(stats.drafted_per_position)
-    if drafted:
-        assert stats.acceptance_rate == pytest.approx(accepted / drafted, rel=1e-12)
-        assert 0.0 <= stats.alpha <= 1.0
-    else:
-        assert math.isnan(stats.acceptance_rate) and math.isnan(stats.alpha)
-    if stats.target_calls:
-        assert stats.tokens_per_target_call == pytest.approx(stats.new_tokens / stats.target_calls, rel=1e-12)
-    for name in ("draft_seconds", "target_seconds", "other_seconds", "total_seconds"):
-        assert getattr(stats, name) >= 0.0, name
-    assert stats.draft_seconds + stats.target_seconds <= stats.total_seconds + 1e-9
-    if seed is not None:
-        assert stats.seed == seed
-    as_dict = stats.as_dict()
-    for name in ("target_calls", "draft_calls", "iterations", "new_tokens", "tokens_per_target_call",
-                 "acceptance_rate", "alpha", "accepted_per_position", "drafted_per_position", "draft_seconds",
-                 "target_seconds", "other_seconds", "total_seconds", "seed"):
-        assert same(as_dict[name], getattr(stats, name)), name
-
-
-def same(got, want) -> bool:
-    if isinstance(want, float) and math.isnan(want):
-        return isinstance(got, float) and math.isnan(got)
-    if isinstance(want, (list, tuple)):
-        return list(got) == list(want)
-    return got == want
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 5, 8])
@@ -598,16 +525,6 @@ def test_wrong_output_shape_at_run_time(module, role):
         else:
             pair = (bad, good) if role == "target" else (good, bad)
             speculant.SpeculativeDecoder(*pair, gamma=3).generate([1, 2, 3], max_new_tokens=8, seed=0)
-
-
-def poisoned_table(value: float) -> torch.Tensor:
-    """A V = 3 table whose rows after token 0 hold `value` (NaN / +inf) or are entirely -inf."""
-    table = markov.random_table(3, 4)
-    if value == -math.inf:
-        table[:, :, 0, :] = -math.inf
-    else:
-        table[:, :, 0, 1] = value
-    return table
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -math.inf], ids=["nan", "pos-inf", "all-neg-inf"])

@@ -51,9 +51,9 @@ import hf_models
 import markov
 import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue
-from test_batch import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, LAW_NEW, LAW_PROMPT, LAW_VOCAB, MarkovRows,
-                        assert_same_result, batched_samples, markov_model, tiny_models)
-from test_distribution import assert_law, check_no_top_p_boundary
+from engine_checks import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, MarkovRows, assert_same_result, markov_model,
+                           tiny_models)
+from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples, check_no_top_p_boundary
 from speculant import graphs, tiny_gpt
 from speculant.testing import tensor_path
 
@@ -566,7 +566,7 @@ def cuda_pairs(tmp_path_factory):
 @pytest.mark.parametrize("mode", ["off", "on"])
 def test_cuda_same_seed_same_tokens_across_processes(mode):
     """tests/test_threads.py's seeded run in two processes on CUDA (cuBLAS's workspace fixed), graphs off and on."""
-    from test_threads import same_seed_outputs
+    from engine_checks import same_seed_outputs
 
     outputs = same_seed_outputs((1, 1), "cuda", mode)
     assert len(outputs) == 1 and len(outputs.pop()) > 60

@@ -16,75 +16,21 @@ import torch
 
 import markov
 import speculant
-from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached, script_plain
+from decoding_references import MAX_LENGTH, TARGET, VOCAB, perturbed, scripted, tiny_gpt, torch_greedy
+from speculant.tiny_gpt import TinyGPTConfig, script_cached, script_plain
 
-VOCAB = 48
-MAX_LENGTH = 64
 MAX_NEW_TOKENS = 40
-MIN_GAP = 1e-3
 PROMPTS = [[7], [1, 2, 3, 4, 5], [40, 3, 3, 9, 0, 11, 47, 2, 30, 5, 8]]
 GAMMAS = [1, 2, 4, 8]
 
-TARGET_CONFIG = TinyGPTConfig(vocab_size=VOCAB, n_layer=2, n_head=2, d_model=32, max_length=MAX_LENGTH)
 SMALL_CONFIG = TinyGPTConfig(vocab_size=VOCAB, n_layer=1, n_head=1, d_model=16, max_length=MAX_LENGTH, d_ff=32)
 
-
-def tiny_gpt(config: TinyGPTConfig, seed: int) -> TinyGPT:
-    """A randomly initialised TinyGPT with sharpened, context-dependent logits.
-
-    GPT-2 initialisation (std 0.02, tied embeddings) makes a random model repeat its last token with
-    nearly uniform logits. Scaling the blocks' weights (x30), the embeddings (x10) and the final
-    LayerNorm gain (x3) lets the context drive the output and spreads the logits (top-2 gaps of a few
-    1e-2), so greedy decoding is varied and well defined in float32.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = TinyGPT(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and "emb" not in name:
-                p.mul_(30.0)
-        model.tok_emb.weight.mul_(10.0)
-        model.pos_emb.weight.mul_(10.0)
-        model.ln_f.weight.mul_(3.0)
-    return model.eval()
-
-
-def perturbed(model: TinyGPT, seed: int, scale: float) -> TinyGPT:
-    """Same architecture and weights plus Gaussian noise: a draft that agrees with the target often."""
-    with torch.random.fork_rng(devices=[]):  # TinyGPT's own initialisation draws from the global RNG
-        clone = TinyGPT(model.config)
-    clone.load_state_dict(model.state_dict())
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in clone.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std().clamp_min(1e-3))
-    return clone.eval()
-
-
-TARGET = tiny_gpt(TARGET_CONFIG, seed=1)
 DRAFTS = {
     "small": tiny_gpt(SMALL_CONFIG, seed=2),  # different size, unrelated: many rejections
     "near": perturbed(TARGET, seed=3, scale=0.05),  # same size, correlated: long accepted runs
     "same": TARGET,  # identical weights: everything is accepted (bonus tokens, draft re-feed)
 }
 FORMS = [("cached", "cached"), ("plain", "plain"), ("cached", "plain"), ("plain", "cached")]
-
-
-def scripted(model: TinyGPT, form: str):
-    return script_cached(model) if form == "cached" else script_plain(model)
-
-
-def torch_greedy(model: TinyGPT, prompt: list[int], n: int) -> list[int]:
-    """Greedy decoding with the training-form forward over the whole sequence at every step."""
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            logits = model(torch.tensor([ids]))[0, -1]  # [V]
-            top2 = logits.topk(2).values
-            assert top2[0] - top2[1] >= MIN_GAP, "near-tie in the reference: pick another seed"
-            ids.append(int(logits.argmax()))
-    return ids[len(prompt):]
 
 
 @pytest.fixture(scope="module")

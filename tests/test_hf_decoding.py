@@ -16,17 +16,13 @@
 
 import numpy as np
 import pytest
-import torch
 
 import hf_models
-import reference
 import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue
+from hf_models import MAX_NEW, PROMPTS, SOURCES, hf_greedy, two_token_law
 
 N_SAMPLES = 3000
-PROMPTS = [[1, 5, 9], [7], [3, 3, 12, 40, 8, 21, 2, 17]]
-SOURCES = [[4, 8, 15, 16, 23, 42], [9], [30, 2, 7, 7, 1]]  # T5's encoder inputs
-MAX_NEW = 20
 ARCHS = ["gpt2", "llama", "t5"]
 NOISE = {"gpt2": 0.005, "llama": 0.006, "t5": 0.005}  # the drafts' weight noise: alpha about 0.95 at T = 1
 
@@ -43,20 +39,6 @@ def pairs(tmp_path_factory):
         speculant.export(hf_models.drafted(target, noise=NOISE[arch], seed=11), root / f"{arch}_draft.pt")
         out[arch] = (target, speculant.load(root / f"{arch}_target.pt"), speculant.load(root / f"{arch}_draft.pt"))
     return out
-
-
-def hf_greedy(model, arch: str, index: int, eos) -> list[int]:
-    """transformers' own greedy generation, new tokens only."""
-    kwargs = dict(do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=0,
-                  num_beams=1, top_k=None, top_p=None, temperature=None)
-    with torch.no_grad():
-        if arch == "t5":
-            source = torch.tensor([SOURCES[index]])
-            out = model.generate(input_ids=source, attention_mask=torch.ones_like(source), **kwargs)
-            return out[0, 1:].tolist()  # after decoder_start_token_id
-        prompt = torch.tensor([PROMPTS[index]])
-        out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **kwargs)
-        return out[0, prompt.size(1):].tolist()
 
 
 def inputs(arch: str, index: int) -> dict:
@@ -93,28 +75,6 @@ def test_drafts_are_both_accepted_and_rejected(pairs, arch):
     stats = [decoder.generate(max_new_tokens=MAX_NEW, **inputs(arch, i)).stats for i in range(len(PROMPTS))]
     accepted = sum(s.accepted_tokens for s in stats)
     assert 0 < accepted < sum(s.drafted_tokens for s in stats)
-
-
-def hf_next_logits(model, arch: str, prefixes: torch.Tensor, source: list[int]) -> torch.Tensor:
-    """transformers' next-token logits [N, V] after each row of prefixes [N, T] (decoder tokens for T5)."""
-    with torch.no_grad():
-        if arch == "t5":
-            encoder = torch.tensor([source]).expand(prefixes.size(0), -1)
-            return model(input_ids=encoder, decoder_input_ids=prefixes).logits[:, -1]
-        return model(prefixes).logits[:, -1]
-
-
-def two_token_law(model, arch: str, start: list[int], source: list[int], temperature, top_k, top_p):
-    """The target's exact joint law of the first two generated tokens [V, V] from transformers' logits."""
-    def law(logits):
-        return reference.standardize(logits.double(), temperature=temperature, top_k=top_k, top_p=top_p)
-
-    prefix = torch.tensor([start])
-    first = law(hf_next_logits(model, arch, prefix, source))[0]  # [V]
-    vocab = first.numel()
-    extended = torch.cat([prefix.expand(vocab, -1), torch.arange(vocab)[:, None]], dim=1)  # [V, T + 1]
-    second = law(hf_next_logits(model, arch, extended, source))  # [V, V]
-    return first[:, None] * second
 
 
 SETTINGS = [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.0, 0, 0.8)]

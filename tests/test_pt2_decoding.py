@@ -26,8 +26,8 @@ import hf_families
 import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue
 from conftest import PT2_FAMILIES
+from live_reference import MAX_NEW, SOURCE, _inputs, _start, hf_greedy, two_token_law
 from speculant.export import pt2
-from test_live import hf_greedy, two_token_law, _inputs, _start, MAX_NEW, SOURCE
 
 N_SAMPLES = 1000
 TORCH = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
@@ -141,7 +141,7 @@ def test_trees_and_beams_equal_transformers(pt2_zoo, family):
     (8 positions each) are applied inside the package on each slot's position, which beams, holding several
     beams' entries, tell apart from its index; T5's relative position bias on each key's rank on its query's
     path, each row over its own source."""
-    from test_beams import assert_equal_beams, transformers_beams
+    from decoding_references import assert_equal_beams, transformers_beams
 
     if family == "llama4" and TORCH < (2, 15):  # seen with torch 2.11 (transformers 5.17 and 5.23); 2.15 exports it
         pytest.skip("this torch's export cannot prove its guard on Llama 4's chunked layers in the tree form "

@@ -91,7 +91,7 @@ def test_drafters_travel_as_their_arguments(pair, pool):
 def test_a_sibling_draft_travels_as_its_file(pool, tmp_path):
     """sweep(sibling_draft=) on a process pool: the sibling goes as its file, loaded in each worker under a role
     of its own, and the tree rows give the serial sweep's tokens, alpha and counts."""
-    from test_batch import MarkovRows
+    from engine_checks import MarkovRows
     tables = (*markov.target_and_draft(VOCAB, 3, draft_scale=1.0), markov.target_and_draft(VOCAB, 103)[1])
     paths = [str(tmp_path / f"{name}.pt") for name in ("target", "draft", "sibling")]
     for table, path in zip(tables, paths):

@@ -7,11 +7,11 @@ decodes take that path, batches, level-wide draws, tree verification and rollbac
 runs (all of it but the CUDA graphs) is checked on every machine:
 
 * the law: Pearson chi-square of the first LAW_NEW tokens against the target's exact law on native Markov tables
-  (tests/test_batch.py's MarkovRows, 4,000 rows in batches of 1,000), at SIGNIFICANCE = 1e-3 per window, 2 windows
+  (tests/engine_checks.py's MarkovRows, 4,000 rows in batches of 1,000), at SIGNIFICANCE = 1e-3 per window, 2 windows
   per case, fixed seeds: 9 cases (chains, trees of each way of drawing siblings, a grown tree whose last level has
   unequal child counts, a tree with a sibling draft, and a chain with lenience against its own exact law, A.5), at
   most 1.8% family-wise false failures for a fresh choice of seeds (Bonferroni);
-* greedy decoding token for token the pure-torch greedy loop (tests/test_greedy.py), chains and trees, one
+* greedy decoding token for token the pure-torch greedy loop (tests/decoding_references.py), chains and trees, one
   prompt and a batch; sampled rows of a batch equal to each row decoded alone with its seed;
 * that the switch switches: sampled tokens differ from the host kernels' under the same seed (other draws of the
   same law), and the host kernels are back after the block, an exception included.
@@ -24,13 +24,11 @@ import pytest
 import markov
 import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue
+from decoding_references import GIVEN, NEW, PROMPTS, TARGET, perturbed, torch_greedy
+from engine_checks import SETTINGS, check_rows, markov_model, poisoned_table, table_model
+from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples
 from speculant.testing import tensor_path
 from speculant.tiny_gpt import script_cached
-from test_batch import LAW_NEW, LAW_PROMPT, LAW_VOCAB, SETTINGS, batched_samples, check_rows, markov_model
-from test_distribution import assert_law
-from test_engine import poisoned_table
-from test_greedy import TARGET, perturbed, torch_greedy
-from test_tree_decoding import GIVEN, NEW, PROMPTS, table_model
 
 LAW_CASES = [  # id, decoder options, sampling, table seed
     ("chain-g3-T1-topk2", dict(gamma=3), dict(temperature=1.0, top_k=2), 71),

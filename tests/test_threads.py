@@ -9,6 +9,7 @@ import torch
 
 import hf_families
 import speculant
+from engine_checks import same_seed_outputs
 from speculant import drafters, tiny_gpt
 
 
@@ -102,34 +103,6 @@ def test_every_model_call_runs_without_autograd():
                                                                        out.logits.requires_grad)))
     speculant.generate(model, [1, 2], max_new_tokens=5, seed=0)
     assert seen and not any(grad or requires for grad, requires in seen)
-
-
-# One process's seeded run, printed. argv: torch threads, device, cuda_graphs mode. cuBLAS repeats itself across
-# processes only with a fixed workspace (docs/determinism.md): same_seed_outputs sets it.
-SAME_SEED = r"""
-import sys, torch
-torch.set_num_threads(int(sys.argv[1]))
-import speculant
-from speculant import tiny_gpt
-models = []
-for seed in (0, 1):  # a target and a draft that differ: rejections and residual draws happen
-    torch.manual_seed(seed)
-    models.append(speculant.load(tiny_gpt.script_cached(
-        tiny_gpt.TinyGPT(tiny_gpt.TinyGPTConfig(64, 2, 2, 64, 128)).eval()), device=sys.argv[2]))
-print(speculant.SpeculativeDecoder(*models, gamma=3, temperature=0.9, cuda_graphs=sys.argv[3]).generate(
-    [1, 2, 3], max_new_tokens=60, seed=7).tokens)
-"""
-
-
-def same_seed_outputs(threads, device: str = "cpu", mode: str = "off") -> set:
-    """The distinct outputs of SAME_SEED run once per entry of `threads`, each in a fresh process."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-    return {subprocess.run([sys.executable, "-c", SAME_SEED, str(t), device, mode], capture_output=True, text=True,
-                           check=True, timeout=300, env=env).stdout for t in threads}
 
 
 def test_same_seed_same_tokens_across_processes_and_thread_counts():

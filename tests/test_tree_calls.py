@@ -15,7 +15,7 @@ import torch
 
 import hf_models
 import speculant
-from test_greedy import TARGET
+from decoding_references import TARGET
 from speculant.tiny_gpt import script_cached
 
 # Breadth-first parents of two trees: node 0 is the root (the last decided token, fed with its drafts)

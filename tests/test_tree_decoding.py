@@ -5,12 +5,12 @@ the target verifies the pending token and every node in one call with an ancesto
 and only the accepted path's cache entries are kept, moved into place (model.h: extend_rows_masked,
 copy_slots). What is checked:
 
-* Greedy: token for token the pure-torch greedy loop of tests/test_greedy.py (no engine, no cache; every step's
+* Greedy: token for token the pure-torch greedy loop of tests/decoding_references.py (no engine, no cache; every step's
   top-2 gap at least 1e-3), for several shapes, drafts that are often right, unrelated or identical, batches of
   ragged prompts and EOS stops. A cache entry left in the wrong slot changes later argmaxes, so this also checks
   the cache after every iteration against a cache-free recomputation of the kept path.
 * The law: Pearson chi-square of the first LAW_NEW tokens against the target's exact law on native Markov
-  tables (tests/test_batch.py's MarkovRows, which reads each node's predecessor through the mask), at
+  tables (tests/engine_checks.py's MarkovRows, which reads each node's predecessor through the mask), at
   SIGNIFICANCE = 1e-3 per window, 2 windows per case, fixed seeds: 9 cases (each way of drawing siblings, given
   trees), at most 1.8% family-wise false failures for a fresh choice of seeds (Bonferroni).
 * Sibling drafts (``sibling_draft=``, cpp/math/tree.h): a second draft model for the later children. The law on
@@ -37,15 +37,12 @@ import torch
 
 import markov
 import speculant
-from test_batch import LAW_NEW, LAW_PROMPT, LAW_VOCAB, MarkovRows, batched_samples
-from test_distribution import assert_law
-from test_greedy import TARGET, TARGET_CONFIG, perturbed, tiny_gpt, torch_greedy
+from decoding_references import GIVEN, NEW, PROMPTS, TARGET, TARGET_CONFIG, perturbed, scripted, tiny_gpt, torch_greedy
+from drafter_sets import table_drafters
+from engine_checks import table_model
+from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples
 from speculant.tiny_gpt import script_cached
 
-PROMPTS = [[7], [1, 2, 3, 4, 5], [40, 3, 3, 9, 0, 11, 47, 2, 30, 5, 8]]
-NEW = 30
-# a given tree (breadth-first parents, Sequoia-like: the root's first child has 3 children and a chain below it)
-GIVEN = [-1, 0, 0, 0, 1, 1, 1, 2, 4, 8]
 SHAPES = [[2, 2], [3, 1, 1], [1, 1, 1], [4], [2, 2, 2, 2], GIVEN]
 
 
@@ -99,10 +96,6 @@ def test_siblings_keep_more_tokens_per_call(models):
         decoder = speculant.SpeculativeDecoder(target, drafts["unrelated"], tree=shape, temperature=0.0)
         calls[str(shape)] = sum(r.stats.tokens_per_target_call for r in decoder.generate(PROMPTS, max_new_tokens=NEW))
     assert calls["[6, 1]"] > calls["[1, 1]"]
-
-
-def table_model(table):
-    return speculant.load(torch.jit.script(MarkovRows(table.float(), 64)))
 
 
 LAW_CASES = [  # id, shape, siblings, sampling, table seed
@@ -237,7 +230,6 @@ def test_refusals(models, tmp_path):
             speculant.SpeculativeDecoder(target, draft, **kwargs)
     with pytest.raises(ValueError, match="draft cannot propose trees: the prompt_lookup drafter proposes chains"):
         speculant.SpeculativeDecoder(target, speculant.drafters.PromptLookup(target.vocab_size), tree=[2])
-    from test_greedy import scripted
     plain = speculant.load(scripted(TARGET, "plain"))
     with pytest.raises(ValueError, match=r"target \(plain form\) cannot verify a tree in one call"):
         speculant.SpeculativeDecoder(plain, draft, tree=[2])
@@ -307,7 +299,6 @@ def test_given_trees_count_what_each_rank_was_offered(models):
 
 def test_tree_obstacle_names_the_form(models):
     target, _ = models
-    from test_greedy import scripted
     assert target.tree_obstacle == ""
     assert "plain form has no tree calls" in speculant.load(scripted(TARGET, "plain")).tree_obstacle
 
@@ -329,7 +320,7 @@ def live_pairs():
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_live_greedy_trees_equal_transformers_generate(live_pairs, arch):
-    from test_hf_decoding import PROMPTS as HF_PROMPTS, hf_greedy
+    from hf_models import PROMPTS as HF_PROMPTS, hf_greedy
     model, target, draft = live_pairs[arch]
     assert target.tree_obstacle == "" and draft.tree_obstacle == ""
     expected = [hf_greedy(model, arch, i, eos=None) for i in range(len(HF_PROMPTS))]
@@ -344,7 +335,7 @@ def test_live_greedy_trees_equal_transformers_generate(live_pairs, arch):
 def test_live_tree_law_matches_transformers(live_pairs):
     import numpy as np
     from chisquare import chi_square_pvalue
-    from test_hf_decoding import PROMPTS as HF_PROMPTS, SOURCES, two_token_law
+    from hf_models import PROMPTS as HF_PROMPTS, SOURCES, two_token_law
     model, target, draft = live_pairs["llama"]
     law = two_token_law(model, "llama", HF_PROMPTS[0], SOURCES[0], 1.0, 0, 1.0)
     decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], temperature=1.0)
@@ -397,28 +388,6 @@ def test_live_models_that_cannot_run_trees_are_refused_by_name():
 # ------------------------------------------------------------------------------------------------
 # Drafters without a model: tables and Python code
 # ------------------------------------------------------------------------------------------------
-
-
-def python_scorer(vocab: int, seed: int):
-    """A PythonDrafter whose law after a context depends on its last two tokens (a fixed random table)."""
-    from speculant import drafters
-    laws = torch.softmax(2.0 * torch.randn(vocab + 1, vocab, vocab, generator=torch.Generator().manual_seed(seed)),
-                         -1)
-
-    def score(contexts):
-        return torch.stack([laws[c[-2] if len(c) > 1 else vocab, c[-1]] for c in contexts])
-
-    def propose(context, gamma):  # chains: never asked here
-        raise AssertionError("a tree decoder asks score(), not propose()")
-
-    return drafters.PythonDrafter(propose, vocab, score=score)
-
-
-def table_drafters(vocab: int, seed: int):
-    from speculant import drafters
-    corpus = torch.randint(0, vocab, (400,), generator=torch.Generator().manual_seed(seed))
-    return {"bigram": drafters.Bigram.fit(corpus, vocab), "unigram": drafters.Unigram.fit(corpus, vocab),
-            "python": python_scorer(vocab, seed)}
 
 
 DRAFTER_LAW_CASES = [("bigram", [2, 2], "without_replacement", dict(temperature=1.0), 71),
