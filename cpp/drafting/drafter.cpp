@@ -161,19 +161,8 @@ class ModelDraftRows final : public DraftRows {
     };
     const std::string what = fmt::format("the draft's draws (T {}, top-k {}, top-p {})", config.temperature,
                                          config.top_k, config.top_p);
-    at::Tensor step_uniforms;  // fused, sampled: [steps, R], step i's uniforms its row i
-    if (fused && !config.greedy()) {
-      std::vector<at::Tensor> columns;  // row r's uniforms, then 0.5 for the steps it sits out
-      for (size_t r = 0; r < count; ++r) {
-        if (gammas[r] == steps) {
-          columns.push_back(uniforms[r]);
-          continue;
-        }
-        columns.push_back(at::full({steps, 1}, 0.5, at::TensorOptions(device_).dtype(at::kDouble)));
-        if (gammas[r] > 0) columns.back().narrow(0, 0, gammas[r]).copy_(uniforms[r]);
-      }
-      step_uniforms = count == 1 ? columns[0] : at::cat(columns, 1);
-    }
+    // fused, sampled: [steps, R], step i's uniforms its row i
+    const at::Tensor step_uniforms = fused && !config.greedy() ? by_step(uniforms, gammas, steps) : at::Tensor();
     for (int64_t i = 0; i < steps; ++i) {
       if (i > 0) check_interrupt();  // the decoder checked before the first
       for (size_t r = 0; r < count; ++r) {
@@ -257,10 +246,7 @@ class ModelDraftRows final : public DraftRows {
                                          Siblings siblings, std::vector<at::Generator>& generators,
                                          bool profile) override {
     const size_t count = drafts.size();
-    std::vector<TreeProposal> out(count);
-    // levels[r]: the tokens of each depth drawn so far (depth 0: the root), in node order; sibling_qs[r]: the
-    // sibling draft's laws, as qs[r]
-    std::vector<std::vector<at::Tensor>> levels(count), qs(count), sibling_qs(count), maxima(count);
+    TreeLevels found(count);
     std::vector<int64_t> sibling_until(count, -1);  // the deepest level the sibling runs at, per row
     for (size_t r = 0; r < count; ++r) {
       tree_[r].reset();
@@ -268,37 +254,14 @@ class ModelDraftRows final : public DraftRows {
       tentative_[r] = 0;
       sibling_tentative_[r] = 0;
       sibling_ran_[r] = false;
-      if (drafts[r]) levels[r].push_back(pending_[r].narrow(0, pending_[r].numel() - 1, 1));
+      if (drafts[r]) found.tokens[r].push_back(pending_[r].narrow(0, pending_[r].numel() - 1, 1));
       if (drafts[r] && sibling_) sibling_until[r] = drafts[r]->last_branching_depth();
     }
     const bool sync = profile && device_.is_cuda();
     for (bool first = true;; first = false) {
       std::vector<at::Tensor> feed(count);
       std::vector<ModelRows::TreeNodes> nodes(count);
-      bool any = false;
-      for (size_t r = 0; r < count; ++r) {
-        if (!drafts[r] || drafts[r]->expand().empty()) continue;
-        any = true;
-        if (first) {
-          feed[r] = pending_[r];
-          continue;
-        }
-        // the nodes expanded are of the newest depth: all of it, or some of its nodes
-        const at::Tensor& newest = levels[r].back();
-        const int64_t first_node = drafts[r]->size() - newest.numel();
-        std::vector<int64_t> picked;
-        for (const int64_t v : drafts[r]->expand()) {
-          picked.push_back(v - first_node);
-          nodes[r].offsets.push_back(drafts[r]->depth(v) - 1);
-          const int64_t parent = drafts[r]->parent(v);
-          nodes[r].parents.push_back(parent == 0 ? -1 : fed_[r][parent]);
-          fed_[r][v] = static_cast<int64_t>(nodes[r].parents.size()) - 1 + tentative_[r];
-        }
-        feed[r] = static_cast<int64_t>(picked.size()) == newest.numel()
-                      ? newest  // expand() ascends: all of the depth, in order
-                      : newest.index_select(0, upload(picked, device_));
-      }
-      if (!any) break;
+      if (!tree_feed(drafts, found, first, feed, nodes)) break;
       if (!first) check_interrupt();  // the decoder checked before the first
       // the sibling's rows at this level: those whose tree branches here or deeper; at the root its own pending
       // tokens (the accepted nodes it was not fed, then the draft's pending ones)
@@ -326,122 +289,20 @@ class ModelDraftRows final : public DraftRows {
       const double seconds = seconds_since(start);
       for (size_t r = 0; r < count; ++r) {
         if (!feed[r].defined()) continue;
-        out[r].seconds += seconds;
-        out[r].calls += sibling_feed[r].defined() ? 2 : 1;
+        found.seconds[r] += seconds;
+        found.calls[r] += sibling_feed[r].defined() ? 2 : 1;
         if (!first) tentative_[r] += feed[r].numel();
         if (!sibling_feed[r].defined()) continue;
         if (first) sibling_ran_[r] = true;
         else sibling_tentative_[r] += feed[r].numel();
       }
       if (fused) {  // every fed row's level from the call's draws
-        for (size_t r = 0; r < count; ++r) {
-          if (!feed[r].defined()) continue;
-          const TreeDraft& draft = *drafts[r];
-          const auto row = static_cast<int64_t>(r), n = fused->nodes, k = fused->children;
-          maxima[r].push_back(fused->maximum.narrow(0, row * n, n));
-          qs[r].resize(draft.size());
-          for (int64_t i = 0; i < n; ++i) qs[r][draft.expand()[i]] = fused->q.narrow(0, row * n + i, 1);
-          levels[r].push_back(fused->tokens.narrow(0, row * n * k, n * k));
-          drafts[r]->grow(std::vector<int64_t>(n * k, -1), {});
-          fed_[r].resize(draft.size(), -1);
-        }
+        keep_fused_level(drafts, feed, *fused, found);
         continue;
       }
-      // Every fed row's level at once: one standardization, one draw of the children (each row from its own
-      // generator, as alone). Row r's level rows: after its last pending token (the root), or one per expanded node.
-      std::vector<size_t> level;
-      std::vector<at::Tensor> raws, sibling_raws;
-      std::vector<int64_t> counts, sizes;  // every node's child count; each row's children
-      std::vector<DrawGroup> groups;
-      bool grown = false;
-      for (size_t r = 0; r < count; ++r) {
-        if (!feed[r].defined()) continue;
-        const TreeDraft& draft = *drafts[r];
-        const auto n = static_cast<int64_t>(draft.expand().size());
-        auto level_rows = [&](const at::Tensor& all, const at::Tensor& fed) {
-          return first ? all.narrow(0, fed.numel() - 1, 1) : all.narrow(0, 0, n);
-        };
-        raws.push_back(level_rows(logits[r], feed[r]));
-        if (sibling_any) {  // a row without the sibling here has one child per node: the draft's rows, never read
-          sibling_raws.push_back(sibling_feed[r].defined() ? level_rows(sibling_logits[r], sibling_feed[r])
-                                                           : raws.back());
-        }
-        counts.insert(counts.end(), draft.counts().begin(), draft.counts().end());
-        sizes.push_back(std::accumulate(draft.counts().begin(), draft.counts().end(), int64_t{0}));
-        groups.push_back({&generators[r], n});
-        level.push_back(r);
-        grown = grown || draft.values();
-      }
-      const at::Tensor raw = joined(raws);  // [nodes, V]
-      // The raw rows' finiteness witnesses: their maxima, or on the accelerators' path when sampling at T >= 1 the
-      // draws' masses (standardizing needs no row maximum there: step.cpp's draft steps do the same)
-      const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0 && !cpu::host_kernels(raw);
-      at::Tensor maximum, sibling_maximum, sibling_raw, sibling_q;
-      const at::Tensor q = standardize(raw, config, witness_is_mass ? nullptr : &maximum);
-      if (sibling_any) {
-        require(!grown, "a sibling draft drafts trees of a fixed shape, not grown ones");
-        sibling_raw = joined(sibling_raws);
-        sibling_q = standardize(sibling_raw, config, &sibling_maximum);
-      }
-      const at::Tensor children =  // [sum counts] on the device
-          draw_children(config.greedy() ? raw : q, counts, siblings, config.greedy(), groups,
-                        witness_is_mass ? &maximum : nullptr, config.greedy() ? sibling_raw : sibling_q);
-      if (witness_is_mass) maximum = maximum.squeeze(1);
-      // A fixed shape needs no host copy of its tokens; a grown one reads the level's tokens and values (one read
-      // for every row).
-      at::Tensor host;
-      if (grown) {
-        const at::Tensor values = child_log_values(q, raw, children, counts, config.greedy());
-        host = at::cat({children.to(at::kDouble), values}).to(at::kCPU);
-      }
-      for (size_t j = 0, node = 0, child = 0; j < level.size(); node += groups[j].rows, child += sizes[j], ++j) {
-        const size_t r = level[j];
-        TreeDraft& draft = *drafts[r];
-        const int64_t k = sizes[j];
-        maxima[r].push_back(maximum.narrow(0, node, groups[j].rows));
-        qs[r].resize(draft.size());
-        for (int64_t i = 0; i < groups[j].rows; ++i) qs[r][draft.expand()[i]] = q.narrow(0, node + i, 1);
-        if (sibling_any) {
-          maxima[r].push_back(sibling_maximum.narrow(0, node, groups[j].rows).to(maximum.scalar_type()));
-          sibling_qs[r].resize(draft.size());
-          for (int64_t i = 0; i < groups[j].rows; ++i) {
-            sibling_qs[r][draft.expand()[i]] = sibling_q.narrow(0, node + i, 1);
-          }
-        }
-        levels[r].push_back(children.narrow(0, child, k));
-        std::vector<int64_t> ids(k, -1);
-        std::vector<double> log_q;
-        if (draft.values()) {
-          const double* h = host.const_data_ptr<double>();
-          for (int64_t i = 0; i < k; ++i) ids[i] = static_cast<int64_t>(h[child + i]);
-          log_q.assign(h + children.numel() + child, h + children.numel() + child + k);
-        }
-        draft.grow(ids, log_q);
-        fed_[r].resize(draft.size(), -1);
-      }
+      draw_level(drafts, feed, sibling_feed, logits, sibling_logits, first, config, siblings, generators, found);
     }
-    for (size_t r = 0; r < count; ++r) {
-      if (!drafts[r]) continue;
-      out[r].tree = drafts[r]->tree();
-      tree_[r] = out[r].tree;
-      out[r].tokens = at::cat(levels[r]);  // breadth-first: depth by depth
-      if (out[r].tree.size() == 1) continue;
-      qs[r].resize(out[r].tree.size());
-      for (auto& q : qs[r]) {  // leaves: a row nothing reads (TreeProposal), the root's (it always has children here)
-        if (!q.defined()) q = qs[r][0];
-      }
-      out[r].q = at::cat(qs[r]);
-      if (sibling_) {
-        sibling_qs[r].resize(out[r].tree.size());
-        for (size_t v = 0; v < sibling_qs[r].size(); ++v) {  // leaves and nodes the sibling did not run on: the
-          if (!sibling_qs[r][v].defined()) sibling_qs[r][v] = qs[r][v];  // draft's rows (nothing reads them)
-        }
-        out[r].sibling_q = at::cat(sibling_qs[r]);
-      }
-      if (!maxima[r].empty()) out[r].maxima = at::cat(maxima[r]);
-      last_[r] = out[r].tokens;
-    }
-    return out;
+    return finish_trees(drafts, found);
   }
 
   void advance_tree(int64_t row, const std::vector<int64_t>& path, const at::Tensor& t, const std::vector<int64_t>&,
@@ -576,6 +437,190 @@ class ModelDraftRows final : public DraftRows {
       return at::cat({q, children.reshape({-1, k}).to(type), maximum.to(type).unsqueeze(1)}, 1);
     };
     return level;
+  }
+
+  // Each row's uniforms [gamma_r, 1] as the columns of one [steps, R] tensor, 0.5 for the steps a row sits out.
+  at::Tensor by_step(const std::vector<at::Tensor>& uniforms, const std::vector<int64_t>& gammas, int64_t steps) const {
+    std::vector<at::Tensor> columns;
+    for (size_t r = 0; r < gammas.size(); ++r) {
+      if (gammas[r] == steps) {
+        columns.push_back(uniforms[r]);
+        continue;
+      }
+      columns.push_back(at::full({steps, 1}, 0.5, at::TensorOptions(device_).dtype(at::kDouble)));
+      if (gammas[r] > 0) columns.back().narrow(0, 0, gammas[r]).copy_(uniforms[r]);
+    }
+    return columns.size() == 1 ? columns[0] : at::cat(columns, 1);
+  }
+
+  // What a tree proposal gathers per row, level by level: the tokens of each depth (depth 0: the root), in node
+  // order; each expanded node's law (q) and the sibling draft's (sibling_q); the raw rows' finiteness witnesses;
+  // the draft's calls and their seconds.
+  struct TreeLevels {
+    explicit TreeLevels(size_t count)
+        : tokens(count), q(count), sibling_q(count), maxima(count), seconds(count), calls(count) {}
+    std::vector<std::vector<at::Tensor>> tokens, q, sibling_q, maxima;
+    std::vector<double> seconds;
+    std::vector<int64_t> calls;
+  };
+
+  // A level's feed per row (none: the row's tree is done) and its tentative nodes; false when no row feeds.
+  bool tree_feed(const std::vector<TreeDraft*>& drafts, const TreeLevels& found, bool first,
+                 std::vector<at::Tensor>& feed, std::vector<ModelRows::TreeNodes>& nodes) {
+    const size_t count = drafts.size();
+    bool any = false;
+    for (size_t r = 0; r < count; ++r) {
+      if (!drafts[r] || drafts[r]->expand().empty()) continue;
+      any = true;
+      if (first) {
+        feed[r] = pending_[r];
+        continue;
+      }
+      // the nodes expanded are of the newest depth: all of it, or some of its nodes
+      const at::Tensor& newest = found.tokens[r].back();
+      const int64_t first_node = drafts[r]->size() - newest.numel();
+      std::vector<int64_t> picked;
+      for (const int64_t v : drafts[r]->expand()) {
+        picked.push_back(v - first_node);
+        nodes[r].offsets.push_back(drafts[r]->depth(v) - 1);
+        const int64_t parent = drafts[r]->parent(v);
+        nodes[r].parents.push_back(parent == 0 ? -1 : fed_[r][parent]);
+        fed_[r][v] = static_cast<int64_t>(nodes[r].parents.size()) - 1 + tentative_[r];
+      }
+      feed[r] = static_cast<int64_t>(picked.size()) == newest.numel()
+                    ? newest  // expand() ascends: all of the depth, in order
+                    : newest.index_select(0, upload(picked, device_));
+    }
+    return any;
+  }
+
+  // Every fed row's level from a fused call's draws.
+  void keep_fused_level(const std::vector<TreeDraft*>& drafts, const std::vector<at::Tensor>& feed,
+                        const FusedLevel& fused, TreeLevels& found) {
+    const size_t count = drafts.size();
+    for (size_t r = 0; r < count; ++r) {
+      if (!feed[r].defined()) continue;
+      const TreeDraft& draft = *drafts[r];
+      const auto row = static_cast<int64_t>(r), n = fused.nodes, k = fused.children;
+      found.maxima[r].push_back(fused.maximum.narrow(0, row * n, n));
+      found.q[r].resize(draft.size());
+      for (int64_t i = 0; i < n; ++i) found.q[r][draft.expand()[i]] = fused.q.narrow(0, row * n + i, 1);
+      found.tokens[r].push_back(fused.tokens.narrow(0, row * n * k, n * k));
+      drafts[r]->grow(std::vector<int64_t>(n * k, -1), {});
+      fed_[r].resize(draft.size(), -1);
+    }
+  }
+
+  // Every fed row's level at once from the level's logits: one standardization, one draw of the children (each
+  // row from its own generator, as alone); the sibling's laws beside the draft's where it ran. Row r's level rows:
+  // after its last pending token (the root), or one per expanded node.
+  void draw_level(const std::vector<TreeDraft*>& drafts, const std::vector<at::Tensor>& feed,
+                  const std::vector<at::Tensor>& sibling_feed, const std::vector<at::Tensor>& logits,
+                  const std::vector<at::Tensor>& sibling_logits, bool first, const SamplingConfig& config,
+                  Siblings siblings, std::vector<at::Generator>& generators, TreeLevels& found) {
+    const size_t count = drafts.size();
+    const bool sibling_any = !sibling_logits.empty();
+    std::vector<size_t> level;
+    std::vector<at::Tensor> raws, sibling_raws;
+    std::vector<int64_t> counts, sizes;  // every node's child count; each row's children
+    std::vector<DrawGroup> groups;
+    bool grown = false;
+    for (size_t r = 0; r < count; ++r) {
+      if (!feed[r].defined()) continue;
+      const TreeDraft& draft = *drafts[r];
+      const auto n = static_cast<int64_t>(draft.expand().size());
+      auto level_rows = [&](const at::Tensor& all, const at::Tensor& fed) {
+        return first ? all.narrow(0, fed.numel() - 1, 1) : all.narrow(0, 0, n);
+      };
+      raws.push_back(level_rows(logits[r], feed[r]));
+      if (sibling_any) {  // a row without the sibling here has one child per node: the draft's rows, never read
+        sibling_raws.push_back(sibling_feed[r].defined() ? level_rows(sibling_logits[r], sibling_feed[r])
+                                                         : raws.back());
+      }
+      counts.insert(counts.end(), draft.counts().begin(), draft.counts().end());
+      sizes.push_back(std::accumulate(draft.counts().begin(), draft.counts().end(), int64_t{0}));
+      groups.push_back({&generators[r], n});
+      level.push_back(r);
+      grown = grown || draft.values();
+    }
+    const at::Tensor raw = joined(raws);  // [nodes, V]
+    // The raw rows' finiteness witnesses: their maxima, or on the accelerators' path when sampling at T >= 1 the
+    // draws' masses (standardizing needs no row maximum there: step.cpp's draft steps do the same)
+    const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0 && !cpu::host_kernels(raw);
+    at::Tensor maximum, sibling_maximum, sibling_raw, sibling_q;
+    const at::Tensor q = standardize(raw, config, witness_is_mass ? nullptr : &maximum);
+    if (sibling_any) {
+      require(!grown, "a sibling draft drafts trees of a fixed shape, not grown ones");
+      sibling_raw = joined(sibling_raws);
+      sibling_q = standardize(sibling_raw, config, &sibling_maximum);
+    }
+    const at::Tensor children =  // [sum counts] on the device
+        draw_children(config.greedy() ? raw : q, counts, siblings, config.greedy(), groups,
+                      witness_is_mass ? &maximum : nullptr, config.greedy() ? sibling_raw : sibling_q);
+    if (witness_is_mass) maximum = maximum.squeeze(1);
+    // A fixed shape needs no host copy of its tokens; a grown one reads the level's tokens and values (one read
+    // for every row).
+    at::Tensor host;
+    if (grown) {
+      const at::Tensor values = child_log_values(q, raw, children, counts, config.greedy());
+      host = at::cat({children.to(at::kDouble), values}).to(at::kCPU);
+    }
+    for (size_t j = 0, node = 0, child = 0; j < level.size(); node += groups[j].rows, child += sizes[j], ++j) {
+      const size_t r = level[j];
+      TreeDraft& draft = *drafts[r];
+      const int64_t k = sizes[j];
+      found.maxima[r].push_back(maximum.narrow(0, node, groups[j].rows));
+      found.q[r].resize(draft.size());
+      for (int64_t i = 0; i < groups[j].rows; ++i) found.q[r][draft.expand()[i]] = q.narrow(0, node + i, 1);
+      if (sibling_any) {
+        found.maxima[r].push_back(sibling_maximum.narrow(0, node, groups[j].rows).to(maximum.scalar_type()));
+        found.sibling_q[r].resize(draft.size());
+        for (int64_t i = 0; i < groups[j].rows; ++i) {
+          found.sibling_q[r][draft.expand()[i]] = sibling_q.narrow(0, node + i, 1);
+        }
+      }
+      found.tokens[r].push_back(children.narrow(0, child, k));
+      std::vector<int64_t> ids(k, -1);
+      std::vector<double> log_q;
+      if (draft.values()) {
+        const double* h = host.const_data_ptr<double>();
+        for (int64_t i = 0; i < k; ++i) ids[i] = static_cast<int64_t>(h[child + i]);
+        log_q.assign(h + children.numel() + child, h + children.numel() + child + k);
+      }
+      draft.grow(ids, log_q);
+      fed_[r].resize(draft.size(), -1);
+    }
+  }
+
+  // The proposals: each row's tree, its tokens breadth-first, and the laws every node's row holds.
+  std::vector<TreeProposal> finish_trees(const std::vector<TreeDraft*>& drafts, TreeLevels& found) {
+    const size_t count = drafts.size();
+    std::vector<TreeProposal> out(count);
+    for (size_t r = 0; r < count; ++r) {
+      out[r].seconds = found.seconds[r];
+      out[r].calls = found.calls[r];
+      if (!drafts[r]) continue;
+      out[r].tree = drafts[r]->tree();
+      tree_[r] = out[r].tree;
+      out[r].tokens = at::cat(found.tokens[r]);  // breadth-first: depth by depth
+      if (out[r].tree.size() == 1) continue;
+      found.q[r].resize(out[r].tree.size());
+      for (auto& q : found.q[r]) {  // leaves: a row nothing reads (TreeProposal), the root's (it always has
+        if (!q.defined()) q = found.q[r][0];  // children here)
+      }
+      out[r].q = at::cat(found.q[r]);
+      if (sibling_) {
+        found.sibling_q[r].resize(out[r].tree.size());
+        // leaves and nodes the sibling did not run on: the draft's rows (nothing reads them)
+        for (size_t v = 0; v < found.sibling_q[r].size(); ++v) {
+          if (!found.sibling_q[r][v].defined()) found.sibling_q[r][v] = found.q[r][v];
+        }
+        out[r].sibling_q = at::cat(found.sibling_q[r]);
+      }
+      if (!found.maxima[r].empty()) out[r].maxima = at::cat(found.maxima[r]);
+      last_[r] = out[r].tokens;
+    }
+    return out;
   }
 
   std::unique_ptr<ModelRows> rows_, sibling_;

@@ -37,7 +37,7 @@ import torch
 from . import _core, sampling
 from .drafters import PythonDrafter
 from .model import as_model
-from .reference import sequence_logits
+from .sequence_logits import sequence_logits
 
 __all__ = ["CrossTokenizer", "MODES"]
 

@@ -66,7 +66,7 @@ from . import sampling
 from .decoder import checked_tokenizer, generate, token_ids
 from .live import is_transformers_model, pretrained
 from .model import Model, load
-from .reference import sequence_logits
+from .sequence_logits import sequence_logits
 from .tiny_gpt import TinyGPT, script_cached
 
 __all__ = ["AlphaEstimate", "Distillation", "distill", "heldout_alpha", "LOSSES", "DATA"]

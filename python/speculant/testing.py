@@ -43,7 +43,7 @@ from . import _core, sampling
 from .decoder import SpeculativeDecoder
 from .drafters import Drafter
 from .model import Model, load
-from .reference import SequenceLogits, sequence_logits  # both public here too, as before
+from .sequence_logits import SequenceLogits, sequence_logits  # both public here too, as before
 from .trace import decode_function
 
 MIN_EXPECTED = 5.0  # Pearson's rule of thumb: cells expected fewer times than this are pooled
