@@ -12,6 +12,8 @@
 #                                  # ($OUT/summary.md): every goal, the CUDA tests' line among them
 #                                  # and, time left, kernels.py's kernels per layer and replayed call of the
 #                                  # bf16 Llamas and GPT-2, then the 1.1B's own forward compiled by Inductor
+#   bash benchmarks/gpu.sh tests    # the build and the CUDA tests alone (about 2.5 minutes): after a change to
+#                                  # the engine, when the device time left is short of a lease
 #   bash benchmarks/gpu.sh again   # the same without the build, on any machine of that image: lease's wheel
 #                                  # (copied from its $OUT into .whl/, listed in .git/info/exclude, named in the
 #                                  # call's carry) with this tree's Python over it (so C++ must not have changed
@@ -29,10 +31,14 @@ export PYTHONPATH="$PWD/benchmarks" PYTHONUNBUFFERED=1
 # pytest under a limit, interrupted (SIGINT) at it so that its summary names the failures so far
 pytest_for() { local limit=$1; shift; timeout -s INT -k 20 "$limit" python3 -m pytest -p no:benchmark "$@"; }
 # the CUDA tests, then memory_speed.py and kernels.py until the deadline, then the summary table
-measure() {
+# the CUDA tests (the law tests among them), 4 workers, their last line printed with the failures
+cuda_tests() {
   pytest_for 170 -n 4 -m cuda -k "not pt2" tests -q -rfEs --basetemp /tmp/pt-cuda >"$out/cuda-tests.log" 2>&1 || true
+  echo "[$SECONDS s] cuda tests: $(tail -1 "$out/cuda-tests.log")"; grep -E "^(FAILED|ERROR) " "$out/cuda-tests.log" || true
+}
+measure() {
+  cuda_tests
   local tests; tests=$(tail -1 "$out/cuda-tests.log")
-  echo "[$SECONDS s] cuda tests: $tests"; grep -E "^(FAILED|ERROR) " "$out/cuda-tests.log" || true
   python3 benchmarks/memory_speed.py --device cuda --deadline $((deadline - SECONDS - 120)) \
     --out "$out/memory-speed.json" --summary "$out/summary.md" 2>&1 | grep -v "Loading weights" || true
   local met=no; [[ "$tests" =~ passed && ! "$tests" =~ (failed|error) ]] && met=yes
@@ -52,18 +58,27 @@ measure() {
   fi
   echo; echo "[$SECONDS s] summary ($out/summary.md):"; cat "$out/summary.md"
 }
+# the wheel, installed and kept in $OUT (for `again`)
+build() {
+  { CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/wheel . &&
+    python3 -m pip install --no-deps /tmp/wheel/speculant-*.whl; } >/tmp/build.log 2>&1 \
+    || { tail -40 /tmp/build.log; exit 1; }
+  cp /tmp/wheel/speculant-*.whl "$out/"
+  echo "[$SECONDS s] built"
+}
 case "${1:-}" in
   lease)
     deadline=$((SECONDS + ${LEASE_SECONDS:-530}))
     exec > >(tee -a "$out/lease.log") 2>&1
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
     python3 -c "import sys, torch, transformers as t; print(sys.version.split()[0], torch.__version__, t.__version__)"
-    { CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/wheel . &&
-      python3 -m pip install --no-deps /tmp/wheel/speculant-*.whl; } >/tmp/build.log 2>&1 \
-      || { tail -40 /tmp/build.log; exit 1; }
-    cp /tmp/wheel/speculant-*.whl "$out/"
-    echo "[$SECONDS s] built"
+    build
     measure ;;
+  tests)
+    exec > >(tee -a "$out/tests.log") 2>&1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    build
+    cuda_tests ;;
   again)
     deadline=$((SECONDS + ${LEASE_SECONDS:-400}))
     exec > >(tee -a "$out/again.log") 2>&1
@@ -72,5 +87,5 @@ case "${1:-}" in
     cp -r python/speculant/. "$(python3 -c "import os, speculant; print(os.path.dirname(speculant.__file__))")/"
     echo "[$SECONDS s] installed"
     measure ;;
-  *) echo "usage: bash benchmarks/gpu.sh lease|again" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/gpu.sh lease|tests|again" >&2; exit 2 ;;
 esac
