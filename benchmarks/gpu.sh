@@ -30,12 +30,12 @@ mkdir -p "$out"
 export PYTHONPATH="$PWD/benchmarks" PYTHONUNBUFFERED=1
 # pytest under a limit, interrupted (SIGINT) at it so that its summary names the failures so far
 pytest_for() { local limit=$1; shift; timeout -s INT -k 20 "$limit" python3 -m pytest -p no:benchmark "$@"; }
-# the CUDA tests, then memory_speed.py and kernels.py until the deadline, then the summary table
 # the CUDA tests (the law tests among them), 4 workers, their last line printed with the failures
 cuda_tests() {
   pytest_for 170 -n 4 -m cuda -k "not pt2" tests -q -rfEs --basetemp /tmp/pt-cuda >"$out/cuda-tests.log" 2>&1 || true
   echo "[$SECONDS s] cuda tests: $(tail -1 "$out/cuda-tests.log")"; grep -E "^(FAILED|ERROR) " "$out/cuda-tests.log" || true
 }
+# the CUDA tests, then memory_speed.py and kernels.py until the deadline, then the summary table
 measure() {
   cuda_tests
   local tests; tests=$(tail -1 "$out/cuda-tests.log")
