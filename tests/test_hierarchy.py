@@ -391,8 +391,8 @@ def test_with_sampling_rebuilds_every_level():
     decoder = speculant.SpeculativeDecoder(target, speculant.SpeculativeDecoder(middle, small, gamma=3), gamma=2,
                                            lenience=0.5)
     cold = decoder.with_sampling(0.5, top_k=2)
-    assert cold.draft._sampling["temperature"] == 0.5 and cold.draft._sampling["top_k"] == 2
-    assert cold.draft.gamma == 3 and cold._sampling["lenience"] == 0.5 and cold.gamma == 2
+    assert cold.draft.sampling.temperature == 0.5 and cold.draft.sampling.top_k == 2
+    assert cold.draft.gamma == 3 and cold.sampling.lenience == 0.5 and cold.gamma == 2
 
 
 def test_short_and_empty_generations():

@@ -32,6 +32,7 @@ from .decoder import DynamicTree, Result, SpeculativeDecoder, generate
 from .distillation import distill
 from .export import export  # the function; the subpackage stays importable as speculant.export.<arch>
 from .model import Model, load
+from .sampling import SamplingSettings
 from .sweep import sweep
 from .trace import Trace
 
@@ -41,6 +42,7 @@ __all__ = [
     "Iteration",
     "Model",
     "Result",
+    "SamplingSettings",
     "SpeculativeDecoder",
     "Stats",
     "Trace",

@@ -91,7 +91,7 @@ class CrossTokenizer(PythonDrafter):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
         self.mode = mode
-        self.settings = sampling.checked_settings(temperature, top_k, top_p)
+        self.settings = sampling.SamplingSettings(temperature, top_k, top_p).standardization()
         self._generator = torch.Generator().manual_seed(seed)
         self._paired = None  # (draft ids [m], target ids [m], the draft id of each paired target id), at first use
         self._draft_logits = None

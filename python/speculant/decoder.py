@@ -14,9 +14,11 @@ import numpy as np
 import torch
 
 from . import _core, beams, graphs
+from .arguments import INT64_MAX, flag, integer, real
 from .cross_tokenizer import CrossTokenizer
 from .drafters import Drafter
 from .model import Model, as_model
+from .sampling import SamplingSettings
 from .trace import Trace
 from .trees import TreeChoice, TreeSpeedup, tree_depth, tree_parents
 
@@ -40,32 +42,6 @@ class Result:
     # A hierarchical draft's levels below the top (levels[0]: the draft decoder's own statistics, its target
     # being the top's draft model; then the next level's); empty otherwise.
     levels: Tuple[_core.Stats, ...] = ()
-
-
-INT64_MAX = 2**63 - 1  # the engine's integers are int64 (a seed is uint64)
-
-
-def _integer(value, name: str, minimum: int, maximum: int = INT64_MAX) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    if value > maximum:
-        raise ValueError(f"{name} must be an integer <= {maximum}, got {value!r}")
-    return int(value)
-
-
-def _real(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    try:
-        return float(value)
-    except OverflowError:  # an int beyond the float range
-        raise ValueError(f"{name} must be a real number within the float range, got {value!r}") from None
-
-
-def _flag(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
 
 
 SIBLINGS = ("without_replacement", "with_replacement", "top", "coupled")
@@ -171,18 +147,19 @@ def _sibling_draft(value, draft, tree, siblings: str, device, dtype) -> Optional
     return sibling
 
 
-def _check_level(draft: "SpeculativeDecoder", sampling: dict) -> None:
+def _check_level(draft: "SpeculativeDecoder", settings: SamplingSettings) -> None:
     """A SpeculativeDecoder used as the draft samples at the outer call's settings (one standardization for every
     level, §2.2): refuses one built with other settings, which would otherwise be ignored."""
     for name in ("temperature", "top_k", "top_p"):
-        if draft._sampling[name] != sampling[name]:
+        if getattr(draft.sampling, name) != getattr(settings, name):
             raise ValueError(f"draft: a SpeculativeDecoder used as the draft samples at the outer decoder's settings "
                              f"(one standardization for every level, §2.2), but its {name} is "
-                             f"{draft._sampling[name]!r} and the outer decoder's {sampling[name]!r}: build both "
-                             "with the same temperature, top_k and top_p (generate's overrides apply to every level)")
-    if draft._sampling["lenience"] != 1.0:
+                             f"{getattr(draft.sampling, name)!r} and the outer decoder's {getattr(settings, name)!r}: "
+                             "build both with the same temperature, top_k and top_p (generate's overrides apply to "
+                             "every level)")
+    if draft.sampling.lenience != 1.0:
         raise ValueError(f"draft: a SpeculativeDecoder used as the draft must be exact (lenience 1), so that its "
-                         f"output law is its model's own, got lenience {draft._sampling['lenience']!r} (lenience "
+                         f"output law is its model's own, got lenience {draft.sampling.lenience!r} (lenience "
                          "is allowed at the top level only)")
 
 
@@ -191,11 +168,8 @@ def check_settings(*, gamma: int = DEFAULT_GAMMA, temperature: float = 1.0, top_
     """The sampling settings as a decoder takes them, checked: ValueError naming a bad one (gamma < 1,
     temperature < 0 or NaN, top_k < 0, top_p outside (0, 1], lenience outside (0, 1]). What a program that
     loads its models slowly calls first."""
-    _integer(gamma, "gamma", 1)
-    sampling = {"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
-                "top_p": _real(top_p, "top_p"), "lenience": _real(lenience, "lenience")}
-    _core.check_sampling(**sampling)
-    return sampling
+    integer(gamma, "gamma", 1)
+    return SamplingSettings(temperature, top_k, top_p, lenience).as_dict()
 
 
 GAMMA_POLICIES = ("fixed", "heuristic", "alpha")
@@ -205,11 +179,11 @@ def _schedule(gamma_policy, max_gamma, cost) -> dict:
     if not isinstance(gamma_policy, str) or gamma_policy not in GAMMA_POLICIES:
         raise ValueError(f"gamma_policy must be one of {GAMMA_POLICIES}, got {gamma_policy!r}")
     if max_gamma is not None:
-        max_gamma = _integer(max_gamma, "max_gamma", 1)
+        max_gamma = integer(max_gamma, "max_gamma", 1)
     if gamma_policy == "alpha" and cost is None:
         raise ValueError("gamma_policy='alpha' needs cost, the draft-to-target time ratio c (Theorem 3.8)")
     return {"gamma_policy": gamma_policy, "max_gamma": max_gamma, "cost": 0.0 if cost is None else
-            _real(cost, "cost")}
+            real(cost, "cost")}
 
 
 def _prompt(prompt_ids, input_ids):
@@ -220,24 +194,24 @@ def _prompt(prompt_ids, input_ids):
     return prompt_ids
 
 
-def _sampling(base: dict, do_sample, temperature, top_k, top_p) -> dict:
+def _sampling(base: SamplingSettings, do_sample, temperature, top_k, top_p) -> SamplingSettings:
     """The decoder's sampling settings with a call's overrides, transformers' way: do_sample=False is argmax;
     do_sample=True samples (at temperature 1 if the decoder's is argmax and none is given)."""
-    config = dict(base)
+    changes = {}
     if temperature is not None:
-        config["temperature"] = _real(temperature, "temperature")
+        changes["temperature"] = real(temperature, "temperature")
     if top_k is not None:
-        config["top_k"] = _integer(top_k, "top_k", 0)
+        changes["top_k"] = integer(top_k, "top_k", 0)
     if top_p is not None:
-        config["top_p"] = _real(top_p, "top_p")
+        changes["top_p"] = real(top_p, "top_p")
     if do_sample is not None:
-        if not _flag(do_sample, "do_sample"):
-            config["temperature"] = 0.0
-        elif config["temperature"] == 0.0:
+        if not flag(do_sample, "do_sample"):
+            changes["temperature"] = 0.0
+        elif changes.get("temperature", base.temperature) == 0.0:
             if temperature is not None:
                 raise ValueError("do_sample=True with temperature=0: sampling needs a temperature > 0")
-            config["temperature"] = 1.0
-    return config
+            changes["temperature"] = 1.0
+    return base.replace(**changes)
 
 
 def _unpadded(ids: List[int], mask, name: str, row: int) -> List[int]:
@@ -353,9 +327,9 @@ class DynamicTree:
     width: int = 4
 
     def __post_init__(self):
-        _integer(self.budget, "DynamicTree budget", 1, 4096)
+        integer(self.budget, "DynamicTree budget", 1, 4096)
         for name in ("depth", "children", "width"):
-            _integer(getattr(self, name), f"DynamicTree {name}", 1, 4096)
+            integer(getattr(self, name), f"DynamicTree {name}", 1, 4096)
 
 
 def _tree(value) -> Union[List[int], DynamicTree]:
@@ -377,7 +351,7 @@ def _tree(value) -> Union[List[int], DynamicTree]:
         if not 2 <= len(parents) <= 4097:
             raise ValueError(f"tree: parents must give 1 to 4096 drafts, got {len(parents) - 1}")
         return [int(v) for v in parents]
-    return [_integer(k, f"tree[{i}]", 1, 64) for i, k in enumerate(value)]
+    return [integer(k, f"tree[{i}]", 1, 64) for i, k in enumerate(value)]
 
 
 def tree_gamma(tree) -> int:
@@ -397,9 +371,9 @@ def _eos_ids(value) -> List[int]:
                              f"of shape {list(value.shape)}")
         value = value.tolist()
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return [_integer(value, "eos_token_id", 0)]
+        return [integer(value, "eos_token_id", 0)]
     if isinstance(value, (list, tuple)) and value:
-        return [_integer(v, f"eos_token_id[{i}]", 0) for i, v in enumerate(value)]
+        return [integer(v, f"eos_token_id[{i}]", 0) for i, v in enumerate(value)]
     raise ValueError(f"eos_token_id must be an integer >= 0 or a non-empty sequence of them, got {value!r}")
 
 
@@ -410,10 +384,10 @@ def _new_tokens(max_new_tokens, max_length, longest: int, minimum: int) -> int:
         if max_new_tokens is None:
             raise ValueError("max_new_tokens is required: the number of tokens to generate after the prompt (or "
                              "max_length=, transformers' total length with the prompt)")
-        return _integer(max_new_tokens, "max_new_tokens", minimum, INT64_MAX - longest)
+        return integer(max_new_tokens, "max_new_tokens", minimum, INT64_MAX - longest)
     if max_new_tokens is not None:
         raise ValueError(f"pass max_new_tokens or max_length, not both (got {max_new_tokens!r} and {max_length!r})")
-    total = _integer(max_length, "max_length", 1)
+    total = integer(max_length, "max_length", 1)
     if total - longest < minimum:
         raise ValueError(f"max_length counts the prompt, as in transformers: it must be at least the prompt's "
                          f"length {longest} + {minimum}, got {total} (or pass max_new_tokens=)")
@@ -427,8 +401,8 @@ def _run(decoder: _core.Decoder, target: Model, prompt_ids, encoder_input_ids, m
     prompts, sources, batch = _prompts_and_sources(target, prompt_ids, encoder_input_ids, tokenizer, attention_mask)
     max_new_tokens = _new_tokens(max_new_tokens, max_length, max(len(p) for p in prompts), 0)
     eos = _eos_ids(eos_token_id)
-    seed = None if seed is None else _integer(seed, "seed", 0, 2**64 - 1)
-    generations = decoder.generate_batch(prompts, sources, max_new_tokens, eos, seed, _flag(profile, "profile"),
+    seed = None if seed is None else integer(seed, "seed", 0, 2**64 - 1)
+    generations = decoder.generate_batch(prompts, sources, max_new_tokens, eos, seed, flag(profile, "profile"),
                                          **(schedule or {}))
     results = []
     for generation in generations:
@@ -587,11 +561,11 @@ class SpeculativeDecoder:
             raise ValueError(f"gamma must be the tree's depth {tree_gamma(self._tree)} with tree={self._tree} (or "
                              f"left out), got {gamma!r}")
         gamma = tree_gamma(self._tree) if self._tree else DEFAULT_GAMMA if gamma is None else gamma
-        self._gamma = _integer(gamma, "gamma", 1)
+        self._gamma = integer(gamma, "gamma", 1)
         self._siblings = _siblings(siblings)
-        self._sampling = check_settings(temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
+        self._settings = SamplingSettings(temperature, top_k, top_p, lenience)
         if isinstance(self.draft, SpeculativeDecoder):
-            _check_level(self.draft, self._sampling)
+            _check_level(self.draft, self._settings)
         self.sibling_draft = _sibling_draft(sibling_draft, self.draft, self._tree, self._siblings, device, dtype)
         self._drafter = _drafter(self.draft, self.sibling_draft)
         mode = self._mode = graphs.check_mode(cuda_graphs)
@@ -610,13 +584,13 @@ class SpeculativeDecoder:
         if isinstance(self.draft, SpeculativeDecoder):  # its model runs as that decoder chose (and warned)
             self._shapes[1] = self.draft.shapes[0]
             self._models += self.draft._models
-        self._core = self._decoder(self._sampling)
+        self._core = self._decoder(self._settings)
         graphs.warn(warnings)
 
-    def _decoder(self, sampling: dict) -> _core.Decoder:
+    def _decoder(self, settings: SamplingSettings) -> _core.Decoder:
         grown = self._tree if isinstance(self._tree, DynamicTree) else None
-        return _core.Decoder(self.target._core, self._drafter, self._gamma, sampling["temperature"],
-                             sampling["top_k"], sampling["top_p"], sampling["lenience"], *self._shapes,
+        return _core.Decoder(self.target._core, self._drafter, self._gamma, settings.temperature, settings.top_k,
+                             settings.top_p, settings.lenience, *self._shapes,
                              tree=[] if grown else self._tree, siblings=self._siblings,
                              growth=(grown.budget, grown.depth, grown.children, grown.width) if grown else None)
 
@@ -628,8 +602,13 @@ class SpeculativeDecoder:
             else self.draft
         return SpeculativeDecoder(self.target, draft, gamma=self._gamma, tree=self._tree or None,
                                   siblings=self._siblings, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  lenience=self._sampling["lenience"], cuda_graphs=self._mode,
+                                  lenience=self._settings.lenience, cuda_graphs=self._mode,
                                   sibling_draft=self.sibling_draft, **self._schedule)
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        """The settings this decoder samples and verifies at (a generate call may override them for itself)."""
+        return self._settings
 
     @property
     def shapes(self) -> Tuple[str, str]:
@@ -717,7 +696,7 @@ class SpeculativeDecoder:
             if not isinstance(self.draft, Model):
                 raise ValueError(f"num_beams: speculative beam search needs a draft model, not a "
                                  f"{type(self.draft).__name__} (the draft runs beam search of its own)")
-            if self._tree or self._sampling["lenience"] != 1.0:
+            if self._tree or self._settings.lenience != 1.0:
                 raise ValueError("num_beams: beam search is built with neither tree= nor lenience below 1 (it "
                                  "is exact and drafts its own candidate tree): use a decoder without them")
             return _beam_search(self.target, self.draft, self._gamma, beam, _prompt(prompt_ids, input_ids),
@@ -725,7 +704,7 @@ class SpeculativeDecoder:
                                 max_length)
         overrides = (do_sample, temperature, top_k, top_p)
         core = self._core if all(v is None for v in overrides) else self._decoder(
-            _sampling(self._sampling, *overrides))
+            _sampling(self._settings, *overrides))
         try:
             schedule = self._schedule if gamma_policy is None and max_gamma is None and cost is None else _schedule(
                 self._schedule["gamma_policy"] if gamma_policy is None else gamma_policy,
@@ -763,8 +742,7 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
             beams.refuse(name, None if value == default else value)
         return _beam_search(target, None, 0, beam, _prompt(prompt_ids, input_ids), encoder_input_ids,
                             max_new_tokens, eos_token_id, tokenizer, attention_mask, max_length)
-    sampling = _sampling({"temperature": _real(temperature, "temperature"), "top_k": _integer(top_k, "top_k", 0),
-                          "top_p": _real(top_p, "top_p"), "lenience": 1.0}, do_sample, None, None, None)
+    sampling = _sampling(SamplingSettings(temperature, top_k, top_p), do_sample, None, None, None)
     shapes, why = graphs.shapes(target._core, graphs.check_mode(cuda_graphs), "target")
     graphs.warn([why])
     decoder, lock = _plain_decoder(target, sampling, shapes)
@@ -782,19 +760,19 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
 PLAIN_DECODERS = 8  # plain decoders kept per model, by settings
 
 
-def _plain_decoder(target: Model, sampling: dict, shapes: str) -> Tuple[_core.Decoder, Optional[threading.Lock]]:
+def _plain_decoder(target: Model, sampling: SamplingSettings,
+                   shapes: str) -> Tuple[_core.Decoder, Optional[threading.Lock]]:
     """The plain decoder of `target` at these settings, kept on the model handle so that its verification's buffers
     and graphs (cpp/device/verification_graphs.h) serve every call, with its lock held (release it after the call); a
     fresh decoder, without a lock, while another thread decodes with the kept one."""
     kept = target.__dict__.setdefault("_plain_decoders", {})
-    key = (sampling["temperature"], sampling["top_k"], sampling["top_p"], shapes)
+    key = (*sampling.standardization(), shapes)
     if key not in kept:
         if len(kept) >= PLAIN_DECODERS:
             kept.pop(next(iter(kept)))
-        kept[key] = (_core.Decoder(target._core, None, 0, sampling["temperature"], sampling["top_k"],
-                                   sampling["top_p"], 1.0, shapes), threading.Lock())
+        kept[key] = (_core.Decoder(target._core, None, 0, *sampling.standardization(), 1.0, shapes),
+                     threading.Lock())
     decoder, lock = kept[key]
     if lock.acquire(blocking=False):
         return decoder, lock
-    return _core.Decoder(target._core, None, 0, sampling["temperature"], sampling["top_k"], sampling["top_p"], 1.0,
-                         shapes), None
+    return _core.Decoder(target._core, None, 0, *sampling.standardization(), 1.0, shapes), None

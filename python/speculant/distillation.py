@@ -340,7 +340,7 @@ def distill(target, draft, prompts=None, *, steps: int = 200, temperature: float
     loss = _choice(loss, "loss", LOSSES)
     data = _choice(data, "data", DATA)
     steps = _count(steps, "steps", 1)
-    settings = sampling.checked_settings(temperature, top_k, top_p)
+    settings = sampling.SamplingSettings(temperature, top_k, top_p).standardization()
     _check_loss(loss, settings[0], beside)
     new_tokens, batch_size = _count(new_tokens, "new_tokens", 1), _count(batch_size, "batch_size", 1)
     lr = _positive(lr, "lr")
@@ -635,7 +635,7 @@ def heldout_alpha(target, draft, prompts, *, new_tokens: int = 32, temperature: 
     after: on the target's continuations of ``prompts`` (prompt i drawn with seed + i), so two drafts measured
     with the same arguments are compared on the same positions."""
     teacher = _Target(target)
-    settings = sampling.checked_settings(temperature, top_k, top_p)
+    settings = sampling.SamplingSettings(temperature, top_k, top_p).standardization()
     held = _sequences(prompts, "prompts", checked_tokenizer(tokenizer), teacher.handle.vocab_size)
     trainee = _Draft(draft, None)
     _same_kind(teacher, trainee)

@@ -13,25 +13,46 @@
   emitted after n acceptances (the residual for n < g, p_{g+1} for n = g). With temperature 0 and
   lenience l < 1, x is also kept when softmax(logits)(x) >= l * max softmax(logits) (A.5, argmax variant).
 * ``sample(probs[n, V], seed) -> int64[n]`` — the engine's sampler (inverse CDF in float64).
-* ``checked_settings(temperature, top_k, top_p) -> (float, int, float)`` — the three checked, as
-  ``standardize`` takes them; ValueError naming a bad one.
+* ``SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, lenience=1.0)`` — one decoding's settings, frozen,
+  checked once when made (ValueError naming a bad one); the decoder, ``distill``, ``sweep`` and
+  ``check_distribution`` all take their settings through it.
 """
 
-import math
+import dataclasses
+from typing import Dict, Tuple
 
-import numpy as np
+from ._core import acceptance_probability, check_sampling, residual, sample, standardize, verify
+from .arguments import integer, real
 
-from ._core import acceptance_probability, residual, sample, standardize, verify
-
-__all__ = ["acceptance_probability", "checked_settings", "residual", "sample", "standardize", "verify"]
+__all__ = ["SamplingSettings", "acceptance_probability", "residual", "sample", "standardize", "verify"]
 
 
-def checked_settings(temperature, top_k, top_p) -> tuple:
-    """(temperature, top_k, top_p) checked, as the engine's standardization takes them."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k must be an integer >= 0, got {top_k!r}")
-    return float(temperature), int(top_k), float(top_p)
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+    """How logits become a law (§2.2) and how lenient verification is (A.5), as transformers' GenerationConfig
+    is one object: temperature >= 0 (0 selects argmax), top_k >= 0 (0 turns it off), top_p in (0, 1] (1 turns it
+    off), lenience in (0, 1] (1 is exact). Checked once when made: the types here, the ranges by the engine's own
+    SamplingConfig::validate (cpp/math/sampling.cpp), so that what Python accepts the engine accepts."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    lenience: float = 1.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "temperature", real(self.temperature, "temperature"))
+        object.__setattr__(self, "top_k", integer(self.top_k, "top_k", 0))
+        object.__setattr__(self, "top_p", real(self.top_p, "top_p"))
+        object.__setattr__(self, "lenience", real(self.lenience, "lenience"))
+        check_sampling(self.temperature, self.top_k, self.top_p, self.lenience)
+
+    def standardization(self) -> Tuple[float, int, float]:
+        """(temperature, top_k, top_p): ``standardize``'s arguments after the logits, in its order."""
+        return self.temperature, self.top_k, self.top_p
+
+    def as_dict(self) -> Dict[str, float]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "SamplingSettings":
+        """These settings with `changes`, checked as new ones are."""
+        return dataclasses.replace(self, **changes)

@@ -40,6 +40,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import _core, sampling
+from .arguments import integer
 from .decoder import SpeculativeDecoder
 from .drafters import Drafter
 from .model import Model, load
@@ -106,13 +107,7 @@ def _module_logits(model: ModelLike, name: str, encoder_input_ids=None) -> Logit
     return lambda ids: logits(ids)[-1]
 
 
-def _integer(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _partition(logits: Logits, prompt: List[int], k: int, threshold: float, settings: Dict[str, Any]):
+def _partition(logits: Logits, prompt: List[int], k: int, threshold: float, settings: sampling.SamplingSettings):
     """The target's law of the next k tokens on the partition described in the module docstring.
 
     Returns (cells: {cell: probability}, expanded: {prefix: (standardized probs [V] as float64 numpy, bin of
@@ -126,7 +121,7 @@ def _partition(logits: Logits, prompt: List[int], k: int, threshold: float, sett
         row = torch.as_tensor(logits(prompt + list(prefix)))
         if row.dim() != 1:
             raise ValueError(f"target_logits must return next-token logits of shape [V], got {list(row.shape)}")
-        probs = sampling.standardize(row[None], **settings)[0].double().cpu().numpy()  # [V]
+        probs = sampling.standardize(row[None], *settings.standardization())[0].double().cpu().numpy()  # [V]
         probs = probs / probs.sum()
         children = mass * probs  # [V]
         kept = children >= threshold  # [V]
@@ -253,9 +248,9 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     shows a progress bar of the generations (done, left, time left).
     """
     decode = decode_function(tokenizer)
-    k = _integer(k, "k", 1)
-    samples = _integer(samples, "samples", 1)
-    seed = _integer(seed, "seed", 0)
+    k = integer(k, "k", 1)
+    samples = integer(samples, "samples", 1)
+    seed = integer(seed, "seed", 0)
     if isinstance(significance, bool) or not isinstance(significance, numbers.Real) or not 0 < significance < 1:
         raise ValueError(f"significance must be in (0, 1), got {significance!r}")
     reserved = sorted({"prompt_ids", "max_new_tokens", "seed", "eos_token_id"}.intersection(generate_kwargs or {}))
@@ -280,11 +275,11 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
             bar.update()
     prompt = [engine_target.decoder_start_token_id] if prompt_ids is None else \
         torch.as_tensor(prompt_ids).reshape(-1).tolist()
-    settings = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+    settings = decoder.sampling
     settings_text = (f"gamma={gamma}, temperature={temperature}, top_k={top_k}, top_p={top_p}, "
                      f"lenience={lenience}")
-    lenience = float(lenience)  # checked by SpeculativeDecoder
-    if lenience < 1.0 and settings["temperature"] == 0.0:
+    lenience = settings.lenience
+    if lenience < 1.0 and settings.temperature == 0.0:
         return _argmax_rule(logits, prompt, drawn, lenience, significance, samples, k, seed, settings_text, decode)
     law, expanded = _partition(logits, prompt, k, MIN_EXPECTED / samples, settings)
 
