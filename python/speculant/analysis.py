@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .decoder import SpeculativeDecoder
+from .sampling import beta  # Theorem 3.5's beta, public here too (speculant.analysis.beta)
 # The tree basics live in trees.py (the decoder takes trees too); they stay public here.
 from .trees import (MAX_TREE_NODES, Tree, TreeChoice, TreeLike, TreeSpeedup, tree_depth, tree_draft_calls,
                     tree_parents, tree_size)
@@ -59,12 +60,6 @@ def _cost(c: ArrayLike, name: str = "c") -> np.ndarray:
     return value
 
 
-def _lenience(lenience: float) -> float:
-    if isinstance(lenience, bool) or not isinstance(lenience, numbers.Real) or not 0.0 < lenience <= 1.0:
-        raise ValueError(f"lenience must be in (0, 1], got {lenience!r}")
-    return float(lenience)
-
-
 # --------------------------------------------------------------------------------------------------
 # §3.2: the acceptance rate of one pair of distributions
 # --------------------------------------------------------------------------------------------------
@@ -73,18 +68,7 @@ def _lenience(lenience: float) -> float:
 def lk_divergence(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Definition 3.2 / Lemma 3.3: D_LK(p, q) = sum_x |p(x) - M(x)| = 1 - sum_x min(p(x), q(x)), over the last
     dimension (M = (p + q) / 2). Symmetric, in [0, 1] (Corollary 3.4): 0 iff p = q, 1 iff disjoint supports."""
-    p, q = torch.as_tensor(p), torch.as_tensor(q)
-    return 1.0 - torch.minimum(p, q).sum(-1)
-
-
-def beta(p: torch.Tensor, q: torch.Tensor, lenience: float = 1.0) -> torch.Tensor:
-    """Theorem 3.5: the probability that speculative sampling keeps x ~ q, beta = 1 - D_LK(p, q) =
-    sum_x min(p(x), q(x)), over the last dimension. With lenience l (A.5): sum_x min(p(x) / l, q(x)).
-
-    p and q are standardized distributions (``speculant.sampling.standardize``), any leading shape."""
-    lenience = _lenience(lenience)
-    p, q = torch.as_tensor(p), torch.as_tensor(q)
-    return torch.minimum(p / lenience, q).sum(-1)
+    return 1.0 - beta(p, q)
 
 
 def multi_draft_bound(p: torch.Tensor, q: torch.Tensor, k: int) -> torch.Tensor:

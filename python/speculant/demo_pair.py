@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from .sampling import beta
 from .tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 
 __all__ = ["TrainConfig", "Recipe", "DEFAULT_RECIPE", "WEIGHTS", "encode", "decode", "load_corpus", "train",
@@ -173,8 +174,8 @@ def evaluate(target: TinyGPT, draft: TinyGPT, tokens: Tensor, windows: int) -> d
     nll = lambda probs: -probs.gather(1, y[:, None]).clamp_min(1e-30).log().mean().item()
     return {
         "target_loss": nll(p), "draft_loss": nll(q),
-        "alpha": torch.minimum(p, q).sum(-1).mean().item(),
-        "alpha_unigram_baseline": torch.minimum(p, unigram).sum(-1).mean().item(),
+        "alpha": beta(p, q).mean().item(),
+        "alpha_unigram_baseline": beta(p, unigram).mean().item(),
         "greedy_agreement": (p.argmax(-1) == q.argmax(-1)).float().mean().item(),
         "eval_positions": y.numel(),
     }

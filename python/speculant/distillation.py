@@ -165,10 +165,10 @@ def sibling_share_of_laws(p: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> 
 
 def beta(p_logits: torch.Tensor, q_logits: torch.Tensor, temperature: float, top_k: int,
          top_p: float) -> torch.Tensor:
-    """β [n] = sum_x min(p, q) with both laws standardized as the engine does (Corollary 3.6)."""
+    """β [n] = sum_x min(p, q) (sampling.beta) with both laws standardized as the engine does (Corollary 3.6)."""
     p = sampling.standardize(p_logits.detach().float(), temperature, top_k, top_p)
     q = sampling.standardize(q_logits.detach().float(), temperature, top_k, top_p)
-    return torch.minimum(p, q).sum(-1)
+    return sampling.beta(p, q)
 
 
 # ------------------------------------------------------------------------------------------------

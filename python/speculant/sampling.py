@@ -13,6 +13,8 @@
   emitted after n acceptances (the residual for n < g, p_{g+1} for n = g). With temperature 0 and
   lenience l < 1, x is also kept when softmax(logits)(x) >= l * max softmax(logits) (A.5, argmax variant).
 * ``sample(probs[n, V], seed) -> int64[n]`` — the engine's sampler (inverse CDF in float64).
+* ``beta(p, q, lenience=1.0)`` — Theorem 3.5's β = Σ_x min(p(x), q(x)) (with lenience l, Σ_x min(p(x) / l,
+  q(x))): the library's one Python computation of it.
 * ``SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, lenience=1.0)`` — one decoding's settings, frozen,
   checked once when made (ValueError naming a bad one); the decoder, ``distill``, ``sweep`` and
   ``check_distribution`` all take their settings through it.
@@ -21,10 +23,12 @@
 import dataclasses
 from typing import Dict, Tuple
 
+import torch
+
 from ._core import acceptance_probability, check_sampling, residual, sample, standardize, verify
 from .arguments import integer, real
 
-__all__ = ["SamplingSettings", "acceptance_probability", "residual", "sample", "standardize", "verify"]
+__all__ = ["SamplingSettings", "acceptance_probability", "beta", "residual", "sample", "standardize", "verify"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,3 +60,13 @@ class SamplingSettings:
     def replace(self, **changes) -> "SamplingSettings":
         """These settings with `changes`, checked as new ones are."""
         return dataclasses.replace(self, **changes)
+
+
+def beta(p: torch.Tensor, q: torch.Tensor, lenience: float = 1.0) -> torch.Tensor:
+    """Theorem 3.5: the probability that speculative sampling keeps x ~ q, beta = 1 - D_LK(p, q) =
+    sum_x min(p(x), q(x)), over the last dimension. With lenience l (A.5): sum_x min(p(x) / l, q(x)).
+
+    p and q are standardized distributions (``standardize``), any leading shape (broadcast)."""
+    lenience = SamplingSettings(lenience=lenience).lenience
+    p, q = torch.as_tensor(p), torch.as_tensor(q)
+    return torch.minimum(p / lenience, q).sum(-1)
