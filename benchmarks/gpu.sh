@@ -4,14 +4,15 @@
 # image's python3 (torch 2.11+cu130, transformers, pytest-xdist):
 #
 #   bash benchmarks/gpu.sh lease   # within LEASE_SECONDS (default 530): the build (a wheel, kept in $OUT for
-#                                  # `again`); the CUDA tests (the law tests among them), 4 workers; then
-#                                  # benchmarks/memory_speed.py in bf16 with CUDA graphs, its parts in order of
-#                                  # value (the 8B-shaped target against the read floor, the 1B-shaped draft and
-#                                  # c, verification widths, cache buckets, the GPT-2-shaped pair, the demo pair
+#                                  # `again`); the CUDA tests (the law tests and the fused kernels' among them),
+#                                  # 4 workers; kernels.py's kernels per layer and replayed call of the bf16
+#                                  # Llamas and GPT-2 with torch's operations and speculant's fused ones, side by
+#                                  # side; then benchmarks/memory_speed.py in bf16 with CUDA graphs (the fused
+#                                  # operations where their tests passed), its parts in order of value (the
+#                                  # 8B-shaped target against the read floor, the 1B-shaped draft and c,
+#                                  # verification widths, cache buckets, the GPT-2-shaped pair, the demo pair
 #                                  # against Theorem 3.8), cut off at the deadline; ends with ONE summary table
-#                                  # ($OUT/summary.md): every goal, the CUDA tests' line among them
-#                                  # and, time left, kernels.py's kernels per layer and replayed call of the
-#                                  # bf16 Llamas and GPT-2, then the 1.1B's own forward compiled by Inductor
+#                                  # ($OUT/summary.md) of every goal
 #   bash benchmarks/gpu.sh tests    # the build and the CUDA tests alone (about 2.5 minutes): after a change to
 #                                  # the engine, when the device time left is short of a lease
 #   bash benchmarks/gpu.sh again   # the same without the build, on any machine of that image: lease's wheel
@@ -35,27 +36,24 @@ cuda_tests() {
   pytest_for 170 -n 4 -m cuda -k "not pt2" tests -q -rfEs --basetemp /tmp/pt-cuda >"$out/cuda-tests.log" 2>&1 || true
   echo "[$SECONDS s] cuda tests: $(tail -1 "$out/cuda-tests.log")"; grep -E "^(FAILED|ERROR) " "$out/cuda-tests.log" || true
 }
-# the CUDA tests, then memory_speed.py and kernels.py until the deadline, then the summary table
+# the CUDA tests; kernels.py's replayed calls of the bf16 Llamas and GPT-2 with torch's operations and with
+# speculant's fused ones (cpp/kernels), side by side; memory_speed.py with the fused ones where their CUDA tests
+# passed (else torch's), until the deadline; then the summary table
 measure() {
   cuda_tests
-  local tests; tests=$(tail -1 "$out/cuda-tests.log")
-  python3 benchmarks/memory_speed.py --device cuda --deadline $((deadline - SECONDS - 120)) \
+  local tests kernels=speculant; tests=$(tail -1 "$out/cuda-tests.log")
+  grep -qE "^(FAILED|ERROR) tests/test_fused_ops" "$out/cuda-tests.log" && kernels=aten
+  timeout $((deadline - SECONDS - 200)) python3 benchmarks/kernels.py --device cuda \
+    --models llama-8b llama-1.1b gpt2-target --kernels aten speculant --widths 1 --no-engine --calls 5 --repeats 3 \
+    --out "$out/kernels-cuda.json" >"$out/kernels.log" 2>&1 || true
+  echo "[$SECONDS s] kernels.py: $(grep -c "k = 1" "$out/kernels.log") calls measured"
+  python3 benchmarks/memory_speed.py --device cuda --kernels $kernels --deadline $((deadline - SECONDS - 120)) \
     --out "$out/memory-speed.json" --summary "$out/summary.md" 2>&1 | grep -v "Loading weights" || true
   local met=no; [[ "$tests" =~ passed && ! "$tests" =~ (failed|error) ]] && met=yes
-  echo "| CUDA tests (the law tests among them) | ${tests//|/ } | all pass | $met |" >>"$out/summary.md"
-  if ((deadline - SECONDS > 30)); then  # kernels per layer and the replayed call of the bf16 Llamas and GPT-2
-    timeout $((deadline - SECONDS)) python3 benchmarks/kernels.py --device cuda \
-      --models llama-1.1b llama-8b gpt2-target --widths 1 --no-engine --calls 5 --repeats 2 \
-      --out "$out/kernels-cuda.json" >/tmp/kernels.log 2>&1 || true
-    python3 benchmarks/kernels.py --summary "$out/kernels-cuda.json" >>"$out/summary.md" || true
-  fi
-  if ((deadline - SECONDS > 60)); then  # the 1.1B's own forward compiled by Inductor beside its export
-    timeout $((deadline - SECONDS)) python3 benchmarks/kernels.py --device cuda --models llama-1.1b \
-      --inductor llama-1.1b --widths 1 --no-engine --calls 5 --repeats 2 --out "$out/kernels-inductor.json" \
-      >/tmp/inductor.log 2>&1 || tail -5 /tmp/inductor.log
-    python3 benchmarks/kernels.py --summary "$out/kernels-inductor.json" 2>/dev/null | grep Inductor \
-      >>"$out/summary.md" || true
-  fi
+  echo "| CUDA tests (the law tests and the fused kernels' among them) | ${tests//|/ } | all pass | $met |" \
+    >>"$out/summary.md"
+  echo "| memory_speed.py ran with kernels=$kernels | | | |" >>"$out/summary.md"
+  python3 benchmarks/kernels.py --summary "$out/kernels-cuda.json" >>"$out/summary.md" || true
   echo; echo "[$SECONDS s] summary ($out/summary.md):"; cat "$out/summary.md"
 }
 # the wheel, installed and kept in $OUT (for `again`)

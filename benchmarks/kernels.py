@@ -7,6 +7,8 @@ row 0 through `extend_rows` against max_length / 2 + k cache slots), counted and
 Models, random weights (a call's cost does not depend on them): the shapes of shapes.py (`gpt2-target`,
 `gpt2-draft`, `llama-1.1b`, `llama-1b`, `llama-8b`, ...), in bf16 on a GPU and float32 on a CPU (`--dtype`), at
 most 512 cache positions. Each is exported by speculant.export's TorchScript modules, as the engine runs it.
+`--kernels aten speculant` exports each twice, with torch's operations and with speculant's fused norms and
+split-KV attention (cpp/kernels), measured side by side.
 
 For each model and width k (`--widths`):
 
@@ -65,11 +67,14 @@ NOT_KERNELS = {
 CONVERSIONS = {"aten::to", "aten::_to_copy", "aten::copy_", "aten::fill_"}
 # operations that a CPU computes as several but CUDA as one fused kernel: one operation each
 ONE_KERNEL_ON_CUDA = {"aten::rms_norm"}  # its CUDA dispatch: aten::_fused_rms_norm
+# speculant's fused operations (cpp/kernels, an export's kernels="speculant"): the kernels each launches on CUDA at
+# one token, where its CPU composite is several operations; the attention's second kernel combines its key chunks
+FUSED = {"speculant::rms_norm": 1, "speculant::decode_attention": 2}
 
 
-def build(name: str, device: torch.device, dtype: torch.dtype):
-    """(transformers model and its scripted module on `device` in `dtype`, weight bytes a call reads,
-    max_length) for a shape of shapes.py."""
+def build(name: str, device: torch.device, dtype: torch.dtype, kernels: str = "aten"):
+    """(transformers model and its scripted module on `device` in `dtype` with `kernels` (speculant.export's),
+    weight bytes a call reads, max_length) for a shape of shapes.py."""
     from speculant.export import gpt2, llama
 
     model = shapes.build(name, device, dtype)
@@ -77,7 +82,7 @@ def build(name: str, device: torch.device, dtype: torch.dtype):
     length = min(shapes.SHAPES[name].max_length, 512)  # the call attends half of it (fixed_call)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TorchScript's deprecation
-        scripted = module.script(model, max_length=length)
+        scripted = module.script(model, max_length=length, kernels=kernels)
     return model, scripted, shapes.read_weight_bytes(model), length
 
 
@@ -100,6 +105,8 @@ def cpu_kernels(event) -> List[object]:
     name = event.name
     if name in ONE_KERNEL_ON_CUDA:
         return [event]
+    if name in FUSED:
+        return [event] * FUSED[name]
     computes = name.startswith("aten::") and name not in NOT_KERNELS
     found = []
     for child in event.cpu_children:
@@ -149,7 +156,7 @@ def fixed_call(scripted, length: int, k: int, device: torch.device) -> Callable[
     return call
 
 
-def engine_per_token(model, length: int, device: torch.device, repeats: int) -> Dict:
+def engine_per_token(model, length: int, device: torch.device, repeats: int, kernels: str) -> Dict:
     """Plain greedy decoding of the exported model through the engine (speculant.generate; cuda_graphs "on" on a
     GPU, where every step replays a captured call, "off" on a CPU), ms per new token end to end: a 96-token run
     minus a 24-token one over the tokens between, the median and min-max of `repeats` such pairs."""
@@ -160,7 +167,7 @@ def engine_per_token(model, length: int, device: torch.device, repeats: int) -> 
         path = Path(scratch) / "model.pt"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            speculant.export(model, path, max_length=length)
+            speculant.export(model, path, max_length=length, kernels=kernels)
         loaded = speculant.load(path, device=device)
 
     def run(tokens: int):
@@ -253,17 +260,18 @@ def measure_inductor(model, length: int, k: int, device: torch.device, calls: in
     return row
 
 
-def measure(name: str, device: torch.device, args) -> Dict:
+def measure(name: str, device: torch.device, args, kernels: str = "aten") -> Dict:
     dtype = shapes.dtype_for(device, args.dtype)
-    model, scripted, weight_bytes, length = build(name, device, dtype)
-    out = {"weight_bytes": weight_bytes, "max_length": length, "widths": {}}
+    model, scripted, weight_bytes, length = build(name, device, dtype, kernels)
+    out = {"shape": name, "kernels": kernels, "weight_bytes": weight_bytes, "max_length": length, "widths": {}}
+    name = label(name, kernels)
     # the call attends the cache's first length / 2 + k slots (fixed_call); its floor reads those and the weights
     element = next(model.parameters()).element_size()
     out["kv_bytes_per_slot"] = floor.kv_bytes_per_slot(model.config, element)
     if device.type == "cuda":
         out.update(floor.describe(device, min(weight_bytes, 1 << 30)))
     if args.engine:
-        out["engine"] = engine_per_token(model, length, device, args.repeats)
+        out["engine"] = engine_per_token(model, length, device, args.repeats, kernels)
         e = out["engine"]["ms_per_token"]
         print(f"{name}: plain decoding through the engine (cuda_graphs {out['engine']['cuda_graphs']}) {e[0]:.3f} ms "
               f"per token ({e[1]:.3f}-{e[2]:.3f})", flush=True)
@@ -280,7 +288,7 @@ def measure(name: str, device: torch.device, args) -> Dict:
                 row[key] = floor.floor_ms(weight_bytes, kv_bytes, bandwidth)
         out["widths"][k] = row
         report(name, k, row, out)
-        if name in args.inductor:
+        if out["shape"] in args.inductor and kernels == "aten":
             out.setdefault("inductor", {})[k] = measure_inductor(model, length, k, device, args.calls, args.repeats)
             report(f"{name} (transformers' forward, Inductor)", k, out["inductor"][k], out)
     return out
@@ -304,6 +312,11 @@ def report(name: str, k: int, row: Dict, out: Dict) -> None:
         print(f"    {top['us_per_call']:9.1f} us  {top['per_call']:5.1f} x  {top['name'][:100]}")
 
 
+def label(name: str, kernels: str) -> str:
+    """A results entry's name: the shape's, with the fused operations' mark."""
+    return name if kernels == "aten" else f"{name}, kernels=speculant"
+
+
 CALL_GOALS_MS = {"llama-1.1b": 0.95, "gpt2-target": 0.25, "gpt2-draft": 0.06}  # issue 48, an H100
 
 
@@ -317,17 +330,24 @@ def summary_rows(results: Dict) -> str:
         call = model["widths"].get("1") or model["widths"].get(1)
         if call is None:
             continue
-        layers = shapes.config(name).num_hidden_layers if shapes.SHAPES[name].kind == "llama" else \
-            shapes.config(name).n_layer
+        shape = model.get("shape", name)
+        layers = shapes.config(shape).num_hidden_layers if shapes.SHAPES[shape].kind == "llama" else \
+            shapes.config(shape).n_layer
         per_layer = call["profile"]["per_call"] / layers
         rows.append(f"| kernels per layer, {name} one-token call | {per_layer:.1f} ({call['profile']['per_call']:.0f} "
                     f"per call, {layers} layers) | <= 8 | {'yes' if per_layer <= 8 else 'no'} |")
         if "graphed_ms" in call:
-            goal = CALL_GOALS_MS.get(name)
+            goal = CALL_GOALS_MS.get(shape)
             g = call["graphed_ms"]
             rows.append(f"| {name} one-token call, replayed | {g[0]:.3f} ms ({g[1]:.3f}-{g[2]:.3f}), "
                         f"{g[0] / call['floor_ms']:.2f}x its {call['floor_ms']:.3f} ms read floor | "
                         + (f"<= {goal} ms | {'yes' if g[0] <= goal else 'no'} |" if goal else "- | - |"))
+        plain = results["models"].get(shape, {}).get("widths", {})
+        plain = plain.get("1") or plain.get(1)
+        if model.get("kernels", "aten") != "aten" and plain and "graphed_ms" in call and "graphed_ms" in plain:
+            ratio = call["graphed_ms"][0] / plain["graphed_ms"][0]
+            rows.append(f"| {shape}: replayed call with speculant's kernels over torch's (one run) | {ratio:.2f}x "
+                        f"| < 1 | {'yes' if ratio < 1 else 'no'} |")
         inductor = model.get("inductor", {}).get("1") or model.get("inductor", {}).get(1)
         if inductor and "graphed_ms" in inductor:
             g = inductor["graphed_ms"]
@@ -350,6 +370,9 @@ def main() -> None:
                         help="leave out plain decoding through the engine")
     parser.add_argument("--inductor", nargs="*", default=[], metavar="MODEL",
                         help="these models' own forward compiled by Inductor beside their export (minutes to compile)")
+    parser.add_argument("--kernels", nargs="+", choices=["aten", "speculant"], default=["aten"],
+                        help="the exports' operations (speculant.export's kernels=): each model once per choice, side "
+                             "by side")
     parser.add_argument("--out")
     parser.add_argument("--summary", metavar="JSON", help="print a results file's kernels per layer as table rows")
     args = parser.parse_args()
@@ -370,8 +393,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
         for name in args.models:  # written after each model: a run cut off at a deadline keeps what it measured
-            results["models"][name] = measure(name, device, args)
-            out.write_text(json.dumps(results, indent=1) + "\n")
+            for kernels in args.kernels:
+                results["models"][label(name, kernels)] = measure(name, device, args, kernels)
+                out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {out}")
 
 

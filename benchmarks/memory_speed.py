@@ -4,7 +4,8 @@
     python benchmarks/memory_speed.py --device cpu --models tiny    # the same code on tiny shapes (tests)
 
 Random weights (shapes.py: a call's time does not depend on them), exported by speculant.export and run by the
-engine with CUDA graphs ("auto"; "fixed" on a CPU, where nothing is captured), greedy. In order of value, each
+engine with CUDA graphs ("auto"; "fixed" on a CPU, where nothing is captured), greedy, with torch's operations or
+speculant's fused ones (`--kernels`). In order of value, each
 part cut off at `--deadline` seconds (the rest said to be skipped):
 
 1. plain decoding of the target (`llama-8b`; `tiny-llama` with `--models tiny`): ms per token end to end and
@@ -67,13 +68,13 @@ def median_range(values: List[float]) -> List[float]:
     return [statistics.median(values), min(values), max(values)]
 
 
-def exported(model, max_length: int, device: torch.device):
-    """speculant.export's TorchScript module of `model` loaded onto `device` (in memory: an 8B file would cost
-    a minute of disk)."""
+def exported(model, max_length: int, device: torch.device, kernels: str):
+    """speculant.export's TorchScript module of `model` with `kernels` loaded onto `device` (in memory: an 8B file
+    would cost a minute of disk)."""
     from speculant.export import gpt2, llama
 
     module = llama if model.config.model_type == "llama" else gpt2
-    return speculant.load(module.script(model, max_length=max_length), device=device)
+    return speculant.load(module.script(model, max_length=max_length, kernels=kernels), device=device)
 
 
 def differential(run: Callable[[int], object], tokens: int, repeats: int) -> Dict[str, List[float]]:
@@ -145,7 +146,7 @@ class Run:
             facts = {"parameters": sum(p.numel() for p in model.parameters()),
                      **floor_of(model, config, self.results["device"], self.args.tokens)}
             length = positions or shapes.SHAPES[name].max_length
-            self.loaded[key] = {"model": exported(model, length, self.device), **facts}
+            self.loaded[key] = {"model": exported(model, length, self.device, self.args.kernels), **facts}
             del model
         return self.loaded[key]
 
@@ -186,7 +187,7 @@ def part_buckets(run: Run) -> Dict:
     out = {}
     for slots in (64, 4096):
         model = shapes.build(name, run.device, run.dtype, positions=4096)
-        loaded = exported(model, slots, run.device)
+        loaded = exported(model, slots, run.device, run.args.kernels)
         del model
         run_ = timer(lambda n, m=loaded: speculant.generate(m, PROMPT[:8], max_new_tokens=n, temperature=0.0,
                                                              cuda_graphs=run.graphs), run.device)
@@ -281,6 +282,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     parser.add_argument("--dtype", choices=shapes.DTYPE_CHOICES, default=None, help=shapes.DTYPE_HELP)
     parser.add_argument("--models", choices=sorted(MODELS), default="full")
     parser.add_argument("--parts", nargs="+", choices=[name for name, _ in PARTS], default=[n for n, _ in PARTS])
+    parser.add_argument("--kernels", choices=["aten", "speculant"], default="aten",
+                        help="the exports' operations (speculant.export's kernels=)")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--deadline", type=float, default=1e9, help="seconds after which no part starts")
@@ -291,7 +294,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     run = Run(args)
     run.results["device"] = floor.describe(run.device, 1 << 30 if run.device.type == "cuda" else 1 << 26)
     run.results["setup"] = {"torch": torch.__version__, "python": platform.python_version(), "dtype": str(run.dtype),
-                            "cuda_graphs": run.graphs, "tokens": args.tokens, "repeats": args.repeats,
+                            "cuda_graphs": run.graphs, "kernels": args.kernels, "tokens": args.tokens, "repeats": args.repeats,
                             "models": run.names}
     for name, part in PARTS:
         if name not in args.parts:
@@ -304,7 +307,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
               flush=True)
     table = markdown(summary(run.results))
     print(f"\n{run.results['device']['device']}, torch {torch.__version__}, {run.dtype}, cuda_graphs "
-          f"{run.graphs}\n{table}", flush=True)
+          f"{run.graphs}, kernels {args.kernels}\n{table}", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(run.results, indent=1, default=str))
     if args.summary:

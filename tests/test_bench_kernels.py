@@ -71,6 +71,18 @@ def test_llama_layer_fuses_its_projections_and_shares_key_value_heads():
     assert "aten::repeat_interleave" not in names and "aten::_scaled_dot_product_flash_attention_for_cpu" in names
 
 
+def test_fused_llama_runs_speculants_norms_and_attention():
+    """kernels="speculant": every norm and attention is one of speculant's operations (the attention two kernels on
+    CUDA: its key chunks and their combination), and the mask is no longer copied per query head."""
+    model = make("llama")
+    found, _ = counts(llama.script(model, kernels="speculant"), 128, 3)
+    plain, _ = counts(llama.script(model), 128, 3)
+    assert found["speculant::rms_norm"] == 2 * 2 + 1 and "aten::rms_norm" not in found
+    assert found["speculant::decode_attention"] == 2 * 2 and attention(found) == 0
+    assert found["aten::clone"] == plain["aten::clone"] - 1
+    assert sum(found.values()) == sum(plain.values()) + 2 - 1
+
+
 def test_cpu_kernels_leave_out_views_and_conversions():
     x, w, b = torch.randn(2, 8), torch.randn(4, 8), torch.randn(4)
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -57,7 +57,7 @@ def _export(args) -> int:
               flush=True)
     try:
         meta = export(args.model_dir, args.out, format=args.format, max_length=args.max_length,
-                      max_source_length=args.max_source_length, dtype=args.dtype)
+                      max_source_length=args.max_source_length, dtype=args.dtype, kernels=args.kernels)
     except (ValueError, OSError, ImportError) as error:  # OSError: a missing path, unreadable weight files
         print(f"speculant export: {error}", file=sys.stderr)
         return 2
@@ -121,6 +121,9 @@ def parser() -> argparse.ArgumentParser:
                         help="T5: the longest encoder input (default: 512)")
     export.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                         help="export in this dtype (default: the model's own)")
+    export.add_argument("--kernels", choices=["aten", "speculant"], default="aten",
+                        help="TorchScript GPT-2 and Llama: torch's operations (aten) or speculant's fused norms "
+                             "and split-KV attention (CUDA kernels; the same results on the CPU)")
     export.set_defaults(main=_export)
     return top
 

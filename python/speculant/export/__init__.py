@@ -25,7 +25,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from .. import live
-from . import gpt2, llama, pt2, t5
+from . import cached, gpt2, llama, pt2, t5
 
 # transformers class name -> (our module, the config.model_type it must have)
 SUPPORTED = {
@@ -82,12 +82,12 @@ def metadata(model, scripted, max_source_length: Optional[int]) -> Dict[str, Any
                                                decoder_start_token_id=decoder_start)}
 
 
-def _script(model, module, max_length: Optional[int], max_source_length: Optional[int]):
+def _script(model, module, max_length: Optional[int], max_source_length: Optional[int], kernels: str):
     with torch.no_grad():
         if model.config.is_encoder_decoder:
             return module.script(model, max_length=512 if max_length is None else max_length,
                                  max_source_length=512 if max_source_length is None else max_source_length)
-        return module.script(model, max_length=max_length)
+        return module.script(model, max_length=max_length, kernels=kernels)
 
 
 def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int], max_source_length: Optional[int],
@@ -146,7 +146,7 @@ def _format(format: Optional[str], out_path) -> str:
 
 def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[str] = None,
            max_length: Optional[int] = None, max_source_length: Optional[int] = None,
-           dtype=None) -> Dict[str, Any]:
+           dtype=None, kernels: str = "aten") -> Dict[str, Any]:
     """Writes `model_or_dir` (a transformers model object or a local save_pretrained directory) to out_path
     and returns the metadata written with it.
 
@@ -156,8 +156,10 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
     max_length: decoder positions the preallocated KV cache holds (GPT-2: n_positions, the most there are;
     others: min(max_position_embeddings, 4096); T5: 512). max_source_length: T5's longest encoder input
     (default 512). dtype: export in this dtype (e.g. "bfloat16"; default: the model's own); the engine's
-    sampling math is float32 whatever the model's dtype. Raises ValueError for an unsupported architecture or
-    configuration, naming what is."""
+    sampling math is float32 whatever the model's dtype. kernels: "aten" (torch's operations) or "speculant"
+    (TorchScript GPT-2 and Llama: the norms and attention as speculant's own operations, CUDA kernels on a GPU and
+    the same ATen composites on the CPU; docs/cuda-graphs.md). Raises ValueError for an unsupported architecture
+    or configuration, naming what is."""
     started = time.perf_counter()
     for name, value in (("max_length", max_length), ("max_source_length", max_source_length)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -166,6 +168,9 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
         raise FileNotFoundError(f"model_or_dir: {os.fspath(model_or_dir)} does not exist (a save_pretrained "
                                 "directory or a transformers model object is exported)")
     format = _format(format, out_path)
+    cached.fused_kernels(kernels)
+    if kernels != "aten" and format == "pt2":
+        raise ValueError(f"kernels={kernels!r} is for TorchScript exports (.pt); pt2 files run AOTInductor's own")
     if format == "pt2":
         if not isinstance(model_or_dir, (str, os.PathLike)):
             model_or_dir = _in_dtype(model_or_dir, dtype)
@@ -184,10 +189,12 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
                          f"supported (expected {model_type!r}); {PT2_HINT}")
     if max_source_length is not None and not model.config.is_encoder_decoder:
         raise ValueError("max_source_length is only for encoder-decoder models (T5)")
+    if kernels != "aten" and model.config.is_encoder_decoder:
+        raise ValueError(f"kernels={kernels!r} is for decoder-only exports (GPT-2, Llama), not {name}")
     was_training = model.training
     model.eval()
     try:
-        scripted = _script(model, module, max_length, max_source_length)
+        scripted = _script(model, module, max_length, max_source_length, kernels)
     finally:
         model.train(was_training)
     meta = metadata(model, scripted, max_source_length)

@@ -53,6 +53,16 @@ def gated(gate: Tensor, up: Tensor, kind: str) -> Tensor:
     return activate(gate, kind) * up
 
 
+KERNELS = ("aten", "speculant")  # the exports' kernels: torch's own, or torch.ops.speculant.* (cpp/kernels)
+
+
+def fused_kernels(kernels: str) -> bool:
+    """Whether `kernels` (an export's argument) names the fused operations of cpp/kernels/ops.cpp."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
+    return kernels == "speculant"
+
+
 def causal_mask(new: int, start: int, device: torch.device) -> Tensor:
     """[T, S] bool, S = start + T: query i sits at position start + i and sees keys 0 .. start + i."""
     return torch.ones(new, start + new, dtype=torch.bool, device=device).tril(start)

@@ -10,13 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import CachedDecoder, Step, activate, activation_kind, cached_kv, copy_weights, is_tied
+from .cached import (CachedDecoder, Step, activate, activation_kind, cached_kv, copy_weights, fused_kernels,
+                     is_tied)
 
 
 class Attention(nn.Module):
-    def __init__(self, width: int, heads: int, scale: float):
+    __constants__ = ["fused"]
+
+    def __init__(self, width: int, heads: int, scale: float, fused: bool):
         super().__init__()
-        self.heads = heads
+        self.heads, self.fused = heads, fused
         self.scale = scale  # 1/sqrt(D), and / (layer + 1) with scale_attn_by_inverse_layer_idx
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
@@ -26,16 +29,19 @@ class Attention(nn.Module):
         qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)  # [3, B, H, T, D]
         k, v = cached_kv(qkv[1:], cache, step)  # keys and values written together: [B, H, S, D] each
         q = qkv[0]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=self.scale)  # [B, H, T, D]
+        if self.fused:  # cpp/kernels/ops.cpp
+            y = torch.ops.speculant.decode_attention(q, k, v, step.mask, self.scale)  # [B, H, T, D]
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=self.scale)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, heads: int, inner: int, eps: float, act: str, scale: float):
+    def __init__(self, width: int, heads: int, inner: int, eps: float, act: str, scale: float, fused: bool):
         super().__init__()
         self.act = act
         self.ln_1 = nn.LayerNorm(width, eps=eps)
-        self.attn = Attention(width, heads, scale)
+        self.attn = Attention(width, heads, scale, fused)
         self.ln_2 = nn.LayerNorm(width, eps=eps)
         self.fc = nn.Linear(width, inner)
         self.fc_proj = nn.Linear(inner, width)
@@ -46,7 +52,7 @@ class Block(nn.Module):
 
 
 class GPT2(nn.Module):
-    def __init__(self, config, tied: bool):
+    def __init__(self, config, tied: bool, fused: bool):
         super().__init__()
         width, heads = config.n_embd, config.n_head
         inner = config.n_inner if config.n_inner is not None else 4 * width
@@ -61,7 +67,8 @@ class GPT2(nn.Module):
             if config.scale_attn_by_inverse_layer_idx:
                 scale /= layer + 1
             scales.append(scale)
-        self.blocks = nn.ModuleList([Block(width, heads, inner, config.layer_norm_epsilon, act, s) for s in scales])
+        eps = config.layer_norm_epsilon
+        self.blocks = nn.ModuleList([Block(width, heads, inner, eps, act, s, fused) for s in scales])
         self.ln_f = nn.LayerNorm(width, eps=config.layer_norm_epsilon)
 
     def run(self, input_ids: Tensor, caches: List[Tensor], step: Step) -> Tensor:
@@ -98,11 +105,13 @@ def _weights(model) -> Dict[str, Tensor]:
     return out
 
 
-def script(model, *, max_length: Optional[int] = None) -> torch.jit.ScriptModule:
+def script(model, *, max_length: Optional[int] = None, kernels: str = "aten") -> torch.jit.ScriptModule:
     """The cached contract form of a GPT2LMHeadModel. max_length defaults to (and may not exceed)
-    config.n_positions, the learned positions there are."""
+    config.n_positions, the learned positions there are. kernels: "aten", or "speculant" for the attention as
+    torch.ops.speculant.decode_attention (llama.script)."""
     config = model.config
     check_config(config)
+    fused = fused_kernels(kernels)
     if max_length is None:
         max_length = config.n_positions
     if not 1 <= max_length <= config.n_positions:
@@ -111,7 +120,7 @@ def script(model, *, max_length: Optional[int] = None) -> torch.jit.ScriptModule
     like = model.transformer.wte.weight
     tied = is_tied(model)
     with torch.device(like.device):  # initialized where the weights are, then overwritten (llama.py)
-        core = GPT2(config, tied).to(dtype=like.dtype).eval()
+        core = GPT2(config, tied, fused).to(dtype=like.dtype).eval()
     copy_weights(core, _weights(model))
     wrapper = CachedDecoder(core, vocab_size=config.vocab_size, max_length=max_length, layers=config.n_layer,
                             kv_heads=config.n_head, head_dim=config.n_embd // config.n_head, like=like)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import CachedDecoder, Step, activation_kind, cached_kv, copy_weights, gated, is_tied
+from .cached import CachedDecoder, Step, activation_kind, cached_kv, copy_weights, fused_kernels, gated, is_tied
 
 # RoPE types whose frequencies depend on the current sequence length: one precomputed table cannot hold them.
 DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -24,12 +24,16 @@ class RMSNorm(nn.Module):
     weight's multiply). It rounds to the working dtype once, after the weight, where transformers rounds before
     it too: the two differ by at most that rounding in bf16, not at all in float32 beyond reordering."""
 
-    def __init__(self, width: int, eps: float):
+    __constants__ = ["fused"]
+
+    def __init__(self, width: int, eps: float, fused: bool):
         super().__init__()
-        self.eps, self.width = eps, width
+        self.eps, self.width, self.fused = eps, width, fused
         self.weight = nn.Parameter(torch.ones(width))
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fused:  # on CUDA one block per row (cpp/kernels/rms_norm.cu); on the CPU torch.rms_norm
+            return torch.ops.speculant.rms_norm(x, self.weight, self.eps)
         return torch.rms_norm(x, [self.width], self.weight, self.eps)
 
 
@@ -67,11 +71,14 @@ class Attention(nn.Module):
     head_tables) whose output holds the keys and values as the cache takes them, and each key/value head attended
     by its H / H_kv query heads stacked along the query axis (the mask stacked to match in Llama.run), so the
     cached keys and values are never copied per query head. The output projection accumulates into the
-    residual stream."""
+    residual stream. With `fused`, the attention is torch.ops.speculant.decode_attention, which reads the mask
+    unstacked (cpp/kernels/ops.cpp)."""
 
-    def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, bias: bool):
+    __constants__ = ["fused"]
+
+    def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, bias: bool, fused: bool):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.heads, self.kv_heads, self.head_dim, self.fused = heads, kv_heads, head_dim, fused
         self.qkv = nn.Linear(width, (heads + 2 * kv_heads) * head_dim, bias=bias)  # [q | k | v] rows
         self.o_proj = nn.Linear(heads * head_dim, width, bias=bias)
 
@@ -85,20 +92,23 @@ class Attention(nn.Module):
         # query head h reads key/value head h // (H / H_kv), as repeat_interleave would pair them: each key/value
         # head's H / H_kv query heads stacked along the query axis, [B, H_kv, H / H_kv * T, D]
         q = qkv[:, :H].reshape(B, H_kv, H // H_kv * T, D)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=D ** -0.5)  # [B, H_kv, H/H_kv T, D]
+        if self.fused:
+            y = torch.ops.speculant.decode_attention(q, k, v, step.mask, D ** -0.5)  # [B, H_kv, H/H_kv T, D]
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=D ** -0.5)
         y = y.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
         return add_linear(residual, y, self.o_proj.weight, self.o_proj.bias)  # [B, T, C]: residual + o_proj(y)
 
 
 class Block(nn.Module):
-    def __init__(self, config, head_dim: int, act: str):
+    def __init__(self, config, head_dim: int, act: str, fused: bool):
         super().__init__()
         width, inner = config.hidden_size, config.intermediate_size
         self.act, self.inner = act, inner
-        self.input_layernorm = RMSNorm(width, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(width, config.rms_norm_eps, fused)
         self.self_attn = Attention(width, config.num_attention_heads, config.num_key_value_heads, head_dim,
-                                   config.attention_bias)
-        self.post_attention_layernorm = RMSNorm(width, config.rms_norm_eps)
+                                   config.attention_bias, fused)
+        self.post_attention_layernorm = RMSNorm(width, config.rms_norm_eps, fused)
         self.gate_up = nn.Linear(width, 2 * inner, bias=config.mlp_bias)  # [gate | up] rows, one projection
         self.down_proj = nn.Linear(inner, width, bias=config.mlp_bias)
 
@@ -111,13 +121,15 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, config, head_dim: int, tied: bool, cos: Tensor, sin: Tensor):
+    __constants__ = ["fused"]
+
+    def __init__(self, config, head_dim: int, tied: bool, cos: Tensor, sin: Tensor, fused: bool):
         super().__init__()
         act = activation_kind(config.hidden_act, "hidden_act")
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.heads, self.kv_heads, self.fused = config.num_attention_heads, config.num_key_value_heads, fused
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)  # [V, C]
-        self.layers = nn.ModuleList([Block(config, head_dim, act) for _ in range(config.num_hidden_layers)])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList([Block(config, head_dim, act, fused) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused)
         # [V, C]: the same Parameter as the embedding's when tied (stored once), else its own
         self.head = self.embed_tokens.weight if tied else nn.Parameter(torch.empty(config.vocab_size,
                                                                                    config.hidden_size))
@@ -136,7 +148,7 @@ class Llama(nn.Module):
             cos, sin = self.cos[step.positions].unsqueeze(1), self.sin[step.positions].unsqueeze(1)  # [R, 1, T, D]
         cos, sin = head_tables(cos, sin, self.heads + self.kv_heads, self.kv_heads)  # [1 | R, H + 2 H_kv, T, D]
         group = self.heads // self.kv_heads
-        if group > 1:  # each query's mask row once per query head sharing its key/value head (Attention)
+        if group > 1 and not self.fused:  # each query's mask row once per query head sharing its key/value head
             shape = step.mask.shape  # [.., T, S]
             mask = step.mask.unsqueeze(-3).expand(shape[:-2] + [group] + shape[-2:]).reshape(
                 shape[:-2] + [group * shape[-2], shape[-1]])  # [.., H / H_kv * T, S]: a copy at most
@@ -200,11 +212,14 @@ def _weights(model, config) -> Dict[str, Tensor]:
     return out
 
 
-def script(model, *, max_length: Optional[int] = None) -> torch.jit.ScriptModule:
+def script(model, *, max_length: Optional[int] = None, kernels: str = "aten") -> torch.jit.ScriptModule:
     """The cached contract form of a LlamaForCausalLM. max_length (the preallocated cache's positions)
-    defaults to min(config.max_position_embeddings, 4096)."""
+    defaults to min(config.max_position_embeddings, 4096). kernels: "aten" (torch's own operations) or
+    "speculant" (the norms and attention as torch.ops.speculant.*: CUDA kernels of this package, the same ATen
+    composites on the CPU)."""
     config = model.config
     check_config(config)
+    fused = fused_kernels(kernels)
     if max_length is None:
         max_length = min(config.max_position_embeddings, 4096)
     if max_length < 1:
@@ -214,7 +229,7 @@ def script(model, *, max_length: Optional[int] = None) -> torch.jit.ScriptModule
     cos, sin = _rotary_tables(model, max_length, like.dtype)
     with torch.device(like.device):  # initialized where the weights are (an 8B model's init: ms on a GPU, not a
         # minute of float32 on the host), then overwritten
-        core = Llama(config, head_dim, tied, cos, sin).to(dtype=like.dtype).eval()
+        core = Llama(config, head_dim, tied, cos, sin, fused).to(dtype=like.dtype).eval()
     copy_weights(core, _weights(model, config))
     wrapper = CachedDecoder(core, vocab_size=config.vocab_size, max_length=max_length,
                             layers=config.num_hidden_layers, kv_heads=config.num_key_value_heads,
