@@ -101,7 +101,7 @@ def test_demo_without_its_weights_says_how_to_make_them(tmp_path, monkeypatch, c
     monkeypatch.setenv("SPECULANT_CACHE", str(tmp_path / "cache"))
     assert cli.main(["demo", "--repeats", "1"]) == 2
     err = capsys.readouterr().err
-    assert "the demo pair's weights are missing" in err and "python -m speculant.demo_pair --train" in err
+    assert "the demo pair's weights are missing" in err and "python -m speculant.demo.pair --train" in err
 
 
 def test_version(capsys):

@@ -52,7 +52,7 @@ def test_default_pair_converts_the_shipped_weights_without_training(tmp_path, mo
 
 
 def test_missing_weights_are_named_with_the_way_to_make_them(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"target.safetensors.*python -m speculant.demo_pair --train"):
+    with pytest.raises(FileNotFoundError, match=r"target.safetensors.*python -m speculant.demo.pair --train"):
         demo_pair.default_pair(progress=False, cache_dir=tmp_path / "cache", weights=tmp_path)
     copy = tmp_path / "copy"
     shutil.copytree(demo_pair.WEIGHTS, copy)
@@ -66,7 +66,7 @@ def test_missing_weights_are_named_with_the_way_to_make_them(tmp_path):
 
 
 def test_the_recipe_trains_through_its_command_line(tmp_path, capsys):
-    """`python -m speculant.demo_pair --train` in smoke mode: the same code as the full recipe, 2 steps."""
+    """`python -m speculant.demo.pair --train` in smoke mode: the same code as the full recipe, 2 steps."""
     assert demo_pair.main(["--train", "--smoke", "--out", str(tmp_path)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["recipe"] == dataclasses.asdict(demo_pair.DEFAULT_RECIPE.smoke())

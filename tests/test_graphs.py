@@ -1,4 +1,4 @@
-"""Fixed-shape calls and CUDA graphs: the decoders' ``cuda_graphs`` option (python/speculant/graphs.py,
+"""Fixed-shape calls and CUDA graphs: the decoders' ``cuda_graphs`` option (python/speculant/decoding/graphs.py,
 cpp/models/native_rows.h, cpp/device/graphs.h).
 
 The contract: graphs change no output. ``cuda_graphs="fixed"`` runs exactly the calls a CUDA graph replays (every

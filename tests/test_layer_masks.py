@@ -1,4 +1,4 @@
-"""speculant/layer_masks.py: each layer type's pattern in a tree mask, against transformers' own definitions.
+"""speculant/models/layer_masks.py: each layer type's pattern in a tree mask, against transformers' own definitions.
 
 * The boolean masks equal masking_utils' overlays (sliding_window_overlay, chunked_overlay) on top of the given
   ancestor mask, evaluated at every (query, key) pair of a tree whose nodes share positions, for several sizes.

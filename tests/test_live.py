@@ -82,7 +82,7 @@ def test_greedy_equals_transformers_plain_and_assisted(zoo, family):
 
 @pytest.mark.parametrize("family", TREE_FAMILIES)
 def test_greedy_trees_equal_transformers(zoo, family):
-    """Token trees (one target call per tree: a 4-D ancestor mask, positions by depth; speculant/layer_masks.py)
+    """Token trees (one target call per tree: a 4-D ancestor mask, positions by depth; speculant/models/layer_masks.py)
     for every family but Bloom and BART: transformers' greedy output token for token, alone and in a batch (T5:
     each row over its own source, its keys at their ranks on each query's path). Sliding windows (mistral; gemma2
     and gemma3 beside full layers, a mask per layer type; gemma2's eager attention an additive mask) and

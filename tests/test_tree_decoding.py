@@ -21,7 +21,7 @@ copy_slots). What is checked:
 * Drafters without a model: Unigram / Bigram tables and a PythonDrafter with score= propose trees (the engine
   draws each node's children from their law there): the law on Markov tables (chi-square, 3 more cases under
   the same family-wise bound: at most 2.4% with the 9 above), greedy trees equal plain greedy.
-* Live transformers objects (python/speculant/live.py: a 4-D attention mask, position_ids, the cache's entries
+* Live transformers objects (python/speculant/models/live.py: a 4-D attention mask, position_ids, the cache's entries
   selected in place), probed once per model: greedy trees equal transformers' greedy generate for GPT-2 and
   Llama, alone and in a batch; the first two tokens' law with trees is the target's (Llama, chi-square at
   SIGNIFICANCE = 1e-3, fixed seeds); a model that ignores the mask, an encoder-decoder other than T5 (BART),

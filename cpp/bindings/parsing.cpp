@@ -29,7 +29,7 @@ InterruptCheck signal_check() {
   return threading.attr("current_thread")().is(threading.attr("main_thread")()) ? python_signals : nullptr;
 }
 
-// "dynamic", "fixed" or "graphed" (rows.h); python/speculant/decoder.py chooses.
+// "dynamic", "fixed" or "graphed" (rows.h); python/speculant/decoding/decoder.py chooses.
 Shapes parse_shapes(const std::string& name, const char* what) {
   if (name == "dynamic") return Shapes::dynamic;
   if (name == "fixed") return Shapes::fixed;
@@ -37,7 +37,7 @@ Shapes parse_shapes(const std::string& name, const char* what) {
   fail("{} must be 'dynamic', 'fixed' or 'graphed', got '{}'", what, name);
 }
 
-// How a tree's siblings are drawn (tree.h); python/speculant/decoder.py checks the name first.
+// How a tree's siblings are drawn (tree.h); python/speculant/decoding/decoder.py checks the name first.
 Siblings parse_siblings(const std::string& name) {
   if (name == "without_replacement") return Siblings::without_replacement;
   if (name == "with_replacement") return Siblings::with_replacement;

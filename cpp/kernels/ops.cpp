@@ -1,5 +1,5 @@
 // torch.ops.speculant.rms_norm and torch.ops.speculant.decode_attention, the exports' fused operations
-// (python/speculant/export/llama.py, kernels="speculant"): on the CPU each is the ATen composite it replaces, so
+// (python/speculant/models/export/llama.py, kernels="speculant"): on the CPU each is the ATen composite it replaces, so
 // that a CPU export with them computes what one without them does; on CUDA, where this build has the CUDA
 // compiler, the kernels of decode_attention.cu and rms_norm.cu.
 #include <ATen/ATen.h>

@@ -1,4 +1,4 @@
-// The torch.export / AOTInductor backend of Model: a `.pt2` package (python/speculant/export/pt2.py writes
+// The torch.export / AOTInductor backend of Model: a `.pt2` package (python/speculant/models/export/pt2.py writes
 // them) run by torch's AOTI package loader, with no Python at run time.
 //
 // Contract of the package's model "model": run([input_ids int64 [1, k], cache_position int64 [k]]) ->

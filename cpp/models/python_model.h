@@ -1,4 +1,4 @@
-// A model that lives in Python, such as a transformers model object (python/speculant/live.py): the
+// A model that lives in Python, such as a transformers model object (python/speculant/models/live.py): the
 // Algorithm 1 loop stays in C++ and each model call re-enters Python, taking the GIL for the call only.
 //
 // `impl` is duck-typed. Attributes: vocab_size (int), max_length (int or None), max_source_length (int or

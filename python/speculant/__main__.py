@@ -45,7 +45,7 @@ def _demo(args) -> int:
 
 
 def _export(args) -> int:
-    from .export import export
+    from .models.export import export
 
     if not torch.cuda.is_available():  # Inductor's import says so on a CPU machine, where it is no news
         logging.getLogger("torch.utils.cpp_extension").addFilter(
@@ -67,7 +67,7 @@ def _export(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from .decoder import DEFAULT_GAMMA
+    from .decoding.decoder import DEFAULT_GAMMA
     from .demo import DEFAULT_PROMPT
 
     top = argparse.ArgumentParser(prog="speculant", description=DESCRIPTION, formatter_class=HelpFormatter)

@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import analysis, timing, workers
-from .decoder import SIBLINGS, DynamicTree, SpeculativeDecoder, generate, tree_gamma
-from .model import Model
+from ..decoding.decoder import SIBLINGS, DynamicTree, SpeculativeDecoder, generate, tree_gamma
+from ..models.model import Model
 
 Grid = Union[float, Sequence[float]]
 

@@ -13,7 +13,7 @@ import numbers
 from dataclasses import dataclass
 from typing import List, Optional, Union
 
-from . import _core
+from .. import _core
 
 EARLY_STOPPING = {False: "false", True: "true", "never": "never"}  # transformers' values -> the engine's
 

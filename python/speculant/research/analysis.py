@@ -24,10 +24,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .decoder import SpeculativeDecoder
-from .sampling import beta  # Theorem 3.5's beta, public here too (speculant.analysis.beta)
+from ..decoding.decoder import SpeculativeDecoder
+from ..decoding.sampling import beta  # Theorem 3.5's beta, public here too (speculant.analysis.beta)
 # The tree basics live in trees.py (the decoder takes trees too); they stay public here.
-from .trees import (MAX_TREE_NODES, Tree, TreeChoice, TreeLike, TreeSpeedup, tree_depth, tree_draft_calls,
+from ..decoding.trees import (MAX_TREE_NODES, Tree, TreeChoice, TreeLike, TreeSpeedup, tree_depth, tree_draft_calls,
                     tree_parents, tree_size)
 
 ArrayLike = Union[float, Sequence[float], np.ndarray]

@@ -25,7 +25,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from ._core import acceptance_probability, check_sampling, residual, sample, standardize, verify
+from .._core import acceptance_probability, check_sampling, residual, sample, standardize, verify
 from .arguments import integer, real
 
 __all__ = ["SamplingSettings", "acceptance_probability", "beta", "residual", "sample", "standardize", "verify"]

@@ -39,13 +39,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import _core, sampling
-from .arguments import integer
-from .decoder import SpeculativeDecoder
-from .drafters import Drafter
-from .model import Model, load
-from .sequence_logits import SequenceLogits, sequence_logits  # both public here too, as before
-from .trace import decode_function
+from .. import _core
+from ..decoding import sampling
+from ..decoding.arguments import integer
+from ..decoding.decoder import SpeculativeDecoder
+from ..decoding.drafters import Drafter
+from ..models.model import Model, load
+from ..models.sequence_logits import SequenceLogits, sequence_logits  # both public here too, as before
+from ..decoding.trace import decode_function
 
 MIN_EXPECTED = 5.0  # Pearson's rule of thumb: cells expected fewer times than this are pooled
 Logits = Callable[[List[int]], torch.Tensor]  # token ids -> next-token logits [V]

@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Callable, List, Optional, Sequence, TextIO, Tuple, Union
 
-from ._core import Iteration
+from .._core import Iteration
 
 Decode = Callable[[List[int]], str]
 Tokenizer = Union[Decode, object]  # a callable ids -> str, or an object with decode(ids) -> str

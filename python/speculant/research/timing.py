@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 import numpy as np
 
 from . import analysis
-from .trees import Tree
+from ..decoding.trees import Tree
 
 THEORY_FACTOR = 2.0  # a measured speedup outside [predicted / 2, predicted * 2] is flagged "off theory"
 SPREAD_THRESHOLD = 0.25  # a (max - min) / median of the rounds' speedups above this is flagged "noisy"

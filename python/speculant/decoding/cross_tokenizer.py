@@ -34,10 +34,11 @@ from typing import List, Optional
 
 import torch
 
-from . import _core, sampling
+from .. import _core
+from . import sampling
 from .drafters import PythonDrafter
-from .model import as_model
-from .sequence_logits import sequence_logits
+from ..models.model import as_model
+from ..models.sequence_logits import sequence_logits
 
 __all__ = ["CrossTokenizer", "MODES"]
 

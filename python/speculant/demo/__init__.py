@@ -11,10 +11,11 @@ from typing import Optional, TextIO
 
 import torch
 
-from . import demo_pair, timing
-from .decoder import DEFAULT_GAMMA, SpeculativeDecoder, check_settings, generate
-from .model import load
-from .trace import use_color
+from . import pair as demo_pair
+from ..research import timing
+from ..decoding.decoder import DEFAULT_GAMMA, SpeculativeDecoder, check_settings, generate
+from ..models.model import load
+from ..decoding.trace import use_color
 
 DEFAULT_PROMPT = "def __init__(self"
 DTYPES = ("float32", "bfloat16", "float16")  # the names speculant.load takes

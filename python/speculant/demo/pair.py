@@ -1,13 +1,13 @@
 """The demo's default target / draft pair: two byte-level TinyGPTs trained on Python's own standard library.
 
-The pair ships with the package: its weights are safetensors files in ``speculant/demo_weights/`` beside
+The pair ships with the package: its weights are safetensors files in ``speculant/demo/weights/`` beside
 ``pair.json``, the record of how they were made (the recipe, the corpus's sha256, the held-out losses and α, the
 training seconds, the files' sha256). ``default_pair()`` turns them into the engine's TorchScript files in
 about a second, without training, and caches those under
 ``${SPECULANT_CACHE:-~/.cache/speculant}/models/shipped-<hash>/`` (target.pt, draft.pt, pair.json; the hash
 covers the weights and the torch version, so two torches never share a TorchScript file).
 
-The recipe stays runnable. ``python -m speculant.demo_pair --train`` trains the pair again and writes the three
+The recipe stays runnable. ``python -m speculant.demo.pair --train`` trains the pair again and writes the three
 files (about 3 minutes on 2 idle cores, much longer on busy ones). The corpus exists wherever Python does
 (``sysconfig.get_paths()["stdlib"]``, top-level *.py modules, sorted by name) and the tokenizer is plain UTF-8
 bytes (vocab 256), so nothing is downloaded. Seeds fix the initialisation and the batch order; the
@@ -21,8 +21,8 @@ last).
 α is the paper's expected acceptance rate (Leviathan et al. 2023, Corollary 3.6): the mean over held-out
 positions of Σ_x min(p(x), q(x)) with p = target M_p and q = draft M_q at temperature 1.
 
-    python -m speculant.demo_pair                 # the shipped pair's record (pair.json)
-    python -m speculant.demo_pair --train         # train the recipe and write the weights and pair.json
+    python -m speculant.demo.pair                 # the shipped pair's record (pair.json)
+    python -m speculant.demo.pair --train         # train the recipe and write the weights and pair.json
 """
 import argparse
 import contextlib
@@ -45,8 +45,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from .sampling import beta
-from .tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
+from ..decoding.sampling import beta
+from ..models.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 
 __all__ = ["TrainConfig", "Recipe", "DEFAULT_RECIPE", "WEIGHTS", "encode", "decode", "load_corpus", "train",
            "evaluate", "train_pair", "save_pair", "read_record", "load_models", "cache_root", "default_pair"]
@@ -181,8 +181,8 @@ def evaluate(target: TinyGPT, draft: TinyGPT, tokens: Tensor, windows: int) -> d
     }
 
 
-WEIGHTS = Path(__file__).parent / "demo_weights"  # the shipped pair (package data)
-RETRAIN = "python -m speculant.demo_pair --train"
+WEIGHTS = Path(__file__).parent / "weights"  # the shipped pair (package data)
+RETRAIN = "python -m speculant.demo.pair --train"
 NAMES = ("target", "draft")
 
 
@@ -258,7 +258,7 @@ def read_record(directory: os.PathLike = WEIGHTS) -> dict:
     if missing:
         raise FileNotFoundError(
             f"the demo pair's weights are missing: {', '.join(str(p) for p in missing)}. They ship with the "
-            f"package (speculant/demo_weights/): reinstall speculant, or train them again with `{RETRAIN}` "
+            f"package (speculant/demo/weights/): reinstall speculant, or train them again with `{RETRAIN}` "
             "(about 3 minutes on 2 idle cores, much longer on busy ones)")
     record = json.loads((directory / "pair.json").read_text())
     for name in NAMES:
@@ -340,7 +340,7 @@ def _exclusive(lock_path: Path, progress: bool) -> Iterator[None]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m speculant.demo_pair",
+    parser = argparse.ArgumentParser(prog="python -m speculant.demo.pair",
                                      description="The demo pair: print its record, or train it again.")
     parser.add_argument("--train", action="store_true",
                         help="train the recipe (about 3 minutes on 2 idle cores) and write the weights")

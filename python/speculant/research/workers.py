@@ -25,9 +25,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple, Union
 
-from . import drafters
-from .drafters import Drafter
-from .model import Model, load
+from ..decoding import drafters
+from ..decoding.drafters import Drafter
+from ..models.model import Model, load
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ from typing import List, Optional, Union
 
 import torch
 
-from . import _core, live
+from .. import _core
+from . import live
 from .compiled_live import CompiledLiveModel
 
 

@@ -13,11 +13,12 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from . import _core, beams, graphs
+from .. import _core
+from . import beams, graphs
 from .arguments import INT64_MAX, flag, integer, real
 from .cross_tokenizer import CrossTokenizer
 from .drafters import Drafter
-from .model import Model, as_model
+from ..models.model import Model, as_model
 from .sampling import SamplingSettings
 from .trace import Trace
 from .trees import TreeChoice, TreeSpeedup, tree_depth, tree_parents

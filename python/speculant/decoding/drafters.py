@@ -27,8 +27,8 @@ from typing import Callable, Iterable, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from . import _core
-from .model import archive_problem
+from .. import _core
+from ..models.model import archive_problem
 
 __all__ = ["Unigram", "Bigram", "PromptLookup", "PythonDrafter", "Drafter"]
 

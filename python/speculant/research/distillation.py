@@ -62,12 +62,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import sampling
-from .decoder import checked_tokenizer, generate, token_ids
-from .live import is_transformers_model, pretrained
-from .model import Model, load
-from .sequence_logits import sequence_logits
-from .tiny_gpt import TinyGPT, script_cached
+from ..decoding import sampling
+from ..decoding.decoder import checked_tokenizer, generate, token_ids
+from ..models.live import is_transformers_model, pretrained
+from ..models.model import Model, load
+from ..models.sequence_logits import sequence_logits
+from ..models.tiny_gpt import TinyGPT, script_cached
 
 __all__ = ["AlphaEstimate", "Distillation", "distill", "heldout_alpha", "LOSSES", "DATA"]
 

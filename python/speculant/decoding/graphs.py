@@ -28,7 +28,7 @@ from __future__ import annotations
 import warnings
 from typing import Iterable, Optional, Tuple
 
-from . import _core
+from .. import _core
 
 CUDA_GRAPHS = ("auto", "on", "off", "fixed")
 
