@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "errors.h"
+#include "math/speculative.h"
 
 namespace speculant::cpu {
 namespace {
@@ -168,10 +169,7 @@ Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* dra
   for (; n < gamma; ++n) {
     const acc_t* p_i = p_data + n * vocab;
     const acc_t* q_i = q_data + n * vocab;
-    double beta = 0.0;
-#pragma omp simd reduction(+ : beta)
-    for (int64_t v = 0; v < vocab; ++v) beta += std::min(p_i[v], q_i[v]);
-    out.betas.push_back(beta);
+    out.betas.push_back(beta(p_i, q_i, vocab));
     const int64_t x = drafted[n];
     // min(1, p(x) / (l q(x))): 0 where p(x) = 0, 1 where q(x) = 0 < p(x) (speculative.h)
     const double p_x = p_i[x], denominator = static_cast<double>(q_i[x]) * config.lenience;
@@ -311,10 +309,7 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
     // the law the later children were drawn from: q, or the sibling draft's (tree.h)
     const at::Tensor s_row = sibling_q.defined() ? sibling_q[node].to(at::kDouble).contiguous() : q_row;
     const double* s_node = s_row.const_data_ptr<double>();
-    double beta = 0.0;
-#pragma omp simd reduction(+ : beta)
-    for (int64_t v = 0; v < vocab; ++v) beta += std::min(p_node[v], q_node[v]);
-    out.betas.push_back(beta);
+    out.betas.push_back(beta(p_node, q_node, vocab));
     int64_t chosen = -1;
     if (config.greedy()) {  // the first child that is the target's argmax; else t is that argmax
       const int64_t best = argmax(p_node, vocab);

@@ -17,6 +17,8 @@ at::Tensor acceptance_probability(const at::Tensor& p_x, const at::Tensor& q_x, 
   return ratio.to(p_x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
 }
 
+at::Tensor beta(const at::Tensor& p, const at::Tensor& q) { return at::minimum(p, q).sum(-1); }
+
 at::Tensor residual(const at::Tensor& p, const at::Tensor& q) {
   at::Tensor excess = (p - q).clamp_min(0.0);          // [..., V]
   at::Tensor mass = excess.sum(-1, /*keepdim=*/true);  // [..., 1] = 1 - beta (A.1)

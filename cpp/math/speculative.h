@@ -19,9 +19,23 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "math/sampling.h"
 
 namespace speculant {
+
+// Theorem 3.5's beta = sum_x min(p(x), q(x)), once per form: one row of V on the host (summed in float64), and
+// over the last dimension of p, q [..., V] as tensors.
+template <typename T>
+double beta(const T* p, const T* q, int64_t vocab) {
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t v = 0; v < vocab; ++v) sum += std::min(p[v], q[v]);
+  return sum;
+}
+at::Tensor beta(const at::Tensor& p, const at::Tensor& q);
 
 // Elementwise min(1, p(x) / (l q(x))): 0 where p(x) = 0, 1 where q(x) = 0 < p(x) (and 0 for a NaN p(x): callers
 // check the logits' finiteness themselves).

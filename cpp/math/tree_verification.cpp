@@ -20,6 +20,7 @@
 #include "device/graphs.h"
 #include "device/join.h"
 #include "device/read_back.h"
+#include "math/speculative.h"
 #include "math/tree.h"
 #include "device/upload.h"
 #include "device/verification_graphs.h"
@@ -238,7 +239,7 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
   // the later children's law (tree.h): a sibling draft's, or q
   const at::Tensor s = in.sibling.defined() ? take_rows(in.sibling.to(p.scalar_type()), layout.order, in.rows, m) : q;
   if (in.sibling.defined()) out.sibling = read.add(s.gather(1, x));
-  if (siblings == Siblings::top) out.beta = read.add(at::minimum(P.narrow(0, 0, m), q).sum(-1));
+  if (siblings == Siblings::top) out.beta = read.add(beta(P.narrow(0, 0, m), q));
   at::Tensor q_j = q;  // the law child j was drawn from, given every rejection before it (with replacement: q)
   for (int64_t j = 0; j < k && layout.leading[j] > 0; ++j) {
     const int64_t rows_j = layout.leading[j], next = layout.leading[j + 1];
