@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "errors.h"
+#include "math/speculative.h"
 
 namespace speculant::cpu {
 namespace {
@@ -161,26 +162,20 @@ Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* dra
   const int64_t gamma = q.size(0), vocab = p.size(1);
   const acc_t* p_data = p.const_data_ptr<acc_t>();
   const acc_t* q_data = gamma > 0 ? q.const_data_ptr<acc_t>() : nullptr;  // read only where drafts exist
-  const bool lenient_argmax = config.greedy() && config.lenience < 1.0;
-  const double log_lenience = std::log(config.lenience);
+  at::Tensor lenient;  // A.5's argmax variant for every draft (a rare mode: tensor operations suffice)
+  if (config.greedy() && config.lenience < 1.0 && gamma > 0) {
+    const at::Tensor index = at::tensor(std::vector<int64_t>(drafted, drafted + gamma)).view({gamma, 1});
+    lenient = lenient_argmax(logits, index, config.lenience, at::kDouble).contiguous();
+  }
   Verdict out;
   int64_t n = 0;
   for (; n < gamma; ++n) {
     const acc_t* p_i = p_data + n * vocab;
     const acc_t* q_i = q_data + n * vocab;
-    double beta = 0.0;
-#pragma omp simd reduction(+ : beta)
-    for (int64_t v = 0; v < vocab; ++v) beta += std::min(p_i[v], q_i[v]);
-    out.betas.push_back(beta);
+    out.betas.push_back(beta(p_i, q_i, vocab));
     const int64_t x = drafted[n];
-    // min(1, p(x) / (l q(x))): 0 where p(x) = 0, 1 where q(x) = 0 < p(x) (speculative.h)
-    const double p_x = p_i[x], denominator = static_cast<double>(q_i[x]) * config.lenience;
-    double accept = denominator > 0 ? std::min(1.0, p_x / denominator) : (p_x > 0 ? 1.0 : 0.0);
-    if (lenient_argmax) {  // A.5, argmax variant: logit(x) - max logit >= log l
-      const at::Tensor raw = logits[n].to(at::kDouble);  // a rare mode: tensor reads suffice
-      const double margin = raw[x].item<double>() - raw.max().item<double>();
-      if (margin >= log_lenience) accept = 1.0;
-    }
+    double accept = acceptance(p_i[x], q_i[x], config.lenience);
+    if (lenient.defined() && lenient.const_data_ptr<bool>()[n]) accept = 1.0;
     const bool kept = config.greedy() ? accept >= 1.0 : uniform() < accept;
     if (!kept) break;
   }
@@ -194,18 +189,16 @@ Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* dra
   }
   // residual(p_{n+1}, q_{n+1}) = norm(max(0, p - q)), drawn unnormalized; p itself when its mass is zero
   const acc_t* q_n = q_data + n * vocab;
-  const auto excess = [p_n, q_n](int64_t v) { return std::max(0.0, static_cast<double>(p_n[v] - q_n[v])); };
-  double mass = 0.0;
-#pragma omp simd reduction(+ : mass)
-  for (int64_t v = 0; v < vocab; ++v) mass += excess(v);
+  const auto excess_at = [p_n, q_n](int64_t v) { return excess(p_n[v], q_n[v]); };
+  const double mass = residual_mass(p_n, q_n, vocab);
   if (config.greedy()) {
     int64_t best = 0;
     for (int64_t v = 1; v < vocab; ++v) {
-      if (excess(v) > excess(best)) best = v;
+      if (excess_at(v) > excess_at(best)) best = v;
     }
     out.token = mass > 0 ? best : argmax(p_n, vocab);
   } else if (mass > 0) {
-    out.token = inverse_cdf(vocab, uniform(), excess);
+    out.token = inverse_cdf(vocab, uniform(), excess_at);
   } else {
     out.token = inverse_cdf(vocab, uniform(), [p_n](int64_t v) { return static_cast<double>(p_n[v]); });
   }
@@ -311,10 +304,7 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
     // the law the later children were drawn from: q, or the sibling draft's (tree.h)
     const at::Tensor s_row = sibling_q.defined() ? sibling_q[node].to(at::kDouble).contiguous() : q_row;
     const double* s_node = s_row.const_data_ptr<double>();
-    double beta = 0.0;
-#pragma omp simd reduction(+ : beta)
-    for (int64_t v = 0; v < vocab; ++v) beta += std::min(p_node[v], q_node[v]);
-    out.betas.push_back(beta);
+    out.betas.push_back(beta(p_node, q_node, vocab));
     int64_t chosen = -1;
     if (config.greedy()) {  // the first child that is the target's argmax; else t is that argmax
       const int64_t best = argmax(p_node, vocab);
@@ -343,19 +333,14 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
           std::fill(q_j.begin(), q_j.end(), 0.0);
           q_j[x] = 1.0;
         }
-        // min(1, p_j(x) / q_j(x)); a child q_j could not have drawn is never accepted (speculative.h, tree.h).
         // Coupled: the coin looks at whether the next child is in H_j = {p_j > q_j}, of q mass w (tree.h).
         double w = 0.0;
         if (look_ahead) {
 #pragma omp simd reduction(+ : w)
           for (int64_t v = 0; v < vocab; ++v) w += p_j[v] > q_j[v] ? s_node[v] : 0.0;
         }
-        const double ratio = q_j[x] > 0 ? p_j[x] / q_j[x] : 0.0;
         const int64_t next = look_ahead ? tokens[tree.first_child(node) + j + 1] : 0;
-        const double accept = q_j[x] <= 0  ? 0.0
-                              : look_ahead ? coupled_coin(ratio, p_j[next] > q_j[next], w)
-                                           : std::min(1.0, ratio);
-        if (uniform() < accept) {
+        if (uniform() < child_acceptance(p_j[x], q_j[x], look_ahead, p_j[next] > q_j[next], w)) {
           chosen = j;
           break;
         }
@@ -370,11 +355,9 @@ TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const
           for (int64_t v = 0; v < vocab; ++v) q_left[v] = s_node[v] * (p_j[v] > q_j[v] ? keep_in : keep_out);
         }
         // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself when that has no mass
-        double excess = 0.0;
-#pragma omp simd reduction(+ : excess)
-        for (int64_t v = 0; v < vocab; ++v) excess += std::max(0.0, p_j[v] - q_j[v]);
-        if (excess > 0) {
-          for (int64_t v = 0; v < vocab; ++v) p_j[v] = std::max(0.0, p_j[v] - q_j[v]) / excess;
+        const double rejected = residual_mass(p_j.data(), q_j.data(), vocab);
+        if (rejected > 0) {
+          for (int64_t v = 0; v < vocab; ++v) p_j[v] = residual_at(p_j[v], q_j[v], rejected);
         }
         if (!independent_draws(siblings)) q_left[x] = 0.0;
       }

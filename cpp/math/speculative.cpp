@@ -17,11 +17,24 @@ at::Tensor acceptance_probability(const at::Tensor& p_x, const at::Tensor& q_x, 
   return ratio.to(p_x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
 }
 
+at::Tensor beta(const at::Tensor& p, const at::Tensor& q) { return at::minimum(p, q).sum(-1); }
+
+ResidualParts residual_parts(const at::Tensor& p, const at::Tensor& q) {
+  ResidualParts out;
+  out.excess = p - q;                                       // [..., V]
+  out.positive = out.excess.clamp_min(0.0);                 // [..., V]
+  out.mass = out.positive.sum(-1, /*keepdim=*/true);        // [..., 1] = 1 - beta (A.1)
+  return out;
+}
+
+void to_residual(at::Tensor& p, const ResidualParts& parts) {
+  at::where_out(p, parts.mass > 0, parts.positive / parts.mass, p);
+}
+
 at::Tensor residual(const at::Tensor& p, const at::Tensor& q) {
-  at::Tensor excess = (p - q).clamp_min(0.0);          // [..., V]
-  at::Tensor mass = excess.sum(-1, /*keepdim=*/true);  // [..., 1] = 1 - beta (A.1)
-  // excess <= mass elementwise, so the quotient stays in [0, 1] even for a subnormal mass.
-  return at::where(mass > 0, excess / mass.clamp_min(std::numeric_limits<double>::min()), p);
+  const ResidualParts parts = residual_parts(p, q);
+  // positive <= mass elementwise, so the quotient stays in [0, 1] even for a subnormal mass.
+  return at::where(parts.mass > 0, parts.positive / parts.mass.clamp_min(std::numeric_limits<double>::min()), p);
 }
 
 namespace {

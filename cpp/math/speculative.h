@@ -19,9 +19,58 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
 #include "math/sampling.h"
 
 namespace speculant {
+
+// The rules once per form: on the host, one token (or one row) at a time, for the CPU kernels and for the host's
+// part of the accelerators' verifications (step.cpp, tree_verification.cpp); as tensors below them.
+
+// p(x) / (l q(x)), the ratio the test min(1, .) reads: 0 where p(x) = 0 (or NaN: callers check finiteness
+// themselves), +inf where l q(x) = 0 < p(x).
+inline double acceptance_ratio(double p_x, double q_x, double lenience) {
+  if (!(p_x > 0)) return 0.0;
+  const double scaled = q_x * lenience;
+  return scaled > 0 ? p_x / scaled : std::numeric_limits<double>::infinity();
+}
+
+// min(1, p(x) / (l q(x))) for one token: acceptance_probability() on the host.
+inline double acceptance(double p_x, double q_x, double lenience) {
+  return std::min(1.0, acceptance_ratio(p_x, q_x, lenience));
+}
+
+// Theorem 3.5's beta = sum_x min(p(x), q(x)), once per form: one row of V on the host (summed in float64), and
+// over the last dimension of p, q [..., V] as tensors.
+template <typename T>
+double beta(const T* p, const T* q, int64_t vocab) {
+  double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t v = 0; v < vocab; ++v) sum += std::min(p[v], q[v]);
+  return sum;
+}
+at::Tensor beta(const at::Tensor& p, const at::Tensor& q);
+
+// max(0, p(x) - q(x)) in float64, the difference taken in the operands' type.
+template <typename T>
+double excess(T p_x, T q_x) {
+  return std::max(0.0, static_cast<double>(p_x - q_x));
+}
+
+// The residual's mass sum_x max(0, p - q) = 1 - beta (A.1) over one row of V.
+template <typename T>
+double residual_mass(const T* p, const T* q, int64_t vocab) {
+  double mass = 0.0;
+#pragma omp simd reduction(+ : mass)
+  for (int64_t v = 0; v < vocab; ++v) mass += excess(p[v], q[v]);
+  return mass;
+}
+
+// One token's probability under residual(p, q), whose mass is `mass`: p(x) itself where that is 0.
+inline double residual_at(double p_x, double q_x, double mass) { return mass > 0 ? excess(p_x, q_x) / mass : p_x; }
 
 // Elementwise min(1, p(x) / (l q(x))): 0 where p(x) = 0, 1 where q(x) = 0 < p(x) (and 0 for a NaN p(x): callers
 // check the logits' finiteness themselves).
@@ -30,6 +79,14 @@ at::Tensor acceptance_probability(const at::Tensor& p_x, const at::Tensor& q_x, 
 // p, q [..., V] -> norm(max(0, p - q)) [..., V]. A row whose residual mass is zero (p == q there) returns p
 // itself: a rejection is then an event of probability zero, and p keeps the row a valid distribution.
 at::Tensor residual(const at::Tensor& p, const at::Tensor& q);
+
+// residual()'s parts for p, q [..., V]: the excess p - q, its positive part, and the rows' mass [..., 1] = 1 - beta.
+// to_residual() then turns p into residual(p, q) in place (the verifications' tensor path: no new tensor).
+struct ResidualParts {
+  at::Tensor excess, positive, mass;
+};
+ResidualParts residual_parts(const at::Tensor& p, const at::Tensor& q);
+void to_residual(at::Tensor& p, const ResidualParts& parts);
 
 // Algorithm 1's acceptance test for the gamma draft tokens. p [..., gamma + 1, V] and q [..., gamma, V]
 // standardized, draft_tokens int64 [..., gamma], target_logits [..., gamma + 1, V] (read only by the

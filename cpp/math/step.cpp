@@ -158,9 +158,8 @@ at::Tensor chain_device_work(const std::vector<VerifyInput>& rows, const std::ve
   }
   // Every position's law of t, in place: residual(p_i, q_i) after a rejection of draft i (p_i where it has no
   // mass), p_{G+1} after all G accepted; then every position's candidate.
-  const at::Tensor excess = front - q, positive = excess.clamp_min(0.0);
-  const at::Tensor mass = positive.sum(-1, /*keepdim=*/true);  // [R, G, 1]: 1 - beta_i (A.1)
-  at::where_out(front, mass > 0, positive / mass, front);
+  const ResidualParts residual = residual_parts(front, q);  // mass [R, G, 1]: 1 - beta_i (A.1)
+  to_residual(front, residual);
   const at::Tensor dist = p.view({count * (g + 1), vocab});
   at::Tensor candidates;
   if (config.greedy()) {
@@ -177,7 +176,7 @@ at::Tensor chain_device_work(const std::vector<VerifyInput>& rows, const std::ve
   }
   plan.candidates_tensor = candidates.view({count, g + 1});
   plan.uniforms = read.add(in[3]);
-  plan.mass = read.add(mass);
+  plan.mass = read.add(residual.mass);
   plan.candidates = read.add(candidates);
   plan.drafted = read.add(drafted);
   plan.witness = read.add(witness);
@@ -261,13 +260,12 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
     Verdict& v = out[i];
     const int64_t gamma = gammas[i];
     const double* coin = read.at(plan->uniforms) + offset;
-    // n = the first draft whose test fails: r < min(1, p(x) / (l q(x))) as r l q(x) < p(x), in float64 (the same
-    // event without a division: q(x) = 0 < p(x) accepts, p(x) = 0 never does), or A.5's argmax variant
+    // n = the first draft whose test fails: r < min(1, p(x) / (l q(x))) in float64, or A.5's argmax variant
     v.accepted = gamma;
     for (int64_t j = 0; j < gamma; ++j) {
       const double r = coin[j] / kBelowOne;
       const int64_t cell = i * g + j;
-      const bool accepted = r * config.lenience * q_x[cell] < p_x[cell] ||
+      const bool accepted = r < acceptance(p_x[cell], q_x[cell], config.lenience) ||
                             (plan->lenient != kNone && read.at(plan->lenient)[cell] != 0);
       if (!accepted) {
         v.accepted = j;

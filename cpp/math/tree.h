@@ -85,6 +85,7 @@
 #include <vector>
 
 #include "math/sampling.h"
+#include "math/speculative.h"
 
 namespace speculant {
 
@@ -127,6 +128,15 @@ inline bool independent_draws(Siblings siblings) {
 inline double coupled_coin(double r, bool next_in_h, double w) {
   if (next_in_h) return w > 0 ? std::clamp((r - (1.0 - w)) / w, 0.0, 1.0) : 1.0;
   return w < 1 ? std::min(1.0, r / (1.0 - w)) : 1.0;
+}
+
+// Child j's test at a node (above), the host's rule for both forms (cpu_kernels.cpp, tree_verification.cpp):
+// min(1, p_j(x) / q_j(x)), or the coupled coin where it looks ahead (coupled, a child after it: whether that child
+// lies in H_j, whose mass under its law is w); 0 for a child q_j could not have drawn.
+inline double child_acceptance(double p_x, double q_x, bool look_ahead, bool next_in_h, double w) {
+  if (!(q_x > 0)) return 0.0;
+  const double ratio = acceptance_ratio(p_x, q_x, 1.0);
+  return look_ahead ? coupled_coin(ratio, next_in_h, w) : std::min(1.0, ratio);
 }
 
 // The children of n nodes at once, counts[i] of them for node i, from q [n, V] (row i: node i's standardized

@@ -20,6 +20,7 @@
 #include "device/graphs.h"
 #include "device/join.h"
 #include "device/read_back.h"
+#include "math/speculative.h"
 #include "math/tree.h"
 #include "device/upload.h"
 #include "device/verification_graphs.h"
@@ -238,7 +239,7 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
   // the later children's law (tree.h): a sibling draft's, or q
   const at::Tensor s = in.sibling.defined() ? take_rows(in.sibling.to(p.scalar_type()), layout.order, in.rows, m) : q;
   if (in.sibling.defined()) out.sibling = read.add(s.gather(1, x));
-  if (siblings == Siblings::top) out.beta = read.add(at::minimum(P.narrow(0, 0, m), q).sum(-1));
+  if (siblings == Siblings::top) out.beta = read.add(beta(P.narrow(0, 0, m), q));
   at::Tensor q_j = q;  // the law child j was drawn from, given every rejection before it (with replacement: q)
   for (int64_t j = 0; j < k && layout.leading[j] > 0; ++j) {
     const int64_t rows_j = layout.leading[j], next = layout.leading[j + 1];
@@ -263,9 +264,8 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
       q_j = joined(laws);
     }
     const at::Tensor law = q_j.narrow(0, 0, rows_j);
-    const at::Tensor excess = p_j - law;  // [M_j, V]
-    const at::Tensor positive = excess.clamp_min(0.0);
-    const at::Tensor mass = positive.sum(-1, /*keepdim=*/true);
+    const ResidualParts residual = residual_parts(p_j, law);  // [M_j, V], its mass [M_j, 1]
+    const at::Tensor &excess = residual.excess, &positive = residual.positive, &mass = residual.mass;
     step.mass = read.add(mass);
     if (next > 0 && siblings == Siblings::coupled) {
       // tree.h's coupled rule, in closed form for every token a of ratio r = p_j(a) / q_j(a) < 1: rejected with
@@ -293,7 +293,7 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
       q_j = s;
     }
     // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself where that has no mass (speculative.h's residual)
-    at::where_out(p_j, mass > 0, positive / mass, p_j);
+    to_residual(p_j, residual);
   }
   at::Tensor mass;  // each node's final row's total: NaN where the target's logits were not finite
   out.candidates_tensor = sample_inverse_cdf_scaled(
@@ -313,17 +313,15 @@ class Children {
       : read_(read), parts_(parts), layout_(layout), siblings_(siblings), widest_(widest), i_(position), count_(count),
         tokens_(tokens) {}
 
-  // min(1, p_j(x_j) / q_j(x_j)), or the coupled rule's coin (tree.h); 0 for a child q_j could not have drawn and
-  // for one of p_j(x_j) = 0 (or NaN: the verdict's finiteness says so).
+  // Child j's test (tree.h's child_acceptance) at p_j(x_j) and q_j(x_j); 0 also for a NaN p_j(x_j) (the verdict's
+  // finiteness says so).
   double acceptance(int64_t j) const {
-    const double q = q_at(j, j), p = p_at(j, j);
-    if (!(q > 0)) return 0.0;
-    const double ratio = p > 0 ? p / q : 0.0;
     if (siblings_ == Siblings::coupled && j + 1 < count_) {
       const Step& step = parts_.steps[j];
-      return coupled_coin(ratio, read_.at(step.sign)[i_ * widest_ + j + 1] > 0, value(step.w));
+      return child_acceptance(p_at(j, j), q_at(j, j), true, read_.at(step.sign)[i_ * widest_ + j + 1] > 0,
+                              value(step.w));
     }
-    return std::min(1.0, ratio);
+    return child_acceptance(p_at(j, j), q_at(j, j), false, false, 0.0);
   }
 
  private:
@@ -334,7 +332,7 @@ class Children {
     double p = read_.at(parts_.p)[i_ * widest_ + c];
     for (int64_t l = 0; l < j; ++l) {
       const double mass = value(parts_.steps[l].mass);
-      if (mass > 0) p = std::max(0.0, p - q_at(l, c)) / mass;
+      p = residual_at(p, q_at(l, c), mass);
     }
     return p;
   }
