@@ -67,6 +67,8 @@ def test_bad_inputs_are_refused_naming_what_is_wrong():
         OPS.decode_attention(q, k, v, mask.double(), 1.0)
     with pytest.raises(ValueError, match="weight must be"):
         OPS.rms_norm(torch.ones(2, 8), torch.ones(7), 1e-5)
+    with pytest.raises(ValueError, match="share a dtype and device"):
+        OPS.rms_norm(torch.ones(2, 8), torch.ones(8, dtype=torch.float64), 1e-5)
 
 
 def export_pair(arch, tmp_path, **overrides):

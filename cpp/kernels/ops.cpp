@@ -51,9 +51,16 @@ at::Tensor attention_composite(const at::Tensor& q, const at::Tensor& k, const a
   return at::scaled_dot_product_attention(q, k, v, stacked, 0.0, false, scale);
 }
 
-at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, double eps) {
+void check_rms_norm(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK_VALUE(x.dim() >= 1 && weight.dim() == 1 && x.size(-1) == weight.size(0), "rms_norm: weight must be "
                     "[C] for x [.., C], got ", weight.sizes(), " and ", x.sizes());
+  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type() && weight.device() == x.device(), "rms_norm: x and "
+                    "weight must share a dtype and device, got ", x.scalar_type(), " on ", x.device(), " and ",
+                    weight.scalar_type(), " on ", weight.device());
+}
+
+at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rms_norm(x, weight);
   return at::rms_norm(x, {x.size(-1)}, weight, eps);
 }
 
@@ -101,11 +108,7 @@ at::Tensor attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const 
 }
 
 at::Tensor rms_norm_cuda(const at::Tensor& x_in, const at::Tensor& weight_in, double eps) {
-  TORCH_CHECK_VALUE(x_in.dim() >= 1 && weight_in.dim() == 1 && x_in.size(-1) == weight_in.size(0), "rms_norm: "
-                    "weight must be [C] for x [.., C], got ", weight_in.sizes(), " and ", x_in.sizes());
-  TORCH_CHECK_VALUE(weight_in.scalar_type() == x_in.scalar_type() && weight_in.device() == x_in.device(),
-                    "rms_norm: x and weight must share a dtype and device, got ", x_in.scalar_type(), " on ",
-                    x_in.device(), " and ", weight_in.scalar_type(), " on ", weight_in.device());
+  check_rms_norm(x_in, weight_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   at::Tensor y = at::empty_like(x);
