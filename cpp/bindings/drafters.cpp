@@ -2,7 +2,10 @@
 #include "bindings/bindings.h"
 
 #include "drafting/drafter.h"
+#include "drafting/model_drafter.h"
+#include "drafting/prompt_lookup.h"
 #include "drafting/python_drafter.h"
+#include "drafting/tables.h"
 
 namespace speculant::bindings {
 

@@ -31,17 +31,15 @@ class HierarchyRows final : public DraftRows {
                rows_, std::move(model_rows), std::move(drafter_rows)),
         device_(model.device()) {}
 
-  void encode(const std::vector<at::Tensor>& sources) override {
-    sources_.clear();
+  void begin(const std::vector<at::Tensor>& sources, const std::vector<at::Tensor>&,
+             const std::vector<std::vector<int64_t>>& host_prompts) override {
+    std::vector<std::vector<int64_t>> host_sources;
     for (const at::Tensor& source : sources) {
       const at::Tensor host = source.to(at::kCPU);
-      sources_.emplace_back(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+      host_sources.emplace_back(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
     }
-  }
-
-  void begin(const std::vector<at::Tensor>&, const std::vector<std::vector<int64_t>>& host_prompts) override {
     batch_.start(host_prompts);
-    batch_.prefill(host_prompts, sources_);
+    batch_.prefill(host_prompts, host_sources);
   }
 
   std::vector<Proposal> propose(const std::vector<int64_t>& gammas, const SamplingConfig& config,
@@ -84,13 +82,11 @@ class HierarchyRows final : public DraftRows {
     return out;
   }
 
-  void advance(int64_t row, int64_t accepted, const at::Tensor& t, const std::vector<int64_t>&,
-               int64_t t_host) override {
-    batch_.restart(row, start_length_[row] + accepted, t, t_host);
-  }
-
-  void restart(int64_t row, int64_t length, const at::Tensor& t, int64_t t_host) override {
-    batch_.restart(row, length, t, t_host);
+  // The level cuts its sequence back to where the proposal began, the kept drafts and t (hierarchy.h).
+  void commit(int64_t row, const Commit& commit) override {
+    const int64_t keep = commit.keep >= 0 ? commit.keep
+                                          : start_length_[row] + static_cast<int64_t>(commit.path.size());
+    batch_.restart(row, keep, commit.t, commit.t_host);
   }
 
   std::vector<Stats> levels(int64_t row) const override {
@@ -113,42 +109,33 @@ class HierarchyRows final : public DraftRows {
   }
 
   std::vector<Row> rows_;
-  std::vector<std::vector<int64_t>> sources_;
   std::vector<int64_t> start_length_;  // each row's sequence length when its last proposal began
   Batch batch_;
   at::Device device_;
 };
 
+DrafterFacts hierarchy_facts(Model& model, Drafter& drafter) {
+  std::vector<std::mutex*> locks{&model.in_use()};
+  const std::vector<std::mutex*> below = drafter.locks();
+  locks.insert(locks.end(), below.begin(), below.end());
+  return {fmt::format("speculative decoder (over a {} drafter)", drafter.name()), model.vocab_size(), model.device(),
+          model.encoder_decoder(), smaller(model.max_length(), drafter.max_length()),
+          smaller(model.max_source_length(), drafter.max_source_length()),
+          "a speculative decoder used as the draft (a hierarchical draft) proposes chains only", &model,
+          std::move(locks)};
+}
+
 class HierarchyDrafter final : public Drafter {
  public:
   HierarchyDrafter(std::shared_ptr<Model> model, std::shared_ptr<Drafter> drafter, int64_t gamma,
                    GammaSchedule schedule, Shapes drafter_shapes)
-      : model_(std::move(model)), drafter_(std::move(drafter)), gamma_(gamma), schedule_(std::move(schedule)),
-        drafter_shapes_(drafter_shapes) {}
+      : Drafter(hierarchy_facts(*model, *drafter)), model_(std::move(model)), drafter_(std::move(drafter)),
+        gamma_(gamma), schedule_(std::move(schedule)), drafter_shapes_(drafter_shapes) {}
 
-  std::unique_ptr<DraftRows> rows(int64_t count, Shapes shapes) override {
+ protected:
+  std::unique_ptr<DraftRows> make_rows(int64_t count, Shapes shapes, bool) override {
     return std::make_unique<HierarchyRows>(*model_, *drafter_, gamma_, schedule_, count, model_->rows(count, shapes),
-                                           drafter_->rows(count, drafter_shapes_));
-  }
-  int64_t vocab_size() const override { return model_->vocab_size(); }
-  at::Device device() const override { return model_->device(); }
-  bool encoder_decoder() const override { return model_->encoder_decoder(); }
-  std::optional<int64_t> max_length() const override {
-    return smaller(model_->max_length(), drafter_->max_length());
-  }
-  std::optional<int64_t> max_source_length() const override {
-    return smaller(model_->max_source_length(), drafter_->max_source_length());
-  }
-  std::string name() const override { return fmt::format("speculative decoder (over a {} drafter)", drafter_->name()); }
-  Model* model() override { return model_.get(); }
-  std::vector<std::mutex*> locks() override {
-    std::vector<std::mutex*> out{&model_->in_use()};
-    const std::vector<std::mutex*> below = drafter_->locks();
-    out.insert(out.end(), below.begin(), below.end());
-    return out;
-  }
-  std::string tree_obstacle() const override {
-    return "a speculative decoder used as the draft (a hierarchical draft) proposes chains only";
+                                           drafter_->rows(count, drafter_shapes_, false));
   }
 
  private:

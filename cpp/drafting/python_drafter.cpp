@@ -32,36 +32,39 @@ at::Tensor checked_laws(const at::Tensor& q, int64_t k, int64_t vocab, const at:
   return (host / sums.unsqueeze(1)).to(device, at::kFloat);
 }
 
-class PythonDrafter final : public HostHistoryDrafter {
+DrafterFacts python_facts(const py::object& score, int64_t vocab, const at::Device& device) {
+  require(vocab >= 1, "vocab_size must be >= 1, got {}", vocab);
+  return {"python", vocab, device, false, std::nullopt, std::nullopt,
+          score.is_none() ? "the python drafter proposes chains only; PythonDrafter(..., score=f), f(contexts) -> "
+                            "q [n, V], lets it propose trees"
+                          : ""};
+}
+
+// The same callables serve every row of a batch: each is given the row's own context.
+class PythonDrafter final : public SequenceDrafter {
  public:
   PythonDrafter(py::object propose, py::object score, int64_t vocab, const at::Device& device)
-      : propose_(std::move(propose)), score_(std::move(score)), vocab_(vocab), device_(device) {
-    require(vocab >= 1, "vocab_size must be >= 1, got {}", vocab);
-  }
+      : SequenceDrafter(python_facts(score, vocab, device)), propose_(std::move(propose)), score_(std::move(score)),
+        vocab_(vocab), device_(device) {}
   ~PythonDrafter() override {
     py::gil_scoped_acquire gil;
     propose_ = py::object();
     score_ = py::object();
   }
 
-  std::string tree_obstacle() const override {
-    return score_.is_none() ? "the python drafter proposes chains only; PythonDrafter(..., score=f), f(contexts) -> "
-                              "q [n, V], lets it propose trees"
-                            : "";
-  }
   // score(contexts): one law per context (the sequence so far, then the path); greedy children are its top k.
-  at::Tensor tree_laws(const std::vector<std::vector<int64_t>>& paths, const SamplingConfig&,
-                       at::Tensor* scores) override {
+  at::Tensor laws(const std::vector<int64_t>& history, const std::vector<std::vector<int64_t>>& paths,
+                  const SamplingConfig&, at::Tensor* scores) override {
     at::Tensor q;
     {
       py::gil_scoped_acquire gil;
       py::list contexts;
       for (const auto& path : paths) {
-        std::vector<int64_t> context = history();
+        std::vector<int64_t> context = history;
         context.insert(context.end(), path.begin(), path.end());
         contexts.append(py::cast(context));
       }
-      py::object result = call([&] { return score_(contexts); }, "score(contexts)", history().size());
+      py::object result = call([&] { return score_(contexts); }, "score(contexts)", history.size());
       try {
         q = result.cast<at::Tensor>();
       } catch (const py::cast_error&) {
@@ -72,13 +75,14 @@ class PythonDrafter final : public HostHistoryDrafter {
     return *scores;
   }
 
-  Proposal propose(int64_t gamma, const SamplingConfig&, at::Generator&, bool) override {
+  Proposal propose(const std::vector<int64_t>& history, int64_t gamma, const SamplingConfig&,
+                   at::Generator&) override {
     std::vector<int64_t> tokens;
     at::Tensor q;
     {
       py::gil_scoped_acquire gil;
-      py::object result = call([&] { return propose_(py::cast(history()), gamma); },
-                               fmt::format("propose(context, gamma={})", gamma), history().size());
+      py::object result = call([&] { return propose_(py::cast(history), gamma); },
+                               fmt::format("propose(context, gamma={})", gamma), history.size());
       require(py::isinstance<py::tuple>(result) && py::len(result) == 2,
               "drafter: propose(context, gamma) must return a tuple (tokens, q), got {}",
               std::string(py::str(py::type::of(result).attr("__name__"))));
@@ -111,15 +115,6 @@ class PythonDrafter final : public HostHistoryDrafter {
     }
     out.tokens = at::tensor(tokens, at::TensorOptions(device_).dtype(at::kLong));
     return out;
-  }
-
-  int64_t vocab_size() const override { return vocab_; }
-  at::Device device() const override { return device_; }
-  std::string name() const override { return "python"; }
-  // The same callable: it is given each row's own context.
-  std::shared_ptr<SequenceDrafter> replica() const override {
-    py::gil_scoped_acquire gil;
-    return std::make_shared<PythonDrafter>(propose_, score_, vocab_, device_);
   }
 
  private:

@@ -12,7 +12,7 @@
 namespace speculant {
 
 // `score` (None: chains only): score(contexts: list[list[int]]) -> q [n, V], the law after each context, from
-// which the engine draws a token tree's children (SequenceDrafter::tree_laws).
+// which the engine draws a token tree's children (SequenceDrafter::laws).
 std::shared_ptr<Drafter> python_drafter(pybind11::object propose, int64_t vocab_size, const at::Device& device,
                                         pybind11::object score);
 

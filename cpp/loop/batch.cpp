@@ -92,8 +92,7 @@ void Batch::prefill(const std::vector<std::vector<int64_t>>& prompts,
   });
   if (draft_rows_) {
     timed(&Stats::draft_seconds, [&] {
-      if (!source_tensors.empty()) draft_rows_->encode(source_tensors);
-      draft_rows_->begin(whole, prompts);
+      draft_rows_->begin(source_tensors, whole, prompts);
     });
   }
 }
@@ -236,8 +235,8 @@ void Batch::accept(std::vector<Verdict>& verdicts) {
     const auto index = static_cast<int64_t>(r);
     target_rows_->truncate(index, row.sequence_length + it.accepted);
     if (draft_rows_) {
-      draft_rows_->advance(index, it.accepted, verdict.token,
-                           std::vector<int64_t>(it.drafted.begin(), it.drafted.begin() + it.accepted), it.token);
+      draft_rows_->commit(index, Commit::chain(it.accepted, {it.drafted.begin(), it.drafted.begin() + it.accepted},
+                                               verdict.token, it.token));
     }
     row.pending = verdict.token;
     row.sequence_length += it.accepted + 1;
@@ -298,8 +297,8 @@ void Batch::accept_trees(std::vector<TreeVerdict>& verdicts) {
     kept.push_back({0});
     kept.back().insert(kept.back().end(), verdict.path.begin(), verdict.path.end());
     if (draft_rows_) {
-      draft_rows_->advance_tree(static_cast<int64_t>(r), verdict.path, verdict.token, verdict.path_tokens,
-                                verdict.host_token);
+      draft_rows_->commit(static_cast<int64_t>(r),
+                          Commit::tree(verdict.path, verdict.path_tokens, verdict.token, verdict.host_token));
     }
     row.pending = verdict.token;
     row.sequence_length += it.accepted + 1;
@@ -311,7 +310,7 @@ void Batch::accept_trees(std::vector<TreeVerdict>& verdicts) {
 void Batch::restart(int64_t r, int64_t length, const at::Tensor& t, int64_t t_host) {
   Row& row = rows_[r];
   row.pending = restart_row(*target_rows_, r, row.pending, length, t);
-  if (draft_rows_) draft_rows_->restart(r, length, t, t_host);
+  if (draft_rows_) draft_rows_->commit(r, Commit::restart(length, t, t_host));
   row.sequence_length = length + 1;
 }
 

@@ -225,7 +225,7 @@ std::vector<Generation> Decoder::generate_batch(const std::vector<std::vector<in
       trees ? target_->tree_rows(rows_count, target_shapes_) : target_->rows(rows_count, target_shapes_);
   std::unique_ptr<DraftRows> draft_rows;
   if (draft_) {
-    draft_rows = trees ? draft_->tree_rows(rows_count, draft_shapes_) : draft_->rows(rows_count, draft_shapes_);
+    draft_rows = draft_->rows(rows_count, draft_shapes_, trees);
   }
   Batch batch(std::move(setup), rows, std::move(target_rows), std::move(draft_rows));
   batch.start(prompts);
