@@ -87,11 +87,11 @@ void bind_sampling(py::module_& m) {
                                            drafted.max().item<int64_t>() < target_logits.size(1)),
                   "draft_tokens must be token ids in [0, {})", target_logits.size(1));
           size_t used = 0;
-          cpu::Verdict v = cpu::verify(target_logits, q, drafted.const_data_ptr<int64_t>(), config, [&] {
+          const Verdict v = cpu::verify(target_logits, q, drafted.const_data_ptr<int64_t>(), config, [&] {
             require(used < uniforms.size(), "uniforms: the kernel needed more than the {} given", uniforms.size());
             return uniforms[used++];
           });
-          return py::make_tuple(v.accepted, v.token, v.betas, used);
+          return py::make_tuple(v.accepted(), v.host_token, v.betas, used);
         },
         py::arg("target_logits"), py::arg("q"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"),
         py::arg("top_p"), py::arg("lenience"), py::arg("uniforms"));
@@ -114,7 +114,7 @@ void bind_sampling(py::module_& m) {
           std::vector<Verdict> verdicts = generic ? verify_rows_generic(inputs, config, pointers)
                                                   : verify_rows(inputs, config, pointers);
           py::list out;
-          for (const Verdict& v : verdicts) out.append(py::make_tuple(v.accepted, v.host_token, v.betas, v.finite));
+          for (const Verdict& v : verdicts) out.append(py::make_tuple(v.accepted(), v.host_token, v.betas, v.finite));
           return out;
         },
         py::arg("rows"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("lenience"),

@@ -52,7 +52,7 @@ void bind_trees(py::module_& m) {
     }
     const Siblings siblings = parse_siblings(siblings_name);
     py::list out;
-    for (const TreeVerdict& v : generic ? verify_trees_generic(rows, config, siblings)
+    for (const Verdict& v : generic ? verify_trees_generic(rows, config, siblings)
                                         : verify_trees(rows, config, siblings)) {
       out.append(py::make_tuple(v.path, v.path_tokens, v.host_token, v.accepted_rank, v.finite));
     }

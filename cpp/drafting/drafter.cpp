@@ -8,13 +8,7 @@
 
 namespace speculant {
 
-Commit Commit::chain(int64_t accepted, std::vector<int64_t> tokens, at::Tensor t, int64_t t_host) {
-  std::vector<int64_t> path(accepted);
-  for (int64_t i = 0; i < accepted; ++i) path[i] = i + 1;
-  return {-1, std::move(path), std::move(tokens), std::move(t), t_host};
-}
-
-Commit Commit::tree(std::vector<int64_t> path, std::vector<int64_t> tokens, at::Tensor t, int64_t t_host) {
+Commit Commit::accepted(std::vector<int64_t> path, std::vector<int64_t> tokens, at::Tensor t, int64_t t_host) {
   return {-1, std::move(path), std::move(tokens), std::move(t), t_host};
 }
 

@@ -64,8 +64,7 @@ struct Commit {
   at::Tensor t;                 // the token the target appended: int64 [1] on the device
   int64_t t_host = 0;           // and on the host
 
-  static Commit chain(int64_t accepted, std::vector<int64_t> tokens, at::Tensor t, int64_t t_host);
-  static Commit tree(std::vector<int64_t> path, std::vector<int64_t> tokens, at::Tensor t, int64_t t_host);
+  static Commit accepted(std::vector<int64_t> path, std::vector<int64_t> tokens, at::Tensor t, int64_t t_host);
   static Commit restart(int64_t keep, at::Tensor t, int64_t t_host);
 };
 

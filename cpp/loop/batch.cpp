@@ -109,23 +109,13 @@ void Batch::iterate() {
     RECORD_USER_SCOPE("speculant::draft");
     draft();
   }
-  if (s_.trees) {
-    std::vector<TreeVerdict> verdicts;
-    {
-      RECORD_USER_SCOPE("speculant::verify");
-      verdicts = verify_trees();
-    }
-    RECORD_USER_SCOPE("speculant::accept");
-    accept_trees(verdicts);
-  } else {
-    std::vector<Verdict> verdicts;
-    {
-      RECORD_USER_SCOPE("speculant::verify");
-      verdicts = verify();
-    }
-    RECORD_USER_SCOPE("speculant::accept");
-    accept(verdicts);
+  std::vector<Verdict> verdicts;
+  {
+    RECORD_USER_SCOPE("speculant::verify");
+    verdicts = s_.trees ? verify_trees() : verify();
   }
+  RECORD_USER_SCOPE("speculant::accept");
+  accept(verdicts);
 }
 
 // Draft: up to gamma tokens for each running row, from the row's gamma policy. A longer draft than the
@@ -215,38 +205,9 @@ std::vector<Verdict> Batch::verify() {
   return verify_rows(checks, s_.config, generators, s_.verify_graphs);
 }
 
-// Accept and emit, then roll back, for each running row (verdicts in row order, as verify returns them). The
-// target ran on pending + x_1..x_gamma: it keeps the accepted prefix, and t becomes pending. The draft's
-// rollback is bookkeeping: counted in other_seconds, not in c's draft time.
-void Batch::accept(std::vector<Verdict>& verdicts) {
-  size_t next = 0;
-  for (size_t r = 0; r < rows_.size(); ++r) {
-    Row& row = rows_[r];
-    if (!row.running) continue;
-    Verdict& verdict = verdicts[next++];
-    require_finite(row, r, verdict.finite);
-    Iteration it = record(row, verdict);
-    const bool stopped = emit(row, it);
-    if (s_.laws) {
-      row.emitted.push_back(it.emitted > it.accepted ? at::cat({row.drafted.narrow(0, 0, it.accepted), verdict.token})
-                                                     : row.drafted.narrow(0, 0, it.emitted));
-      row.laws.push_back(standardize(row.logits.narrow(0, 0, it.emitted), s_.config));
-    }
-    const auto index = static_cast<int64_t>(r);
-    target_rows_->truncate(index, row.sequence_length + it.accepted);
-    if (draft_rows_) {
-      draft_rows_->commit(index, Commit::chain(it.accepted, {it.drafted.begin(), it.drafted.begin() + it.accepted},
-                                               verdict.token, it.token));
-    }
-    row.pending = verdict.token;
-    row.sequence_length += it.accepted + 1;
-    end(row, it, stopped);
-  }
-}
-
 // Token trees (tree.h): one target call for every running row's tree, then each row's multi-draft
 // verification. Returns the verdicts of the running rows, in row order.
-std::vector<TreeVerdict> Batch::verify_trees() {
+std::vector<Verdict> Batch::verify_trees() {
   std::vector<at::Tensor> inputs(rows_.size());
   std::vector<ModelRows::TreeNodes> nodes(rows_.size());
   for (size_t r = 0; r < rows_.size(); ++r) {
@@ -281,30 +242,42 @@ std::vector<TreeVerdict> Batch::verify_trees() {
   return speculant::verify_trees(trees, s_.config, s_.siblings, s_.verify_graphs);
 }
 
-// Accept and emit, then roll back, for each running row's tree (verdicts as verify_trees returns them).
-void Batch::accept_trees(std::vector<TreeVerdict>& verdicts) {
+// Accept and emit, then roll back, for each running row (verdicts in row order, as verify and verify_trees return
+// them). The target ran on pending and the drafts: it keeps the accepted path, and t becomes pending. The draft's
+// rollback is bookkeeping: counted in other_seconds, not in c's draft time.
+void Batch::accept(std::vector<Verdict>& verdicts) {
   size_t next = 0;
   std::vector<int64_t> committing;
-  std::vector<std::vector<int64_t>> kept;  // each row's root (the pending token) and accepted path
+  std::vector<std::vector<int64_t>> kept;  // trees: each row's root (the pending token) and accepted path
   for (size_t r = 0; r < rows_.size(); ++r) {
     Row& row = rows_[r];
     if (!row.running) continue;
-    TreeVerdict& verdict = verdicts[next++];
+    Verdict& verdict = verdicts[next++];
     require_finite(row, r, verdict.finite);
-    Iteration it = record_tree(row, verdict);
+    Iteration it = s_.trees ? record_tree(row, verdict) : record(row, verdict);
     const bool stopped = emit(row, it);
-    committing.push_back(static_cast<int64_t>(r));
-    kept.push_back({0});
-    kept.back().insert(kept.back().end(), verdict.path.begin(), verdict.path.end());
+    if (s_.laws) {  // a hierarchical draft's level (chains): what it emitted and its model's laws there
+      row.emitted.push_back(it.emitted > it.accepted ? at::cat({row.drafted.narrow(0, 0, it.accepted), verdict.token})
+                                                     : row.drafted.narrow(0, 0, it.emitted));
+      row.laws.push_back(standardize(row.logits.narrow(0, 0, it.emitted), s_.config));
+    }
+    const auto index = static_cast<int64_t>(r);
+    if (s_.trees) {
+      committing.push_back(index);
+      kept.push_back({0});
+      kept.back().insert(kept.back().end(), verdict.path.begin(), verdict.path.end());
+    } else {
+      target_rows_->truncate(index, row.sequence_length + it.accepted);
+    }
     if (draft_rows_) {
-      draft_rows_->commit(static_cast<int64_t>(r),
-                          Commit::tree(verdict.path, verdict.path_tokens, verdict.token, verdict.host_token));
+      draft_rows_->commit(index, Commit::accepted(verdict.path, verdict.path_tokens, verdict.token,
+                                                  verdict.host_token));
     }
     row.pending = verdict.token;
     row.sequence_length += it.accepted + 1;
     end(row, it, stopped);
   }
-  target_rows_->commit(committing, kept);  // every row's kept entries moved in one call where the rows can
+  if (s_.trees) target_rows_->commit(committing, kept);  // every row's kept entries in one call where the rows can
 }
 
 void Batch::restart(int64_t r, int64_t length, const at::Tensor& t, int64_t t_host) {
@@ -349,7 +322,7 @@ void Batch::timed(double Stats::*field, const Phase& phase) {
 // The iteration's statistics: drafted and accepted per position, the betas (Theorem 3.5), the gamma policy.
 Iteration Batch::record(Row& row, Verdict& verdict) {
   Stats& stats = row.out.stats;
-  const int64_t gamma = row.drafted.numel(), accepted = verdict.accepted;
+  const int64_t gamma = row.drafted.numel(), accepted = verdict.accepted();
   Iteration it;
   it.drafted = std::move(verdict.drafted);
   it.accepted = accepted;
@@ -420,7 +393,7 @@ int64_t Batch::room(const Row& row) const {
 
 // A tree iteration's statistics: the path as the accepted drafts, every node as drafted, the depths and
 // ranks of the acceptances (Stats::tree_visits / tree_accepted), the betas of the path's nodes.
-Iteration Batch::record_tree(Row& row, TreeVerdict& verdict) {
+Iteration Batch::record_tree(Row& row, Verdict& verdict) {
   Stats& stats = row.out.stats;
   const Tree& tree = row.tree_proposal.tree;
   const auto accepted = static_cast<int64_t>(verdict.path.size());

@@ -96,14 +96,13 @@ class Batch {
   void draft();
   void draft_trees();
   std::vector<Verdict> verify();
+  std::vector<Verdict> verify_trees();
   void accept(std::vector<Verdict>& verdicts);
-  std::vector<TreeVerdict> verify_trees();
-  void accept_trees(std::vector<TreeVerdict>& verdicts);
 
   template <typename Phase>
   void timed(double Stats::*field, const Phase& phase);
   Iteration record(Row& row, Verdict& verdict);
-  Iteration record_tree(Row& row, TreeVerdict& verdict);
+  Iteration record_tree(Row& row, Verdict& verdict);
   int64_t room(const Row& row) const;
   void require_finite(const Row& row, size_t r, bool finite) const;
   bool emit(Row& row, Iteration& it);

@@ -179,10 +179,11 @@ Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* dra
     const bool kept = config.greedy() ? accept >= 1.0 : uniform() < accept;
     if (!kept) break;
   }
-  out.accepted = n;
+  out.drafted.assign(drafted, drafted + gamma);
+  out.keep_chain(n);
   const acc_t* p_n = p_data + n * vocab;
   if (n == gamma) {  // all kept: the bonus token from p_{gamma+1}
-    out.token = config.greedy() ? argmax(p_n, vocab) : inverse_cdf(vocab, uniform(), [p_n](int64_t v) {
+    out.host_token = config.greedy() ? argmax(p_n, vocab) : inverse_cdf(vocab, uniform(), [p_n](int64_t v) {
       return static_cast<double>(p_n[v]);
     });
     return out;
@@ -196,11 +197,11 @@ Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* dra
     for (int64_t v = 1; v < vocab; ++v) {
       if (excess_at(v) > excess_at(best)) best = v;
     }
-    out.token = mass > 0 ? best : argmax(p_n, vocab);
+    out.host_token = mass > 0 ? best : argmax(p_n, vocab);
   } else if (mass > 0) {
-    out.token = inverse_cdf(vocab, uniform(), excess_at);
+    out.host_token = inverse_cdf(vocab, uniform(), excess_at);
   } else {
-    out.token = inverse_cdf(vocab, uniform(), [p_n](int64_t v) { return static_cast<double>(p_n[v]); });
+    out.host_token = inverse_cdf(vocab, uniform(), [p_n](int64_t v) { return static_cast<double>(p_n[v]); });
   }
   return out;
 }
@@ -280,14 +281,14 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
   return out;
 }
 
-TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
+Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
                         const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
                         const at::Tensor& sibling_q) {
   std::vector<uint8_t> finite;
   const at::Tensor p = standardize(target_logits, config, &finite).to(at::kDouble).contiguous();  // [N + 1, V]
   const int64_t vocab = p.size(1);
   const double* p_data = p.const_data_ptr<double>();
-  TreeVerdict out;
+  Verdict out;
   out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });
   std::vector<double> p_j(vocab), q_left(vocab), q_j(vocab);
   for (int64_t node = 0;;) {

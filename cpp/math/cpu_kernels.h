@@ -18,6 +18,7 @@
 
 #include "math/sampling.h"
 #include "math/tree.h"
+#include "math/verdict.h"
 
 namespace speculant::cpu {
 
@@ -45,15 +46,10 @@ int64_t draw(const at::Tensor& probs, int64_t row, bool greedy, const Uniform& u
 // sample() for CPU probabilities: one token per row, one uniform per row from `generator`.
 at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
 
-struct Verdict {
-  int64_t accepted = 0;       // n: leading draft tokens kept
-  int64_t token = 0;          // t ~ residual(p_{n+1}, q_{n+1}), p_{gamma+1} when all were kept (argmax if greedy)
-  std::vector<double> betas;  // beta_i = sum_x min(p_i, q_i) for the verified positions, i < min(n + 1, gamma)
-  bool finite = true;         // every target row was finite (standardize's flags)
-};
-
 // Algorithm 1's verification for CPU tensors: target_logits [gamma + 1, V], q [gamma, V] the draft rows the
-// tokens were drawn from, drafted [gamma] the draft tokens (host). Draws one r per draft token up to the first
+// tokens were drawn from, drafted [gamma] the draft tokens (host). The verdict (verdict.h) without its device
+// token: n kept, t ~ residual(p_{n+1}, q_{n+1}) or p_{gamma+1} when all were kept (argmax if greedy), the betas of
+// the verified positions, finite: every target row was (standardize's flags). Draws one r per draft token up to the first
 // rejection, then one uniform for t, from `uniform`; greedy draws none. Standardizes all gamma + 1 target rows
 // (all are checked for finiteness) but evaluates beta and the residual only where Algorithm 1 reads them.
 Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
@@ -71,7 +67,7 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
 // evaluating only the nodes it reaches: at each, its children's tests in rank order, one uniform each until
 // one is accepted (greedy: none), and at the node where it stops one uniform for t from the last residual
 // (greedy: the argmax of p there). verdict.token is left undefined (the caller makes it).
-TreeVerdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
+Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
                         const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
                         const at::Tensor& sibling_q = at::Tensor());
 

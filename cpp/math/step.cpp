@@ -261,23 +261,24 @@ std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, c
     const int64_t gamma = gammas[i];
     const double* coin = read.at(plan->uniforms) + offset;
     // n = the first draft whose test fails: r < min(1, p(x) / (l q(x))) in float64, or A.5's argmax variant
-    v.accepted = gamma;
+    int64_t n = gamma;
     for (int64_t j = 0; j < gamma; ++j) {
       const double r = coin[j] / kBelowOne;
       const int64_t cell = i * g + j;
       const bool accepted = r < acceptance(p_x[cell], q_x[cell], config.lenience) ||
                             (plan->lenient != kNone && read.at(plan->lenient)[cell] != 0);
       if (!accepted) {
-        v.accepted = j;
+        n = j;
         break;
       }
     }
     v.finite = rows[i].draft_finite && finite(witnesses + i * (g + 1), g + 1) &&
                (plan->draft_parts[i] == kNone || finite(read.at(plan->draft_parts[i]), rows[i].draft_maxima.numel()));
     for (int64_t j = 0; j < gamma; ++j) v.drafted.push_back(static_cast<int64_t>(xs[i * g + j]));
-    v.host_token = static_cast<int64_t>(ts[i * (g + 1) + v.accepted]);
-    v.token = candidates.select(0, i).narrow(0, v.accepted, 1);
-    for (int64_t j = 0; j < std::min(v.accepted + 1, gamma); ++j) v.betas.push_back(1.0 - masses[i * g + j]);
+    v.keep_chain(n);
+    v.host_token = static_cast<int64_t>(ts[i * (g + 1) + n]);
+    v.token = candidates.select(0, i).narrow(0, n, 1);
+    for (int64_t j = 0; j < std::min(n + 1, gamma); ++j) v.betas.push_back(1.0 - masses[i * g + j]);
   }
   return out;
 }
@@ -294,15 +295,11 @@ std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const Sam
     Verdict& v = out[i];
     const at::Tensor drafted_host = gamma > 0 ? row.drafted.contiguous() : at::Tensor();
     const int64_t* x = gamma > 0 ? drafted_host.const_data_ptr<int64_t>() : nullptr;
-    v.drafted.assign(x, x + gamma);
     const at::Tensor q_rows = gamma > 0 ? row.q : at::empty({0, row.target_logits.size(1)});  // plain decoding
     cpu::GeneratorUniform uniform(*generators[i]);
-    cpu::Verdict cv = cpu::verify(row.target_logits, q_rows, x, config, [&uniform] { return uniform(); });
-    v.accepted = cv.accepted;
-    v.host_token = cv.token;
-    v.token = scalar_token(cv.token);
-    v.betas = std::move(cv.betas);
-    v.finite = cv.finite && row.draft_finite && cpu::all_finite(row.draft_maxima);
+    v = cpu::verify(row.target_logits, q_rows, x, config, [&uniform] { return uniform(); });
+    v.token = scalar_token(v.host_token);
+    v.finite = v.finite && row.draft_finite && cpu::all_finite(row.draft_maxima);
   }
   return out;
 }

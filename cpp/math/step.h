@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "math/sampling.h"
+#include "math/verdict.h"
 
 namespace speculant {
 
@@ -47,15 +48,6 @@ std::vector<DraftDraw> draft_steps(const std::vector<at::Tensor>& logits, const 
 bool draft_draws_fit(int64_t vocab);
 at::Tensor packed_draft_draws(const at::Tensor& logits, const SamplingConfig& config, const at::Tensor& scaled);
 DraftBatch unpack_draft_draws(const at::Tensor& packed);
-
-struct Verdict {
-  int64_t accepted = 0;          // n
-  at::Tensor token;              // int64 [1] on the device: t, the model input of the next iteration
-  int64_t host_token = 0;        // t
-  std::vector<int64_t> drafted;  // x_1 .. x_gamma
-  std::vector<double> betas;     // beta_i for the verified positions, i < min(n + 1, gamma)
-  bool finite = true;            // every target row and every draft row of the iteration had finite logits
-};
 
 // One row's verification: target_logits [gamma + 1, V]; q [gamma, V] and drafted int64 [gamma] from the drafter
 // (undefined or empty for gamma = 0); draft_maxima: the draft rows' maxima still to check (accelerators, may be

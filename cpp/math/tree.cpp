@@ -225,11 +225,11 @@ void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblin
   }
 }
 
-std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+std::vector<Verdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                       Siblings siblings, VerificationGraphs* graphs) {
   if (rows.empty()) return {};
   if (!cpu::host_kernels(rows.front().target_logits)) return verify_trees_generic(rows, config, siblings, graphs);
-  std::vector<TreeVerdict> out;
+  std::vector<Verdict> out;
   for (const TreeInput& row : rows) {
     check_tree_input(row, config, siblings);
     const at::Tensor host_tokens = row.tokens.contiguous();
@@ -238,7 +238,7 @@ std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const 
       out.push_back(cpu::verify_tree(*row.tree, row.target_logits, row.q, host_tokens.const_data_ptr<int64_t>(),
                                      config, siblings, [&uniform] { return uniform(); }, row.sibling_q));
     }
-    TreeVerdict& verdict = out.back();
+    Verdict& verdict = out.back();
     verdict.finite = verdict.finite && cpu::all_finite(row.draft_maxima);
     verdict.token = at::tensor({verdict.host_token}, row.tokens.options());
   }

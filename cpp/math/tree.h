@@ -85,6 +85,7 @@
 #include <vector>
 
 #include "math/sampling.h"
+#include "math/verdict.h"
 #include "math/speculative.h"
 
 namespace speculant {
@@ -175,16 +176,6 @@ at::Tensor draw_children_with(const at::Tensor& q, const std::vector<int64_t>& c
 // Each row's k most probable tokens, the first index on ties: int64 [..., k].
 at::Tensor top_tokens(const at::Tensor& q, int64_t k);
 
-struct TreeVerdict {
-  std::vector<int64_t> path;  // the accepted nodes, root excluded, by depth
-  std::vector<int64_t> path_tokens;
-  at::Tensor token;           // int64 [1] on the device: t, after the last accepted node
-  int64_t host_token = 0;
-  // For each node on the path, the root included, the rank of the child accepted there (-1: none, or a leaf).
-  std::vector<int64_t> accepted_rank;
-  std::vector<double> betas;  // sum_x min(p, q) at each internal node on the path (Theorem 3.5's beta)
-  bool finite = true;         // every target row (and draft row given) had finite logits
-};
 
 // One row's tree and what its verification needs. target_logits [N + 1, V]: row i is the target after node i.
 // q [N + 1, V]: row i is the draft's standardized distribution at node i, which node i's children were drawn from
@@ -217,9 +208,9 @@ void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblin
 // verdicts.
 class VerificationGraphs;  // verification_graphs.h
 
-std::vector<TreeVerdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+std::vector<Verdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                       Siblings siblings, VerificationGraphs* graphs = nullptr);
-std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+std::vector<Verdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                               Siblings siblings, VerificationGraphs* graphs = nullptr);
 
 }  // namespace speculant

@@ -69,7 +69,7 @@ struct Nodes {
 // Walks row r down its tree from the root: at each node `choose(node)` gives the rank of the child accepted there
 // (-1: none), and where none is, `stop(node)` the candidate t (its host value and its device view).
 template <typename Choose, typename Stop>
-void walk(const Nodes& nodes, int64_t r, const double* token, TreeVerdict& verdict, const Choose& choose,
+void walk(const Nodes& nodes, int64_t r, const double* token, Verdict& verdict, const Choose& choose,
           const Stop& stop) {
   const Tree& tree = nodes.tree(r);
   for (int64_t node = 0;;) {
@@ -105,17 +105,17 @@ bool draft_finite(const TreeInput& row, const ReadBack& read, size_t part) {
 
 // Temperature 0: the longest path of argmax agreement. Every node's argmax (the first index on ties) and row maximum
 // (its finiteness witness) in one operation; beta at a node is q's mass at the target's argmax (p is one-hot).
-std::vector<TreeVerdict> verify_greedy(const Nodes& nodes, ReadBack& read, size_t token_part,
+std::vector<Verdict> verify_greedy(const Nodes& nodes, ReadBack& read, size_t token_part,
                                        const std::vector<size_t>& draft_parts) {
   const auto [maxima, best] = at::max(nodes.every_row(&TreeInput::target_logits), -1);  // [nodes]
   const at::Tensor beta = nodes.every_row(&TreeInput::q).gather(1, best.unsqueeze(1));
   const size_t maxima_part = read.add(maxima), best_part = read.add(best), beta_part = read.add(beta);
   read.read();
   const double *token = read.at(token_part), *argmax = read.at(best_part), *betas = read.at(beta_part);
-  std::vector<TreeVerdict> out(nodes.rows.size());
+  std::vector<Verdict> out(nodes.rows.size());
   for (size_t r = 0; r < out.size(); ++r) {
     const int64_t base = nodes.base[r];
-    TreeVerdict& verdict = out[r];
+    Verdict& verdict = out[r];
     verdict.finite = all_finite(read.at(maxima_part) + base, nodes.tree(r).size()) &&
                      draft_finite(nodes.rows[r], read, draft_parts[r]);
     auto choose = [&](int64_t node) {
@@ -443,7 +443,7 @@ std::string key_of(const Nodes& nodes, const SamplingConfig& config, Siblings si
   return what;
 }
 
-std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig& config, Siblings siblings,
+std::vector<Verdict> verify_sampled(const Nodes& nodes, const SamplingConfig& config, Siblings siblings,
                                         VerificationGraphs* graphs) {
   const Layout layout(nodes);
   const at::Device device = nodes.rows.front().target_logits.device();
@@ -479,10 +479,10 @@ std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig
   read.load(packed);
   const DeviceParts& parts = plan->parts;
   const double *token = read.at(plan->token_part), *coin = read.at(parts.uniforms);
-  std::vector<TreeVerdict> out(nodes.rows.size());
+  std::vector<Verdict> out(nodes.rows.size());
   for (size_t r = 0; r < out.size(); ++r) {
     const int64_t base = nodes.base[r];
-    TreeVerdict& verdict = out[r];
+    Verdict& verdict = out[r];
     verdict.finite = draft_finite(nodes.rows[r], read, plan->draft_parts[r]);
     for (int64_t node = 0; node < nodes.tree(r).size(); ++node) {
       verdict.finite = verdict.finite && std::isfinite(read.at(parts.mass)[layout.position[base + node]]);
@@ -509,7 +509,7 @@ std::vector<TreeVerdict> verify_sampled(const Nodes& nodes, const SamplingConfig
 
 }  // namespace
 
-std::vector<TreeVerdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+std::vector<Verdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                               Siblings siblings, VerificationGraphs* graphs) {
   if (rows.empty()) return {};
   for (const TreeInput& row : rows) check_tree_input(row, config, siblings);
