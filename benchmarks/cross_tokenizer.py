@@ -23,11 +23,11 @@ import dataclasses
 import json
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
+import rounds
 import speculant
 import train_pairs
 from speculant.cross_tokenizer import CrossTokenizer
@@ -54,12 +54,8 @@ def pair(smoke: bool, cache=None):
 
 def main(argv=None, smoke: bool = False, cache=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    rounds.common_arguments(parser, str(Path(__file__).parent / "results" / "cross-tokenizer-cpu.json"))
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 6])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "cross-tokenizer-cpu.json"))
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import transformers
@@ -102,22 +98,13 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
     for name, run in methods.items():  # warm-up, and every output checked against transformers' greedy
         got = [run(p) for p in prompts]
         assert got == reference, f"{name} differs from transformers' greedy output"
-    rounds = {name: [] for name in methods}
-    for r in range(args.repeats):
-        for name in (list(methods) if r % 2 == 0 else list(reversed(methods))):
-            start = time.perf_counter()
-            for p in prompts:
-                methods[name](p)
-            rounds[name].append(time.perf_counter() - start)
+    timed = rounds.timed_rounds(methods, prompts, args.repeats)
     tokens = sum(len(t) for t in reference)
-    uag = rounds["transformers UAG"]
+    uag = timed["transformers UAG"]
     rows = []
     print(f"{'method':38} {'ms/token':>9} {'[min-max]':>15} {'UAG / method':>13} {'[min-max]':>13}")
-    for name, times in rounds.items():
-        ratios = [u / t for u, t in zip(uag, times)]
-        row = {"method": name, "ms_per_token": 1e3 * statistics.median(times) / tokens,
-               "ms_min": 1e3 * min(times) / tokens, "ms_max": 1e3 * max(times) / tokens,
-               "speedup_over_uag": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios)}
+    for name, times in timed.items():
+        row = rounds.ratio_row(name, times, uag, tokens, "speedup_over_uag")
         rows.append(row)
         print(f"{name:38} {row['ms_per_token']:9.2f} [{row['ms_min']:.2f}-{row['ms_max']:.2f}] "
               f"{row['speedup_over_uag']:12.2f}x [{row['speedup_min']:.2f}-{row['speedup_max']:.2f}]")

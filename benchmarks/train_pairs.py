@@ -71,8 +71,8 @@ class Schedule:
 @dataclass(frozen=True)
 class Recipe:
     """One pair: its corpus, tokenizer, two model configs (transformers config kwargs) and schedules."""
-    kind: str  # "gpt2" or "t5"
-    target: Dict  # GPT2Config / T5Config kwargs (vocab_size and special ids are added)
+    kind: str  # "gpt2", "llama" or "t5"
+    target: Dict  # GPT2Config / LlamaConfig / T5Config kwargs (vocab_size and special ids are added)
     draft: Dict
     target_train: Schedule
     draft_train: Schedule
@@ -86,6 +86,8 @@ class Recipe:
     def smoke(self) -> "Recipe":
         """The same code path on tiny models, corpus and step counts: for tests of the recipe itself."""
         tiny = {"gpt2": dict(n_layer=1, n_embd=32, n_head=2, n_inner=64),
+                "llama": dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
+                              intermediate_size=64),
                 "t5": dict(d_model=32, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=2, d_kv=16)}[self.kind]
         schedule = Schedule(steps=2, batch_size=2, lr=1e-3, warmup=1)
         return dataclasses.replace(self, target={**self.target, **tiny}, draft={**self.draft, **tiny},
@@ -115,6 +117,20 @@ GPT2_CUDA = Recipe(
     target_train=Schedule(steps=20000, batch_size=32, lr=6e-4, warmup=500, seed=10),
     draft_train=Schedule(steps=20000, batch_size=32, lr=1e-3, warmup=500, seed=11),
     vocab_size=8192, context=512, corpus="all",
+)
+# A Llama-architecture target (6 x 256, SwiGLU 768, grouped-query attention), for drafts that need a transformers
+# model whose forward honours config.num_hidden_layers (transformers' early exit: benchmarks/feature_drafts.py). A
+# training step of 8 x 256 tokens takes about 1.1 s on the 2-core VM, so 300 steps fill ~6 minutes. Its draft
+# stage is the GPT-2 draft's shape in Llama form.
+LLAMA_CPU = Recipe(
+    kind="llama",
+    target=dict(num_hidden_layers=6, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=768),
+    draft=dict(num_hidden_layers=1, hidden_size=128, num_attention_heads=2, num_key_value_heads=2,
+               intermediate_size=384),
+    target_train=Schedule(steps=300, batch_size=8, lr=2e-3, warmup=30, seed=40),
+    draft_train=Schedule(steps=500, batch_size=8, lr=3e-3, warmup=30, seed=41),
+    context=256,
 )
 T5_CPU = Recipe(
     kind="t5",
@@ -225,6 +241,10 @@ def make_model(recipe: Recipe, role: str, seed: int):
                                              bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD,
                                              resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **kwargs)
             model = transformers.GPT2LMHeadModel(config)
+        elif recipe.kind == "llama":
+            config = transformers.LlamaConfig(vocab_size=recipe.vocab_size, max_position_embeddings=recipe.context,
+                                              bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD, **kwargs)
+            model = transformers.LlamaForCausalLM(config)
         else:
             config = transformers.T5Config(vocab_size=recipe.vocab_size, pad_token_id=PAD, eos_token_id=EOS,
                                            decoder_start_token_id=PAD, dropout_rate=0.0,
@@ -256,7 +276,7 @@ class Batches:
         self.gen = torch.Generator().manual_seed(seed)
 
     def sample(self, batch_size: int) -> Dict[str, torch.Tensor]:
-        if self.recipe.kind == "gpt2":
+        if self.recipe.kind != "t5":
             T = self.recipe.context
             starts = torch.randint(0, self.data.numel() - T - 1, (batch_size, 1), generator=self.gen)
             return window_batch(self.data, starts, T, self.device)
@@ -284,7 +304,7 @@ def pair_batch(pairs, device) -> Dict[str, torch.Tensor]:
 
 
 def loss_of(model, kind: str, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-    if kind == "gpt2":
+    if kind != "t5":
         logits = model(input_ids=batch["input_ids"]).logits  # [B, T, V]
         return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten())
     return model(**batch).loss  # mean over the non-pad target tokens
@@ -322,7 +342,7 @@ def heldout_loss(model, recipe: Recipe, data, device) -> float:
     B = recipe.target_train.batch_size
     losses = []
     for b in range(recipe.eval_batches):
-        if recipe.kind == "gpt2":
+        if recipe.kind != "t5":
             T = recipe.context
             n = recipe.eval_batches * B
             starts = torch.linspace(0, data.numel() - T - 2, n).long()[b * B:(b + 1) * B, None]
@@ -375,7 +395,7 @@ def build(recipe: Recipe, *, stages: Sequence[str] = ("target", "draft"), device
         _write_json(out / "tokenizer.meta.json", {"seconds": time.perf_counter() - start,
                                                   "vocab_size": tokenizer.get_vocab_size()})
     tokenizer = load_tokenizer(tok_path)
-    if recipe.kind == "gpt2":
+    if recipe.kind != "t5":
         data, heldout = stream(tokenizer, train_texts), stream(tokenizer, val_texts)
     else:
         data, heldout = (line_pairs(tokenizer, train_texts, recipe.context),

@@ -1,5 +1,6 @@
-// A draft model's rows: chains step by step, token trees level by level, each step's draws inside its call where
-// the rows have fixed shapes (the draft's draws in the step call's CUDA graph).
+// A draft model's rows: chains step by step, token trees level by level, the model's cache kept to what the target
+// accepted. Where the rows have fixed shapes on the accelerators' path, each step's draws run inside its call
+// (fused_draws.h).
 #include "drafting/model_drafter.h"
 
 #include <torch/cuda.h>

@@ -165,7 +165,7 @@ at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts
 at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
                                  const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr,
                                  const at::Tensor& sibling_q = at::Tensor());
-// draw_children_generic in two parts, so that the draws can run inside a model call's CUDA graph (drafter.cpp): the
+// draw_children_generic in two parts, so that the draws can run inside a model call's CUDA graph (fused_draws.h): the
 // uniforms the draws take from the groups' generators, in the order they take them, as one float64 table [n, width]
 // on `device` (width: the widest count, or 1 for top), then the draws from them (top: every count the same).
 at::Tensor children_uniforms(const std::vector<int64_t>& counts, Siblings siblings,

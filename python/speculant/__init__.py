@@ -40,6 +40,7 @@ from .decoding.sampling import SamplingSettings
 from .decoding.trace import Trace
 from .models.export import export  # the function; the exporters stay importable as speculant.export.<arch>
 from .models.model import Model, load
+from .models.early_exit import EarlyExitDraft
 from .research.distillation import distill
 from .research.sweep import sweep
 
@@ -68,6 +69,7 @@ def __getattr__(name: str):
 __all__ = [
     "BeamResult",
     "DynamicTree",
+    "EarlyExitDraft",
     "Iteration",
     "Model",
     "Result",

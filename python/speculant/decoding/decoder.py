@@ -220,15 +220,15 @@ def _unpadded(ids: List[int], mask, name: str, row: int) -> List[int]:
     one contiguous run (left or right padding; both suit every model, since each row runs unpadded)."""
     mask = [int(m) for m in mask]
     if len(mask) != len(ids):
-        raise ValueError(f"attention_mask row {row} has {len(mask)} entries and {name} has {len(ids)}: the mask "
+        raise ValueError(f"{name}: attention_mask row {row} has {len(mask)} entries and the ids {len(ids)}: the mask "
                          "must match its ids")
     if any(m not in (0, 1) for m in mask):
-        raise ValueError(f"attention_mask row {row} must hold only 0 and 1, got {sorted(set(mask))}")
+        raise ValueError(f"{name}: attention_mask row {row} must hold only 0 and 1, got {sorted(set(mask))}")
     kept = [i for i, m in enumerate(mask) if m]
     if not kept:
         raise ValueError(f"{name} is empty: its attention_mask row is all 0 (every prompt needs a token)")
     if kept[-1] - kept[0] + 1 != len(kept):
-        raise ValueError(f"attention_mask row {row} has 0s between its 1s: only left or right padding is "
+        raise ValueError(f"{name}: attention_mask row {row} has 0s between its 1s: only left or right padding is "
                          "allowed, one contiguous run of tokens per row")
     return ids[kept[0]:kept[-1] + 1]
 

@@ -1,0 +1,125 @@
+"""Early-exit drafts (speculant.EarlyExitDraft): the target's first l layers, final norm and LM head as its draft.
+
+* The draft's logits are the target's norm and head over the hidden state after layer l (transformers'
+  output_hidden_states), for Llama and GPT-2 and every exit layer; it has no parameter of its own, and building
+  it leaves the target as it was.
+* Greedy: chains, token trees, grown trees and batch rows give transformers' greedy generate token for token.
+* Sampling: the joint law of the first two tokens is the target's law from transformers' logits (Pearson
+  chi-square with cells of expected count < 5 pooled, SIGNIFICANCE = 1e-3 per test, fixed seeds): a GPT-2 chain at
+  T = 0.7 with top-k, a Llama tree [3, 2] of siblings drawn without replacement at T = 1, and a Llama chain at T = 1
+  through speculant.testing's own check_distribution (3 tests: a correct engine fails one by chance with
+  probability at most 0.3% for a fresh draw of seeds).
+* Refused by name: exit layers outside [1, L - 1], encoder-decoders, exported targets, other objects.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import hf_models
+import speculant
+from chisquare import SIGNIFICANCE, chi_square_pvalue
+from hf_models import MAX_NEW, PROMPTS, hf_greedy, two_token_law
+
+LAYERS = 4
+
+
+def make(arch: str):
+    layers = {"num_hidden_layers": LAYERS} if arch == "llama" else {"n_layer": LAYERS}
+    return hf_models.make(arch, seed=10, **layers)
+
+
+def norm_and_head(model, arch: str):
+    final_norm = model.model.norm if arch == "llama" else model.transformer.ln_f
+    return lambda hidden: model.lm_head(final_norm(hidden))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_logits_are_the_targets_head_after_layer_l(arch):
+    model = make(arch)
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states  # [0]: the embeddings, [l]: after layer l
+        for exit_layer in range(1, LAYERS):
+            draft = speculant.EarlyExitDraft(model, exit_layer=exit_layer)
+            torch.testing.assert_close(draft.module(ids).logits, norm_and_head(model, arch)(hidden[exit_layer]),
+                                       rtol=1e-6, atol=1e-6)
+            assert draft.exit_layer == exit_layer and draft.form == "live"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_no_parameters_of_its_own_and_the_target_unchanged(arch):
+    model = make(arch)
+    ids = torch.tensor([PROMPTS[1]])
+    with torch.no_grad():
+        before = model(ids).logits
+    draft = speculant.EarlyExitDraft(speculant.load(model), exit_layer=2)
+    own = {id(p) for p in model.parameters()}
+    assert all(id(p) in own for p in draft.module.parameters())
+    assert sum(p.numel() for p in draft.module.parameters()) < sum(p.numel() for p in model.parameters())
+    assert model.config.num_hidden_layers == LAYERS
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_greedy_equals_transformers_generate(arch):
+    model = make(arch)
+    target = speculant.load(model)
+    draft = speculant.EarlyExitDraft(target, exit_layer=2)
+    expected = [hf_greedy(model, arch, index, eos=None) for index in range(len(PROMPTS))]
+    decoders = [speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0) for gamma in (1, 3)]
+    decoders.append(speculant.SpeculativeDecoder(target, draft, tree=[2, 2], temperature=0))
+    decoders.append(speculant.SpeculativeDecoder(target, draft, temperature=0,
+                                                 tree=speculant.DynamicTree(budget=6, depth=3)))
+    stats = []
+    for decoder in decoders:
+        for index, prompt in enumerate(PROMPTS):
+            result = decoder.generate(prompt, max_new_tokens=MAX_NEW)
+            assert result.tokens == expected[index], decoder
+            stats.append(result.stats)
+        assert [r.tokens for r in decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)] == expected, "batch rows"
+    accepted = sum(s.accepted_tokens for s in stats)
+    assert 0 < accepted < sum(s.drafted_tokens for s in stats)  # both paths of the verification ran
+
+
+SAMPLES, BATCH = 2000, 500  # a live model's call re-enters Python: 2000 samples take about 30 s
+
+
+@pytest.mark.parametrize("arch, temperature, top_k, tree", [("gpt2", 0.7, 10, None), ("llama", 1.0, 0, [3, 2])])
+def test_two_token_law_is_the_targets(arch, temperature, top_k, tree):
+    """Rows of one batch, each with its own seed; three tokens, so that a tree's first iteration is verified
+    whole. The first two are tested against the law from transformers' logits."""
+    model = make(arch)
+    target = speculant.load(model)
+    draft = speculant.EarlyExitDraft(target, exit_layer=2)
+    shape = {"tree": tree, "siblings": "without_replacement"} if tree else {"gamma": 3}
+    decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, top_k=top_k, **shape)
+    samples = np.array([r.tokens[:2] for b in range(SAMPLES // BATCH)
+                        for r in decoder.generate([PROMPTS[0]] * BATCH, max_new_tokens=3, seed=7000 + b * BATCH)])
+    law = two_token_law(model, arch, PROMPTS[0], [], temperature, top_k, 1.0)
+    pvalue = chi_square_pvalue(law, samples)
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+def test_check_distribution_takes_the_draft():
+    """speculant.testing's own check (one generation per sample) accepts the draft as it does any model."""
+    model = make("llama")
+    draft = speculant.EarlyExitDraft(model, exit_layer=1)
+    check = speculant.testing.check_distribution(model, draft, PROMPTS[1], k=2, gamma=2, samples=600,
+                                                 significance=SIGNIFICANCE, seed=11, progress=False)
+    assert check.passed and check.samples == 600, str(check)
+
+
+def test_refusals_name_what_is_wrong(tmp_path):
+    model = make("llama")
+    for bad in (0, LAYERS, -1, "2", True, 1.5):
+        with pytest.raises(ValueError, match=r"exit_layer must be an integer in \[1, 3\]"):
+            speculant.EarlyExitDraft(model, exit_layer=bad)
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        speculant.EarlyExitDraft(hf_models.make("t5"), exit_layer=1)
+    speculant.export(model, tmp_path / "target.pt")
+    with pytest.raises(ValueError, match="exported file .* needs the live transformers model"):
+        speculant.EarlyExitDraft(speculant.load(tmp_path / "target.pt"), exit_layer=1)
+    with pytest.raises(ValueError, match="live transformers model"):
+        speculant.EarlyExitDraft(torch.nn.Linear(2, 2), exit_layer=1)
