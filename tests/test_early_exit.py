@@ -3,7 +3,8 @@
 * The draft's logits are the target's norm and head over the hidden state after layer l (transformers'
   output_hidden_states), for Llama and GPT-2 and every exit layer; it has no parameter of its own, and building
   it leaves the target as it was.
-* Greedy: chains, token trees, grown trees and batch rows give transformers' greedy generate token for token.
+* Greedy: chains, token trees, grown trees, batch rows and a hierarchy of the target's own layers give
+  transformers' greedy generate token for token; a sweep takes the draft.
 * Sampling: the joint law of the first two tokens is the target's law from transformers' logits (Pearson
   chi-square with cells of expected count < 5 pooled, SIGNIFICANCE = 1e-3 per test, fixed seeds): a GPT-2 chain at
   T = 0.7 with top-k, a Llama tree [3, 2] of siblings drawn without replacement at T = 1, and a Llama chain at T = 1
@@ -81,6 +82,22 @@ def test_greedy_equals_transformers_generate(arch):
         assert [r.tokens for r in decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)] == expected, "batch rows"
     accepted = sum(s.accepted_tokens for s in stats)
     assert 0 < accepted < sum(s.drafted_tokens for s in stats)  # both paths of the verification ran
+
+
+def test_bottom_of_a_hierarchy_and_a_sweep():
+    """A hierarchy whose levels are all the target's own (exit after layer 3, drafted by exit after layer 1) gives
+    transformers' greedy output; a sweep takes the draft as it takes a model."""
+    model = make("llama")
+    target = speculant.load(model)
+    level = speculant.SpeculativeDecoder(speculant.EarlyExitDraft(target, exit_layer=3),
+                                         speculant.EarlyExitDraft(target, exit_layer=1), gamma=2, temperature=0)
+    top = speculant.SpeculativeDecoder(target, level, gamma=3, temperature=0)
+    result = top.generate(PROMPTS[0], max_new_tokens=MAX_NEW)
+    assert result.tokens == hf_greedy(model, "llama", 0, eos=None) and len(result.levels) == 1
+    pytest.importorskip("pandas")
+    frame = speculant.sweep(target, speculant.EarlyExitDraft(target, exit_layer=2), [PROMPTS[0]], gammas=[2],
+                            temperatures=[0.0, 1.0], max_new_tokens=8, repeats=1, progress=False)
+    assert len(frame) == 2 and (frame["tokens_per_target_call"] >= 1).all()
 
 
 SAMPLES, BATCH = 2000, 500  # a live model's call re-enters Python: 2000 samples take about 30 s

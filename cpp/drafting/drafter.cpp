@@ -20,7 +20,10 @@ std::vector<TreeProposal> DraftRows::propose_tree(const std::vector<TreeDraft*>&
 }
 
 std::unique_ptr<DraftRows> Drafter::rows(int64_t count, Shapes shapes, bool trees) {
-  require(!trees || facts_.tree_obstacle.empty(), "{}", facts_.tree_obstacle);
+  if (trees) {
+    const std::string why = facts_.tree_obstacle();
+    require(why.empty(), "{}", why);
+  }
   return make_rows(count, shapes, trees);
 }
 

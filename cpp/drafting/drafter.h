@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -101,7 +102,9 @@ struct DrafterFacts {
   at::Device device = at::kCPU;
   bool encoder_decoder = false;
   std::optional<int64_t> max_length, max_source_length;
-  std::string tree_obstacle;   // why it cannot propose token trees, or "" when it can
+  // Why it cannot propose token trees, or "" when it can: asked only when trees are (a model answers with a probe
+  // call, which a compiled model would compile).
+  std::function<std::string()> tree_obstacle = [] { return std::string(); };
   Model* model = nullptr;      // the model that drafts, if any: the decoder checks its shapes and kind
   std::vector<std::mutex*> locks;  // what a generation locks: the mutex of each model whose cache it uses (a
                                    // hierarchical draft has several); none: the drafter's own
@@ -125,7 +128,7 @@ class Drafter {
   bool encoder_decoder() const { return facts_.encoder_decoder; }
   std::optional<int64_t> max_length() const { return facts_.max_length; }
   std::optional<int64_t> max_source_length() const { return facts_.max_source_length; }
-  const std::string& tree_obstacle() const { return facts_.tree_obstacle; }
+  std::string tree_obstacle() const { return facts_.tree_obstacle(); }
   Model* model() const { return facts_.model; }
   std::vector<std::mutex*> locks() {
     return facts_.locks.empty() ? std::vector<std::mutex*>{&in_use_} : facts_.locks;

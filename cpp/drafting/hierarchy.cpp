@@ -121,8 +121,10 @@ DrafterFacts hierarchy_facts(Model& model, Drafter& drafter) {
   return {fmt::format("speculative decoder (over a {} drafter)", drafter.name()), model.vocab_size(), model.device(),
           model.encoder_decoder(), smaller(model.max_length(), drafter.max_length()),
           smaller(model.max_source_length(), drafter.max_source_length()),
-          "a speculative decoder used as the draft (a hierarchical draft) proposes chains only", &model,
-          std::move(locks)};
+          [] {
+            return std::string("a speculative decoder used as the draft (a hierarchical draft) proposes chains only");
+          },
+          &model, std::move(locks)};
 }
 
 class HierarchyDrafter final : public Drafter {

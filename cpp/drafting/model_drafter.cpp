@@ -482,15 +482,17 @@ class ModelDraftRows final : public DraftRows {
 // The facts of a draft model (with its sibling's limits and lock where it has one).
 DrafterFacts model_facts(Model& model, Model* sibling) {
   DrafterFacts facts{sibling ? "model with a sibling draft" : "model", model.vocab_size(), model.device(),
-                     model.encoder_decoder(), model.max_length(), model.max_source_length(), model.tree_obstacle(),
+                     model.encoder_decoder(), model.max_length(), model.max_source_length(),
+                     [&model, sibling] {
+                       const std::string why = model.tree_obstacle();
+                       const std::string sibling_why = sibling ? sibling->tree_obstacle() : "";
+                       return !why.empty() || sibling_why.empty() ? why
+                                                                   : fmt::format("the sibling draft: {}", sibling_why);
+                     },
                      &model, {&model.in_use()}};
   if (!sibling) return facts;
   if (const std::optional<int64_t> other = sibling->max_length()) {
     facts.max_length = facts.max_length ? std::min(*facts.max_length, *other) : *other;
-  }
-  const std::string sibling_why = sibling->tree_obstacle();
-  if (facts.tree_obstacle.empty() && !sibling_why.empty()) {
-    facts.tree_obstacle = fmt::format("the sibling draft: {}", sibling_why);
   }
   facts.locks.push_back(&sibling->in_use());
   return facts;

@@ -10,9 +10,9 @@ namespace {
 class PromptLookupDrafter final : public SequenceDrafter {
  public:
   PromptLookupDrafter(int64_t vocab, int64_t min_ngram, int64_t max_ngram, const at::Device& device)
-      : SequenceDrafter(DrafterFacts{"prompt_lookup", vocab, device, false, std::nullopt, std::nullopt,
-                                     "the prompt_lookup drafter proposes chains only; a tree of drafts needs a "
-                                     "draft model"}),
+      : SequenceDrafter(DrafterFacts{"prompt_lookup", vocab, device, false, std::nullopt, std::nullopt, [] {
+          return std::string("the prompt_lookup drafter proposes chains only; a tree of drafts needs a draft model");
+        }}),
         vocab_(vocab), min_ngram_(min_ngram), max_ngram_(max_ngram), device_(device) {
     require(vocab >= 1, "vocab_size must be >= 1, got {}", vocab);
     require(min_ngram >= 1 && max_ngram >= min_ngram,

@@ -34,10 +34,10 @@ at::Tensor checked_laws(const at::Tensor& q, int64_t k, int64_t vocab, const at:
 
 DrafterFacts python_facts(const py::object& score, int64_t vocab, const at::Device& device) {
   require(vocab >= 1, "vocab_size must be >= 1, got {}", vocab);
-  return {"python", vocab, device, false, std::nullopt, std::nullopt,
-          score.is_none() ? "the python drafter proposes chains only; PythonDrafter(..., score=f), f(contexts) -> "
-                            "q [n, V], lets it propose trees"
-                          : ""};
+  const std::string why = score.is_none() ? "the python drafter proposes chains only; PythonDrafter(..., score=f), "
+                                            "f(contexts) -> q [n, V], lets it propose trees"
+                                          : "";
+  return {"python", vocab, device, false, std::nullopt, std::nullopt, [why] { return why; }};
 }
 
 // The same callables serve every row of a batch: each is given the row's own context.
