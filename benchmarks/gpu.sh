@@ -7,7 +7,7 @@
 #                                  # `again`); the CUDA tests (the law tests and the fused kernels' among them),
 #                                  # 4 workers; kernels.py's kernels per layer and replayed call of the bf16
 #                                  # Llamas and GPT-2 with torch's operations and speculant's fused ones, side by
-#                                  # side; then benchmarks/memory_speed.py in bf16 with CUDA graphs (the fused
+#                                  # side (100 s at most); then benchmarks/memory_speed.py in bf16 with CUDA graphs (the fused
 #                                  # operations where their tests passed), its parts in order of value (the
 #                                  # 8B-shaped target against the read floor, the 1B-shaped draft and c,
 #                                  # verification widths, cache buckets, the GPT-2-shaped pair, the demo pair
@@ -43,7 +43,7 @@ measure() {
   cuda_tests
   local tests kernels=speculant; tests=$(tail -1 "$out/cuda-tests.log")
   grep -qE "^(FAILED|ERROR) tests/test_fused_ops" "$out/cuda-tests.log" && kernels=aten
-  timeout $((deadline - SECONDS - 200)) python3 benchmarks/kernels.py --device cuda \
+  timeout 100 python3 benchmarks/kernels.py --device cuda \
     --models llama-8b llama-1.1b gpt2-target --kernels aten speculant --widths 1 --no-engine --calls 5 --repeats 3 \
     --out "$out/kernels-cuda.json" >"$out/kernels.log" 2>&1 || true
   echo "[$SECONDS s] kernels.py: $(grep -c "k = 1" "$out/kernels.log") calls measured"
@@ -58,11 +58,13 @@ measure() {
 }
 # the wheel, installed and kept in $OUT (for `again`)
 build() {
+  command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"  # CMake's CUDA check looks there
   { CMAKE_BUILD_PARALLEL_LEVEL=16 python3 -m pip wheel --no-build-isolation --no-deps -w /tmp/wheel . &&
     python3 -m pip install --no-deps /tmp/wheel/speculant-*.whl; } >/tmp/build.log 2>&1 \
     || { tail -40 /tmp/build.log; exit 1; }
   cp /tmp/wheel/speculant-*.whl "$out/"
-  echo "[$SECONDS s] built"
+  echo "[$SECONDS s] built with $(nvcc --version | tail -1); the fused kernels (cpp/kernels) on CUDA: $(python3 -c \
+    "import speculant, torch; print(torch._C._dispatch_has_kernel_for_dispatch_key('speculant::rms_norm', 'CUDA'))")"
 }
 case "${1:-}" in
   lease)

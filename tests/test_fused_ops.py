@@ -145,6 +145,8 @@ def test_cuda_decode_attention_matches_a_float64_reference(dtype, dim, batch, he
     got = OPS.decode_attention(q, k, v, mask, dim ** -0.5)
     assert got.dtype == dtype and got.shape == q.shape
     assert relative_error(got, want) < TOLERANCES[dtype]
+    # the chunks are combined in a fixed order: a second call is the same bit for bit
+    assert torch.equal(OPS.decode_attention(q, k, v, mask, dim ** -0.5), got)
 
 
 @pytest.mark.cuda
@@ -157,20 +159,26 @@ def test_cuda_decode_attention_is_captured_and_replayed_in_a_graph():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out.copy_(OPS.decode_attention(q, k, v, mask, 0.1))
-    k.normal_()  # new keys: the replay must read them
-    graph.replay()
-    torch.cuda.synchronize()
-    want = stacked_attention(*(t.double().cpu() for t in (q, k, v, mask)), 0.1)
-    assert relative_error(out, want) < TOLERANCES[torch.bfloat16]
+    for _ in range(2):  # each replay writes every element, from the keys of the moment
+        k.normal_()  # new keys: the replay must read them
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = stacked_attention(*(t.double().cpu() for t in (q, k, v, mask)), 0.1)
+        assert relative_error(out, want) < TOLERANCES[torch.bfloat16]
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows, width", [(1, 4096), (7, 2048), (3, 100), (1, 1)])
-def test_cuda_rms_norm_matches_a_float64_reference(dtype, rows, width):
+@pytest.mark.parametrize("rows, width, offset", [
+    (1, 4096, 0), (7, 2048, 0), (2, 12288, 0), (1, 16384, 0), (3, 100, 0), (1, 1, 0),  # one to 16 vectors a thread
+    (2, 4096, 1)])  # rows not 16-byte aligned: the plain loop
+def test_cuda_rms_norm_matches_a_float64_reference(dtype, rows, width, offset):
     g = torch.Generator().manual_seed(width)
     x, weight = torch.randn(rows, width, generator=g), torch.randn(width, generator=g) + 1
-    got = OPS.rms_norm(x.to(dtype).cuda(), weight.to(dtype).cuda(), 1e-5)
+    storage = torch.empty(rows * width + offset, dtype=dtype, device="cuda")
+    x_cuda = storage[offset:].view(rows, width).copy_(x.to(dtype))  # contiguous, `offset` elements off
+    got = OPS.rms_norm(x_cuda, weight.to(dtype).cuda(), 1e-5)
     x64, w64 = x.to(dtype).double(), weight.to(dtype).double()
     want = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * w64
     assert relative_error(got, want) < TOLERANCES[dtype]
