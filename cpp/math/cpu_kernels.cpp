@@ -156,54 +156,151 @@ at::Tensor standardize_rows(const at::Tensor& logits, const SamplingConfig& conf
   return probs;
 }
 
+// Rows of a [n, V] tensor as acc_t: the tensor's own memory where it is contiguous acc_t, else each row
+// converted when it is read (a walk reads only the nodes it reaches). A row stays valid until the next is read.
 template <typename acc_t>
-Verdict verify_rows(const at::Tensor& p, const at::Tensor& q, const int64_t* drafted, const at::Tensor& logits,
-                    const SamplingConfig& config, const Uniform& uniform) {
-  const int64_t gamma = q.size(0), vocab = p.size(1);
-  const acc_t* p_data = p.const_data_ptr<acc_t>();
-  const acc_t* q_data = gamma > 0 ? q.const_data_ptr<acc_t>() : nullptr;  // read only where drafts exist
-  at::Tensor lenient;  // A.5's argmax variant for every draft (a rare mode: tensor operations suffice)
-  if (config.greedy() && config.lenience < 1.0 && gamma > 0) {
-    const at::Tensor index = at::tensor(std::vector<int64_t>(drafted, drafted + gamma)).view({gamma, 1});
-    lenient = lenient_argmax(logits, index, config.lenience, at::kDouble).contiguous();
+class HostRows {
+ public:
+  explicit HostRows(const at::Tensor& rows) : rows_(rows) {
+    if (rows.defined() && rows.scalar_type() == kType && rows.is_contiguous()) data_ = rows.const_data_ptr<acc_t>();
   }
-  Verdict out;
-  int64_t n = 0;
-  for (; n < gamma; ++n) {
-    const acc_t* p_i = p_data + n * vocab;
-    const acc_t* q_i = q_data + n * vocab;
-    out.betas.push_back(beta(p_i, q_i, vocab));
-    const int64_t x = drafted[n];
-    double accept = acceptance(p_i[x], q_i[x], config.lenience);
-    if (lenient.defined() && lenient.const_data_ptr<bool>()[n]) accept = 1.0;
-    const bool kept = config.greedy() ? accept >= 1.0 : uniform() < accept;
-    if (!kept) break;
+  bool defined() const { return rows_.defined(); }
+  const acc_t* operator[](int64_t i) {
+    if (data_) return data_ + i * rows_.size(1);
+    held_ = rows_[i].to(kType).contiguous();
+    return held_.const_data_ptr<acc_t>();
   }
-  out.drafted.assign(drafted, drafted + gamma);
-  out.keep_chain(n);
-  const acc_t* p_n = p_data + n * vocab;
-  if (n == gamma) {  // all kept: the bonus token from p_{gamma+1}
-    out.host_token = config.greedy() ? argmax(p_n, vocab) : inverse_cdf(vocab, uniform(), [p_n](int64_t v) {
-      return static_cast<double>(p_n[v]);
-    });
-    return out;
+
+ private:
+  static constexpr at::ScalarType kType = c10::CppTypeToScalarType<acc_t>::value;
+  at::Tensor rows_, held_;
+  const acc_t* data_ = nullptr;
+};
+
+// One verification's walk down a token tree (tree.h's rule; a chain is the tree [1] * gamma): p [N + 1, V]
+// standardized, q and the sibling law by node, the nodes' tokens, and for greedy chains with lenience below 1
+// A.5's argmax variant per node (else null).
+template <typename acc_t>
+struct Walk {
+  const Tree& tree;
+  const acc_t* p;
+  int64_t vocab;
+  HostRows<acc_t>& q;
+  HostRows<acc_t>& sibling;
+  const int64_t* tokens;
+  const SamplingConfig& config;
+  Siblings siblings;
+  const Uniform& uniform;
+  const uint8_t* lenient;
+};
+
+// Greedy: the rank of the first child that is p's argmax (or that A.5's argmax variant keeps), else -1 with t
+// that argmax.
+template <typename acc_t>
+int64_t greedy_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, int64_t& t) {
+  const int64_t best = argmax(p_node, in.vocab), first = in.tree.first_child(node);
+  for (int64_t j = 0; j < in.tree.children(node); ++j) {
+    if (in.tokens[first + j] == best || (in.lenient && in.lenient[first + j])) return j;
   }
-  // residual(p_{n+1}, q_{n+1}) = norm(max(0, p - q)), drawn unnormalized; p itself when its mass is zero
-  const acc_t* q_n = q_data + n * vocab;
-  const auto excess_at = [p_n, q_n](int64_t v) { return excess(p_n[v], q_n[v]); };
-  const double mass = residual_mass(p_n, q_n, vocab);
-  if (config.greedy()) {
-    int64_t best = 0;
-    for (int64_t v = 1; v < vocab; ++v) {
-      if (excess_at(v) > excess_at(best)) best = v;
+  t = best;
+  return -1;
+}
+
+// Sampled: the node's children tested in rank order (tree.h), one uniform each until one is kept; its rank, or
+// -1 with t drawn from the last residual. Child 0 reads p and q themselves; what is left of them is copied only
+// where a later child reads it, so a chain's test costs what Algorithm 1's does.
+template <typename acc_t>
+int64_t sampled_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, const acc_t* q_node,
+                      const acc_t* s_node, int64_t& t) {
+  const int64_t children = in.tree.children(node), first = in.tree.first_child(node), vocab = in.vocab;
+  const acc_t* p_j = p_node;
+  const acc_t* q_j = q_node;
+  std::vector<acc_t> p_rest, q_left, q_rest;  // p_j, what is left of q, q_j: once a later child reads them
+  for (int64_t j = 0; j < children; ++j) {
+    const int64_t x = in.tokens[first + j];
+    if (j > 0) {  // q_j: what is left of q (without replacement or top: the earlier siblings removed), renormalized
+      double mass = 0.0;
+#pragma omp simd reduction(+ : mass)
+      for (int64_t v = 0; v < vocab; ++v) mass += q_left[v];
+      const double scale = 1.0 / std::max(mass, std::numeric_limits<double>::min());
+      q_rest.resize(vocab);
+      for (int64_t v = 0; v < vocab; ++v) q_rest[v] = static_cast<acc_t>(q_left[v] * scale);
+      q_j = q_rest.data();
     }
-    out.host_token = mass > 0 ? best : argmax(p_n, vocab);
-  } else if (mass > 0) {
-    out.host_token = inverse_cdf(vocab, uniform(), excess_at);
-  } else {
-    out.host_token = inverse_cdf(vocab, uniform(), [p_n](int64_t v) { return static_cast<double>(p_n[v]); });
+    if (in.siblings == Siblings::top && j < children - 1) {  // the first k - 1: the point mass at x (tree.h)
+      q_rest.assign(vocab, acc_t(0));
+      q_rest[x] = 1;
+      q_j = q_rest.data();
+    }
+    // Coupled: the coin looks at whether the next child is in H_j = {p_j > q_j}, of q mass w (tree.h).
+    const bool look_ahead = in.siblings == Siblings::coupled && j + 1 < children;
+    double w = 0.0;
+    if (look_ahead) {
+#pragma omp simd reduction(+ : w)
+      for (int64_t v = 0; v < vocab; ++v) w += p_j[v] > q_j[v] ? s_node[v] : acc_t(0);
+    }
+    const int64_t next = look_ahead ? in.tokens[first + j + 1] : 0;
+    if (in.uniform() < child_acceptance(p_j[x], q_j[x], in.config.lenience, look_ahead, p_j[next] > q_j[next], w))
+      return j;
+    const double rejected = residual_mass(p_j, q_j, vocab);
+    if (j == children - 1) {  // every child rejected: t from residual(p_j, q_j), p_j itself when that has no mass
+      t = rejected > 0 ? inverse_cdf(vocab, in.uniform(), [p_j, q_j](int64_t v) { return excess(p_j[v], q_j[v]); })
+                       : inverse_cdf(vocab, in.uniform(), [p_j](int64_t v) { return static_cast<double>(p_j[v]); });
+      return -1;
+    }
+    if (q_left.empty()) q_left.assign(q_node, q_node + vocab);
+    if (j == 0 && in.siblings == Siblings::with_replacement) std::copy(s_node, s_node + vocab, q_left.begin());
+    if (look_ahead) {  // the next child's law given this rejection: q reweighted on H_j and off it (tree.h)
+      double keep_in = 0.0, keep_out = 0.0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        if (q_j[v] <= 0 || p_j[v] >= q_j[v]) continue;  // r >= 1: always accepted
+        const double r = static_cast<double>(p_j[v]) / q_j[v];
+        keep_in += q_j[v] * (1.0 - coupled_coin(r, true, w));
+        keep_out += q_j[v] * (1.0 - coupled_coin(r, false, w));
+      }
+      for (int64_t v = 0; v < vocab; ++v) {
+        q_left[v] = static_cast<acc_t>(s_node[v] * (p_j[v] > q_j[v] ? keep_in : keep_out));
+      }
+    }
+    // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself when that has no mass
+    if (rejected > 0) {
+      p_rest.resize(vocab);
+      for (int64_t v = 0; v < vocab; ++v) p_rest[v] = static_cast<acc_t>(residual_at(p_j[v], q_j[v], rejected));
+      p_j = p_rest.data();
+    }
+    if (!independent_draws(in.siblings)) q_left[x] = 0;
   }
-  return out;
+  return -1;  // no children: not reached (walk() treats leaves)
+}
+
+// The walk from the root: at each internal node its beta and its children's tests, down the accepted child, until
+// a node keeps none (t from its residual, or its argmax when greedy) or a leaf (t from p there).
+template <typename acc_t>
+Verdict walk(const Walk<acc_t>& in) {
+  Verdict out;
+  for (int64_t node = 0;;) {
+    const acc_t* p_node = in.p + node * in.vocab;
+    if (in.tree.children(node) == 0) {
+      out.accepted_rank.push_back(-1);
+      const auto mass = [p_node](int64_t v) { return static_cast<double>(p_node[v]); };
+      out.host_token = in.config.greedy() ? argmax(p_node, in.vocab) : inverse_cdf(in.vocab, in.uniform(), mass);
+      return out;
+    }
+    const acc_t* q_node = in.q[node];
+    const acc_t* s_node = in.sibling.defined() ? in.sibling[node] : q_node;
+    out.betas.push_back(beta(p_node, q_node, in.vocab));
+    int64_t t = 0;
+    const int64_t chosen = in.config.greedy() ? greedy_child(in, node, p_node, t)
+                                              : sampled_child(in, node, p_node, q_node, s_node, t);
+    out.accepted_rank.push_back(chosen);
+    if (chosen < 0) {
+      out.host_token = t;
+      return out;
+    }
+    node = in.tree.first_child(node) + chosen;
+    out.path.push_back(node);
+    out.path_tokens.push_back(in.tokens[node]);
+  }
 }
 
 }  // namespace
@@ -282,109 +379,41 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
 }
 
 Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
-                        const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
-                        const at::Tensor& sibling_q) {
+                    const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
+                    const at::Tensor& sibling_q) {
   std::vector<uint8_t> finite;
+  // in float64: a node's later children subtract residuals from residuals
   const at::Tensor p = standardize(target_logits, config, &finite).to(at::kDouble).contiguous();  // [N + 1, V]
-  const int64_t vocab = p.size(1);
-  const double* p_data = p.const_data_ptr<double>();
-  Verdict out;
+  HostRows<double> q_rows(q), sibling_rows(sibling_q);
+  Verdict out = walk(Walk<double>{tree, p.const_data_ptr<double>(), p.size(1), q_rows, sibling_rows, tokens, config,
+                                  siblings, uniform, nullptr});
   out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });
-  std::vector<double> p_j(vocab), q_left(vocab), q_j(vocab);
-  for (int64_t node = 0;;) {
-    const double* p_node = p_data + node * vocab;
-    const int64_t children = tree.children(node);
-    if (children == 0) {  // a leaf: t from p there
-      out.accepted_rank.push_back(-1);
-      out.host_token = config.greedy() ? argmax(p_node, vocab)
-                                       : inverse_cdf(vocab, uniform(), [p_node](int64_t v) { return p_node[v]; });
-      return out;
-    }
-    const at::Tensor q_row = q[node].to(at::kDouble).contiguous();  // [V]
-    const double* q_node = q_row.const_data_ptr<double>();
-    // the law the later children were drawn from: q, or the sibling draft's (tree.h)
-    const at::Tensor s_row = sibling_q.defined() ? sibling_q[node].to(at::kDouble).contiguous() : q_row;
-    const double* s_node = s_row.const_data_ptr<double>();
-    out.betas.push_back(beta(p_node, q_node, vocab));
-    int64_t chosen = -1;
-    if (config.greedy()) {  // the first child that is the target's argmax; else t is that argmax
-      const int64_t best = argmax(p_node, vocab);
-      for (int64_t j = 0; j < children && chosen < 0; ++j) {
-        if (tokens[tree.first_child(node) + j] == best) chosen = j;
-      }
-      out.accepted_rank.push_back(chosen);
-      if (chosen < 0) {
-        out.host_token = best;
-        return out;
-      }
-    } else {
-      std::copy(p_node, p_node + vocab, p_j.begin());
-      std::copy(q_node, q_node + vocab, q_left.begin());
-      for (int64_t j = 0; j < children && chosen < 0; ++j) {
-        const int64_t x = tokens[tree.first_child(node) + j];
-        const bool look_ahead = siblings == Siblings::coupled && j + 1 < children;
-        if (j == 1 && siblings == Siblings::with_replacement) std::copy(s_node, s_node + vocab, q_left.begin());
-        // q_j: what is left of q (without replacement or top: the earlier siblings removed), renormalized
-        double mass = 0.0;
-#pragma omp simd reduction(+ : mass)
-        for (int64_t v = 0; v < vocab; ++v) mass += q_left[v];
-        const double scale = 1.0 / std::max(mass, std::numeric_limits<double>::min());
-        for (int64_t v = 0; v < vocab; ++v) q_j[v] = q_left[v] * scale;
-        if (siblings == Siblings::top && j < children - 1) {  // the first k - 1: the point mass at x (tree.h)
-          std::fill(q_j.begin(), q_j.end(), 0.0);
-          q_j[x] = 1.0;
-        }
-        // Coupled: the coin looks at whether the next child is in H_j = {p_j > q_j}, of q mass w (tree.h).
-        double w = 0.0;
-        if (look_ahead) {
-#pragma omp simd reduction(+ : w)
-          for (int64_t v = 0; v < vocab; ++v) w += p_j[v] > q_j[v] ? s_node[v] : 0.0;
-        }
-        const int64_t next = look_ahead ? tokens[tree.first_child(node) + j + 1] : 0;
-        if (uniform() < child_acceptance(p_j[x], q_j[x], look_ahead, p_j[next] > q_j[next], w)) {
-          chosen = j;
-          break;
-        }
-        if (look_ahead) {  // the next child's law given this rejection: q reweighted on H_j and off it (tree.h)
-          double keep_in = 0.0, keep_out = 0.0;
-          for (int64_t v = 0; v < vocab; ++v) {
-            if (q_j[v] <= 0 || p_j[v] >= q_j[v]) continue;  // r >= 1: always accepted
-            const double r = p_j[v] / q_j[v];
-            keep_in += q_j[v] * (1.0 - coupled_coin(r, true, w));
-            keep_out += q_j[v] * (1.0 - coupled_coin(r, false, w));
-          }
-          for (int64_t v = 0; v < vocab; ++v) q_left[v] = s_node[v] * (p_j[v] > q_j[v] ? keep_in : keep_out);
-        }
-        // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself when that has no mass
-        const double rejected = residual_mass(p_j.data(), q_j.data(), vocab);
-        if (rejected > 0) {
-          for (int64_t v = 0; v < vocab; ++v) p_j[v] = residual_at(p_j[v], q_j[v], rejected);
-        }
-        if (!independent_draws(siblings)) q_left[x] = 0.0;
-      }
-      out.accepted_rank.push_back(chosen);
-      if (chosen < 0) {  // every child rejected: t from the last residual
-        out.host_token = inverse_cdf(vocab, uniform(), [&p_j](int64_t v) { return p_j[v]; });
-        return out;
-      }
-    }
-    node = tree.first_child(node) + chosen;
-    out.path.push_back(node);
-    out.path_tokens.push_back(tokens[node]);
-  }
+  return out;
 }
 
 Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
                const SamplingConfig& config, const Uniform& uniform) {
+  const int64_t gamma = q.size(0);
   std::vector<uint8_t> finite;
-  const at::Tensor p = standardize(target_logits, config, &finite);  // [gamma + 1, V]
-  const at::Tensor q_rows = q.size(0) > 0 ? q.to(p.scalar_type()).contiguous() : q;  // no copy when already so
-  Verdict out;
-  if (p.scalar_type() == at::kDouble) {
-    out = verify_rows<double>(p, q_rows, drafted, target_logits, config, uniform);
-  } else {
-    out = verify_rows<float>(p, q_rows, drafted, target_logits, config, uniform);
+  const at::Tensor p = standardize(target_logits, config, &finite);  // [gamma + 1, V], in its working dtype
+  const at::Tensor q_rows = gamma > 0 ? q.to(p.scalar_type()).contiguous() : q;  // no copy when already so
+  std::vector<int64_t> tokens{0};  // the chain as the tree [1] * gamma: node i + 1 holds draft i
+  tokens.insert(tokens.end(), drafted, drafted + gamma);
+  std::vector<uint8_t> lenient;  // A.5's argmax variant, by node (a rare mode: tensor operations suffice)
+  if (config.greedy() && config.lenience < 1.0 && gamma > 0) {
+    const at::Tensor index = at::tensor(std::vector<int64_t>(drafted, drafted + gamma)).view({gamma, 1});
+    const at::Tensor keep = lenient_argmax(target_logits, index, config.lenience, at::kDouble).contiguous();
+    lenient.assign(1, 0);
+    lenient.insert(lenient.end(), keep.const_data_ptr<bool>(), keep.const_data_ptr<bool>() + gamma);
   }
+  const Tree chain = Tree::from_shape(std::vector<int64_t>(gamma, 1));
+  Verdict out;
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "speculant_verify", [&] {
+    HostRows<scalar_t> q_by_node(q_rows), none{at::Tensor()};
+    out = walk(Walk<scalar_t>{chain, p.const_data_ptr<scalar_t>(), p.size(1), q_by_node, none, tokens.data(), config,
+                              Siblings::with_replacement, uniform, lenient.empty() ? nullptr : lenient.data()});
+  });
+  out.drafted.assign(drafted, drafted + gamma);
   out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });
   return out;
 }

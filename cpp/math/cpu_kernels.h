@@ -47,9 +47,11 @@ int64_t draw(const at::Tensor& probs, int64_t row, bool greedy, const Uniform& u
 at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
 
 // Algorithm 1's verification for CPU tensors: target_logits [gamma + 1, V], q [gamma, V] the draft rows the
-// tokens were drawn from, drafted [gamma] the draft tokens (host). The verdict (verdict.h) without its device
-// token: n kept, t ~ residual(p_{n+1}, q_{n+1}) or p_{gamma+1} when all were kept (argmax if greedy), the betas of
-// the verified positions, finite: every target row was (standardize's flags). Draws one r per draft token up to the first
+// tokens were drawn from, drafted [gamma] the draft tokens (host). The chain is the tree [1] * gamma, verified by
+// verify_tree's walk in p's working dtype (float32 but for float64 logits) with A.5's lenience, which trees
+// refuse; each node's test reads p and q themselves. The verdict (verdict.h) without its device token: n kept,
+// t ~ residual(p_{n+1}, q_{n+1}) or p_{gamma+1} when all were kept (argmax if greedy), the betas of the verified
+// positions, finite: every target row was (standardize's flags). Draws one r per draft token up to the first
 // rejection, then one uniform for t, from `uniform`; greedy draws none. Standardizes all gamma + 1 target rows
 // (all are checked for finiteness) but evaluates beta and the residual only where Algorithm 1 reads them.
 Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
@@ -63,8 +65,8 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
                          const at::Tensor& sibling = at::Tensor());
 
 // Multi-draft verification of a token tree for CPU tensors (tree.h's rule and arguments; tokens: the nodes'
-// tokens, host). Standardizes every target row (all are checked for finiteness) but walks down from the root
-// evaluating only the nodes it reaches: at each, its children's tests in rank order, one uniform each until
+// tokens, host), in float64. Standardizes every target row (all are checked for finiteness) but walks down from
+// the root evaluating only the nodes it reaches: at each, its children's tests in rank order, one uniform each until
 // one is accepted (greedy: none), and at the node where it stops one uniform for t from the last residual
 // (greedy: the argmax of p there). verdict.token is left undefined (the caller makes it).
 Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
