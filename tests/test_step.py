@@ -219,3 +219,17 @@ def test_inverse_cdf_never_returns_a_zero_probability_token():
     for u in [0.0, 1e-300, 0.5, 1.0 - 2**-53]:
         n, t, betas, _ = _core._verify_step(logits, q, torch.tensor([2]), 1.0, 0, 1.0, 1.0, [u, u])
         assert n == 0 and t in (1, 3) and betas == [0.0]
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["host", "tensor"])
+def test_a_draft_its_law_gives_no_mass_is_kept_as_algorithm_1_keeps_it(generic):
+    """The chain's test is min(1, p(x) / q(x)), 1 where q(x) = 0 < p(x) (reference.acceptance_probability), on
+    both paths: the host verifies a chain as the tree [1] * gamma, whose later children alone (a tree's fillers)
+    are never kept where their law gives them no mass."""
+    logits = torch.tensor([[0.0, 0.0, 0.0, NEG_INF], [0.0, 0.0, 0.0, 0.0]])
+    q = torch.tensor([[0.0, 1.0, 0.0, 0.0]])  # the draft token 2 has q = 0 < p
+    row = (logits, q, torch.tensor([2]))
+    for seed in range(5):
+        n, _, _, _ = _core._verify_rows_seeded([row], 1.0, 0, 1.0, 1.0, seeds=[seed], generic=generic)[0]
+        assert n == 1
+    assert reference.acceptance_probability(torch.tensor(1 / 3), torch.tensor(0.0)).item() == 1.0

@@ -240,8 +240,8 @@ int64_t sampled_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, 
       for (int64_t v = 0; v < vocab; ++v) w += p_j[v] > q_j[v] ? s_node[v] : acc_t(0);
     }
     const int64_t next = look_ahead ? in.tokens[first + j + 1] : 0;
-    if (in.uniform() < child_acceptance(p_j[x], q_j[x], in.config.lenience, look_ahead, p_j[next] > q_j[next], w))
-      return j;
+    const bool next_in_h = p_j[next] > q_j[next];
+    if (in.uniform() < child_acceptance(p_j[x], q_j[x], in.config.lenience, j == 0, look_ahead, next_in_h, w)) return j;
     const double rejected = residual_mass(p_j, q_j, vocab);
     if (j == children - 1) {  // every child rejected: t from residual(p_j, q_j), p_j itself when that has no mass
       t = rejected > 0 ? inverse_cdf(vocab, in.uniform(), [p_j, q_j](int64_t v) { return excess(p_j[v], q_j[v]); })

@@ -133,10 +133,12 @@ inline double coupled_coin(double r, bool next_in_h, double w) {
 
 // Child j's test at a node (above), the host's rule for both forms (cpu_kernels.cpp, tree_verification.cpp):
 // min(1, p_j(x) / (l q_j(x))) with A.5's lenience l (1 but for chains), or the coupled coin where it looks ahead
-// (coupled, a child after it: whether that child lies in H_j, whose mass under its law is w); 0 for a child q_j
-// could not have drawn.
-inline double child_acceptance(double p_x, double q_x, double lenience, bool look_ahead, bool next_in_h, double w) {
-  if (!(q_x > 0)) return 0.0;
+// (coupled, a child after it: whether that child lies in H_j, whose mass under its law is w). The first child's
+// test is Algorithm 1's (acceptance(): 1 where q(x) = 0 < p(x)); a later child q_j could not have drawn (a filler
+// of draw_children) is never kept.
+inline double child_acceptance(double p_x, double q_x, double lenience, bool first, bool look_ahead, bool next_in_h,
+                               double w) {
+  if (!first && !(q_x > 0)) return 0.0;
   const double ratio = acceptance_ratio(p_x, q_x, lenience);
   return look_ahead ? coupled_coin(ratio, next_in_h, w) : std::min(1.0, ratio);
 }

@@ -318,10 +318,10 @@ class Children {
   double acceptance(int64_t j) const {
     if (siblings_ == Siblings::coupled && j + 1 < count_) {
       const Step& step = parts_.steps[j];
-      return child_acceptance(p_at(j, j), q_at(j, j), 1.0, true, read_.at(step.sign)[i_ * widest_ + j + 1] > 0,
+      return child_acceptance(p_at(j, j), q_at(j, j), 1.0, j == 0, true, read_.at(step.sign)[i_ * widest_ + j + 1] > 0,
                               value(step.w));
     }
-    return child_acceptance(p_at(j, j), q_at(j, j), 1.0, false, false, 0.0);
+    return child_acceptance(p_at(j, j), q_at(j, j), 1.0, j == 0, false, false, 0.0);
   }
 
  private:
