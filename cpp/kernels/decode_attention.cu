@@ -1,11 +1,12 @@
 // Split-KV attention for calls of a few query rows (decoding, verification of chains and trees): each block
 // takes up to kRows query rows of one (batch row, key/value head) over one chunk of the keys, so that a call of
 // one token still spreads over the whole device; a second kernel combines the chunks' partial softmaxes. A
-// block's warps take every kWarps-th key of the chunk; each lane holds E = D / 32 dimensions of every query row,
-// the running softmax (max m, sum l, the lane's slice of sum exp(s - m) v), and reads each key and value once
-// for all the block's rows.
+// block's warps take every kWarps-th key of the chunk, loading several keys before computing on them so that
+// their loads overlap; each lane holds E = D / 32 dimensions of every query row, the running softmax (max m, sum
+// l, the lane's slice of sum exp(s - m) v), and reads each key and value once for all the block's rows.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/element.cuh"
@@ -17,6 +18,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kRows = 8;       // query rows per block
 constexpr int kMinChunk = 16;  // keys per chunk, at least
+constexpr int kMaxSplits = 256;  // chunks per call, at most
 
 template <int E>
 struct Running {
@@ -80,40 +82,71 @@ __global__ void __launch_bounds__(kWarps * 32) attend_chunk(AttentionArgs a) {
       run[r].o[i] = 0.0f;
     }
   }
-  for (int j = first + warp; j < last; j += kWarps) {
-    float key[E], value[E];
-    for (int i = 0; i < E; ++i) key[i] = load(k + j * a.k_stride[2] + i), value[i] = load(v + j * a.v_stride[2] + i);
-    for (int r = 0; r < rows; ++r) {
-      float s = 0.0f;
-      for (int i = 0; i < E; ++i) s += query[r][i] * key[i];
-      const int row = tile * kRows + r;
-      s = warp_sum(s) + load(mask + (row % a.mask_rows) * a.mask_stride[1] + j * a.mask_stride[2]);
-      if (s == -INFINITY) continue;  // a masked key adds exp(-inf) = 0
-      const float m = fmaxf(run[r].m, s), carry = expf(run[r].m - m), p = expf(s - m);
-      run[r].l = run[r].l * carry + p;
-      for (int i = 0; i < E; ++i) run[r].o[i] = run[r].o[i] * carry + p * value[i];
-      run[r].m = m;
+  constexpr int U = E >= 8 ? 2 : 4;  // keys a warp loads before it computes on them, so that their loads overlap
+  for (int base = first + warp; base < last; base += kWarps * U) {
+    float key[U][E], value[U][E], bias[U][kRows];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = base + u * kWarps;
+      if (j >= last) break;
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        key[u][i] = load(k + j * a.k_stride[2] + i);
+        value[u][i] = load(v + j * a.v_stride[2] + i);
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (r < rows)
+          bias[u][r] = load(mask + (tile * kRows + r) % a.mask_rows * a.mask_stride[1] + j * a.mask_stride[2]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (base + u * kWarps >= last) break;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (r >= rows) break;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < E; ++i) s += query[r][i] * key[u][i];
+        s = warp_sum(s) + bias[u][r];
+        if (s == -INFINITY) continue;  // a masked key adds exp(-inf) = 0
+        const float m = fmaxf(run[r].m, s), carry = expf(run[r].m - m), p = expf(s - m);
+        run[r].l = run[r].l * carry + p;
+#pragma unroll
+        for (int i = 0; i < E; ++i) run[r].o[i] = run[r].o[i] * carry + p * value[u][i];
+        run[r].m = m;
+      }
     }
   }
   merge_warps<T, E>(a, run, split, tile, bh);
 }
 
 // One block per (query row, batch row and head), one thread per dimension: the chunks' partial softmaxes
-// rescaled to their common max and summed.
+// rescaled to their common max and summed. Each chunk's max and sum are read once, by one thread, into shared
+// memory with their factors exp(m_s - m); each thread's loads over the chunks are then independent of each other.
 template <typename T, int D>
-__global__ void combine_splits(AttentionArgs a) {
+__global__ void __launch_bounds__(D) combine_splits(AttentionArgs a) {
+  __shared__ float factor[kMaxSplits], weighted[kMaxSplits];
   const int row = blockIdx.x, bh = blockIdx.y, d = threadIdx.x;
   const size_t slot = static_cast<size_t>(bh) * a.rows + row;
   const size_t stride = static_cast<size_t>(a.batch) * a.heads * a.rows * (D + 2);
   const float* part = a.partial + slot * (D + 2);
-  float m = -INFINITY, l = 0.0f, o = 0.0f;
-  for (int s = 0; s < a.splits; ++s) m = fmaxf(m, part[s * stride + D]);
-  if (m != -INFINITY) {
-    for (int s = 0; s < a.splits; ++s) {
-      const float factor = expf(part[s * stride + D] - m);
-      l += part[s * stride + D + 1] * factor;
-      o += part[s * stride + d] * factor;
-    }
+  for (int s = d; s < a.splits; s += D) factor[s] = part[s * stride + D], weighted[s] = part[s * stride + D + 1];
+  __syncthreads();
+  float m = -INFINITY;
+  for (int s = 0; s < a.splits; ++s) m = fmaxf(m, factor[s]);
+  __syncthreads();  // every thread has read the maxima before they become factors
+  for (int s = d; s < a.splits; s += D) {
+    const float f = m == -INFINITY ? 0.0f : expf(factor[s] - m);
+    factor[s] = f, weighted[s] *= f;
+  }
+  __syncthreads();
+  float l = 0.0f, o = 0.0f;
+#pragma unroll 4
+  for (int s = 0; s < a.splits; ++s) {
+    l += weighted[s];
+    o += part[s * stride + d] * factor[s];
   }
   store(static_cast<T*>(a.out) + slot * D + d, l == 0.0f ? 0.0f : o / l);
 }
@@ -141,8 +174,8 @@ int launch_width(const AttentionArgs& a, cudaStream_t stream) {
 int attention_splits(int batch, int heads, int rows, int keys, int multiprocessors) {
   const int blocks = batch * heads * ((rows + kRows - 1) / kRows);
   const int wanted = (2 * multiprocessors + blocks - 1) / blocks;
-  const int most = (keys + kMinChunk - 1) / kMinChunk;
-  return wanted < 1 ? 1 : (wanted < most ? wanted : (most < 1 ? 1 : most));
+  const int most = std::min((keys + kMinChunk - 1) / kMinChunk, kMaxSplits);
+  return std::max(1, std::min(wanted, most));
 }
 
 int launch_decode_attention(const AttentionArgs& args, void* stream) {

@@ -84,7 +84,8 @@ at::Tensor attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const 
                           const at::Tensor& mask_in, double scale) {
   check_attention(q_in, k_in, v_in, mask_in);
   const int64_t B = q_in.size(0), H = q_in.size(1), N = q_in.size(2), D = q_in.size(3), S = k_in.size(2);
-  if (N > kKernelRows || (D != 64 && D != 128 && D != 256)) return attention_composite(q_in, k_in, v_in, mask_in, scale);
+  if (N > kKernelRows || (D != 64 && D != 128 && D != 256))
+    return attention_composite(q_in, k_in, v_in, mask_in, scale);
   const c10::cuda::CUDAGuard guard(q_in.device());
   const at::Tensor q = last_contiguous(q_in), k = last_contiguous(k_in), v = last_contiguous(v_in);
   const at::Tensor mask = last_contiguous(mask_rows(mask_in));  // [Bm, T, S]
