@@ -135,6 +135,7 @@ TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 @pytest.mark.parametrize("dim", [64, 128, 256])
 @pytest.mark.parametrize("batch, heads, group, new, keys, mask_batch", [
     (1, 8, 4, 1, 257, 1), (1, 8, 4, 16, 300, 1), (1, 12, 1, 1, 4096, 1), (3, 2, 2, 5, 33, 3), (2, 4, 1, 1, 1, 1),
+    (1, 1, 1, 1, 8192, 1),  # one head over many keys: the most chunks a call takes (256)
     (1, 2, 8, 16, 70, 1),  # 128 query rows: the kernel's largest call
     (1, 2, 4, 40, 50, 1)])  # 160 rows: ATen's attention
 def test_cuda_decode_attention_matches_a_float64_reference(dtype, dim, batch, heads, group, new, keys, mask_batch):
