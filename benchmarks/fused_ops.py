@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 import floor
 import kernels
+import speculant  # noqa: F401  (registers torch.ops.speculant)
 from graphs import median_range, sync
 
 # name -> (key/value heads, query heads per key/value head, head size)
@@ -90,9 +91,8 @@ def table(rows: List[Dict]) -> str:
              "|---|---|---|---|---|---|"]
     for row in rows:
         what = f"{row['shape']}, {row['keys']} keys" if row["op"] == "decode_attention" else f"width {row['width']}"
-        s, t = (1e3 * x for x in row["speculant_ms"]), (1e3 * x for x in row["torch_ms"])
-        s0, s1, s2 = s
-        t0, t1, t2 = t
+        s0, s1, s2 = (1e3 * x for x in row["speculant_ms"])
+        t0, t1, t2 = (1e3 * x for x in row["torch_ms"])
         lines.append(f"| {row['op']} | {what} | {s0:.1f} [{s1:.1f}-{s2:.1f}] | {t0:.1f} [{t1:.1f}-{t2:.1f}] | "
                      f"{row['ratio']:.2f}x | {1e3 * row['floor_ms']:.2f} |")
     return "\n".join(lines)
@@ -112,8 +112,6 @@ def main(argv=None) -> Dict:
         parser.error("--keys, --widths, --calls and --repeats must be >= 1")
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    import speculant  # noqa: F401  (registers torch.ops.speculant)
-
     bandwidth = floor.read_bandwidth(device, nbytes=1 << 28 if device.type == "cpu" else 1 << 30)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"
     rows = []

@@ -87,15 +87,15 @@ int launch(const void* x, const void* weight, void* y, int64_t rows, int64_t wid
   const bool aligned = width % N == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(weight) |
                                           reinterpret_cast<uintptr_t>(y)) % 16 == 0;
   const int64_t per_thread = (width / N + kThreads - 1) / kThreads;
-  const auto args = [&](auto kernel) {
+  const auto run = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<T*>(y),
                                      width, eps);
   };
-  if (!aligned || per_thread > kMaxVectors) args(rms_norm_rows<T>);
-  else if (per_thread <= 1) args(rms_norm_vectors<T, 1>);
-  else if (per_thread <= 2) args(rms_norm_vectors<T, 2>);
-  else if (per_thread <= 4) args(rms_norm_vectors<T, 4>);
-  else args(rms_norm_vectors<T, kMaxVectors>);
+  if (!aligned || per_thread > kMaxVectors) run(rms_norm_rows<T>);
+  else if (per_thread <= 1) run(rms_norm_vectors<T, 1>);
+  else if (per_thread <= 2) run(rms_norm_vectors<T, 2>);
+  else if (per_thread <= 4) run(rms_norm_vectors<T, 4>);
+  else run(rms_norm_vectors<T, kMaxVectors>);
   return static_cast<int>(cudaGetLastError());
 }
 
