@@ -285,10 +285,10 @@ CHAIN_VERIFICATIONS = {**SETTINGS, "greedy-lenient0.5": dict(temperature=0.0, le
 
 @pytest.mark.parametrize("setting", list(CHAIN_VERIFICATIONS))
 def test_fixed_chain_verification_on_the_accelerators_path_equals_dynamic(pair, setting):
-    """On the accelerators' path (tensor_path) fixed shapes run the chain's verification through its own buffers,
-    keyed by the rows' drafts and the settings (verification_graphs.h: the work a graph captures on CUDA, where the
-    placements read back come from the key's first run): the tokens, trace and counts of dynamic shapes, batch and
-    batch 1, plain decoding included."""
+    """On the accelerators' path (tensor_path) fixed shapes run the chain's sampled verification through its own
+    buffers, keyed by the rows' drafts and the settings (verification_graphs.h: the work a graph captures on CUDA,
+    where the placements read back come from the key's first run); greedy's few operations run without them, as a
+    tree's do: the tokens, trace and counts of dynamic shapes, batch and batch 1, plain decoding included."""
     target, draft = pair
     sampling = CHAIN_VERIFICATIONS[setting]
     # the sampling set on the decoders: generate's overrides would make a decoder core (and its buffers) per call
@@ -299,7 +299,8 @@ def test_fixed_chain_verification_on_the_accelerators_path_equals_dynamic(pair, 
             assert_same_runs(plain_runs(target, ("off", "fixed")), PROMPTS, seed=114, max_new_tokens=MAX_NEW,
                              **sampling)
     keys, captured, failure = fixed._core.verification_graphs
-    assert keys >= 2 and captured == 0 and failure == ""  # the batch's rows, a row alone
+    assert captured == 0 and failure == ""
+    assert keys == 0 if sampling["temperature"] == 0 else keys >= 2  # the batch's rows, a row alone
     assert dynamic._core.verification_graphs == (0, 0, "")
 
 

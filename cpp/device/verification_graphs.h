@@ -1,4 +1,4 @@
-// A verification's device work in CUDA graphs of its own (the chain's, step.cpp; a tree's, tree_verification.cpp).
+// A verification's device work in CUDA graphs of its own (tree_verification.cpp: chains' and trees').
 //
 // On an accelerator a verification launches a few dozen small operations between its inputs (the target's logits,
 // the draft's laws and tokens, the uniforms) and its one read-back: residuals, candidates, the read-back's joins.

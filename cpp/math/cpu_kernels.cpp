@@ -378,6 +378,12 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
   return out;
 }
 
+at::Tensor token_tensor(int64_t token) {
+  at::Tensor out = at::empty({1}, at::TensorOptions().dtype(at::kLong));
+  *out.mutable_data_ptr<int64_t>() = token;
+  return out;
+}
+
 Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
                     const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
                     const at::Tensor& sibling_q) {

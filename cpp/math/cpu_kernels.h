@@ -73,6 +73,9 @@ Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at:
                         const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
                         const at::Tensor& sibling_q = at::Tensor());
 
+// int64 [1] holding `token` on the CPU (a verdict's or a draw's device token there), without a tensor operation.
+at::Tensor token_tensor(int64_t token);
+
 // Uniforms from a CPU generator, holding the generator's lock while it lives.
 class GeneratorUniform {
  public:

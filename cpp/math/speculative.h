@@ -28,7 +28,7 @@
 namespace speculant {
 
 // The rules once per form: on the host, one token (or one row) at a time, for the CPU kernels and for the host's
-// part of the accelerators' verifications (step.cpp, tree_verification.cpp); as tensors below them.
+// part of the accelerators' verification (tree_verification.cpp); as tensors below them.
 
 // p(x) / (l q(x)), the ratio the test min(1, .) reads: 0 where p(x) = 0 (or NaN: callers check finiteness
 // themselves), +inf where l q(x) = 0 < p(x).
@@ -106,7 +106,8 @@ at::Tensor lenient_argmax(const at::Tensor& target_logits, const at::Tensor& ind
 // last row ("padded").
 
 // Everything about one iteration of Algorithm 1 once both models have run, for all n at once (tests and
-// analysis; the decoder's host kernels evaluate only the row they need, its tensor path every row: step.cpp).
+// analysis; the decoder's host walk evaluates only the nodes it reaches, its tensor path every node:
+// tree_verification.cpp).
 struct Verification {
   at::Tensor p;            // [gamma + 1, V] standardized target distributions p_1 .. p_{gamma+1}
   at::Tensor accept_prob;  // [gamma]

@@ -60,14 +60,13 @@ struct VerifyInput {
   bool draft_finite = true;
 };
 
-// Every row of a batch at once, row i drawing from *generators[i]. CPU tensors run the host kernel row by row
-// (nothing to read back). Accelerators run one batched tensor pass over all rows, each padded to the longest
-// draft: every position's residual and candidate t, and the probabilities of the drafts under p and q, read back
-// in one transfer, where the host tests each row's drafts against its coins and picks its t. Row i gets the
-// verdict it gets alone: its generator gives the same draws in the same order, and every operation is row-wise.
-// With `graphs` the accelerators' pass (everything between its joined inputs and the read-back) runs through
-// fixed-shape buffers keyed by the rows' drafts and the settings, a CUDA graph per key where they capture
-// (verification_graphs.h); the uniforms are drawn outside as without: the same verdicts.
+// Every row of a batch at once, row i drawing from *generators[i]: each row is the tree [1] * gamma in its chain form
+// (tree.h: TreeInput), verified by verify_trees, the one verifier of chains and trees. CPU tensors run the host walk
+// row by row (nothing to read back). Accelerators run the tensor pass over all rows' nodes at once, read back in one
+// transfer; the host tests each row's drafts against its coins and picks its t. Row i gets the verdict it gets
+// alone: its generator gives the same draws in the same order (a coin per draft, then a uniform per position for t),
+// and every operation is row-wise. With `graphs` the accelerators' pass runs through fixed-shape buffers keyed by
+// the rows' drafts and the settings, a CUDA graph per key where they capture (verification_graphs.h).
 std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
                                  const std::vector<at::Generator*>& generators, VerificationGraphs* graphs = nullptr);
 

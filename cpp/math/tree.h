@@ -183,26 +183,34 @@ at::Tensor top_tokens(const at::Tensor& q, int64_t k);
 // One row's tree and what its verification needs. target_logits [N + 1, V]: row i is the target after node i.
 // q [N + 1, V]: row i is the draft's standardized distribution at node i, which node i's children were drawn from
 // (rows of leaves are not read). tokens int64 [N + 1]: node i's token (the root's is not read). draft_maxima (may
-// be undefined): the draft's raw row maxima, checked for NaN / +inf. The row draws from *generator. sibling_q (may be
-// undefined) [N + 1, V]: row i the law node i's children 1 .. k - 1 were drawn from (a sibling draft's, above).
+// be undefined): the draft's raw row maxima, checked for NaN / +inf; draft_finite: those already checked on the
+// host. The row draws from *generator. sibling_q (may be undefined) [N + 1, V]: row i the law node i's children
+// 1 .. k - 1 were drawn from (a sibling draft's, above).
+//
+// A chain (the tree [1] * N) may come in its own form, as Algorithm 1 has it: q [N, V] and tokens [N], the drafts
+// x_1 .. x_N (node i's q row is q's row i, node i's token tokens[i - 1]); its verdict then lists them in `drafted`.
+// Only chains in that form take A.5's lenience (its bound is proven for one draft per position).
 struct TreeInput {
   const Tree* tree = nullptr;
   at::Tensor target_logits, q, tokens, draft_maxima;
   at::Generator* generator = nullptr;
   at::Tensor sibling_q;
+  bool draft_finite = true;
+
+  bool chain_form() const { return tree->chain() && tokens.defined() && tokens.size(0) == tree->size() - 1; }
 };
 
-// ValueError unless the row's tensors are shaped as above for its tree, lenience is 1, and a sibling law comes with
-// independent draws.
+// ValueError unless the row's tensors are shaped as above for its tree, lenience is 1 (but for chain-form rows), and
+// a sibling law comes with independent draws.
 void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblings siblings);
 
-// Every row's tree (lenience must be 1). CPU tensors go to cpu::verify_tree row by row, which evaluates only the
-// nodes on the walk. On accelerators (verify_trees_generic, tree_verification.cpp) every internal node of every row
-// runs its steps as tensors at once (the residuals p_j and the children's laws q_j over the vocabulary, every
-// node's candidate t drawn from its last row), with one device -> host read for the batch: the children's
-// probabilities under p and q, each step's sums and the row's coins. The host follows each child's token through
-// the steps, tests it, and walks down the tree (the same law, other draws than the host kernel's). A row gets the
-// verdict it gets alone: its generator gives the same draws in the same order.
+// Every row's tree, chains included. CPU tensors go to the host walk row by row (cpu::verify_tree, cpu::verify for
+// chain-form rows), which evaluates only the nodes on the walk. On accelerators (verify_trees_generic,
+// tree_verification.cpp) every internal node of every row runs its steps as tensors at once (the residuals p_j and
+// the children's laws q_j over the vocabulary, every node's candidate t drawn from its last row), with one device ->
+// host read for the batch: the children's probabilities under p and q, each step's sums and the row's coins. The host
+// follows each child's token through the steps, tests it, and walks down the tree (the same law, other draws than the
+// host kernel's). A row gets the verdict it gets alone: its generator gives the same draws in the same order.
 //
 // With `graphs` the accelerators' path runs its device work (everything between the inputs, joined, and the one
 // packed read-back) through fixed-shape buffers keyed by the rows' trees and the settings (verification_graphs.h):

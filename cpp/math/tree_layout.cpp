@@ -1,0 +1,145 @@
+#include "math/tree_layout.h"
+
+#include <algorithm>
+
+#include "errors.h"
+#include "device/join.h"
+
+namespace speculant {
+
+Nodes::Nodes(const std::vector<TreeInput>& rows)
+    : rows(rows), base(rows.size() + 1, 0), q_base(rows.size() + 1, 0), token_base(rows.size() + 1, 0) {
+  for (size_t r = 0; r < rows.size(); ++r) {
+    base[r + 1] = base[r] + rows[r].tree->size();
+    q_base[r + 1] = q_base[r] + rows[r].q.size(0);
+    token_base[r + 1] = token_base[r] + rows[r].tokens.size(0);
+    chain_form.push_back(rows[r].chain_form());
+    widest = std::max(widest, rows[r].tree->max_children());
+    row_of.resize(base[r + 1], static_cast<int64_t>(r));
+  }
+  size = base.back();
+  tokens = every_row(&TreeInput::tokens);
+  siblings_law = rows.front().sibling_q.defined();
+  for (const TreeInput& row : rows) {
+    require(row.sibling_q.defined() == siblings_law, "a batch's rows all have a sibling law, or none");
+  }
+}
+
+at::Tensor Nodes::every_row(at::Tensor TreeInput::*field) const {
+  std::vector<at::Tensor> parts;
+  for (const TreeInput& row : rows) parts.push_back(row.*field);
+  return joined(parts);
+}
+
+bool consecutive(const std::vector<int64_t>& rows) {
+  for (size_t i = 1; i < rows.size(); ++i) {
+    if (rows[i] != rows[0] + static_cast<int64_t>(i)) return false;
+  }
+  return true;
+}
+
+at::Tensor take_rows(const at::Tensor& from, const std::vector<int64_t>& rows, const at::Tensor& index) {
+  if (consecutive(rows)) return from.narrow(0, rows.empty() ? 0 : rows[0], static_cast<int64_t>(rows.size()));
+  return from.index_select(0, index);
+}
+
+namespace {
+
+// The greedy layout's lists: each q row's node, and (lenience below 1: chain-form rows only) each one's draft.
+void greedy_lists(const Nodes& nodes, const SamplingConfig& config, Layout& layout) {
+  for (size_t r = 0; r < nodes.rows.size(); ++r) {
+    for (int64_t i = 0; i < nodes.q_base[r + 1] - nodes.q_base[r]; ++i) layout.q_nodes.push_back(nodes.base[r] + i);
+  }
+  if (config.lenience < 1.0) {
+    for (const int64_t node : layout.q_nodes) layout.drafts.push_back(nodes.token(nodes.first_child(node)));
+  }
+  for (int64_t node = 0; node < nodes.size; ++node) layout.order.push_back(node);
+}
+
+// The sampled layout's order, coins and lists (Layout above).
+void sampled_lists(const Nodes& nodes, Layout& layout) {
+  std::vector<int64_t>& order = layout.order;
+  for (int64_t node = 0; node < nodes.size; ++node) {
+    if (nodes.children(node) > 0) order.push_back(node);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return nodes.children(a) > nodes.children(b); });
+  layout.internal = static_cast<int64_t>(order.size());
+  for (int64_t node = 0; node < nodes.size; ++node) {
+    if (nodes.children(node) == 0) order.push_back(node);
+  }
+  layout.leading.assign(nodes.widest + 1, 0);
+  for (int64_t i = 0; i < layout.internal; ++i) {
+    for (int64_t j = 0; j < nodes.children(order[i]); ++j) ++layout.leading[j];
+  }
+  std::vector<int64_t> draw_at(nodes.size);
+  for (size_t r = 0, offset = 0; r < nodes.rows.size(); ++r) {
+    const Tree& tree = nodes.tree(static_cast<int64_t>(r));
+    const int64_t width = std::max<int64_t>(tree.max_children(), 1), base = nodes.base[r];
+    int64_t coins = 0;
+    for (int64_t node = 0; node < tree.size(); ++node) {
+      if (tree.children(node) > 0) layout.coin_at[base + node] = offset + width * coins++;
+    }
+    for (int64_t node = 0; node < tree.size(); ++node) draw_at[base + node] = offset + width * coins + node;
+    layout.uniform_sizes.push_back(width * coins + tree.size());
+    offset += layout.uniform_sizes.back();
+  }
+  for (int64_t i = 0; i < layout.internal; ++i) {
+    layout.q_rows.push_back(nodes.q_row(order[i]));
+    const int64_t first = nodes.first_child(order[i]);
+    for (int64_t j = 0; j < nodes.widest; ++j) {
+      layout.children.push_back(nodes.token(first + (j < nodes.children(order[i]) ? j : 0)));
+    }
+  }
+  for (int64_t i = 0; i < nodes.size; ++i) layout.draw_of.push_back(draw_at[order[i]]);
+}
+
+}  // namespace
+
+Layout::Layout(const Nodes& nodes, const SamplingConfig& config)
+    : greedy(config.greedy()), position(nodes.size), coin_at(nodes.size, 0) {
+  if (greedy) {
+    greedy_lists(nodes, config, *this);
+  } else {
+    sampled_lists(nodes, *this);
+  }
+  for (int64_t i = 0; i < nodes.size; ++i) position[order[i]] = i;
+  const auto lists = taken();
+  if (!std::all_of(lists.begin(), lists.end(), [](const auto* list) { return consecutive(*list); })) {
+    for (const auto* list : lists) index.insert(index.end(), list->begin(), list->end());
+  }
+}
+
+std::vector<const std::vector<int64_t>*> Layout::taken() const {
+  if (greedy) return {&q_nodes, &drafts};
+  return {&order, &q_rows, &children, &draw_of};
+}
+
+at::Tensor Layout::uniforms(const Nodes& nodes, const at::Device& device) const {
+  std::vector<at::Tensor> blocks;
+  for (size_t r = 0; r < nodes.rows.size(); ++r) {
+    blocks.push_back(scaled_uniforms({uniform_sizes[r]}, *nodes.rows[r].generator, device));
+  }
+  return joined(blocks);
+}
+
+DeviceInputs::DeviceInputs(const std::vector<at::Tensor>& in, const Nodes& nodes, const Layout& layout)
+    : logits(in[0]), q(in[1]), tokens(in[2]) {
+  size_t next = 3;
+  if (!layout.greedy) uniforms = in[next++];
+  if (nodes.siblings_law) sibling = in[next++];
+  const auto lists = layout.taken();
+  taken.resize(lists.size());
+  if (!layout.index.empty()) {
+    int64_t at = 0;
+    for (size_t i = 0; i < lists.size(); ++i) {
+      const auto size = static_cast<int64_t>(lists[i]->size());
+      taken[i] = in[next].narrow(0, at, size);
+      at += size;
+    }
+    ++next;
+  }
+  witnesses = next;
+}
+
+}  // namespace speculant
