@@ -15,7 +15,8 @@ void bind_drafters(py::module_& m) {
       .def_property_readonly("device", [](const Drafter& d) { return d.device().str(); })
       .def_property_readonly("kind", &Drafter::name)
       .def_property_readonly("tree_obstacle", &Drafter::tree_obstacle);
-  m.def("model_drafter", &model_drafter, py::arg("model"), py::arg("sibling") = nullptr);
+  m.def("model_drafter", &model_drafter, py::arg("model"), py::arg("sibling") = nullptr,
+        py::arg("stop_below") = 0.0);
   m.def("unigram_drafter",
         [](const at::Tensor& unigram, const std::string& device) { return unigram_drafter(unigram, at::Device(device)); },
         py::arg("unigram"), py::arg("device"));

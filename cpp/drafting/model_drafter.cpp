@@ -27,6 +27,14 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// The probability each draw's token had under the law it was drawn from, read on the host (one read for the step).
+std::vector<double> drawn_probabilities(const std::vector<DraftDraw>& draws) {
+  std::vector<at::Tensor> at_token;
+  for (const DraftDraw& draw : draws) at_token.push_back(draw.q.gather(1, draw.token.view({1, 1})).view({1}));
+  const at::Tensor host = joined(at_token).to(at::kCPU, at::kDouble).contiguous();
+  return {host.const_data_ptr<double>(), host.const_data_ptr<double>() + host.numel()};
+}
+
 // A draft Model's rows. Invariant between iterations, per row: the model has cached the sequence except
 // `pending`, which it is fed first in the next proposal (the last token; also the last proposed token when all
 // were kept, since the model sampled that token but never ran on it). Step i of a proposal is one call for
@@ -36,11 +44,14 @@ double seconds_since(Clock::time_point start) {
 // with a node of two or more children (TreeDraft::last_branching_depth): deeper, every node has one child, drawn
 // from the draft's law, so the sibling's law there is never read (its rows in TreeProposal::sibling_q are the
 // draft's). The accepted nodes it was not fed it is fed with the next tree's root (its own pending tokens).
+// With `stop_below` > 0 (chains) a row ends its proposal after a token its q gave less than that probability
+// (model_drafter.h).
 class ModelDraftRows final : public DraftRows {
  public:
   ModelDraftRows(std::unique_ptr<ModelRows> rows, at::Device device, int64_t vocab, bool trees,
-                 std::unique_ptr<ModelRows> sibling = nullptr)
+                 std::unique_ptr<ModelRows> sibling = nullptr, double stop_below = 0.0)
       : rows_(std::move(rows)), sibling_(std::move(sibling)), device_(device), vocab_(vocab), trees_(trees),
+        stop_below_(stop_below),
         pending_(rows_->count()), last_(rows_->count()), proposed_(rows_->count(), 0), tree_(rows_->count()),
         fed_(rows_->count()), tentative_(rows_->count(), 0), sibling_pending_(rows_->count()),
         sibling_tentative_(rows_->count(), 0), sibling_ran_(rows_->count(), false) {}
@@ -68,11 +79,8 @@ class ModelDraftRows final : public DraftRows {
     std::vector<Proposal> out(count);
     std::vector<std::vector<at::Tensor>> x_rows(count), q_rows(count), maxima(count);
     std::vector<at::Tensor> feed(count);
-    int64_t steps = 0;
-    for (size_t r = 0; r < count; ++r) {
-      proposed_[r] = gammas[r];
-      steps = std::max(steps, gammas[r]);
-    }
+    std::vector<int64_t> limit = gammas;  // the drafts each row makes: gammas, or fewer where the confidence stops
+    const int64_t steps = count > 0 ? *std::max_element(gammas.begin(), gammas.end()) : 0;
     const bool sync = profile && device_.is_cuda();
     // On the accelerators' path a row's uniforms for the whole proposal come in one operation, already scaled
     // for the inverse CDF (where a draw per step took two operations per step): a row's draws still depend on its
@@ -86,16 +94,18 @@ class ModelDraftRows final : public DraftRows {
     }
     // Rows drafting the same gamma on that path: each step's draws kept as the batch's tensors and stacked once at
     // the end (three operations, where joining each row's took three per row)
-    const bool together = tensor_path && steps > 0 &&
+    const bool together = tensor_path && steps > 0 && stop_below_ == 0.0 &&
                           std::all_of(gammas.begin(), gammas.end(), [&](int64_t g) { return g == steps; });
     std::vector<at::Tensor> step_q, step_tokens, step_maxima;
     // Rows with fixed shapes on that path: each step's draws inside its call (fused_draws.h)
-    const std::optional<FusedSteps> fused =
-        tensor_path ? FusedSteps::plan(*rows_, gammas, config, uniforms, vocab_, device_) : std::nullopt;
+    const std::optional<FusedSteps> fused = tensor_path && stop_below_ == 0.0
+                                                ? FusedSteps::plan(*rows_, gammas, config, uniforms, vocab_, device_)
+                                                : std::nullopt;
     for (int64_t i = 0; i < steps; ++i) {
+      if (std::none_of(limit.begin(), limit.end(), [i](int64_t k) { return i < k; })) break;
       if (i > 0) check_interrupt();  // the decoder checked before the first
       for (size_t r = 0; r < count; ++r) {
-        feed[r] = i < gammas[r] ? (i == 0 ? pending_[r] : x_rows[r].back()) : at::Tensor();
+        feed[r] = i < limit[r] ? (i == 0 ? pending_[r] : x_rows[r].back()) : at::Tensor();
       }
       const auto start = Clock::now();
       std::vector<at::Tensor> logits;  // [k_r, V] for the rows still drafting
@@ -112,7 +122,7 @@ class ModelDraftRows final : public DraftRows {
       std::vector<at::Generator*> drawing;
       std::vector<at::Tensor> drawn;  // the drafting rows' uniforms of this step, where drawn above
       for (size_t r = 0; r < count; ++r) {
-        if (i >= gammas[r]) continue;
+        if (i >= limit[r]) continue;
         out[r].seconds += seconds;  // a batched call takes this long for each row in it
         drafting.push_back(r);
         if (fused) continue;
@@ -144,6 +154,12 @@ class ModelDraftRows final : public DraftRows {
         }
         out[r].finite = out[r].finite && draws[j].finite;
       }
+      if (stop_below_ > 0.0) {  // the confidence stop: it reads the draft's own draws only, so the law stays exact
+        const std::vector<double> probability = drawn_probabilities(draws);
+        for (size_t j = 0; j < drafting.size(); ++j) {
+          if (probability[j] < stop_below_) limit[drafting[j]] = i + 1;
+        }
+      }
     }
     at::Tensor all_tokens, all_q, all_maxima;  // together: [R, gamma], [R, gamma, V], [R, gamma]
     if (together) {
@@ -152,9 +168,10 @@ class ModelDraftRows final : public DraftRows {
       if (!step_maxima.empty()) all_maxima = at::stack(step_maxima, 1);
     }
     for (size_t r = 0; r < count; ++r) {
-      if (gammas[r] == 0) continue;
+      proposed_[r] = limit[r];
+      if (limit[r] == 0) continue;
       const auto row = static_cast<int64_t>(r);
-      out[r].calls = gammas[r];
+      out[r].calls = limit[r];
       out[r].tokens = together ? all_tokens.select(0, row) : at::cat(x_rows[r], 0);
       out[r].q = together ? all_q.select(0, row) : at::cat(q_rows[r], 0);
       if (together && all_maxima.defined()) out[r].maxima = all_maxima.select(0, row);
@@ -468,6 +485,7 @@ class ModelDraftRows final : public DraftRows {
   at::Device device_;
   int64_t vocab_;
   bool trees_;  // the rows draft token trees (else chains)
+  double stop_below_;  // chains: the confidence stop (0: none)
   std::vector<at::Tensor> pending_;  // [m] int64 on the device, per row
   std::vector<at::Tensor> last_;     // [k] the row's last proposal (a tree's: [N + 1], by node)
   std::vector<int64_t> proposed_;    // its length (chains)
@@ -500,28 +518,35 @@ DrafterFacts model_facts(Model& model, Model* sibling) {
 
 class ModelDrafter final : public Drafter {
  public:
-  ModelDrafter(std::shared_ptr<Model> model, std::shared_ptr<Model> sibling)
-      : Drafter(model_facts(*model, sibling.get())), model_(std::move(model)), sibling_(std::move(sibling)) {}
+  ModelDrafter(std::shared_ptr<Model> model, std::shared_ptr<Model> sibling, double stop_below)
+      : Drafter(model_facts(*model, sibling.get())), model_(std::move(model)), sibling_(std::move(sibling)),
+        stop_below_(stop_below) {}
 
  protected:
   std::unique_ptr<DraftRows> make_rows(int64_t count, Shapes shapes, bool trees) override {
     if (!trees) {
       require(!sibling_, "a sibling draft drafts token trees only (tree=...), not chains");
       return std::make_unique<ModelDraftRows>(model_->rows(count, shapes), model_->device(), model_->vocab_size(),
-                                              false);
+                                              false, nullptr, stop_below_);
     }
+    require(stop_below_ == 0.0, "draft_confidence stops chains: a token tree's levels are laid out before it is "
+            "drawn (tree= with draft_confidence)");
     return std::make_unique<ModelDraftRows>(model_->tree_rows(count, shapes), model_->device(), model_->vocab_size(),
                                             true, sibling_ ? sibling_->tree_rows(count, shapes) : nullptr);
   }
 
  private:
   std::shared_ptr<Model> model_, sibling_;
+  double stop_below_;
 };
 
 }  // namespace
 
-std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model, std::shared_ptr<Model> sibling) {
+std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model, std::shared_ptr<Model> sibling,
+                                       double stop_below) {
   require(model != nullptr, "draft must be a model");
+  require(stop_below >= 0.0 && stop_below <= 1.0, "draft_confidence must be in [0, 1] (0: no stop), got {}",
+          stop_below);
   if (sibling) {
     require(sibling.get() != model.get(), "sibling_draft must be another model than the draft (each keeps a cache)");
     require(sibling->vocab_size() == model->vocab_size(), "sibling_draft's vocabulary ({}) must be the draft's ({})",
@@ -531,7 +556,7 @@ std::shared_ptr<Drafter> model_drafter(std::shared_ptr<Model> model, std::shared
     require(!sibling->encoder_decoder() && !model->encoder_decoder(),
             "sibling_draft: decoder-only models only (token trees of encoder-decoders draft with one model)");
   }
-  return std::make_shared<ModelDrafter>(std::move(model), std::move(sibling));
+  return std::make_shared<ModelDrafter>(std::move(model), std::move(sibling), stop_below);
 }
 
 }  // namespace speculant

@@ -122,12 +122,28 @@ def _cross_tokenizer(draft: Union[Model, Drafter], draft_tokenizer, target_token
     return CrossTokenizer(draft, draft_tokenizer, target_tokenizer, target.vocab_size, device=target.device)
 
 
-def _drafter(value: Union[Model, Drafter, "SpeculativeDecoder"], sibling: Optional[Model] = None) -> _core.Drafter:
+def _drafter(value: Union[Model, Drafter, "SpeculativeDecoder"], sibling: Optional[Model] = None,
+             confidence: float = 0.0) -> _core.Drafter:
     if isinstance(value, SpeculativeDecoder):
         return value._core.as_draft(**value._schedule)
     if isinstance(value, Drafter):
         return value._core
-    return _core.model_drafter(value._core, sibling._core if sibling is not None else None)
+    return _core.model_drafter(value._core, sibling._core if sibling is not None else None, confidence)
+
+
+def _draft_confidence(value, draft, tree) -> float:
+    """draft_confidence= as the drafter's stop (0.0: none); ValueError naming it where it cannot apply."""
+    if value is None:
+        return 0.0
+    value = real(value, "draft_confidence")
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"draft_confidence must be a probability in (0, 1], got {value!r}")
+    if not isinstance(draft, Model):
+        raise ValueError(f"draft_confidence stops a draft model's chain, got a {type(draft).__name__} as the draft")
+    if tree:
+        raise ValueError("draft_confidence stops chains: a token tree's shape is laid out before its tokens are "
+                         "drawn (leave tree= out, or draft_confidence)")
+    return value
 
 
 def _sibling_draft(value, draft, tree, siblings: str, device, dtype) -> Optional[Model]:
@@ -536,6 +552,12 @@ class SpeculativeDecoder:
     draft's alone: ``stats.draft_calls`` counts both, ``analysis.tree_draft_calls(tree, sibling=True)`` says how
     many, and ``speculant.sweep(..., sibling_draft=)`` prices such trees with it.
 
+    ``draft_confidence`` (a probability; None: off): a draft model's chain stops after a token its q gave less than
+    this, so gamma is the most each iteration drafts (transformers' ``assistant_confidence_threshold``, 0.4 in its
+    assisted generation). The stop reads only the draft's own draws, so the output law stays exactly the target's
+    (cpp/drafting/model_drafter.h). Chains of a draft model only. On an accelerator each draft step then reads one
+    number per row back to the host.
+
     ``draft_tokenizer`` with ``target_tokenizer``: a draft model whose vocabulary differs from the target's
     drafts through text (speculant.cross_tokenizer.CrossTokenizer: deterministic proposals with point-mass q,
     so the law stays exactly the target's at every setting, and at temperature 0 the output is the target's
@@ -546,7 +568,8 @@ class SpeculativeDecoder:
                  siblings: str = "coupled", temperature: float = 1.0, top_k: int = 0,
                  top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "off",
                  draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
-                 max_gamma: Optional[int] = None, cost: Optional[float] = None, sibling_draft=None):
+                 max_gamma: Optional[int] = None, cost: Optional[float] = None, sibling_draft=None,
+                 draft_confidence: Optional[float] = None):
         self.target = as_model(target, "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
         self._schedule = _schedule(gamma_policy, max_gamma, cost)
@@ -568,7 +591,8 @@ class SpeculativeDecoder:
         if isinstance(self.draft, SpeculativeDecoder):
             _check_level(self.draft, self._settings)
         self.sibling_draft = _sibling_draft(sibling_draft, self.draft, self._tree, self._siblings, device, dtype)
-        self._drafter = _drafter(self.draft, self.sibling_draft)
+        self._draft_confidence = _draft_confidence(draft_confidence, self.draft, self._tree)
+        self._drafter = _drafter(self.draft, self.sibling_draft, self._draft_confidence)
         mode = self._mode = graphs.check_mode(cuda_graphs)
         self._models = [self.target] + ([self.draft] if isinstance(self.draft, Model) else [])
         chosen = [graphs.shapes(model._core, mode, role) for model, role in zip(self._models, ("target", "draft"))]
@@ -604,7 +628,8 @@ class SpeculativeDecoder:
         return SpeculativeDecoder(self.target, draft, gamma=self._gamma, tree=self._tree or None,
                                   siblings=self._siblings, temperature=temperature, top_k=top_k, top_p=top_p,
                                   lenience=self._settings.lenience, cuda_graphs=self._mode,
-                                  sibling_draft=self.sibling_draft, **self._schedule)
+                                  sibling_draft=self.sibling_draft, draft_confidence=self._draft_confidence or None,
+                                  **self._schedule)
 
     @property
     def sampling(self) -> SamplingSettings:
