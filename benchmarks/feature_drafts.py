@@ -2,7 +2,7 @@
 assistant_early_exit, on the same target and exit layer.
 
     python benchmarks/feature_drafts.py [--prompts 8] [--tokens 64] [--repeats 3] [--threads 2] [--gammas 2 4]
-                                        [--layer-prompts 4]
+                                        [--layer-prompts 4] [--confidence 0.4] [--exit-layer L]
 
 The target: train_pairs.LLAMA_CPU's (a 6-layer d=384 Llama trained on the stdlib, 500 steps; Llama because
 transformers' early exit needs a forward that honours config.num_hidden_layers, which GPT-2's does not). It was not
@@ -15,10 +15,13 @@ schedule)).
    at T = 0 and T = 1 (γ = 4), c (the draft's seconds per call over the target's in plain decoding, both measured
    by the engine) and the speedup over plain decoding, each round running plain decoding and the draft side by
    side (median and range over --repeats rounds after an untimed one), with Theorem 3.8's speedup at that α and
-   the median c beside it; the best layer is the one with the highest median speedup at T = 0.
+   the median c beside it; the best layer is the one with the highest median speedup at T = 0. --exit-layer L
+   skips this table and times layer L.
 2. At that layer, T = 0 on held-out prompts, each method generates --tokens tokens per prompt: transformers'
    greedy generate and its early-exit assisted generation at each gamma, speculant's plain decoding and its
-   EarlyExitDraft at each gamma. Every output is checked equal to transformers' greedy output. After a warm-up
+   EarlyExitDraft at each gamma, with and without draft_confidence=--confidence (transformers' assistant stops
+   below assistant_confidence_threshold, 0.4 by default, at every gamma). Every output is checked equal to
+   transformers' greedy output. After a warm-up
    round, --repeats rounds run the methods in turn (alternating their order); each method's time is the median
    over rounds with min-max, and each ratio is the median of the per-round ratios against transformers' early
    exit at the same gamma.
@@ -95,15 +98,21 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
     rounds.common_arguments(parser, str(Path(__file__).parent / "results" / "feature-drafts-cpu.json"))
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--layer-prompts", type=int, default=4, help="prompts of the exit-layer table")
+    parser.add_argument("--exit-layer", type=int, default=None, help="time this layer (no exit-layer table)")
+    parser.add_argument("--confidence", type=float, default=0.4,
+                        help="speculant's draft_confidence beside the plain chains (transformers' default threshold)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model, recipe, root = target_model(smoke, cache)
     eos = model.config.eos_token_id
     prompts = [p["prompt_ids"] for p in train_pairs.heldout_prompts(recipe, root, args.prompts)]
     target = speculant.load(model)
-    layers = layer_table(target, prompts[:args.layer_prompts], eos, args.tokens, gamma=4, repeats=args.repeats)
-    best = max((r for r in layers if r["temperature"] == 0.0), key=lambda r: r["measured_speedup"])["exit_layer"]
-    print(f"best exit layer at T = 0: {best}")
+    if args.exit_layer is None:
+        layers = layer_table(target, prompts[:args.layer_prompts], eos, args.tokens, gamma=4, repeats=args.repeats)
+        best = max((r for r in layers if r["temperature"] == 0.0), key=lambda r: r["measured_speedup"])["exit_layer"]
+        print(f"best exit layer at T = 0: {best}")
+    else:
+        layers, best = [], args.exit_layer
     draft = speculant.EarlyExitDraft(target, exit_layer=best)
 
     def hf(gamma: int):
@@ -119,28 +128,34 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
             return out[0, ids.size(1):].tolist()
         return run
 
-    def ours(gamma: int):
+    def ours(gamma: int, confidence=None):
         if gamma == 0:
             return lambda prompt: speculant.generate(target, prompt, max_new_tokens=args.tokens, temperature=0.0,
                                                      eos_token_id=eos).tokens
-        decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0.0)
+        decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0.0,
+                                               draft_confidence=confidence)
         return lambda prompt: decoder.generate(prompt, max_new_tokens=args.tokens, eos_token_id=eos).tokens
 
-    methods = {"transformers greedy": hf(0), **{f"transformers early exit gamma={g}": hf(g) for g in args.gammas},
-               "speculant plain": ours(0), **{f"speculant EarlyExitDraft gamma={g}": ours(g) for g in args.gammas}}
+    methods = {"transformers greedy": hf(0), "speculant plain": ours(0)}
+    against = {"speculant plain": "transformers greedy"}  # each method's ratio: against transformers at its gamma
+    for g in args.gammas:
+        methods[f"transformers early exit gamma={g}"] = hf(g)
+        for confidence in (None, args.confidence):
+            name = f"speculant EarlyExitDraft gamma={g}" + (f", draft_confidence={confidence}" if confidence else "")
+            methods[name] = ours(g, confidence)
+            against[name] = f"transformers early exit gamma={g}"
     reference = [methods["transformers greedy"](p) for p in prompts]
     for name, run in methods.items():  # warm-up, and every output checked against transformers' greedy
         assert [run(p) for p in prompts] == reference, f"{name} differs from transformers' greedy output"
     timed = rounds.timed_rounds(methods, prompts, args.repeats)
     tokens = sum(len(t) for t in reference)
     rows = []
-    print(f"{'method':38} {'ms/token':>9} {'[min-max]':>15} {'vs transformers':>16} {'[min-max]':>13}")
+    print(f"{'method':62} {'ms/token':>9} {'[min-max]':>15} {'vs transformers':>16} {'[min-max]':>13}")
     for name, times in timed.items():
-        gamma = name.split("gamma=")[-1] if "gamma=" in name else None
-        base = timed[f"transformers early exit gamma={gamma}"] if gamma else timed["transformers greedy"]
+        base = timed[against.get(name, name)]
         row = rounds.ratio_row(name, times, base, tokens, "speedup_over_transformers")
         rows.append(row)
-        print(f"{name:38} {row['ms_per_token']:9.2f} [{row['ms_min']:.2f}-{row['ms_max']:.2f}] "
+        print(f"{name:62} {row['ms_per_token']:9.2f} [{row['ms_min']:.2f}-{row['ms_max']:.2f}] "
               f"{row['speedup_over_transformers']:15.2f}x [{row['speedup_min']:.2f}-{row['speedup_max']:.2f}]")
     record = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
               "torch": torch.__version__, "target": json.loads((root / "target.json").read_text()),

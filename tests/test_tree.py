@@ -25,6 +25,7 @@ child becomes the next node, and when all are rejected t is drawn from the last 
   rule on both implementations returns finite verdicts that emit only tokens the target can.
 """
 
+import contextlib
 import itertools
 from collections import defaultdict
 
@@ -36,6 +37,7 @@ import torch
 
 from chisquare import SIGNIFICANCE, pooled
 from speculant import _core
+from speculant.testing import tensor_path
 from tree_laws import (F64, VOCAB, completed, iteration_law, sibling_table, standardized, tables, target_law,
                        top_order)
 
@@ -276,6 +278,22 @@ def test_children_without_replacement_are_distinct_and_within_the_support(generi
     assert _core._draw_children(q, 4, "without_replacement", False, seed=0, generic=generic).tolist()[:3] != [0, 0, 0]
     assert _core._draw_children(torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1]), 3, "with_replacement", greedy=True,
                                 seed=0).tolist() == [1, 2, 3]  # the top 3, the first index on ties
+
+
+@pytest.mark.parametrize("path", ["host", "tensor"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_greedy_children_are_the_top_scores_first_index_on_ties(path, dtype):
+    """Greedy children (top_tokens: a partial sort on the host, argmax or a stable sort as tensors) are each row's k
+    highest scores, the first index on ties, NaN above all: what a stable descending sort gives."""
+    rows = torch.tensor([[0.1, 0.3, 0.3, 0.2, 0.3, -1.0], [2.0, 2.0, 2.0, 2.0, 2.0, 2.0],
+                         [0.0, float("nan"), 5.0, float("-inf"), 5.0, float("nan")],
+                         [float("-inf"), 1.0, float("-inf"), 0.5, 1.0, float("-inf")]], dtype=dtype)
+    with tensor_path() if path == "tensor" else contextlib.nullcontext():
+        for row in rows:
+            for k in (1, 2, 3, 6):
+                want = torch.sort(row, stable=True, descending=True).indices[:k].tolist()
+                got = _core._draw_children(row, k, "with_replacement", greedy=True, seed=0).tolist()
+                assert got == want, (row.tolist(), k)
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])

@@ -378,6 +378,31 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
   return out;
 }
 
+at::Tensor top_tokens(const at::Tensor& q, int64_t k) {
+  const int64_t vocab = q.size(-1);
+  require(k >= 0 && k <= vocab, "top_tokens: k = {} must be in [0, {}]", k, vocab);
+  const at::Tensor rows = q.contiguous().view({-1, vocab});
+  at::Tensor out = at::empty({rows.size(0), k}, at::TensorOptions().dtype(at::kLong));
+  int64_t* top = out.mutable_data_ptr<int64_t>();
+  std::vector<int64_t> order(vocab);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, rows.scalar_type(), "speculant_top_tokens", [&] {
+    for (int64_t r = 0; r < rows.size(0); ++r) {
+      const scalar_t* row = rows.const_data_ptr<scalar_t>() + r * vocab;
+      const auto above = [row](int64_t a, int64_t b) {  // a strict weak order: NaN first, then descending, by index
+        const double x = static_cast<double>(row[a]), y = static_cast<double>(row[b]);
+        if (std::isnan(x) || std::isnan(y)) return std::isnan(x) && (!std::isnan(y) || a < b);
+        return x > y || (x == y && a < b);
+      };
+      std::iota(order.begin(), order.end(), int64_t{0});
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), above);
+      std::copy(order.begin(), order.begin() + k, top + r * k);
+    }
+  });
+  std::vector<int64_t> sizes = q.sizes().vec();
+  sizes.back() = k;
+  return out.view(sizes);
+}
+
 at::Tensor token_tensor(int64_t token) {
   at::Tensor out = at::empty({1}, at::TensorOptions().dtype(at::kLong));
   *out.mutable_data_ptr<int64_t>() = token;

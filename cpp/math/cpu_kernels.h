@@ -73,6 +73,10 @@ Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at:
                         const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
                         const at::Tensor& sibling_q = at::Tensor());
 
+// top_tokens() (tree.h) for CPU scores [..., V]: each row's k highest, the first index on ties (NaN above all, as
+// a descending sort puts it), by a partial sort of the row's indices: O(V log k) where a full sort is O(V log V).
+at::Tensor top_tokens(const at::Tensor& q, int64_t k);
+
 // int64 [1] holding `token` on the CPU (a verdict's or a draw's device token there), without a tensor operation.
 at::Tensor token_tensor(int64_t token);
 
