@@ -43,30 +43,33 @@ def test_confidence_stopped_chains_keep_the_target_law(case):
     assert_law(samples, law, f"draft_confidence, {name}")
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
 @pytest.mark.parametrize("path", ["host", "tensor"])
-def test_each_chain_stops_at_its_first_unsure_draft(path):
+def test_each_chain_stops_at_its_first_unsure_draft(path, temperature):
     """The trace's drafts of each iteration: every one before the last had q(x) >= the threshold under the draft's
-    standardized law, and a chain shorter than gamma ends with one below it."""
+    law at temperature 1 (q at T = 1; at T = 0, where q is a point mass, the draft's softmax: the same law), and a
+    chain shorter than gamma ends with one below it."""
     target, draft, target_model, draft_model = pair(85)
     threshold, gamma = 0.45, 4
-    decoder = speculant.SpeculativeDecoder(target_model, draft_model, gamma=gamma, temperature=1.0,
+    decoder = speculant.SpeculativeDecoder(target_model, draft_model, gamma=gamma, temperature=temperature,
                                            draft_confidence=threshold)
     law = markov.standardized_table(draft, 1.0, 0, 1.0)
     lengths = []
     with tensor_path() if path == "tensor" else torch.no_grad():
         for seed in range(20):
-            result = decoder.generate(LAW_PROMPT, max_new_tokens=24, seed=seed)
-            tokens = list(LAW_PROMPT)
+            prompt = [seed % LAW_VOCAB, (3 * seed + 1) % LAW_VOCAB, 2]  # greedy: other prompts, other paths
+            result = decoder.generate(prompt, max_new_tokens=24, seed=seed)
+            tokens = list(prompt)
             for it in result.trace:
                 sure = [float(markov.row_logits(law, tokens + list(it.drafted[:i]))[x]) >= threshold
                         for i, x in enumerate(it.drafted)]
-                far = 24 - (len(tokens) - len(LAW_PROMPT)) > gamma + 1  # the generation's end caps no chain
+                far = 24 - (len(tokens) - len(prompt)) > gamma + 1  # the generation's end caps no chain
                 assert all(sure[:-1]) and (not far or len(sure) == gamma or not sure[-1]), (tokens, it)
                 if far:
                     lengths.append(len(sure))
                 kept = list(it.drafted[:min(it.accepted, it.emitted)])
                 tokens += kept + ([it.token] if it.emitted > it.accepted else [])
-            assert tokens == list(LAW_PROMPT) + result.tokens
+            assert tokens == prompt + result.tokens
     assert 0 < lengths.count(gamma) < len(lengths) and min(lengths) == 1  # stopped and full chains both happened
 
 

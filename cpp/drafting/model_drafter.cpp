@@ -27,10 +27,16 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The probability each draw's token had under the law it was drawn from, read on the host (one read for the step).
-std::vector<double> drawn_probabilities(const std::vector<DraftDraw>& draws) {
+// The probability each draw's token had under the law it was drawn from, q; at temperature 0, where q is a point
+// mass, under the draft's softmax of `logits` (what transformers' ConfidenceCriteria reads there). Read on the host,
+// once for the step.
+std::vector<double> drawn_probabilities(const std::vector<DraftDraw>& draws, const std::vector<at::Tensor>& logits,
+                                        bool greedy) {
   std::vector<at::Tensor> at_token;
-  for (const DraftDraw& draw : draws) at_token.push_back(draw.q.gather(1, draw.token.view({1, 1})).view({1}));
+  for (size_t j = 0; j < draws.size(); ++j) {
+    const at::Tensor law = greedy ? at::softmax(logits[j].to(at::kFloat), -1) : draws[j].q;
+    at_token.push_back(law.gather(1, draws[j].token.view({1, 1})).view({1}));
+  }
   const at::Tensor host = joined(at_token).to(at::kCPU, at::kDouble).contiguous();
   return {host.const_data_ptr<double>(), host.const_data_ptr<double>() + host.numel()};
 }
@@ -155,7 +161,7 @@ class ModelDraftRows final : public DraftRows {
         out[r].finite = out[r].finite && draws[j].finite;
       }
       if (stop_below_ > 0.0) {  // the confidence stop: it reads the draft's own draws only, so the law stays exact
-        const std::vector<double> probability = drawn_probabilities(draws);
+        const std::vector<double> probability = drawn_probabilities(draws, last, config.greedy());
         for (size_t j = 0; j < drafting.size(); ++j) {
           if (probability[j] < stop_below_) limit[drafting[j]] = i + 1;
         }

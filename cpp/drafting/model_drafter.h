@@ -4,9 +4,10 @@
 // later children from the sibling's.
 //
 // `stop_below` > 0 (chains only): the confidence stop. A row ends its proposal after a draft token to which its q gave
-// less than `stop_below`, so gamma is the most it drafts (transformers' assistant_confidence_threshold). The rule reads
-// only the draft's own draws: at each position either a draft x ~ q is tested by Algorithm 1 or, after the stop, the
-// target's residual with q = 0 (p itself) is drawn, so the output law stays exactly the target's.
+// less than `stop_below` (at temperature 0, where q is a point mass: the draft's softmax), so gamma is the most it
+// drafts (transformers' assistant_confidence_threshold). The rule reads only the draft's own logits and draws: at each
+// position either a draft x ~ q is tested by Algorithm 1 or, after the stop, the target's residual with q = 0 (p
+// itself) is drawn, so the output law stays exactly the target's.
 #pragma once
 
 #include <memory>

@@ -553,7 +553,7 @@ class SpeculativeDecoder:
     many, and ``speculant.sweep(..., sibling_draft=)`` prices such trees with it.
 
     ``draft_confidence`` (a probability; None: off): a draft model's chain stops after a token its q gave less than
-    this, so gamma is the most each iteration drafts (transformers' ``assistant_confidence_threshold``, 0.4 in its
+    this (at temperature 0, where q is a point mass: the draft's softmax), so gamma is the most each iteration drafts (transformers' ``assistant_confidence_threshold``, 0.4 in its
     assisted generation). The stop reads only the draft's own draws, so the output law stays exactly the target's
     (cpp/drafting/model_drafter.h). Chains of a draft model only. On an accelerator each draft step then reads one
     number per row back to the host.
