@@ -77,7 +77,10 @@ def test_a_threshold_of_one_drafts_one_token_per_iteration():
     _, _, target_model, draft_model = pair(86)
     decoder = speculant.SpeculativeDecoder(target_model, draft_model, gamma=5, temperature=1.0, draft_confidence=1.0)
     result = decoder.generate(LAW_PROMPT, max_new_tokens=30, seed=3)
-    assert result.stats.drafted_tokens == result.stats.iterations == result.stats.draft_calls
+    other = decoder.with_sampling(0.8).generate(LAW_PROMPT, max_new_tokens=30, seed=3)  # the stop kept
+    for run in (result, other):
+        lengths = [len(it.drafted) for it in run.trace]  # the last iteration's may be capped to 0 by the end
+        assert set(lengths[:-1]) == {1} and lengths[-1] <= 1 and run.stats.draft_calls == sum(lengths)
     plain = speculant.SpeculativeDecoder(target_model, draft_model, gamma=5, temperature=1.0)
     assert plain.generate(LAW_PROMPT, max_new_tokens=30, seed=3).stats.drafted_tokens > result.stats.drafted_tokens
 

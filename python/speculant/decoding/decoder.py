@@ -553,10 +553,10 @@ class SpeculativeDecoder:
     many, and ``speculant.sweep(..., sibling_draft=)`` prices such trees with it.
 
     ``draft_confidence`` (a probability; None: off): a draft model's chain stops after a token its q gave less than
-    this (at temperature 0, where q is a point mass: the draft's softmax), so gamma is the most each iteration drafts (transformers' ``assistant_confidence_threshold``, 0.4 in its
-    assisted generation). The stop reads only the draft's own draws, so the output law stays exactly the target's
-    (cpp/drafting/model_drafter.h). Chains of a draft model only. On an accelerator each draft step then reads one
-    number per row back to the host.
+    this (at temperature 0, where q is a point mass: the draft's softmax), so gamma is the most each iteration
+    drafts (transformers' ``assistant_confidence_threshold``, 0.4 in its assisted generation). The stop reads only
+    the draft's own logits and draws, so the output law stays exactly the target's (cpp/drafting/model_drafter.h).
+    Chains of a draft model only. On an accelerator each draft step then reads one number per row back to the host.
 
     ``draft_tokenizer`` with ``target_tokenizer``: a draft model whose vocabulary differs from the target's
     drafts through text (speculant.cross_tokenizer.CrossTokenizer: deterministic proposals with point-mass q,
@@ -620,9 +620,9 @@ class SpeculativeDecoder:
                              growth=(grown.budget, grown.depth, grown.children, grown.width) if grown else None)
 
     def with_sampling(self, temperature: float, top_k: int = 0, top_p: float = 1.0) -> "SpeculativeDecoder":
-        """This decoder (its models, drafter, gamma, tree, lenience, gamma policy and CUDA graphs mode) at other
-        sampling settings, its draft levels too when the draft is a SpeculativeDecoder: what a sweep's settings
-        need of a hierarchical draft."""
+        """This decoder (its models, drafter, gamma, tree, lenience, gamma policy, draft_confidence and CUDA graphs
+        mode) at other sampling settings, its draft levels too when the draft is a SpeculativeDecoder: what a
+        sweep's settings need of a hierarchical draft."""
         draft = self.draft.with_sampling(temperature, top_k, top_p) if isinstance(self.draft, SpeculativeDecoder) \
             else self.draft
         return SpeculativeDecoder(self.target, draft, gamma=self._gamma, tree=self._tree or None,
