@@ -113,7 +113,7 @@ at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts
 
 at::Tensor top_tokens(const at::Tensor& q, int64_t k) {
   // each row's k highest scores, the first index on ties: on the host a partial sort, else argmax for one (one
-  // pass), else a stable descending sort (sorting 8,192 scores took the development VM's CPU about 0.5 ms)
+  // pass), else a stable descending sort (BENCHMARKS.md: what the sort cost a greedy tree on the host)
   if (cpu::host_kernels(q)) return cpu::top_tokens(q, k);
   if (k == 1) return q.argmax(-1, /*keepdim=*/true);
   return std::get<1>(q.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(-1, 0, k);
