@@ -55,28 +55,13 @@ def layer_table(target, prompts, eos, tokens: int, gamma: int, repeats: int) -> 
     """Per exit layer and temperature: α, tokens per target call, c and the speedup over plain decoding (median and
     range over `repeats` rounds after an untimed one, plain decoding and the draft's run side by side in each), and
     Theorem 3.8 at that α and the median c."""
-    def plain():
-        results = [speculant.generate(target, p, max_new_tokens=tokens, temperature=0.0, eos_token_id=eos)
-                   for p in prompts]
-        stats = [r.stats for r in results]
-        return (sum(s.total_seconds for s in stats) / sum(s.new_tokens for s in stats),
-                sum(s.target_seconds for s in stats) / sum(s.target_calls for s in stats))
-
     rows = []
     for layer in range(1, target.module.config.num_hidden_layers):
         draft = speculant.EarlyExitDraft(target, exit_layer=layer)
         for temperature in (0.0, 1.0):
             decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=temperature)
-            speedups, costs = [], []
-            for r in range(repeats + 1):  # round 0: untimed
-                base, per_call = plain()
-                stats = [decoder.generate(p, max_new_tokens=tokens, eos_token_id=eos, seed=i).stats
-                         for i, p in enumerate(prompts)]
-                if r == 0:
-                    continue
-                new = sum(s.new_tokens for s in stats)
-                speedups.append(base / (sum(s.total_seconds for s in stats) / new))
-                costs.append(sum(s.draft_seconds for s in stats) / sum(s.draft_calls for s in stats) / per_call)
+            speedups, costs, stats = rounds.against_plain(target, decoder, prompts, eos, tokens, repeats)
+            new = sum(s.new_tokens for s in stats)
             alpha = statistics.mean(s.alpha for s in stats)  # the same every round: seeded
             c = statistics.median(costs)
             row = {"exit_layer": layer, "temperature": temperature, "gamma": gamma, "alpha": alpha,

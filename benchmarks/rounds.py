@@ -1,5 +1,5 @@
-"""What the side-by-side benchmarks against transformers share (cross_tokenizer.py, feature_drafts.py): their
-common options, and timed rounds that alternate the methods' order."""
+"""What the side-by-side benchmarks share (cross_tokenizer.py, feature_drafts.py, feature_heads.py): their common
+options, timed rounds that alternate the methods' order, and rounds of a decoder beside plain decoding."""
 import argparse
 import statistics
 import time
@@ -33,3 +33,25 @@ def ratio_row(name: str, times, base, tokens: int, key: str) -> dict:
     return {"method": name, "ms_per_token": 1e3 * statistics.median(times) / tokens,
             "ms_min": 1e3 * min(times) / tokens, "ms_max": 1e3 * max(times) / tokens,
             key: statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios)}
+
+
+def against_plain(target, decoder, prompts, eos, tokens: int, repeats: int) -> tuple:
+    """Rounds of plain decoding (T = 0) and `decoder` side by side, `repeats` timed after an untimed one, each
+    generating `tokens` per prompt (prompt i with seed i). Returns (speedups over plain, c per round: the draft's
+    seconds per call over the target's in plain decoding, both timed by the engine, and the last round's
+    stats)."""
+    import speculant
+
+    speedups, costs = [], []
+    for r in range(repeats + 1):  # round 0: untimed
+        plain = [speculant.generate(target, p, max_new_tokens=tokens, temperature=0.0, eos_token_id=eos).stats
+                 for p in prompts]
+        stats = [decoder.generate(p, max_new_tokens=tokens, eos_token_id=eos, seed=i).stats
+                 for i, p in enumerate(prompts)]
+        if r == 0:
+            continue
+        base = sum(s.total_seconds for s in plain) / sum(s.new_tokens for s in plain)
+        per_call = sum(s.target_seconds for s in plain) / sum(s.target_calls for s in plain)
+        speedups.append(base / (sum(s.total_seconds for s in stats) / sum(s.new_tokens for s in stats)))
+        costs.append(sum(s.draft_seconds for s in stats) / sum(s.draft_calls for s in stats) / per_call)
+    return speedups, costs, stats

@@ -41,6 +41,8 @@ from .decoding.trace import Trace
 from .models.export import export  # the function; the exporters stay importable as speculant.export.<arch>
 from .models.model import Model, load
 from .models.early_exit import EarlyExitDraft
+from .models.eagle import EagleDraft
+from .models.medusa import MedusaDraft
 from .research.distillation import distill
 from .research.sweep import sweep
 
@@ -69,8 +71,10 @@ def __getattr__(name: str):
 __all__ = [
     "BeamResult",
     "DynamicTree",
+    "EagleDraft",
     "EarlyExitDraft",
     "Iteration",
+    "MedusaDraft",
     "Model",
     "Result",
     "SamplingSettings",

@@ -18,6 +18,7 @@ from . import beams, graphs
 from .arguments import INT64_MAX, flag, integer, real
 from .cross_tokenizer import CrossTokenizer
 from .drafters import Drafter
+from ..models.feature_draft import FeatureDraft
 from ..models.model import Model, as_model
 from .sampling import SamplingSettings
 from .trace import Trace
@@ -129,6 +130,19 @@ def _drafter(value: Union[Model, Drafter, "SpeculativeDecoder"], sibling: Option
     if isinstance(value, Drafter):
         return value._core
     return _core.model_drafter(value._core, sibling._core if sibling is not None else None, confidence)
+
+
+def _feature_target(target, draft):
+    """The target a feature draft (EagleDraft, MedusaDraft) reads: the handle it was built on, also when the decoder
+    is given its transformers model; ValueError for any other."""
+    if not isinstance(draft, FeatureDraft):
+        return target
+    own = draft.target
+    if target is own or target is own.module:
+        return own
+    raise ValueError(f"draft: {type(draft).__name__} reads the hidden states of the target it was built on "
+                     f"({own.source}); pass that target (its speculant.Model or its transformers model), or build "
+                     "the draft on this one")
 
 
 def _draft_confidence(value, draft, tree) -> float:
@@ -570,7 +584,7 @@ class SpeculativeDecoder:
                  draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
                  max_gamma: Optional[int] = None, cost: Optional[float] = None, sibling_draft=None,
                  draft_confidence: Optional[float] = None):
-        self.target = as_model(target, "target", device, dtype)
+        self.target = as_model(_feature_target(target, draft), "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
         self._schedule = _schedule(gamma_policy, max_gamma, cost)
         if draft_tokenizer is not None or target_tokenizer is not None:

@@ -20,23 +20,8 @@ from typing import Optional
 import torch
 
 from . import live
+from .features import decoder_layers
 from .model import Model, load
-
-
-def decoder_layers(module) -> tuple[torch.nn.Module, str, torch.nn.ModuleList]:
-    """The base model of a transformers decoder-only LM, the name of its decoder-layer list and the list: the
-    base model's nn.ModuleList child with one entry per hidden layer (Llama's ``layers``, GPT-2's ``h``, ...)."""
-    base = getattr(module, getattr(module, "base_model_prefix", ""), None)
-    count = getattr(module.config, "num_hidden_layers", None)
-    if base is None or count is None:
-        raise ValueError(f"EarlyExitDraft: {type(module).__name__} has no base model with a num_hidden_layers "
-                         "config; early exit needs a transformers decoder-only LM")
-    found = [(name, child) for name, child in base.named_children()
-             if isinstance(child, torch.nn.ModuleList) and len(child) == count]
-    if len(found) != 1:
-        raise ValueError(f"EarlyExitDraft: {type(module).__name__}'s base model has {len(found)} module lists of "
-                         f"{count} layers (one is needed: its decoder layers)")
-    return base, found[0][0], found[0][1]
 
 
 def _shallow(module: torch.nn.Module) -> torch.nn.Module:

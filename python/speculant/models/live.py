@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from . import layer_masks, relative_trees
+from . import features, layer_masks, relative_trees
 
 
 def is_transformers_model(value) -> bool:
@@ -201,6 +201,10 @@ class LiveModel:
         self._attention = text._attn_implementation  # eager takes additive masks
         self._entry_positions = torch.zeros(0, dtype=torch.long, device=model.device)  # [length] when patterned
         self._ids = text.vocab_size  # the probes' token ids are taken modulo it
+        # feature drafts (features.py): the hidden states they read, once one asks (tap); and this model with its
+        # replicas in the order made, so that a feature draft's row r reads the target's row r (rows.cpp)
+        self._features: Optional[features.Features] = None
+        self._family = [self]
         own = self._own_vocab = self._probe()
         if vocab_size is not None:
             if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < own:
@@ -226,6 +230,8 @@ class LiveModel:
         """tokens: int64 [T >= 0]. A new cache holding them."""
         self._cache = self._new_cache()
         self._length = 0
+        if self._features is not None:
+            self._features.reset()
         if tokens.numel() > 0:
             self._run(tokens, logits=False)
 
@@ -238,12 +244,38 @@ class LiveModel:
         other = copy.copy(self)
         other._cache, other._length, other._encoder_outputs, other._source_mask = None, 0, None, None
         other._tree_obstacle = self._tree_obstacle
+        other._features = None if self._features is None else self._features.fresh()
+        self._family.append(other)
         return other
+
+    # -- feature drafts (features.py) ------------------------------------------------------------------------------
+    def tap(self, view: features.View) -> None:
+        """Records `view`'s hidden states at every cache entry from the next call on, here and in every replica."""
+        if self.encoder_decoder:
+            raise ValueError(f"{self.name} is an encoder-decoder model; feature drafts read decoder-only targets")
+        family = self._family
+        if self._features is None:
+            taps: dict = {}
+            for member in family:
+                member._features = features.Features(taps)
+        if view not in self._features.taps:
+            self._features.taps[view] = features.Tap(self.model, view)
+
+    def row(self, index: int) -> "LiveModel":
+        """Row `index` of this model's batches: itself (0) or its replica made index-th."""
+        return self._family[index]
+
+    def features(self, view: features.View) -> tuple:
+        """`view`'s hidden states at each cache entry ([entries, D], or None before any call) and how many
+        leading entries are the committed sequence."""
+        return self._features.read(view)
 
     def truncate(self, length: int) -> None:
         if length < self._length:
             self._cache.crop(length - self._length)  # transformers 5: a negative count removes that many
         self._length = length
+        if self._features is not None:
+            self._features.truncate(length)
 
     # -- token trees (cpp/models/model.h: extend_masked, keep) --------------------------------------------------------
     def extend_masked(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -260,6 +292,8 @@ class LiveModel:
         self._length = entries.numel()
         if self._patterned:
             self._entry_positions = self._entry_positions.index_select(0, entries)
+        if self._features is not None:
+            self._features.keep(entries)
 
     def tree_obstacle(self) -> str:
         """Why this model cannot verify a token tree in one call (tree= drafts, beam search), or "" (probed once:
@@ -400,8 +434,17 @@ class LiveModel:
                 kwargs["position_ids"] = positions.view(1, k)
         if not logits and "logits_to_keep" in self._params:
             kwargs["logits_to_keep"] = 1
-        with torch.inference_mode():
-            out = self.model(**kwargs)
+        if self._features is None:
+            with torch.inference_mode():
+                out = self.model(**kwargs)
+            return self._finish(out.logits if logits else None, start + k)
+        self._features.arm(True)
+        try:
+            with torch.inference_mode():
+                out = self.model(**kwargs)
+            self._features.record(start, linear=mask is None)
+        finally:
+            self._features.arm(False)
         return self._finish(out.logits if logits else None, start + k)
 
     def _finish(self, logits: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:

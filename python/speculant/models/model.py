@@ -34,10 +34,11 @@ from .compiled_live import CompiledLiveModel
 class Model:
     """A loaded model. Each handle owns its cache: use one handle per role (target, draft)."""
 
-    def __init__(self, core: _core.Model, source: str, module=None):
+    def __init__(self, core: _core.Model, source: str, module=None, live=None):
         self._core = core
         self.source = source
         self.module = module  # the transformers model behind a live handle, else None
+        self.live = live  # and the object the engine calls (live.LiveModel), else None
         self.load_dtype: Optional[str] = None  # the dtype= a .pt file was converted to at load, else None
         raw = core.metadata
         try:
@@ -82,8 +83,9 @@ class Model:
 
     @property
     def form(self) -> str:
-        """'cached', 'plain', 'live' (a transformers model object; see the module docstring) or 'compiled' (one
-        loaded with compile=True)."""
+        """'cached', 'plain', 'live' (a transformers model object; see the module docstring), 'compiled' (one
+        loaded with compile=True), or 'feature' (a draft over a live target's hidden states: EagleDraft,
+        MedusaDraft)."""
         return self._core.form
 
     @property
@@ -144,7 +146,7 @@ def _live(module, device, dtype, options: dict, source: str) -> Model:
                                  max_length=options["max_length"])
     else:
         impl = live.LiveModel(module, vocab_size=options["vocab_size"], name=source)
-    return Model(_core.python_model(impl, source), source, module=module)
+    return Model(_core.python_model(impl, source), source, module=module, live=impl)
 
 
 def _pretrained(directory: str, device, dtype, options: dict) -> Model:

@@ -37,9 +37,13 @@ min(p, q) at every generated position with both laws standardized by the engine'
 prompt; the result reports the mean over prompts with its spread.
 
 The draft is a transformers model object (trained as a copy: the caller's object is left as it was), a
-save_pretrained directory (the result is written to ``save=`` and its path returned), or a plain torch module
+save_pretrained directory (the result is written to ``save=`` and its path returned), a plain torch module
 whose forward(input_ids [B, T]) returns logits [B, T, V] such as ``speculant.tiny_gpt.TinyGPT`` (a trained
-copy; with ``save=`` a TinyGPT is also written in the engine's cached TorchScript form). The target is anything
+copy; with ``save=`` a TinyGPT is also written in the engine's cached TorchScript form), or a feature draft
+(EagleDraft, MedusaDraft: a copy of its head is trained on the target it was built on, whose features
+teacher-force it; the result is the draft with the trained head, ``save=`` writes the head). A feature draft's
+logits are its first draft position's law, so α is that position's; its deeper laws (EAGLE's unrolled depths,
+Medusa's later heads) and EAGLE-1/2's feature regression join the loss (``_auxiliary_loss``). The target is anything
 ``speculant.load`` takes, with the draft's vocabulary.
 
 Encoder-decoders (T5): target and draft both encoder-decoders, the prompts their sources (encoder inputs), each
@@ -64,6 +68,7 @@ import torch.nn.functional as F
 
 from ..decoding import sampling
 from ..decoding.decoder import checked_tokenizer, generate, token_ids
+from ..models.feature_draft import FeatureDraft
 from ..models.live import is_transformers_model, pretrained
 from ..models.model import Model, load
 from ..models.sequence_logits import sequence_logits
@@ -180,7 +185,12 @@ class _Draft:
 
     def __init__(self, draft, save: Optional[str]):
         self.directory = None
-        if isinstance(draft, (str, os.PathLike)):
+        self.feature = draft if isinstance(draft, FeatureDraft) else None  # EagleDraft, MedusaDraft: its head
+        self.auxiliary: tuple = ([], None)  # a feature draft's deeper laws and regression from the last logits()
+        self.teacher_logits: Optional[torch.Tensor] = None  # and the target's logits from the same forward
+        if self.feature is not None:
+            self.module = copy.deepcopy(draft.head)
+        elif isinstance(draft, (str, os.PathLike)):
             if not os.path.isdir(draft):
                 raise ValueError(f"draft: {os.fspath(draft)!r} is not a save_pretrained directory; distill trains "
                                  "a transformers model object or directory, or a torch module returning logits "
@@ -193,11 +203,12 @@ class _Draft:
         elif isinstance(draft, torch.nn.Module):
             self.module = copy.deepcopy(draft)
         else:
-            raise ValueError(f"draft must be a transformers model, a save_pretrained directory or a torch module, "
+            raise ValueError(f"draft must be a transformers model, a save_pretrained directory, a torch module or a "
+                             f"feature draft (EagleDraft, MedusaDraft), "
                              f"got {type(draft).__name__}")
         self.transformers = is_transformers_model(self.module)
         self.encoder_decoder = self.transformers and bool(getattr(self.module.config, "is_encoder_decoder", False))
-        if save is not None and not (self.transformers or isinstance(self.module, TinyGPT)):
+        if save is not None and not (self.transformers or self.feature or isinstance(self.module, TinyGPT)):
             raise ValueError("save: only transformers models and TinyGPT modules can be written in a form "
                              "speculant.load takes; leave save out and export the returned module")
         self.module.requires_grad_(True)
@@ -206,9 +217,15 @@ class _Draft:
             raise ValueError("draft has no parameters to train")
         self.device = parameter.device
 
-    def logits(self, ids: torch.Tensor, sources: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def logits(self, ids: torch.Tensor, sources: Optional[torch.Tensor] = None,
+               all_depths: bool = False) -> torch.Tensor:
         """[B, T, V] float logits for ids [B, T] (with the gradient when enabled); an encoder-decoder's decoder
-        ids after its sources [B, S]."""
+        ids after its sources [B, S]. A feature draft's are its first draft position's law, teacher-forced by the
+        target's features; with `all_depths` its deeper laws and regression are kept in `auxiliary`."""
+        if self.feature is not None:
+            laws, regression, self.teacher_logits = self.feature.training_laws(self.module, ids, all_depths)
+            self.auxiliary = (laws[1:], regression)
+            return laws[0][0].float()
         if self.encoder_decoder:
             out = self.module(input_ids=sources, attention_mask=torch.ones_like(sources), decoder_input_ids=ids,
                               use_cache=False).logits
@@ -225,6 +242,9 @@ class _Draft:
     def result(self, save: Optional[str]):
         """The trained draft in the kind it came, written to `save` when given; returns (draft, saved path)."""
         self.module.eval().requires_grad_(False)
+        if self.feature is not None:
+            trained = self.feature.with_head(self.module)
+            return trained, (None if save is None else trained.save(save))
         if save is None:
             return self.module, None
         save = os.fspath(save)
@@ -388,6 +408,9 @@ def _models(target, draft, beside, save: Optional[str]) -> tuple:
         raise ValueError("save: a draft given as a directory needs save=, the directory to write the distilled "
                          "draft to")
     trainee = _Draft(draft, save)
+    if trainee.feature is not None and target is not draft.target and target is not draft.target.module:
+        raise ValueError(f"target: {type(draft).__name__} learns from the target it was built on "
+                         f"({draft.target.source}); pass that one")
     _same_kind(teacher, trainee)
     _same_vocabulary(teacher, trainee, vocab)
     first = None
@@ -521,11 +544,14 @@ def _step(trainee: _Draft, optimizer, batch, teacher: _Target, loss: str, settin
     total = 0.0
     for group in _by_length([(sequence, source) for sequence, _, source in batch]):
         ids, sources = _tensors([batch[i] for i in group], trainee.device)
-        q_all = _padded(trainee.logits(ids, sources), vocab)  # [g, T, V]
+        q_all = _padded(trainee.logits(ids, sources, all_depths=True), vocab)  # [g, T, V]
         value = 0.0
         for row, i in enumerate(group):
             sequence, begin, source = batch[i]
-            p_logits = teacher.logits(sequence, source)[begin:].to(trainee.device)  # [n, V]
+            if trainee.teacher_logits is not None:  # a feature draft's forward of the target made them
+                p_logits = _padded(trainee.teacher_logits[row, begin:], vocab)
+            else:
+                p_logits = teacher.logits(sequence, source)[begin:].to(trainee.device)  # [n, V]
             log_q = draft_log_law(q_all[row, begin:], settings[0])
             if first is not None:
                 beside = first.logits(sequence, source)[begin:].to(trainee.device)
@@ -533,6 +559,7 @@ def _step(trainee: _Draft, optimizer, batch, teacher: _Target, loss: str, settin
                 value = value + residual_losses(p, q, log_q).mean()
             else:
                 value = value + position_losses(target_law(p_logits, loss, *settings), log_q, loss).mean()
+                value = value + _auxiliary_loss(trainee.auxiliary, row, begin, p_logits, loss, settings, vocab)
         value = value / len(batch)
         if not torch.isfinite(value):
             raise FloatingPointError(f"distill: the {loss} loss became {value.item()} at step {step + 1} (lower lr=)")
@@ -541,6 +568,27 @@ def _step(trainee: _Draft, optimizer, batch, teacher: _Target, loss: str, settin
     torch.nn.utils.clip_grad_norm_(trainee.module.parameters(), 1.0)
     optimizer.step()
     return total
+
+
+def _auxiliary_loss(auxiliary: tuple, row: int, begin: int, p_logits: torch.Tensor, loss: str, settings,
+                    vocab: int):
+    """A feature draft's losses beyond its first draft position, for one sequence whose target logits from `begin`
+    on are p_logits: each deeper law (EAGLE's unrolled depths, Medusa's later heads) against the target's law of
+    the token it predicts, and EAGLE-1/2's smooth L1 regression of the predicted features on the target's."""
+    laws, regression = auxiliary
+    value = 0.0
+    for logits, offset, first in laws:
+        start = max(begin, first)
+        count = p_logits.size(0) - (start - begin) - offset
+        if count <= 0:
+            continue
+        log_q = draft_log_law(_padded(logits[row, start:start + count], vocab), settings[0])
+        p = target_law(p_logits[start - begin + offset:start - begin + offset + count], loss, *settings)
+        value = value + position_losses(p, log_q, loss).mean()
+    if regression is not None:
+        predicted, target = regression
+        value = value + F.smooth_l1_loss(predicted[row, begin:].float(), target[row, begin:].float())
+    return value
 
 
 def _by_length(items) -> List[List[int]]:

@@ -27,6 +27,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 from ..decoding import drafters
 from ..decoding.drafters import Drafter
+from ..models.feature_draft import FeatureDraft
 from ..models.model import Model, load
 
 
@@ -66,6 +67,9 @@ def _pretrained_directory(path: str) -> bool:
 def model_file(model: Model, name: str) -> ModelFile:
     """The ModelFile that loads `model` again in a worker; ValueError naming `name` when it has no file."""
     source = model.source
+    if isinstance(model, FeatureDraft):
+        raise ValueError(f"{name}: {type(model).__name__} reads the hidden states of its target in this process, "
+                         "and an executor's workers load models from files; sweep it without executor")
     if model.module is not None:  # a live transformers model: from a save_pretrained directory, or an object
         if not _pretrained_directory(source):
             raise ValueError(f"{name}: a transformers model object ({source}) has no file behind it, and an "

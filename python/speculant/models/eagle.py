@@ -1,0 +1,238 @@
+"""EAGLE drafts (Li et al. 2024: EAGLE-1/2; 2025: EAGLE-3): one decoder layer over the target's own features.
+
+The head's input at position P is the pair (e(s_P), f_{P-1}): the embedding of the token there (the target's own
+embedding) and the feature of the position before, fused by a linear layer; one Llama-style decoder layer
+(RMSNorm, rotary attention over the head's own cache, SwiGLU) turns it into a prediction of f_P, and the
+target's own LM head into the law of s_{P+1}. f_{P-1} is the target's where the target has computed it, and the
+head's own prediction of it where it drafts ahead of the target (feature_draft.py says which). With
+``feature_layers=(low, mid, high)`` the target's feature is EAGLE-3's: those decoder layers' outputs side by side,
+fused to the hidden size by a linear layer of the head.
+
+The head trains with ``speculant.distill`` (research/distillation.py): the target's features teacher-force the
+first draft position, and EAGLE-3's training-time test unrolls the head on its own predictions for the next
+(``EagleHead.unrolled``), each depth's queries attending to the keys it would see when drafting.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .feature_draft import FeatureDraft, FeatureRows, hidden_size, live_target, parents_from_mask, positive_int
+
+
+def _rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x [..., N, heads, d] at positions [..., N] (halves rotated together)."""
+    angles = positions.unsqueeze(-1).float() * inv_freq  # [..., N, d / 2]
+    cos, sin = angles.cos().unsqueeze(-2).to(x.dtype), angles.sin().unsqueeze(-2).to(x.dtype)
+    first, second = x.chunk(2, -1)
+    return torch.cat([first * cos - second * sin, second * cos + first * sin], -1)
+
+
+class EagleHead(nn.Module):
+    """The draft's parameters: the fusion of (embedding, feature), one decoder layer, and for EAGLE-3 the fusion
+    of the target's layers (`feature` > `hidden`)."""
+
+    def __init__(self, hidden: int, heads: int, intermediate: int, feature: int, theta: float = 10000.0):
+        super().__init__()
+        self.heads, self.dim = heads, hidden // heads
+        self.fuse = nn.Linear(feature, hidden, bias=False) if feature != hidden else None
+        self.fc = nn.Linear(2 * hidden, hidden)
+        self.attention_norm = nn.RMSNorm(hidden, eps=1e-6)
+        self.qkv = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.o = nn.Linear(hidden, hidden, bias=False)
+        self.mlp_norm = nn.RMSNorm(hidden, eps=1e-6)
+        self.gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down = nn.Linear(intermediate, hidden, bias=False)
+        self.register_buffer("inv_freq", theta ** (-torch.arange(0, self.dim, 2).float() / self.dim),
+                             persistent=False)
+
+    def real(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's recorded features [..., D] in the head's feature space [..., H]."""
+        return features if self.fuse is None else self.fuse(features)
+
+    def project(self, embedded: torch.Tensor, feature: torch.Tensor, positions: torch.Tensor) -> tuple:
+        """Inputs [B, N, H] at positions [B or 1, N] -> (x, q, k, v): x [B, N, H], the rest [B, N, heads, d]."""
+        x = self.fc(torch.cat([embedded, feature], -1))
+        q, k, v = self.qkv(self.attention_norm(x)).unflatten(-1, (3, self.heads, self.dim)).unbind(-3)
+        return x, _rotated(q, positions, self.inv_freq), _rotated(k, positions, self.inv_freq), v
+
+    def attend(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               mask: torch.Tensor) -> torch.Tensor:
+        """N queries (x, q) over S keys and values [B, S, heads, d], query n seeing key s where mask[., n, s]
+        (bool [B or 1, N, S]) -> the layer's output [B, N, H], the predicted features."""
+        attended = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                                  attn_mask=mask.unsqueeze(1))
+        h = x + self.o(attended.transpose(1, 2).flatten(-2))
+        gate, up = self.gate_up(self.mlp_norm(h)).chunk(2, -1)
+        return h + self.down(F.silu(gate) * up)
+
+    def unrolled(self, embedded: torch.Tensor, features: torch.Tensor, depths: int) -> list:
+        """Training (teacher-forced sequences): embedded [B, T, H], the target's features [B, T, D] -> the
+        predicted features [B, T, H] at each depth 1 .. `depths`. Depth 1 reads f_{i-1} at position i; depth d
+        reads depth d - 1's output at i - 1 and attends, as when drafting, to depth 1's keys up to i - d + 1 and
+        to depth k's key at i - d + k for k = 2 .. d."""
+        B, T, _ = embedded.shape
+        positions = torch.arange(T, device=embedded.device).unsqueeze(0)
+        shifted = lambda h: torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1)  # noqa: E731
+        row = positions.view(T, 1)
+        column = positions.view(1, T)
+        outputs, keys, values = [], [], []
+        feature = shifted(self.real(features))
+        for depth in range(1, depths + 1):
+            x, q, k, v = self.project(embedded, feature, positions)
+            keys.append(k)
+            values.append(v)
+            blocks = [column <= row - depth + 1] + [column == row - depth + j for j in range(2, depth + 1)]
+            out = self.attend(x, q, torch.cat(keys, 1), torch.cat(values, 1), torch.cat(blocks, 1).unsqueeze(0))
+            outputs.append(out)
+            feature = shifted(out)
+        return outputs
+
+
+class EagleRows(FeatureRows):
+    """One row's head cache: per entry its predicted feature (`out`), its key and value. The first `real` entries
+    were computed from the target's features; later ones, computed from the head's own predictions, are computed
+    again from the target's once it has them (the accepted drafts, at the next call)."""
+
+    def clear(self) -> None:
+        super().clear()
+        head, device = self.head, self.target.model.device
+        dtype = head.fc.weight.dtype
+        self.out = torch.zeros(0, head.fc.out_features, dtype=dtype, device=device)
+        self.keys = torch.zeros(0, head.heads, head.dim, dtype=dtype, device=device)
+        self.values = self.keys
+        self.real = 0
+
+    def truncate(self, length: int) -> None:
+        super().truncate(length)
+        self.out, self.keys, self.values = self.out[:length], self.keys[:length], self.values[:length]
+        self.real = min(self.real, length)
+
+    def keep(self, entries: torch.Tensor) -> None:
+        """Keeps a path: the committed entries in place, then the accepted nodes (computed from predictions)."""
+        super().keep(entries)
+        self.out, self.keys, self.values = (t.index_select(0, entries) for t in (self.out, self.keys, self.values))
+        self.real = min(self.real, entries.numel())
+
+    def _inputs(self, positions: torch.Tensor, features: Optional[torch.Tensor]) -> torch.Tensor:
+        """The target's f_{P - 1} in the head's space at each position P [n] (zeros at P = 0; positions past what
+        the target recorded read its last entry, for callers that pick another input there)."""
+        if features is None or features.size(0) == 0:
+            return torch.zeros(positions.numel(), self.out.size(1), dtype=self.out.dtype, device=positions.device)
+        inputs = self.head.real(features.index_select(0, (positions - 1).clamp(0, features.size(0) - 1)))
+        return torch.where((positions > 0).unsqueeze(1), inputs, torch.zeros_like(inputs))
+
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, feature: torch.Tensor,
+             mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """Appends entries (tokens, positions [n], input features [n, H]); mask bool [n, entries + n] (None: the
+        old entries and the earlier new ones). Returns their logits [n, V]."""
+        n, m = tokens.numel(), self.length
+        x, q, k, v = self.head.project(self.embedded(tokens).unsqueeze(0), feature.unsqueeze(0),
+                                       positions.unsqueeze(0))
+        self.keys, self.values = torch.cat([self.keys, k[0]]), torch.cat([self.values, v[0]])
+        if mask is None:
+            mask = torch.ones(n, m + n, dtype=torch.bool, device=tokens.device).tril(m)
+        out = self.head.attend(x, q, self.keys.unsqueeze(0), self.values.unsqueeze(0), mask.unsqueeze(0))[0]
+        self.out = torch.cat([self.out, out])
+        self.tokens, self.positions = torch.cat([self.tokens, tokens]), torch.cat([self.positions, positions])
+        return self.logits(out)
+
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [k] after the entries (the committed sequence) -> logits [k, V]. Entries computed from
+        predictions that the target has since computed are computed again first, in the same call."""
+        k = tokens.numel()
+        with torch.inference_mode():
+            features, committed = self.target_features()
+            start = min(self.real, self.out.size(0))
+            tokens = torch.cat([self.tokens[start:], tokens])
+            self.truncate(start)
+            positions = torch.arange(start, start + tokens.numel(), device=tokens.device)
+            ready = max(0, min(tokens.numel(), committed + 1 - start))  # positions P <= committed read f_{P - 1}
+            logits = []
+            if ready:
+                logits.append(self._run(tokens[:ready], positions[:ready],
+                                        self._inputs(positions[:ready], features), None))
+                self.real = start + ready
+            for j in range(ready, tokens.numel()):  # ahead of the target: the previous entry's prediction
+                previous = self.out[-1:] if self.out.size(0) else self._inputs(positions[j:j + 1], None)
+                logits.append(self._run(tokens[j:j + 1], positions[j:j + 1], previous, None))
+            return torch.cat(logits)[-k:]
+
+    def extend_masked(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Tentative tree nodes (cpp/models/model.h's extend_masked): node j reads its parent's prediction (the
+        entry its mask shows at the highest position), or the target's feature where the target has it."""
+        with torch.inference_mode():
+            features, committed = self.target_features()
+            m = self.length
+            parents = parents_from_mask(self.positions, positions, mask)
+            from_target = positions <= committed
+            if bool(((parents >= m) & ~from_target).any()):  # a parent in this call: node by node
+                return torch.cat([self.extend_masked(tokens[j:j + 1], positions[j:j + 1], mask[j:j + 1, :m + j + 1])
+                                  for j in range(tokens.numel())])
+            predicted = self.out.index_select(0, parents.clamp(0, max(m - 1, 0))) if m else self._inputs(
+                positions, None)
+            predicted = torch.where((parents >= 0).unsqueeze(1), predicted, torch.zeros_like(predicted))
+            feature = torch.where(from_target.unsqueeze(1), self._inputs(positions, features), predicted)
+            return self._run(tokens, positions, feature, mask)
+
+
+class EagleDraft(FeatureDraft):
+    """An EAGLE draft on ``target`` (a live transformers decoder-only LM, or ``speculant.load`` of one): one decoder
+    layer of its own over the target's features, the target's embedding and LM head shared (the module
+    docstring). ``feature_layers``: None (the LM head's input: EAGLE-1/2) or EAGLE-3's decoder layer indices (low,
+    middle, high). ``heads`` (default: the target's attention heads) and ``intermediate_size`` (default: twice
+    the hidden size) shape the layer; ``seed`` fixes its initial weights. Train it with ``speculant.distill``."""
+
+    kind = "eagle"
+    training_depths = 3  # distill's training-time test: the depths unrolled per position
+
+    def __init__(self, target, *, feature_layers: Optional[Sequence[int]] = None, heads: Optional[int] = None,
+                 intermediate_size: Optional[int] = None, seed: int = 0):
+        handle, impl = live_target(target, "EagleDraft")
+        module = handle.module
+        hidden = hidden_size(module)
+        view = _view(feature_layers, module)
+        heads = module.config.get_text_config().num_attention_heads if heads is None else heads
+        if positive_int(heads, "heads") and (hidden % heads or (hidden // heads) % 2):
+            raise ValueError(f"heads must divide the hidden size {hidden} into an even head size, got {heads}")
+        intermediate = 2 * hidden if intermediate_size is None else positive_int(intermediate_size,
+                                                                                 "intermediate_size")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            head = EagleHead(hidden, heads, intermediate, hidden * (1 if view is None else len(view)))
+        self._become(handle, impl, EagleRows, head, view, {"feature_layers": None if view is None else list(view),
+                                                             "heads": heads, "intermediate_size": intermediate})
+
+    @classmethod
+    def built(cls, target, config: dict) -> "EagleDraft":
+        return cls(target, feature_layers=config["feature_layers"], heads=config["heads"],
+                   intermediate_size=config["intermediate_size"])
+
+    def predictions(self, head: EagleHead, ids: torch.Tensor, features: torch.Tensor, all_depths: bool) -> tuple:
+        """Depth 1 (all unrolled depths with `all_depths`), each read at every position i as a law of token i + 1
+        from position depth - 1 on; and the regression of the predicted features on the target's (EAGLE-1/2; none
+        for EAGLE-3, which trains on the laws alone)."""
+        with torch.no_grad():
+            embedded = self.target.module.get_input_embeddings()(ids)
+        outputs = head.unrolled(embedded, features, self.training_depths if all_depths else 1)
+        predicted = [(out, 0, depth) for depth, out in enumerate(outputs)]
+        return predicted, ((outputs[0], features) if self.feature_layers is None else None)
+
+
+def _view(feature_layers, module):
+    """None, or EAGLE-3's layer indices as a tuple, checked against the target's layers."""
+    if feature_layers is None:
+        return None
+    layers = module.config.get_text_config().num_hidden_layers
+    try:
+        view = tuple(feature_layers)
+    except TypeError:
+        view = None
+    if (not view or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in view)
+            or len(set(view)) != len(view)):
+        raise ValueError(f"feature_layers must be None or distinct decoder layer indices in [0, {layers - 1}] "
+                         f"(EAGLE-3: low, middle, high), got {feature_layers!r}")
+    return view

@@ -1,0 +1,252 @@
+"""What EAGLE and Medusa drafts share (eagle.py, medusa.py): a draft model over its target's own hidden states.
+
+A feature draft is a ``speculant.Model`` (the live form's contract, cpp/models/python_model.h), so it drafts
+wherever a draft model does: chains, ``tree=``, ``DynamicTree``, batches, the bottom level of a hierarchy, sweeps
+and ``check_distribution``. Its calls read the hidden states the target recorded at its own calls (features.py):
+the target's forward hands them over, and no second target call is made.
+
+Which features it reads. The engine keeps a draft's cache one token behind the sequence, and the target's one
+token behind too (cpp/drafting/model_drafter.cpp, cpp/loop): when the draft runs token s_P at position P, the
+target has recorded f_i for every committed position i < its length. A draft input at position P takes the
+target's f_{P - 1} where the target has it, and the draft's own prediction of it (an earlier entry's output)
+where it does not (the positions it drafts ahead of the target). Exactness never depends on this: the engine
+verifies the q each call returns, whatever it is.
+
+Row r of a batch reads row r of the target (live.py: its replicas in the order made, as rows.cpp makes them).
+The draft must run with the target it was built on: SpeculativeDecoder refuses another by name.
+
+Its head is a plain ``torch.nn.Module`` (``draft.head``); the target's embedding and LM head are shared and never
+copied. ``draft.save(directory)`` writes the head (safetensors) and a config.json; ``Draft.load(directory,
+target)`` reads them back onto a target with the same hidden size and vocabulary.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import _core
+from . import features
+from .features import recorded
+from .live import LiveModel
+from .model import Model, load
+
+CONFIG = "config.json"
+WEIGHTS = "head.safetensors"
+
+
+def live_target(target, name: str) -> tuple[Model, LiveModel]:
+    """The target's handle and its live model, or ValueError saying why it cannot feed a feature draft."""
+    handle = target if isinstance(target, Model) else None
+    if handle is None:
+        from .live import is_transformers_model
+
+        if not is_transformers_model(target):
+            raise ValueError(f"{name}: target must be a live transformers model or speculant.load of one, got "
+                             f"{type(target).__name__}")
+        handle = load(target)
+    impl = handle.live
+    if impl is None:
+        raise ValueError(f"{name}: target {handle.source} is an exported file ({handle.form} form); feature drafts "
+                         "read the live transformers model's hidden states (pass it, or speculant.load of it)")
+    if handle.form == "compiled":
+        raise ValueError(f"{name}: target {handle.source} was loaded with compile=True; feature drafts read the "
+                         "eager live model's hidden states (speculant.load(model) without compile)")
+    if handle.form != "live":
+        raise ValueError(f"{name}: target {handle.source} is a {handle.form} draft, not a live transformers model")
+    if impl.encoder_decoder:
+        raise ValueError(f"{name}: {handle.source} is an encoder-decoder model; feature drafts draft decoder-only "
+                         "targets")
+    return handle, impl
+
+
+def positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def hidden_size(module) -> int:
+    return int(module.config.get_text_config().hidden_size)
+
+
+class FeatureRows:
+    """The Python side of a feature draft's calls (cpp/models/python_model.h's contract), one per row: the entries
+    it holds (tokens, positions) and the target row it reads. Subclasses compute logits (eagle.py, medusa.py)."""
+
+    form = "feature"
+    encoder_decoder = False
+    max_source_length = None
+
+    def __init__(self, target: LiveModel, head: torch.nn.Module, view: features.View, name: str):
+        self.target = target  # row 0 of the target's batches
+        self.head = head
+        self.view = view
+        self.name = name
+        self.vocab_size = target.vocab_size
+        self.max_length = target.max_length
+        self.device = target.device
+        self.metadata = target.metadata
+        self.embed = target.model.get_input_embeddings()
+        self.lm_head = target.model.get_output_embeddings()
+        self._own_vocab = self.lm_head.weight.size(0)
+        self._family = [self]
+        self._index = 0
+        target.tap(view)
+        self.clear()
+
+    def clear(self) -> None:
+        """No entries."""
+        device = self.target.model.device
+        self.tokens = torch.zeros(0, dtype=torch.long, device=device)
+        self.positions = torch.zeros(0, dtype=torch.long, device=device)
+
+    @property
+    def length(self) -> int:
+        return self.tokens.numel()
+
+    def replica(self) -> "FeatureRows":
+        other = copy.copy(self)
+        other._index = len(self._family)
+        self._family.append(other)
+        other.clear()
+        return other
+
+    def target_features(self) -> tuple[Optional[torch.Tensor], int]:
+        """This row's target's recorded features ([entries, D]) and how many leading entries are committed."""
+        return self.target.row(self._index).features(self.view)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's LM head over `hidden` [k, H] -> [k, V] on the target's vocabulary (its padding -inf)."""
+        out = self.lm_head(hidden)
+        if self.vocab_size > out.size(-1):
+            out = F.pad(out, (0, self.vocab_size - out.size(-1)), value=float("-inf"))
+        return out
+
+    def embedded(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.embed(tokens.clamp(max=self._own_vocab - 1))  # ids past the head: the target's padding
+
+    def tree_obstacle(self) -> str:
+        return ""  # the head's attention takes the engine's masks as they are
+
+    def beam_obstacle(self) -> str:
+        return "a feature draft drafts; beams are the target's"
+
+    def reset(self, tokens: torch.Tensor) -> None:
+        self.clear()
+        self.tokens = tokens.clone()
+        self.positions = torch.arange(tokens.numel(), device=tokens.device)
+
+    def truncate(self, length: int) -> None:
+        self.tokens, self.positions = self.tokens[:length], self.positions[:length]
+
+    def keep(self, entries: torch.Tensor) -> None:
+        self.tokens, self.positions = self.tokens.index_select(0, entries), self.positions.index_select(0, entries)
+
+
+def parents_from_mask(positions: torch.Tensor, new_positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each new entry's parent: among the entries its mask row shows (itself excluded), the one at the highest
+    position; -1 where it sees none. positions [S - T] of the old entries, new_positions [T], mask bool [T, S]."""
+    T, S = mask.shape
+    every = torch.cat([positions, new_positions])  # [S]
+    seen = mask.clone()
+    seen[torch.arange(T, device=mask.device), torch.arange(S - T, S, device=mask.device)] = False
+    score = torch.where(seen, every.unsqueeze(0), torch.full_like(every, -1).unsqueeze(0))  # [T, S]
+    best, parent = score.max(1)
+    return torch.where(best >= 0, parent, torch.full_like(parent, -1))
+
+
+class FeatureDraft(Model):
+    """A draft model over its target's hidden states (the module docstring). Subclasses set `kind` and build."""
+
+    kind = ""
+
+    def _become(self, handle: Model, impl: LiveModel, rows: type, head: torch.nn.Module, view: features.View,
+                shapes: dict) -> None:
+        """Makes this handle the draft: `head` on the target's device and dtype, called through `rows` (a
+        FeatureRows class) reading `view`; `shapes` join its config (what save writes)."""
+        module = handle.module
+        head = head.to(device=module.device, dtype=module.dtype).eval().requires_grad_(False)
+        name = type(self).__name__
+        calls = rows(impl, head, view, name)
+        source = f"{name} of {handle.source}"
+        vars(self).update(vars(Model(_core.python_model(calls, source), source, live=calls)))
+        self.target, self.head, self.feature_layers = handle, head, view
+        self.config = {"hidden_size": hidden_size(module), "vocab_size": handle.vocab_size,
+                       "target": type(module).__name__, **shapes}
+
+    def parameters(self) -> int:
+        """How many parameters the draft has of its own (the target's embedding and LM head excluded)."""
+        return sum(p.numel() for p in self.head.parameters())
+
+    def save(self, directory) -> str:
+        """Writes the head (head.safetensors) and its config (config.json) to `directory`; returns its path. The
+        target's weights are not written."""
+        from safetensors.torch import save_file
+
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.head.state_dict().items()}, path / WEIGHTS)
+        (path / CONFIG).write_text(json.dumps({"speculant_draft": self.kind, **self.config}, indent=1))
+        return str(path)
+
+    def training_laws(self, head: torch.nn.Module, ids: torch.Tensor, all_depths: bool) -> tuple:
+        """distill's teacher-forced outputs of `head` (its trained copy) over ids [B, T], from one target forward:
+        [(logits [B, T, V], offset, first)] (logits at position i are a law of token i + 1 + offset, meant for
+        positions from `first` on; the first draft position's law first, the deeper ones with `all_depths`), the
+        feature regression's (predicted, target) pair or None, and the target's own logits [B, T, V]."""
+        module = self.target.module
+        features, target_logits = recorded(module, self.feature_layers, ids)
+        predicted, regression = self.predictions(head, ids, features, all_depths)
+        lm_head = module.get_output_embeddings()
+        return [(lm_head(h), offset, first) for h, offset, first in predicted], regression, target_logits
+
+    def predictions(self, head: torch.nn.Module, ids: torch.Tensor, features: torch.Tensor,
+                    all_depths: bool) -> tuple:
+        """training_laws' hidden states in place of logits, and the regression pair (each kind its own)."""
+        raise NotImplementedError
+
+    @classmethod
+    def built(cls, target, config: dict) -> "FeatureDraft":
+        """A fresh draft of this kind on `target` with the shapes `config` records (what save writes)."""
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, directory, target) -> "FeatureDraft":
+        """A draft `save` wrote, on `target` (ValueError where its hidden size or vocabulary differ)."""
+        config, state = cls._read(directory, target)
+        draft = cls.built(target, config)
+        draft.head.load_state_dict(state)
+        return draft
+
+    def with_head(self, head: torch.nn.Module) -> "FeatureDraft":
+        """The same draft with a copy of `head`'s weights (distill's trained head)."""
+        other = type(self).built(self.target, self.config)
+        other.head.load_state_dict(head.state_dict())
+        return other
+
+    @classmethod
+    def _read(cls, directory, target) -> tuple[dict, dict]:
+        """(config, state dict) of a saved draft of this kind, checked against the target's hidden size and
+        vocabulary; ValueError naming what differs."""
+        from safetensors.torch import load_file
+
+        path = Path(directory)
+        if not (path / CONFIG).is_file() or not (path / WEIGHTS).is_file():
+            raise ValueError(f"{cls.__name__}.load: {os.fspath(directory)} holds no {CONFIG} and {WEIGHTS} (what "
+                             f"{cls.__name__}.save writes)")
+        config = json.loads((path / CONFIG).read_text())
+        kind = config.pop("speculant_draft", None)
+        if kind != cls.kind:
+            raise ValueError(f"{cls.__name__}.load: {os.fspath(directory)} holds a {kind!r} draft, not {cls.kind!r}")
+        handle, _ = live_target(target, f"{cls.__name__}.load")
+        for key, actual in (("hidden_size", hidden_size(handle.module)), ("vocab_size", handle.vocab_size)):
+            if config.get(key) != actual:
+                raise ValueError(f"{cls.__name__}.load: the head in {os.fspath(directory)} was built on a target "
+                                 f"with {key} {config.get(key)}, this target has {actual}")
+        return config, load_file(str(path / WEIGHTS))

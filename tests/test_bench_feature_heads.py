@@ -1,0 +1,27 @@
+"""benchmarks/feature_heads.py end to end on the smoke recipe (2-layer Llamas, two training steps): trains the
+pair, distills an EAGLE head and Medusa heads (two steps), and measures every draft at both temperatures, chains and
+trees, writing its record; a second run loads the cached heads instead of training them again."""
+import json
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import feature_heads  # noqa: E402
+
+
+def test_feature_heads_benchmark_runs(tmp_path):
+    out = tmp_path / "heads.json"
+    arguments = ["--prompts", "2", "--tokens", "8", "--repeats", "1", "--steps", "2", "--out", str(out)]
+    record = feature_heads.main(arguments, smoke=True, cache=tmp_path)
+    assert json.loads(out.read_text()) == record
+    assert [(r["draft"], r["temperature"], r["shape"]) for r in record["rows"]] == [
+        (draft, temperature, shape) for draft in ("draft model", "EagleDraft", "MedusaDraft")
+        for temperature in (0.0, 1.0) for shape in ("chain gamma=4", "tree of 16")]
+    assert all(r["tokens_per_target_call"] >= 1 and r["c"] > 0 for r in record["rows"])
+    assert all((r["predicted_speedup"] is None) == (r["shape"] == "tree of 16") for r in record["rows"])
+    assert record["training"]["steps"] == 2 and record["training"]["eagle"]["parameters"] > 0
+    again = feature_heads.main(arguments, smoke=True, cache=tmp_path)
+    assert again["training"] == record["training"]
