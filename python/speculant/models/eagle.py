@@ -23,10 +23,9 @@ from torch import nn
 from .feature_draft import FeatureDraft, FeatureRows, hidden_size, live_target, parents_from_mask, positive_int
 
 
-def _rotated(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x [..., N, heads, d] at positions [..., N] (halves rotated together)."""
-    angles = positions.unsqueeze(-1).float() * inv_freq  # [..., N, d / 2]
-    cos, sin = angles.cos().unsqueeze(-2).to(x.dtype), angles.sin().unsqueeze(-2).to(x.dtype)
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x [..., N, heads, d] by the angles' cos and sin [..., N, 1, d / 2] (halves
+    rotated together)."""
     first, second = x.chunk(2, -1)
     return torch.cat([first * cos - second * sin, second * cos + first * sin], -1)
 
@@ -57,14 +56,16 @@ class EagleHead(nn.Module):
         """Inputs [B, N, H] at positions [B or 1, N] -> (x, q, k, v): x [B, N, H], the rest [B, N, heads, d]."""
         x = self.fc(torch.cat([embedded, feature], -1))
         q, k, v = self.qkv(self.attention_norm(x)).unflatten(-1, (3, self.heads, self.dim)).unbind(-3)
-        return x, _rotated(q, positions, self.inv_freq), _rotated(k, positions, self.inv_freq), v
+        angles = (positions.unsqueeze(-1).float() * self.inv_freq).unsqueeze(-2)  # [B or 1, N, 1, d / 2]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        return x, _rotated(q, cos, sin), _rotated(k, cos, sin), v
 
     def attend(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                mask: torch.Tensor) -> torch.Tensor:
         """N queries (x, q) over S keys and values [B, S, heads, d], query n seeing key s where mask[., n, s]
-        (bool [B or 1, N, S]) -> the layer's output [B, N, H], the predicted features."""
+        (bool [B or 1, N, S]; None: every key) -> the layer's output [B, N, H], the predicted features."""
         attended = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                                  attn_mask=mask.unsqueeze(1))
+                                                  attn_mask=None if mask is None else mask.unsqueeze(1))
         h = x + self.o(attended.transpose(1, 2).flatten(-2))
         gate, up = self.gate_up(self.mlp_norm(h)).chunk(2, -1)
         return h + self.down(F.silu(gate) * up)
@@ -133,9 +134,10 @@ class EagleRows(FeatureRows):
         x, q, k, v = self.head.project(self.embedded(tokens).unsqueeze(0), feature.unsqueeze(0),
                                        positions.unsqueeze(0))
         self.keys, self.values = torch.cat([self.keys, k[0]]), torch.cat([self.values, v[0]])
-        if mask is None:
+        if mask is None and n > 1:  # one new token sees every entry: no mask
             mask = torch.ones(n, m + n, dtype=torch.bool, device=tokens.device).tril(m)
-        out = self.head.attend(x, q, self.keys.unsqueeze(0), self.values.unsqueeze(0), mask.unsqueeze(0))[0]
+        out = self.head.attend(x, q, self.keys.unsqueeze(0), self.values.unsqueeze(0),
+                               None if mask is None else mask.unsqueeze(0))[0]
         self.out = torch.cat([self.out, out])
         self.tokens, self.positions = torch.cat([self.tokens, tokens]), torch.cat([self.positions, positions])
         return self.logits(out)
