@@ -1,22 +1,23 @@
 """EAGLE and Medusa heads against the pair's own draft model, on one trained target.
 
     python benchmarks/feature_heads.py [--prompts 8] [--tokens 64] [--repeats 3] [--threads 2] [--steps N]
+                                       [--drafts draft eagle medusa eagle3]
 
 The pair: train_pairs.LLAMA_CPU (a 6-layer d=256 Llama target and a 1-layer d=128 Llama draft, both trained on the
 stdlib), because its target is the one the early-exit benchmark (feature_drafts.py) runs on and its draft has more
 parameters than a one-layer head of the target's width (the GPT-2 CPU pair's 0.76M draft is smaller than such a
 head at d=384). Every model runs live (transformers objects through speculant.load).
 
-1. The heads (cached beside the pair, heads/eagle and heads/medusa, with heads.json): an EagleDraft (EAGLE-1/2,
-   intermediate size = the hidden size) and a MedusaDraft of 4 heads, each trained by speculant.distill with the
-   draft's own budget: the recipe's draft_train steps and batch size, windows of the recipe's context from the same
-   training stream, forward KL at T = 1. α before and after on held-out prompts (the first draft position's, as
-   distill reports it).
-2. Decoding, at T = 0 and T = 1, chains of gamma 4 and a DynamicTree of 16 nodes per iteration: for the draft model,
-   the EAGLE head and the Medusa heads, tokens per target call, α, c (the draft's seconds per call over the
-   target's in plain decoding, both measured by the engine), and the speedup over plain decoding with the two run
-   side by side in each round (median and range over --repeats rounds after an untimed one), with Theorem 3.8's
-   prediction at that α and the median c beside each chain.
+1. The heads (cached beside the pair, heads/<kind>-<steps>/ with training.json): an EagleDraft (EAGLE-1/2,
+   intermediate size = the hidden size), a MedusaDraft of 4 heads and, with --drafts eagle3, an EAGLE-3
+   EagleDraft over layers 1, 3 and 5. Each is trained by speculant.distill with the draft's own budget: the
+   recipe's draft_train steps and batch size, windows of the recipe's context from the same training stream,
+   forward KL at T = 1. α before and after on held-out prompts (the first draft position's, as distill reports).
+2. Decoding, at T = 0 and T = 1, chains of gamma 4 and a DynamicTree of 16 nodes per iteration, for each of
+   --drafts (default: the draft model, the EAGLE head, the Medusa heads): tokens per target call, α, c (the
+   draft's seconds per call over the target's in plain decoding, both measured by the engine), and the speedup
+   over plain decoding with the two run side by side in each round (median and range over --repeats rounds
+   after an untimed one), with Theorem 3.8's prediction at that α and the median c beside each chain.
 
 Writes benchmarks/results/feature-heads-cpu.json.
 """
@@ -46,37 +47,39 @@ def pair(smoke: bool, cache=None):
     return load(root / "target").eval(), load(root / "draft").eval(), recipe, root
 
 
-def trained_heads(target, recipe, root: Path, steps: int, smoke: bool) -> tuple:
-    """The distilled EagleDraft and MedusaDraft (trained once, then loaded from heads/) and heads.json's record."""
-    directory = root / "heads"
-    record_path = directory / f"heads-{steps}.json"
-    kinds = {"eagle": speculant.EagleDraft, "medusa": speculant.MedusaDraft}
-    if record_path.exists():
-        record = json.loads(record_path.read_text())
-        return {k: cls.load(directory / f"{k}-{steps}", target) for k, cls in kinds.items()}, record
+HEADS = {  # kind -> (its row's name, how it is built on a target of hidden size h and L layers)
+    "eagle": ("EagleDraft", lambda target, h, L: speculant.EagleDraft(target, intermediate_size=h, seed=50)),
+    "eagle3": ("EagleDraft (EAGLE-3)", lambda target, h, L: speculant.EagleDraft(  # low, middle, high: 1, 3, 5 of 6
+        target, feature_layers=tuple(sorted({1 % L, L // 2, L - 1})), intermediate_size=h, seed=52)),
+    "medusa": ("MedusaDraft", lambda target, h, L: speculant.MedusaDraft(target, heads=4)),
+}
+
+
+def trained_head(kind: str, target, recipe, root: Path, steps: int, smoke: bool) -> tuple:
+    """The distilled head of `kind` (trained once, then loaded from heads/<kind>-<steps>/) and its training
+    record (training.json there)."""
+    directory = root / "heads" / f"{kind}-{steps}"
+    cls = speculant.MedusaDraft if kind == "medusa" else speculant.EagleDraft
+    if (directory / "training.json").exists():
+        return cls.load(directory, target), json.loads((directory / "training.json").read_text())
     train_texts, _, _ = train_pairs.load_corpus(recipe)
     corpus = train_pairs.stream(train_pairs.load_tokenizer(root / "tokenizer.json"), train_texts)
     held = [p["prompt_ids"] for p in train_pairs.heldout_prompts(recipe, root, 8)]
-    hidden = target.module.config.hidden_size
-    fresh = {"eagle": speculant.EagleDraft(target, intermediate_size=hidden, seed=50),
-             "medusa": speculant.MedusaDraft(target, heads=4)}
+    config = target.module.config
+    draft = HEADS[kind][1](target, config.hidden_size, config.num_hidden_layers)
     schedule = recipe.draft_train
-    drafts, record = {}, {"steps": steps, "batch_size": schedule.batch_size, "window": recipe.context,
-                          "temperature": 1.0, "loss": "forward_kl"}
-    for kind, draft in fresh.items():
-        result = speculant.distill(target, draft, data="corpus", corpus=corpus, heldout=held, steps=steps,
-                                   batch_size=schedule.batch_size, window=recipe.context, lr=schedule.lr,
-                                   temperature=1.0, loss="forward_kl", seed=51, progress=not smoke,
-                                   save=directory / f"{kind}-{steps}")
-        drafts[kind] = result.draft
-        record[kind] = {"parameters": draft.parameters(), "alpha_before": result.alpha_before.mean,
-                        "alpha_before_sem": result.alpha_before.sem, "alpha_after": result.alpha_after.mean,
-                        "alpha_after_sem": result.alpha_after.sem, "train_seconds": result.seconds,
-                        "final_loss": result.losses[-1]}
-        print(f"{kind}: {draft.parameters():,} parameters, alpha {result.alpha_before} -> {result.alpha_after} "
-              f"in {result.seconds:.0f} s")
-    record_path.write_text(json.dumps(record, indent=1) + "\n")
-    return drafts, record
+    result = speculant.distill(target, draft, data="corpus", corpus=corpus, heldout=held, steps=steps,
+                               batch_size=schedule.batch_size, window=recipe.context, lr=schedule.lr,
+                               temperature=1.0, loss="forward_kl", seed=51, progress=not smoke, save=directory)
+    record = {"steps": steps, "batch_size": schedule.batch_size, "window": recipe.context, "temperature": 1.0,
+              "loss": "forward_kl", "lr": schedule.lr, "parameters": draft.parameters(), "config": draft.config,
+              "alpha_before": result.alpha_before.mean, "alpha_before_sem": result.alpha_before.sem,
+              "alpha_after": result.alpha_after.mean, "alpha_after_sem": result.alpha_after.sem,
+              "train_seconds": result.seconds, "final_loss": result.losses[-1]}
+    (directory / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{kind}: {draft.parameters():,} parameters, alpha {result.alpha_before} -> {result.alpha_after} in "
+          f"{result.seconds:.0f} s")
+    return result.draft, record
 
 
 def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int) -> list:
@@ -110,16 +113,21 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     rounds.common_arguments(parser, str(Path(__file__).parent / "results" / "feature-heads-cpu.json"))
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the draft's)")
+    parser.add_argument("--drafts", nargs="+", choices=["draft", *HEADS], default=["draft", "eagle", "medusa"],
+                        help="the drafts to measure: the pair's draft model and heads of these kinds")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     target_module, draft_module, recipe, root = pair(smoke, cache)
     target = speculant.load(target_module)
     steps = args.steps or recipe.draft_train.steps
-    heads, training = trained_heads(target, recipe, root, steps, smoke)
+    drafts, training = {}, {}
+    for kind in args.drafts:
+        if kind == "draft":
+            drafts["draft model"] = speculant.load(draft_module)
+            continue
+        drafts[HEADS[kind][0]], training[kind] = trained_head(kind, target, recipe, root, steps, smoke)
     eos = target_module.config.eos_token_id
     prompts = [p["prompt_ids"] for p in train_pairs.heldout_prompts(recipe, root, args.prompts)]
-    drafts = {"draft model": speculant.load(draft_module), "EagleDraft": heads["eagle"],
-              "MedusaDraft": heads["medusa"]}
     rows = decoding_table(target, drafts, prompts, eos, args.tokens, args.repeats)
     record = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
               "torch": torch.__version__, "target": json.loads((root / "target.json").read_text()),

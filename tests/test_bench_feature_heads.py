@@ -22,6 +22,9 @@ def test_feature_heads_benchmark_runs(tmp_path):
         for temperature in (0.0, 1.0) for shape in ("chain gamma=4", "tree of 16")]
     assert all(r["tokens_per_target_call"] >= 1 and r["c"] > 0 for r in record["rows"])
     assert all((r["predicted_speedup"] is None) == (r["shape"] == "tree of 16") for r in record["rows"])
-    assert record["training"]["steps"] == 2 and record["training"]["eagle"]["parameters"] > 0
+    assert record["training"]["eagle"]["steps"] == 2 and record["training"]["eagle"]["parameters"] > 0
     again = feature_heads.main(arguments, smoke=True, cache=tmp_path)
     assert again["training"] == record["training"]
+    eagle3 = feature_heads.main(["--drafts", "eagle3", *arguments], smoke=True, cache=tmp_path)
+    assert {r["draft"] for r in eagle3["rows"]} == {"EagleDraft (EAGLE-3)"}
+    assert eagle3["training"]["eagle3"]["config"]["feature_layers"] == [1]

@@ -12,6 +12,7 @@ speculant.MedusaDraft.
 * Sampling: the joint law of the first two tokens is the target's law from transformers' logits (Pearson
   chi-square, cells of expected count < 5 pooled, SIGNIFICANCE = 1e-3 per test, fixed seeds): an EAGLE chain at
   T = 0.7 with top-k, an EAGLE-3 tree [3, 2] at T = 1, a Medusa tree [2, 2] at T = 1 with top-p.
+* speculant.testing.check_distribution takes a head built on the model it is given.
 * distill trains the heads (α after > α before, the caller's draft unchanged); save and load give the same logits.
 * Refused by name: exported, compiled and encoder-decoder targets, another target in the decoder or in distill, bad
   shapes, a saved head on a target of another size.
@@ -59,6 +60,24 @@ def logits_of(model, hidden):
     return model.lm_head(hidden)
 
 
+def test_the_target_records_only_while_a_draft_reads_it():
+    import gc
+
+    model = make("llama")
+    target = speculant.load(model)
+    hooks = lambda: len(model.base_model._forward_hooks) + sum(len(l._forward_hooks) for l in model.model.layers)  # noqa: E731
+    drafts = [speculant.EagleDraft(target), speculant.MedusaDraft(target), speculant.EagleDraft(target,
+                                                                                                feature_layers=(1,))]
+    assert hooks() == 2  # one per view: the LM head's input (shared by two drafts) and layer 1
+    speculant.SpeculativeDecoder(target, drafts[0], gamma=2, temperature=0).generate(PROMPTS[0], max_new_tokens=4)
+    del drafts[:2]
+    gc.collect()
+    assert hooks() == 1 and target.live.features(None) == (None, 0)
+    del drafts[0]
+    gc.collect()
+    assert hooks() == 0
+
+
 def test_eagle_calls_are_the_heads_training_math():
     model = make("llama")
     target = speculant.load(model)
@@ -96,6 +115,22 @@ def test_eagle_calls_are_the_heads_training_math():
     torch.testing.assert_close(tree[[0, 1]], chains[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(deeper, chains[1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(tree[2], chains[2][1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_tree_call_right_after_a_reset_computes_the_entries_first():
+    model = make("gpt2")
+    target = speculant.load(model)
+    rows = speculant.EagleDraft(target, seed=6).live
+    sequence = torch.tensor([3, 1, 4, 1, 5, 9])
+    target.live.reset(sequence[:5])
+    outputs = []
+    for tree in (True, False):
+        rows.reset(sequence[:5])
+        if tree:
+            outputs.append(rows.extend_masked(sequence[5:], torch.tensor([5]), torch.ones(1, 6, dtype=torch.bool)))
+        else:
+            outputs.append(rows.extend(sequence[5:]))
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
 
 
 def test_medusa_laws_are_the_heads_at_the_anchor():
@@ -175,6 +210,19 @@ def test_two_token_law_is_the_targets(arch, kind, temperature, top_k, top_p, tre
     law = two_token_law(model, arch, PROMPTS[0], [], temperature, top_k, top_p)
     pvalue = chi_square_pvalue(law, np.array([r.tokens[:2] for r in results]))
     assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+def test_check_distribution_takes_the_drafts():
+    """speculant.testing's own check (one generation per sample) accepts a feature draft built on the transformers
+    model it is given."""
+    model = make("llama")
+    draft = speculant.MedusaDraft(model, heads=2)
+    with torch.no_grad():
+        for block in draft.head.blocks:
+            block.weight.normal_(0, 0.3)
+    check = speculant.testing.check_distribution(model, draft, PROMPTS[1], k=2, gamma=2, samples=600,
+                                                 significance=SIGNIFICANCE, seed=12, progress=False)
+    assert check.passed and check.samples == 600, str(check)
 
 
 PROMPTS_TRAIN = [[1 + (7 * i + 3 * j) % 60 for j in range(6)] for i in range(20)]

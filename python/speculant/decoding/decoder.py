@@ -132,7 +132,7 @@ def _drafter(value: Union[Model, Drafter, "SpeculativeDecoder"], sibling: Option
     return _core.model_drafter(value._core, sibling._core if sibling is not None else None, confidence)
 
 
-def _feature_target(target, draft):
+def feature_target(target, draft):
     """The target a feature draft (EagleDraft, MedusaDraft) reads: the handle it was built on, also when the decoder
     is given its transformers model; ValueError for any other."""
     if not isinstance(draft, FeatureDraft):
@@ -584,7 +584,7 @@ class SpeculativeDecoder:
                  draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
                  max_gamma: Optional[int] = None, cost: Optional[float] = None, sibling_draft=None,
                  draft_confidence: Optional[float] = None):
-        self.target = as_model(_feature_target(target, draft), "target", device, dtype)
+        self.target = as_model(feature_target(target, draft), "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
         self._schedule = _schedule(gamma_policy, max_gamma, cost)
         if draft_tokenizer is not None or target_tokenizer is not None:

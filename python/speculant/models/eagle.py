@@ -145,28 +145,34 @@ class EagleRows(FeatureRows):
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [k] after the entries (the committed sequence) -> logits [k, V]. Entries computed from
         predictions that the target has since computed are computed again first, in the same call."""
-        k = tokens.numel()
         with torch.inference_mode():
-            features, committed = self.target_features()
-            start = min(self.real, self.out.size(0))
-            tokens = torch.cat([self.tokens[start:], tokens])
-            self.truncate(start)
-            positions = torch.arange(start, start + tokens.numel(), device=tokens.device)
-            ready = max(0, min(tokens.numel(), committed + 1 - start))  # positions P <= committed read f_{P - 1}
-            logits = []
-            if ready:
-                logits.append(self._run(tokens[:ready], positions[:ready],
-                                        self._inputs(positions[:ready], features), None))
-                self.real = start + ready
-            for j in range(ready, tokens.numel()):  # ahead of the target: the previous entry's prediction
-                previous = self.out[-1:] if self.out.size(0) else self._inputs(positions[j:j + 1], None)
-                logits.append(self._run(tokens[j:j + 1], positions[j:j + 1], previous, None))
-            return torch.cat(logits)[-k:]
+            return torch.cat(self._computed(tokens))[-tokens.numel():]
+
+    def _computed(self, tokens: torch.Tensor) -> list:
+        """Appends tokens [k] (k >= 0) after the entries computed again from the target's features where it has
+        them (a reset's entries, which are computed lazily, included); the logits of every entry computed."""
+        features, committed = self.target_features()
+        start = min(self.real, self.out.size(0))
+        tokens = torch.cat([self.tokens[start:], tokens])
+        self.truncate(start)
+        positions = torch.arange(start, start + tokens.numel(), device=tokens.device)
+        ready = max(0, min(tokens.numel(), committed + 1 - start))  # positions P <= committed read f_{P - 1}
+        logits = []
+        if ready:
+            logits.append(self._run(tokens[:ready], positions[:ready],
+                                    self._inputs(positions[:ready], features), None))
+            self.real = start + ready
+        for j in range(ready, tokens.numel()):  # ahead of the target: the previous entry's prediction
+            previous = self.out[-1:] if self.out.size(0) else self._inputs(positions[j:j + 1], None)
+            logits.append(self._run(tokens[j:j + 1], positions[j:j + 1], previous, None))
+        return logits
 
     def extend_masked(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Tentative tree nodes (cpp/models/model.h's extend_masked): node j reads its parent's prediction (the
         entry its mask shows at the highest position), or the target's feature where the target has it."""
         with torch.inference_mode():
+            if self.out.size(0) < self.length:  # a reset's entries, not computed yet
+                self._computed(self.tokens[:0])
             features, committed = self.target_features()
             m = self.length
             parents = parents_from_mask(self.positions, positions, mask)

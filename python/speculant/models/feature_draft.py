@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import weakref
 from pathlib import Path
 from typing import Optional
 
@@ -177,6 +178,7 @@ class FeatureDraft(Model):
         source = f"{name} of {handle.source}"
         vars(self).update(vars(Model(_core.python_model(calls, source), source, live=calls)))
         self.target, self.head, self.feature_layers = handle, head, view
+        weakref.finalize(self, impl.untap, view)  # the target stops recording once no draft reads it
         self.config = {"hidden_size": hidden_size(module), "vocab_size": handle.vocab_size,
                        "target": type(module).__name__, **shapes}
 

@@ -5,7 +5,8 @@ norm: EAGLE-1/2 and Medusa), or the outputs of some decoder layers side by side 
 layers). Forward hooks on those modules take the hidden states of every call the live model makes while armed
 (live.py arms them around its own forward only, so calls made outside speculant record nothing), and the model
 keeps them beside its cache: they are appended, truncated and kept exactly as its cache entries are. No second
-target call is made: the verification's own forward hands them over.
+target call is made: the verification's own forward hands them over. Each view counts its readers; the last one
+gone (a draft's finalizer) removes its hooks.
 
 `decoder_layers` finds a transformers LM's decoder layers (for these views and for early_exit.py).
 `Features.committed` counts the leading entries that are the committed sequence (entry i at position i): a tree
@@ -42,6 +43,7 @@ class Tap:
     def __init__(self, module, view: View):
         self.view = view
         self.armed = False
+        self.readers = 0  # the feature drafts reading it (live.py removes the hooks when none is left)
         self._taken: list = []
         if view is None:
             hooked = [module.base_model]
@@ -94,6 +96,19 @@ class Features:
             if not armed:
                 tap.take()  # a failed call leaves nothing behind
 
+    def drop(self, view: View) -> bool:
+        """One reader of `view` fewer; the last one removes its hooks (shared with the replicas). Returns whether
+        it was the last."""
+        tap = self.taps.get(view)
+        if tap is None:
+            return False
+        tap.readers -= 1
+        if tap.readers > 0:
+            return False
+        tap.close()
+        del self.taps[view]
+        return True
+
     def record(self, start: int, linear: bool) -> None:
         """After a call that appended entries from `start`: keeps what each tap took. `linear`: the entries are
         the committed sequence's next positions (a plain extend), not a tree's tentative nodes."""
@@ -105,7 +120,12 @@ class Features:
             taken = taken[0]
             count = taken.size(0)
             old = self.values.get(view)
-            self.values[view] = taken if old is None or start == 0 else torch.cat([old[:start], taken])
+            if start == 0:
+                self.values[view] = taken
+            elif old is not None and old.size(0) >= start:
+                self.values[view] = torch.cat([old[:start], taken])
+            else:  # tapped after this cache's first entries: nothing to align with until the next reset
+                self.values.pop(view, None)
         if linear and self.committed == start:
             self.committed = start + count
 
@@ -122,7 +142,7 @@ class Features:
         self.values = {}
         self.committed = 0
 
-    def read(self, view: View) -> tuple[torch.Tensor, int]:
+    def read(self, view: View) -> tuple[Optional[torch.Tensor], int]:
         """The states of `view` at every entry ([entries, D]; empty before the first call) and how many leading
         entries are committed."""
         value = self.values.get(view)

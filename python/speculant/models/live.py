@@ -260,6 +260,13 @@ class LiveModel:
                 member._features = features.Features(taps)
         if view not in self._features.taps:
             self._features.taps[view] = features.Tap(self.model, view)
+        self._features.taps[view].readers += 1
+
+    def untap(self, view: features.View) -> None:
+        """A reader of `view` is gone (a feature draft's finalizer): the last one removes its hooks."""
+        if self._features is not None and self._features.drop(view):
+            for member in self._family:
+                member._features.values.pop(view, None)
 
     def row(self, index: int) -> "LiveModel":
         """Row `index` of this model's batches: itself (0) or its replica made index-th."""
