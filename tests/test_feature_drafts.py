@@ -297,3 +297,12 @@ def test_refusals_name_what_is_wrong(tmp_path):
         speculant.MedusaDraft.load(tmp_path / "eagle", model)
     with pytest.raises(ValueError, match="holds no config.json"):
         speculant.MedusaDraft.load(tmp_path, model)
+    weights = tmp_path / "eagle" / "head.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])
+    with pytest.raises(ValueError, match="head.safetensors is truncated"):
+        speculant.EagleDraft.load(tmp_path / "eagle", model)
+    speculant.MedusaDraft(target, heads=2).save(tmp_path / "medusa")
+    config = tmp_path / "medusa" / "config.json"
+    config.write_text(config.read_text().replace('"heads": 2', '"heads": 3'))
+    with pytest.raises(ValueError, match="head.safetensors does not fit the head its config.json describes"):
+        speculant.MedusaDraft.load(tmp_path / "medusa", model)

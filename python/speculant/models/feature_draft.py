@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from .. import _core
 from . import features
 from .features import recorded
-from .live import LiveModel
+from .live import LiveModel, damaged_weights, is_transformers_model
 from .model import Model, load
 
 CONFIG = "config.json"
@@ -45,8 +45,6 @@ def live_target(target, name: str) -> tuple[Model, LiveModel]:
     """The target's handle and its live model, or ValueError saying why it cannot feed a feature draft."""
     handle = target if isinstance(target, Model) else None
     if handle is None:
-        from .live import is_transformers_model
-
         if not is_transformers_model(target):
             raise ValueError(f"{name}: target must be a live transformers model or speculant.load of one, got "
                              f"{type(target).__name__}")
@@ -220,10 +218,16 @@ class FeatureDraft(Model):
 
     @classmethod
     def load(cls, directory, target) -> "FeatureDraft":
-        """A draft `save` wrote, on `target` (ValueError where its hidden size or vocabulary differ)."""
-        config, state = cls._read(directory, target)
-        draft = cls.built(target, config)
-        draft.head.load_state_dict(state)
+        """A draft `save` wrote, on `target` (ValueError where its hidden size or vocabulary differ, or its files
+        are damaged or do not fit the head its config describes)."""
+        handle, _ = live_target(target, f"{cls.__name__}.load")
+        config, state = cls._read(directory, handle)
+        draft = cls.built(handle, config)
+        try:
+            draft.head.load_state_dict(state)
+        except RuntimeError as error:  # missing, unexpected or misshapen tensors
+            raise ValueError(f"{cls.__name__}.load: {Path(directory) / WEIGHTS} does not fit the head its "
+                             f"{CONFIG} describes: {error}") from None
         return draft
 
     def with_head(self, head: torch.nn.Module) -> "FeatureDraft":
@@ -233,9 +237,10 @@ class FeatureDraft(Model):
         return other
 
     @classmethod
-    def _read(cls, directory, target) -> tuple[dict, dict]:
+    def _read(cls, directory, handle: Model) -> tuple[dict, dict]:
         """(config, state dict) of a saved draft of this kind, checked against the target's hidden size and
         vocabulary; ValueError naming what differs."""
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         path = Path(directory)
@@ -246,9 +251,11 @@ class FeatureDraft(Model):
         kind = config.pop("speculant_draft", None)
         if kind != cls.kind:
             raise ValueError(f"{cls.__name__}.load: {os.fspath(directory)} holds a {kind!r} draft, not {cls.kind!r}")
-        handle, _ = live_target(target, f"{cls.__name__}.load")
         for key, actual in (("hidden_size", hidden_size(handle.module)), ("vocab_size", handle.vocab_size)):
             if config.get(key) != actual:
                 raise ValueError(f"{cls.__name__}.load: the head in {os.fspath(directory)} was built on a target "
                                  f"with {key} {config.get(key)}, this target has {actual}")
-        return config, load_file(str(path / WEIGHTS))
+        try:
+            return config, load_file(str(path / WEIGHTS))
+        except SafetensorError as error:
+            raise damaged_weights(os.fspath(directory), error) from None
