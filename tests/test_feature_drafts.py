@@ -2,7 +2,7 @@
 speculant.MedusaDraft.
 
 * The target records its hidden states beside its cache: after a generation (chains, trees, batches) each row's
-  committed features are the base model's output over its sequence.
+  committed features are the base model's output over its sequence. Its hooks go with the last draft reading them.
 * The draft's calls are the head's math: EAGLE's first draft position equals the teacher-forced head at depth 1,
   a position drafted ahead of the target equals the training-time test's depth 2 (so training sees what drafting
   does), accepted drafts are computed again from the target's features, and a tree call equals the chain calls of
@@ -15,7 +15,7 @@ speculant.MedusaDraft.
 * speculant.testing.check_distribution takes a head built on the model it is given.
 * distill trains the heads (α after > α before, the caller's draft unchanged); save and load give the same logits.
 * Refused by name: exported, compiled and encoder-decoder targets, another target in the decoder or in distill, bad
-  shapes, a saved head on a target of another size.
+  shapes, an executor sweep, a saved head on a target of another size, damaged or misfitting head files.
 """
 
 import numpy as np
