@@ -61,7 +61,7 @@ class EagleHead(nn.Module):
         return x, _rotated(q, cos, sin), _rotated(k, cos, sin), v
 
     def attend(self, x: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-               mask: torch.Tensor) -> torch.Tensor:
+               mask: Optional[torch.Tensor]) -> torch.Tensor:
         """N queries (x, q) over S keys and values [B, S, heads, d], query n seeing key s where mask[., n, s]
         (bool [B or 1, N, S]; None: every key) -> the layer's output [B, N, H], the predicted features."""
         attended = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
@@ -75,9 +75,12 @@ class EagleHead(nn.Module):
         predicted features [B, T, H] at each depth 1 .. `depths`. Depth 1 reads f_{i-1} at position i; depth d
         reads depth d - 1's output at i - 1 and attends, as when drafting, to depth 1's keys up to i - d + 1 and
         to depth k's key at i - d + k for k = 2 .. d."""
-        B, T, _ = embedded.shape
+        T = embedded.size(1)
         positions = torch.arange(T, device=embedded.device).unsqueeze(0)
-        shifted = lambda h: torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1)  # noqa: E731
+
+        def shifted(h: torch.Tensor) -> torch.Tensor:  # position i holds h at i - 1 (zeros at 0)
+            return torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1)
+
         row = positions.view(T, 1)
         column = positions.view(1, T)
         outputs, keys, values = [], [], []
