@@ -143,7 +143,7 @@ class Features:
         self.committed = 0
 
     def read(self, view: View) -> tuple[Optional[torch.Tensor], int]:
-        """The states of `view` at every entry ([entries, D]; empty before the first call) and how many leading
+        """The states of `view` at every entry ([entries, D]; None before the first call) and how many leading
         entries are committed."""
         value = self.values.get(view)
         return value, (0 if value is None else self.committed)
