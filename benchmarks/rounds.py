@@ -4,6 +4,8 @@ import argparse
 import statistics
 import time
 
+import speculant
+
 
 def common_arguments(parser: argparse.ArgumentParser, out: str) -> None:
     """--prompts, --tokens (per prompt), --repeats (timed rounds after a warm-up), --threads and --out."""
@@ -40,8 +42,6 @@ def against_plain(target, decoder, prompts, eos, tokens: int, repeats: int) -> t
     generating `tokens` per prompt (prompt i with seed i). Returns (speedups over plain, c per round: the draft's
     seconds per call over the target's in plain decoding, both timed by the engine, and the last round's
     stats)."""
-    import speculant
-
     speedups, costs = [], []
     for r in range(repeats + 1):  # round 0: untimed
         plain = [speculant.generate(target, p, max_new_tokens=tokens, temperature=0.0, eos_token_id=eos).stats

@@ -97,24 +97,28 @@ def test_eagle_calls_are_the_heads_training_math():
     own.extend(sequence[n - 1:n + 1])  # the target catches up: the entry at n is computed again from f_{n-1}
     after = rows.extend(sequence[n + 1:n + 2])
     torch.testing.assert_close(after[0], logits_of(model, depths[0][0, n + 1]), rtol=1e-5, atol=1e-5)
-    # a tree call: root s_{n+2} (from the target), children a and b, then a's child c, each equal to its path's chain
+    # a tree as the engine feeds a draft's (cpp/drafting/model_drafter.cpp): the root s_{n+2} in a plain call (from
+    # the target's feature), then level by level its children a and b, then a's child c; each node equals its
+    # path's chain
     own.extend(sequence[n + 1:n + 2])
     entries = rows.length
-    tokens, positions = torch.tensor([sequence[n + 2].item(), 11, 12]), torch.tensor([n + 2, n + 3, n + 3])
-    mask = torch.ones(3, entries + 3, dtype=torch.bool)
-    mask[:, entries:] = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-    tree = rows.extend_masked(tokens, positions, mask)
+    root = sequence[n + 2:n + 3]
+    first = rows.extend(root)
+    mask = torch.ones(2, entries + 3, dtype=torch.bool)
+    mask[:, entries + 1:] = torch.tensor([[1, 0], [0, 1]], dtype=torch.bool)
+    tree = rows.extend_masked(torch.tensor([11, 12]), torch.tensor([n + 3, n + 3]), mask)
     deeper = rows.extend_masked(torch.tensor([13]), torch.tensor([n + 4]),
-                                torch.cat([mask[1], torch.tensor([True])])[None])
+                                torch.cat([mask[0], torch.tensor([True])])[None])
     chains = []
     for path in ([11, 13], [12]):
         rows.truncate(entries)
-        chains.append(rows.extend(torch.tensor([sequence[n + 2].item()] + path[:1])))
+        chains.append(rows.extend(torch.cat([root, torch.tensor(path[:1])])))
         if len(path) > 1:
             chains.append(rows.extend(torch.tensor(path[1:])))
-    torch.testing.assert_close(tree[[0, 1]], chains[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(first[0], chains[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tree[0], chains[0][1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(deeper, chains[1], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(tree[2], chains[2][1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tree[1], chains[2][1], rtol=1e-5, atol=1e-5)
 
 
 def test_a_tree_call_right_after_a_reset_computes_the_entries_first():
@@ -272,12 +276,12 @@ def test_refusals_name_what_is_wrong(tmp_path):
         with pytest.raises(ValueError, match=r"feature_layers must be None or distinct decoder layer .* \[0, 1\]"):
             speculant.EagleDraft(target, feature_layers=bad)
     for bad in (0, 1.5):
-        with pytest.raises(ValueError, match="intermediate_size must be a positive integer"):
+        with pytest.raises(ValueError, match="intermediate_size must be an integer >= 1"):
             speculant.EagleDraft(target, intermediate_size=bad)
     with pytest.raises(ValueError, match="heads must divide the hidden size 64"):
         speculant.EagleDraft(target, heads=3)
     for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match="heads must be a positive integer"):
+        with pytest.raises(ValueError, match="heads must be an integer >= 1"):
             speculant.MedusaDraft(target, heads=bad)
     draft = speculant.EagleDraft(target)
     with pytest.raises(ValueError, match="reads the hidden states of the target it was built on"):

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .feature_draft import FeatureDraft, FeatureRows, hidden_size, live_target, parents_from_mask, positive_int
+from ..decoding.arguments import integer
+from .feature_draft import FeatureDraft, FeatureRows, hidden_size, live_target, parents_from_mask
 
 
 def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -132,7 +133,7 @@ class EagleRows(FeatureRows):
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, feature: torch.Tensor,
              mask: Optional[torch.Tensor]) -> torch.Tensor:
         """Appends entries (tokens, positions [n], input features [n, H]); mask bool [n, entries + n] (None: the
-        old entries and the earlier new ones). Returns their logits [n, V]."""
+        old entries and the earlier new ones). Returns their predicted features [n, H]."""
         n, m = tokens.numel(), self.length
         x, q, k, v = self.head.project(self.embedded(tokens).unsqueeze(0), feature.unsqueeze(0),
                                        positions.unsqueeze(0))
@@ -143,51 +144,55 @@ class EagleRows(FeatureRows):
                                None if mask is None else mask.unsqueeze(0))[0]
         self.out = torch.cat([self.out, out])
         self.tokens, self.positions = torch.cat([self.tokens, tokens]), torch.cat([self.positions, positions])
-        return self.logits(out)
+        return out
 
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [k] after the entries (the committed sequence) -> logits [k, V]. Entries computed from
         predictions that the target has since computed are computed again first, in the same call."""
         with torch.inference_mode():
-            return torch.cat(self._computed(tokens))[-tokens.numel():]
+            return self.logits(torch.cat(self._computed(tokens))[-tokens.numel():])
 
     def _computed(self, tokens: torch.Tensor) -> list:
         """Appends tokens [k] (k >= 0) after the entries computed again from the target's features where it has
-        them (a reset's entries, which are computed lazily, included); the logits of every entry computed."""
+        them (a reset's entries, which are computed lazily, included); the predicted features of every entry
+        computed (the LM head runs on the new tokens' only)."""
         features, committed = self.target_features()
         start = min(self.real, self.out.size(0))
         tokens = torch.cat([self.tokens[start:], tokens])
         self.truncate(start)
         positions = torch.arange(start, start + tokens.numel(), device=tokens.device)
         ready = max(0, min(tokens.numel(), committed + 1 - start))  # positions P <= committed read f_{P - 1}
-        logits = []
+        outputs = []
         if ready:
-            logits.append(self._run(tokens[:ready], positions[:ready],
-                                    self._inputs(positions[:ready], features), None))
+            outputs.append(self._run(tokens[:ready], positions[:ready],
+                                     self._inputs(positions[:ready], features), None))
             self.real = start + ready
         for j in range(ready, tokens.numel()):  # ahead of the target: the previous entry's prediction
             previous = self.out[-1:] if self.out.size(0) else self._inputs(positions[j:j + 1], None)
-            logits.append(self._run(tokens[j:j + 1], positions[j:j + 1], previous, None))
-        return logits
+            outputs.append(self._run(tokens[j:j + 1], positions[j:j + 1], previous, None))
+        return outputs
 
     def extend_masked(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Tentative tree nodes (cpp/models/model.h's extend_masked): node j reads its parent's prediction (the
-        entry its mask shows at the highest position), or the target's feature where the target has it."""
+        entry its mask shows at the highest position), or the target's feature where the target has it. The
+        engine feeds a draft's tree level by level, so a parent is an earlier call's entry; a node whose parent is
+        in the same call reads zeros for it (its q is what the call returns, so the law stays exact), which keeps
+        the call free of host reads."""
         with torch.inference_mode():
             if self.out.size(0) < self.length:  # a reset's entries, not computed yet
                 self._computed(self.tokens[:0])
             features, committed = self.target_features()
             m = self.length
             parents = parents_from_mask(self.positions, positions, mask)
-            from_target = positions <= committed
-            if bool(((parents >= m) & ~from_target).any()):  # a parent in this call: node by node
-                return torch.cat([self.extend_masked(tokens[j:j + 1], positions[j:j + 1], mask[j:j + 1, :m + j + 1])
-                                  for j in range(tokens.numel())])
-            predicted = self.out.index_select(0, parents.clamp(0, max(m - 1, 0))) if m else self._inputs(
-                positions, None)
-            predicted = torch.where((parents >= 0).unsqueeze(1), predicted, torch.zeros_like(predicted))
-            feature = torch.where(from_target.unsqueeze(1), self._inputs(positions, features), predicted)
-            return self._run(tokens, positions, feature, mask)
+            if m:
+                predicted = self.out.index_select(0, parents.clamp(0, m - 1))
+                known = ((parents >= 0) & (parents < m)).unsqueeze(1)
+                predicted = torch.where(known, predicted, torch.zeros_like(predicted))
+            else:
+                predicted = self._inputs(positions, None)
+            feature = torch.where((positions <= committed).unsqueeze(1), self._inputs(positions, features),
+                                  predicted)
+            return self.logits(self._run(tokens, positions, feature, mask))
 
 
 class EagleDraft(FeatureDraft):
@@ -207,10 +212,10 @@ class EagleDraft(FeatureDraft):
         hidden = hidden_size(module)
         view = _view(feature_layers, module)
         heads = module.config.get_text_config().num_attention_heads if heads is None else heads
-        if positive_int(heads, "heads") and (hidden % heads or (hidden // heads) % 2):
+        if integer(heads, "heads", 1) and (hidden % heads or (hidden // heads) % 2):
             raise ValueError(f"heads must divide the hidden size {hidden} into an even head size, got {heads}")
-        intermediate = 2 * hidden if intermediate_size is None else positive_int(intermediate_size,
-                                                                                 "intermediate_size")
+        intermediate = 2 * hidden if intermediate_size is None else integer(intermediate_size,
+                                                                            "intermediate_size", 1)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             head = EagleHead(hidden, heads, intermediate, hidden * (1 if view is None else len(view)))

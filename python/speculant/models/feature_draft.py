@@ -64,12 +64,6 @@ def live_target(target, name: str) -> tuple[Model, LiveModel]:
     return handle, impl
 
 
-def positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def hidden_size(module) -> int:
     return int(module.config.get_text_config().hidden_size)
 

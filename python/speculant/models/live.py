@@ -441,17 +441,17 @@ class LiveModel:
                 kwargs["position_ids"] = positions.view(1, k)
         if not logits and "logits_to_keep" in self._params:
             kwargs["logits_to_keep"] = 1
-        if self._features is None:
-            with torch.inference_mode():
-                out = self.model(**kwargs)
-            return self._finish(out.logits if logits else None, start + k)
-        self._features.arm(True)
+        recording = self._features  # features.py: what feature drafts read, when one does
+        if recording is not None:
+            recording.arm(True)
         try:
             with torch.inference_mode():
                 out = self.model(**kwargs)
-            self._features.record(start, linear=mask is None)
+            if recording is not None:
+                recording.record(start, linear=mask is None)
         finally:
-            self._features.arm(False)
+            if recording is not None:
+                recording.arm(False)
         return self._finish(out.logits if logits else None, start + k)
 
     def _finish(self, logits: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .feature_draft import FeatureDraft, FeatureRows, hidden_size, live_target, positive_int
+from ..decoding.arguments import integer
+from .feature_draft import FeatureDraft, FeatureRows, hidden_size, live_target
 
 
 class MedusaHeads(nn.Module):
@@ -71,7 +72,7 @@ class MedusaDraft(FeatureDraft):
 
     def __init__(self, target, heads: int = 4):
         handle, impl = live_target(target, "MedusaDraft")
-        count = positive_int(heads, "heads")
+        count = integer(heads, "heads", 1)
         self._become(handle, impl, MedusaRows, MedusaHeads(hidden_size(handle.module), count), None,
                      {"heads": count})
 
