@@ -25,7 +25,11 @@ void bind_models(py::module_& m) {
       .def_property_readonly("beam_obstacle", &Model::beam_obstacle)
       .def_property_readonly("encoder_decoder", &Model::encoder_decoder)
       .def_property_readonly("max_source_length", &Model::max_source_length)
-      .def_property_readonly("metadata", [](const Model& model) { return py::bytes(model.metadata()); });
+      .def_property_readonly("metadata", [](const Model& model) { return py::bytes(model.metadata()); })
+      .def_property_readonly("features_obstacle", &Model::features_obstacle)
+      .def("record_features", &Model::record_features, py::arg("layers"))
+      .def("features", &Model::features, py::arg("row"))
+      .def("feature_weights", &Model::feature_weights);
 
   m.def("load_file",
         [](const std::string& path, const std::optional<std::string>& device) {

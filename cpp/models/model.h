@@ -33,6 +33,14 @@
 //        copy_slots(rows[R], sources[R, M], targets[R, M]) -> None
 //      copies row rows[r]'s cache entries at slot sources[r, m] to targets[r, m], all reads before any write,
 //      in place: how an accepted path moves into consecutive positions without recomputing a token.
+//      Feature drafts (EAGLE, Medusa: python/speculant/models/feature_draft.py) read hidden states a module keeps
+//      per cache slot, beside its keys and values, written by the same calls and moved by copy_slots:
+//        record_features(layers: Optional[List[int]]) -> int   from now on keeps the LM head's input (layers
+//            empty) or the outputs of decoder layers `layers` side by side in layer order (None: nothing);
+//            returns the width F
+//        features(row: int, length: int) -> Tensor[length, F]   slots [0, length) of batch row `row` (-1: the
+//            batch-1 cache of prefill / extend)
+//        feature_weights() -> (Tensor[V, C], Tensor[V, C])      the input embedding and the LM head's weight
 // A file may carry metadata as the extra file `speculant.json` (what speculant.export writes).
 // The interface is backend-neutral so that a torch.export / AOTInductor backend can sit beside TorchScript.
 #pragma once
@@ -113,6 +121,19 @@ class Model {
   // keep(entries) (int64 [M], ascending) keeps those cache entries, in order, as entries 0 .. M - 1.
   virtual at::Tensor extend_masked(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& mask);
   virtual void keep(const at::Tensor& entries);
+
+  // Feature drafts: why this model cannot keep its hidden states per cache entry (the contract above), or "".
+  virtual std::string features_obstacle() const {
+    return fmt::format("the {} form keeps no hidden states for feature drafts", form());
+  }
+  // From now on keeps per cache entry the LM head's input (`layers` empty) or those decoder layers' outputs side
+  // by side (nullopt: nothing); returns the width. Graphs captured before are dropped (they record nothing).
+  virtual int64_t record_features(const std::optional<std::vector<int64_t>>& layers);
+  // [length, F]: row `row`'s features at its committed entries, in the rows of its latest batch (batch 1 of
+  // dynamic shapes: this model's own cache, row 0).
+  virtual at::Tensor features(int64_t row);
+  // {the input embedding, the LM head's weight}, [V', C] each: what feature drafts share with the target.
+  virtual std::vector<at::Tensor> feature_weights();
 
   // A model owns mutable cache state: one generation at a time (the decoder holds this while it runs).
   std::mutex& in_use() { return in_use_; }

@@ -38,9 +38,13 @@ at::Tensor last_logits(const at::Tensor& logits, const at::Tensor& layout, int64
 class NativeRows final : public ModelRows {
  public:
   NativeRows(RowsCall call, int64_t count, int64_t max_length, at::Device device, std::string source, Shapes shapes,
-             GraphCache* graphs, TreeCalls tree)
-      : call_(std::move(call)), lengths_(count, 0), max_length_(max_length), device_(device),
-        source_(std::move(source)), shapes_(shapes), graphs_(graphs), tree_(std::move(tree)), tentative_(count) {}
+             GraphCache* graphs, TreeCalls tree, std::shared_ptr<std::vector<int64_t>> lengths)
+      : call_(std::move(call)),
+        shared_lengths_(lengths ? std::move(lengths) : std::make_shared<std::vector<int64_t>>()),
+        lengths_(*shared_lengths_), max_length_(max_length), device_(device), source_(std::move(source)),
+        shapes_(shapes), graphs_(graphs), tree_(std::move(tree)), tentative_(count) {
+    lengths_.assign(count, 0);
+  }
 
   int64_t count() const override { return static_cast<int64_t>(lengths_.size()); }
   void encode(const std::vector<at::Tensor>& sources) override {
@@ -317,7 +321,8 @@ class NativeRows final : public ModelRows {
   }
 
   RowsCall call_;
-  std::vector<int64_t> lengths_;
+  std::shared_ptr<std::vector<int64_t>> shared_lengths_;  // shared with the backend (its feature reads)
+  std::vector<int64_t>& lengths_;
   int64_t max_length_;
   at::Device device_;
   std::string source_;
@@ -330,9 +335,10 @@ class NativeRows final : public ModelRows {
 }  // namespace
 
 std::unique_ptr<ModelRows> native_rows(RowsCall call, int64_t count, int64_t max_length, at::Device device,
-                                       std::string source, Shapes shapes, GraphCache* graphs, TreeCalls tree) {
+                                       std::string source, Shapes shapes, GraphCache* graphs, TreeCalls tree,
+                                       std::shared_ptr<std::vector<int64_t>> lengths) {
   return std::make_unique<NativeRows>(std::move(call), count, max_length, device, std::move(source), shapes, graphs,
-                                      std::move(tree));
+                                      std::move(tree), std::move(lengths));
 }
 
 }  // namespace speculant

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "device/graphs.h"
 #include "models/rows.h"
@@ -48,8 +49,10 @@ struct TreeCalls {
 // `count` rows of a cache of max_length slots (+ the scratch one) on `device`. `graphs` (fixed and graphed
 // shapes) is the model's: it outlives the rows, and the backend clears it when the cache is reallocated.
 // `tree`: the backend's tree calls, or empty functions when it has none. A row's tentative tree nodes sit in
-// the slots after its length, in the order they were appended.
+// the slots after its length, in the order they were appended. `lengths`, where given, holds the rows' lengths
+// (resized to `count`) for the backend to read while the rows live (its features: model.h).
 std::unique_ptr<ModelRows> native_rows(RowsCall call, int64_t count, int64_t max_length, at::Device device,
-                                       std::string source, Shapes shapes, GraphCache* graphs, TreeCalls tree = {});
+                                       std::string source, Shapes shapes, GraphCache* graphs, TreeCalls tree = {},
+                                       std::shared_ptr<std::vector<int64_t>> lengths = nullptr);
 
 }  // namespace speculant

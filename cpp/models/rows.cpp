@@ -131,6 +131,12 @@ at::Tensor Model::extend_masked(const at::Tensor&, const at::Tensor&, const at::
 
 void Model::keep(const at::Tensor&) { fail("model ({} form): {}", form(), tree_obstacle()); }
 
+int64_t Model::record_features(const std::optional<std::vector<int64_t>>&) {
+  fail("model ({} form): {}", form(), features_obstacle());
+}
+at::Tensor Model::features(int64_t) { fail("model ({} form): {}", form(), features_obstacle()); }
+std::vector<at::Tensor> Model::feature_weights() { fail("model ({} form): {}", form(), features_obstacle()); }
+
 std::vector<at::Tensor> ModelRows::extend_tree(const std::vector<at::Tensor>&, const std::vector<TreeNodes>&) {
   fail("this model's rows have no tree calls (Model::tree_obstacle says why)");
 }

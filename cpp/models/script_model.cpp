@@ -74,16 +74,21 @@ class CachedScriptModel final : public Model {
     tree_ = batched_ && masked;
     source_tree_ = encoder_decoder_ && masked && has_method(module_, "start_rows") &&
                    has_method(module_, "extend_rows") && max_length_.has_value();
+    features_ = batched_ && has_method(module_, "record_features") && has_method(module_, "features") &&
+                has_method(module_, "feature_weights");
   }
 
   bool batched() const override { return batched_; }
   // Batches run natively (one extend_rows call per step); batch 1 runs the module's own cache unless the
   // shapes are fixed.
   std::unique_ptr<ModelRows> rows(int64_t count, Shapes shapes) override {
-    if (!batched_ || (count == 1 && shapes == Shapes::dynamic)) return Model::rows(count, shapes);
+    if (!batched_ || (count == 1 && shapes == Shapes::dynamic)) {
+      row_lengths_.reset();  // batch 1 runs the module's own cache
+      return Model::rows(count, shapes);
+    }
     start_rows(count);
     return native_rows(rows_call(), count, *max_length_, device_, source_, shapes,
-                       shapes == Shapes::graphed ? &graphed_ : &fixed_);
+                       shapes == Shapes::graphed ? &graphed_ : &fixed_, {}, fresh_lengths());
   }
   std::string tree_obstacle() const override {
     if (tree_) return "";
@@ -117,7 +122,37 @@ class CachedScriptModel final : public Model {
     };
     if (source_tree_) calls.encode = [this](const at::Tensor& source) { encode(source); };
     return native_rows(rows_call(), count, *max_length_, device_, source_, shapes,
-                       shapes == Shapes::graphed ? &graphed_ : &fixed_, std::move(calls));
+                       shapes == Shapes::graphed ? &graphed_ : &fixed_, std::move(calls), fresh_lengths());
+  }
+
+  std::string features_obstacle() const override {
+    if (features_) return "";
+    if (encoder_decoder_) return "an encoder-decoder module (T5): feature drafts draft decoder-only targets";
+    return "the module has no record_features / features / feature_weights methods (model.h); re-export it with "
+           "this version of speculant.export, which writes them";
+  }
+  int64_t record_features(const std::optional<std::vector<int64_t>>& layers) override {
+    if (!features_) Model::record_features(layers);
+    c10::IValue list = layers ? c10::IValue(c10::List<int64_t>(*layers)) : c10::IValue();
+    const int64_t width = module_.get_method("record_features")({list}).toInt();
+    fixed_.clear();  // what was captured records nothing
+    graphed_.clear();
+    return width;
+  }
+  at::Tensor features(int64_t row) override {
+    if (!features_) Model::features(row);
+    if (!row_lengths_) {
+      require(row == 0, "model {}: row {} of a batch of 1", source_, row);
+      return module_.get_method("features")({int64_t{-1}, length_}).toTensor();
+    }
+    require(row >= 0 && row < static_cast<int64_t>(row_lengths_->size()), "model {}: row {} of a batch of {}",
+            source_, row, row_lengths_->size());
+    return module_.get_method("features")({row, (*row_lengths_)[row]}).toTensor();
+  }
+  std::vector<at::Tensor> feature_weights() override {
+    if (!features_) Model::feature_weights();
+    auto both = module_.get_method("feature_weights")({}).toTuple();
+    return {both->elements().at(0).toTensor(), both->elements().at(1).toTensor()};
   }
   std::string fixed_shapes_obstacle() const override {
     if (batched_) return "";
@@ -172,6 +207,11 @@ class CachedScriptModel final : public Model {
     fixed_.clear();  // what the graphs wrote into is gone
     graphed_.clear();
   }
+  // The lengths of the rows made now, which features() reads while they live.
+  std::shared_ptr<std::vector<int64_t>> fresh_lengths() {
+    row_lengths_ = std::make_shared<std::vector<int64_t>>();
+    return row_lengths_;
+  }
   RowsCall rows_call() {
     return [this](const at::Tensor& ids, const at::Tensor& rows, const at::Tensor& positions, const at::Tensor& slots,
                   int64_t keys) {
@@ -187,6 +227,8 @@ class CachedScriptModel final : public Model {
   bool tree_ = false;  // extend_rows_masked and copy_slots too
   bool source_tree_ = false;  // an encoder-decoder module's tree calls of one row (beam search)
   int64_t rows_started_ = 0;  // the row cache's batch size (0: none yet)
+  bool features_ = false;  // record_features, features and feature_weights
+  std::shared_ptr<std::vector<int64_t>> row_lengths_;  // the latest batch's rows' lengths (null: batch 1)
   // The fixed-shape calls' buffers, without and with CUDA graphs; what they must not move: every tensor the
   // module holds (its cache among them).
   GraphCache::State state_ = [this] {

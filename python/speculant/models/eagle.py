@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..decoding.arguments import integer
-from .feature_draft import FeatureDraft, FeatureRows, hidden_size, live_target, parents_from_mask
+from .feature_draft import FeatureDraft, FeatureRows, feature_source, parents_from_mask, target_shapes
 
 
 def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -104,7 +104,7 @@ class EagleRows(FeatureRows):
 
     def clear(self) -> None:
         super().clear()
-        head, device = self.head, self.target.model.device
+        head, device = self.head, self.embed.weight.device
         dtype = head.fc.weight.dtype
         self.out = torch.zeros(0, head.fc.out_features, dtype=dtype, device=device)
         self.keys = torch.zeros(0, head.heads, head.dim, dtype=dtype, device=device)
@@ -207,11 +207,11 @@ class EagleDraft(FeatureDraft):
 
     def __init__(self, target, *, feature_layers: Optional[Sequence[int]] = None, heads: Optional[int] = None,
                  intermediate_size: Optional[int] = None, seed: int = 0):
-        handle, impl = live_target(target, "EagleDraft")
-        module = handle.module
-        hidden = hidden_size(module)
-        view = _view(feature_layers, module)
-        heads = module.config.get_text_config().num_attention_heads if heads is None else heads
+        handle, source = feature_source(target, "EagleDraft")
+        shapes = target_shapes(handle, "EagleDraft")
+        hidden = shapes["hidden_size"]
+        view = _view(feature_layers, shapes["num_hidden_layers"])
+        heads = shapes["num_attention_heads"] if heads is None else heads
         if integer(heads, "heads", 1) and (hidden % heads or (hidden // heads) % 2):
             raise ValueError(f"heads must divide the hidden size {hidden} into an even head size, got {heads}")
         intermediate = 2 * hidden if intermediate_size is None else integer(intermediate_size,
@@ -219,7 +219,7 @@ class EagleDraft(FeatureDraft):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             head = EagleHead(hidden, heads, intermediate, hidden * (1 if view is None else len(view)))
-        self._become(handle, impl, EagleRows, head, view, {"feature_layers": None if view is None else list(view),
+        self._become(handle, source, EagleRows, head, view, {"feature_layers": None if view is None else list(view),
                                                              "heads": heads, "intermediate_size": intermediate})
 
     @classmethod
@@ -238,11 +238,10 @@ class EagleDraft(FeatureDraft):
         return predicted, ((outputs[0], features) if self.feature_layers is None else None)
 
 
-def _view(feature_layers, module):
-    """None, or EAGLE-3's layer indices as a tuple, checked against the target's layers."""
+def _view(feature_layers, layers: int):
+    """None, or EAGLE-3's layer indices as a tuple, checked against the target's `layers`."""
     if feature_layers is None:
         return None
-    layers = module.config.get_text_config().num_hidden_layers
     try:
         view = tuple(feature_layers)
     except TypeError:

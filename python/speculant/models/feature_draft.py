@@ -12,7 +12,9 @@ target's f_{P - 1} where the target has it, and the draft's own prediction of it
 where it does not (the positions it drafts ahead of the target). Exactness never depends on this: the engine
 verifies the q each call returns, whatever it is.
 
-Row r of a batch reads row r of the target (live.py: its replicas in the order made, as rows.cpp makes them).
+The target is live (live.py records the features with forward hooks) or a TorchScript export
+(exported_features.py: the file keeps them per cache slot). Row r of a batch reads row r of the target (live.py:
+its replicas in the order made, as rows.cpp makes them; an export: row r of its native rows).
 The draft must run with the target it was built on: SpeculativeDecoder refuses another by name.
 
 Its head is a plain ``torch.nn.Module`` (``draft.head``); the target's embedding and LM head are shared and never
@@ -34,38 +36,51 @@ import torch.nn.functional as F
 from .. import _core
 from . import features
 from .features import recorded
-from .live import LiveModel, damaged_weights, is_transformers_model
+from .exported_features import exported_features
+from .live import damaged_weights, is_transformers_model
 from .model import Model, load
 
 CONFIG = "config.json"
 WEIGHTS = "head.safetensors"
 
 
-def live_target(target, name: str) -> tuple[Model, LiveModel]:
-    """The target's handle and its live model, or ValueError saying why it cannot feed a feature draft."""
+def feature_source(target, name: str):
+    """The target's handle and what hands its hidden states over (live.LiveModel, or an exported file's
+    ExportedFeatures), or ValueError saying why it cannot feed a feature draft."""
     handle = target if isinstance(target, Model) else None
     if handle is None:
         if not is_transformers_model(target):
-            raise ValueError(f"{name}: target must be a live transformers model or speculant.load of one, got "
-                             f"{type(target).__name__}")
+            raise ValueError(f"{name}: target must be a live transformers model, speculant.load of one or of a "
+                             f"TorchScript file speculant.export wrote, got {type(target).__name__}")
         handle = load(target)
-    impl = handle.live
-    if impl is None:
-        raise ValueError(f"{name}: target {handle.source} is an exported file ({handle.form} form); feature drafts "
-                         "read the live transformers model's hidden states (pass it, or speculant.load of it)")
     if handle.form == "compiled":
         raise ValueError(f"{name}: target {handle.source} was loaded with compile=True; feature drafts read the "
                          "eager live model's hidden states (speculant.load(model) without compile)")
-    if handle.form != "live":
-        raise ValueError(f"{name}: target {handle.source} is a {handle.form} draft, not a live transformers model")
-    if impl.encoder_decoder:
+    if handle.form not in ("live", "cached"):
+        raise ValueError(f"{name}: target {handle.source} is of the {handle.form} form; feature drafts read the "
+                         "hidden states of a live transformers model or of a TorchScript file speculant.export "
+                         "wrote (.pt)")
+    if handle.encoder_decoder:
         raise ValueError(f"{name}: {handle.source} is an encoder-decoder model; feature drafts draft decoder-only "
                          "targets")
-    return handle, impl
+    if handle.live is not None:
+        return handle, handle.live
+    return handle, exported_features(handle)
 
 
-def hidden_size(module) -> int:
-    return int(module.config.get_text_config().hidden_size)
+SHAPES = ("hidden_size", "num_hidden_layers", "num_attention_heads")  # what a feature draft reads of its target
+
+
+def target_shapes(handle: Model, name: str) -> dict:
+    """The target's SHAPES: its text config's, or an exported file's metadata (ValueError where it has none)."""
+    if handle.module is not None:
+        config = handle.module.config.get_text_config()
+        return {key: int(getattr(config, key)) for key in SHAPES}
+    missing = [key for key in SHAPES if not isinstance(handle.metadata.get(key), int)]
+    if missing:
+        raise ValueError(f"{name}: the metadata of {handle.source} has no {', '.join(missing)}; re-export it with "
+                         "this version of speculant.export, which writes them")
+    return {key: handle.metadata[key] for key in SHAPES}
 
 
 class FeatureRows:
@@ -76,8 +91,8 @@ class FeatureRows:
     encoder_decoder = False
     max_source_length = None
 
-    def __init__(self, target: LiveModel, head: torch.nn.Module, view: features.View, name: str):
-        self.target = target  # row 0 of the target's batches
+    def __init__(self, target, head: torch.nn.Module, view: features.View, name: str):
+        self.target = target  # row 0 of the target's batches: a LiveModel or an ExportedFeatures
         self.head = head
         self.view = view
         self.name = name
@@ -85,8 +100,7 @@ class FeatureRows:
         self.max_length = target.max_length
         self.device = target.device
         self.metadata = target.metadata
-        self.embed = target.model.get_input_embeddings()
-        self.lm_head = target.model.get_output_embeddings()
+        self.embed, self.lm_head = target.shared_layers()
         self._own_vocab = self.lm_head.weight.size(0)
         self._family = [self]
         self._index = 0
@@ -95,7 +109,7 @@ class FeatureRows:
 
     def clear(self) -> None:
         """No entries."""
-        device = self.target.model.device
+        device = self.embed.weight.device
         self.tokens = torch.zeros(0, dtype=torch.long, device=device)
         self.positions = torch.zeros(0, dtype=torch.long, device=device)
 
@@ -159,20 +173,23 @@ class FeatureDraft(Model):
 
     kind = ""
 
-    def _become(self, handle: Model, impl: LiveModel, rows: type, head: torch.nn.Module, view: features.View,
+    def _become(self, handle: Model, source, rows: type, head: torch.nn.Module, view: features.View,
                 shapes: dict) -> None:
         """Makes this handle the draft: `head` on the target's device and dtype, called through `rows` (a
-        FeatureRows class) reading `view`; `shapes` join its config (what save writes)."""
-        module = handle.module
-        head = head.to(device=module.device, dtype=module.dtype).eval().requires_grad_(False)
+        FeatureRows class) reading `view` of `source` (feature_source's); `shapes` join its config (what save
+        writes)."""
+        like = source.shared_layers()[0].weight
+        head = head.to(device=like.device, dtype=like.dtype).eval().requires_grad_(False)
         name = type(self).__name__
-        calls = rows(impl, head, view, name)
-        source = f"{name} of {handle.source}"
-        vars(self).update(vars(Model(_core.python_model(calls, source), source, live=calls)))
+        calls = rows(source, head, view, name)
+        label = f"{name} of {handle.source}"
+        vars(self).update(vars(Model(_core.python_model(calls, label), label, live=calls)))
         self.target, self.head, self.feature_layers = handle, head, view
-        weakref.finalize(self, impl.untap, view)  # the target stops recording once no draft reads it
-        self.config = {"hidden_size": hidden_size(module), "vocab_size": handle.vocab_size,
-                       "target": type(module).__name__, **shapes}
+        weakref.finalize(self, source.untap, view)  # the target stops recording once no draft reads it
+        architecture = type(handle.module).__name__ if handle.module is not None else handle.metadata.get(
+            "architecture")
+        self.config = {"hidden_size": target_shapes(handle, name)["hidden_size"], "vocab_size": handle.vocab_size,
+                       "target": architecture, **shapes}
 
     def parameters(self) -> int:
         """How many parameters the draft has of its own (the target's embedding and LM head excluded)."""
@@ -214,7 +231,7 @@ class FeatureDraft(Model):
     def load(cls, directory, target) -> "FeatureDraft":
         """A draft `save` wrote, on `target` (ValueError where its hidden size or vocabulary differ, or its files
         are damaged or do not fit the head its config describes)."""
-        handle, _ = live_target(target, f"{cls.__name__}.load")
+        handle, _ = feature_source(target, f"{cls.__name__}.load")
         config, state = cls._read(directory, handle)
         draft = cls.built(handle, config)
         try:
@@ -245,7 +262,8 @@ class FeatureDraft(Model):
         kind = config.pop("speculant_draft", None)
         if kind != cls.kind:
             raise ValueError(f"{cls.__name__}.load: {os.fspath(directory)} holds a {kind!r} draft, not {cls.kind!r}")
-        for key, actual in (("hidden_size", hidden_size(handle.module)), ("vocab_size", handle.vocab_size)):
+        for key, actual in (("hidden_size", target_shapes(handle, f"{cls.__name__}.load")["hidden_size"]),
+                            ("vocab_size", handle.vocab_size)):
             if config.get(key) != actual:
                 raise ValueError(f"{cls.__name__}.load: the head in {os.fspath(directory)} was built on a target "
                                  f"with {key} {config.get(key)}, this target has {actual}")

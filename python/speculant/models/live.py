@@ -132,6 +132,7 @@ def describe(model, *, max_length: Optional[int], max_source_length: Optional[in
         "eos_token_id": field("eos_token_id", generation, config, text),  # generation's: what generate stops at
         "pad_token_id": field("pad_token_id", config, text),
         "bos_token_id": field("bos_token_id", config, text),
+        **{key: getattr(text, key, None) for key in ("hidden_size", "num_hidden_layers", "num_attention_heads")},
         "decoder_start_token_id": decoder_start_token_id,
         "dtype": str(model.dtype).removeprefix("torch."),
         "transformers_version": _transformers().__version__,
@@ -267,6 +268,10 @@ class LiveModel:
         if self._features is not None and self._features.drop(view):
             for member in self._family:
                 member._features.values.pop(view, None)
+
+    def shared_layers(self) -> tuple:
+        """The input embedding and the LM head feature drafts share with this model."""
+        return self.model.get_input_embeddings(), self.model.get_output_embeddings()
 
     def row(self, index: int) -> "LiveModel":
         """Row `index` of this model's batches: itself (0) or its replica made index-th."""

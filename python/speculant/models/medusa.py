@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..decoding.arguments import integer
-from .feature_draft import FeatureDraft, FeatureRows, hidden_size, live_target
+from .feature_draft import FeatureDraft, FeatureRows, feature_source, target_shapes
 
 
 class MedusaHeads(nn.Module):
@@ -71,9 +71,10 @@ class MedusaDraft(FeatureDraft):
     kind = "medusa"
 
     def __init__(self, target, heads: int = 4):
-        handle, impl = live_target(target, "MedusaDraft")
+        handle, source = feature_source(target, "MedusaDraft")
         count = integer(heads, "heads", 1)
-        self._become(handle, impl, MedusaRows, MedusaHeads(hidden_size(handle.module), count), None,
+        hidden = target_shapes(handle, "MedusaDraft")["hidden_size"]
+        self._become(handle, source, MedusaRows, MedusaHeads(hidden, count), None,
                      {"heads": count})
 
     @classmethod

@@ -15,13 +15,13 @@ import copy
 import math
 import warnings
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .export.cached import CachedDecoder, Step, cached_kv, single_step
+from .export.cached import CachedDecoder, Step, cached_kv, single_step, tapped
 
 __all__ = ["TinyGPTConfig", "TinyGPT", "script_cached", "script_plain", "unscript"]
 
@@ -111,10 +111,24 @@ class TinyGPT(nn.Module):
 
     def run(self, ids: Tensor, caches: List[Tensor], step: Step) -> Tensor:
         # ids [B, T] at step.positions; caches: [] or one (keys and values) view per layer (export/cached.py)
+        return self.logits(self.states(ids, caches, step, torch.jit.annotate(List[int], []))[0])
+
+    def states(self, ids: Tensor, caches: List[Tensor], step: Step, taps: List[int]) -> Tuple[Tensor, Tensor]:
+        """The LM head's input [B, T, C] and the outputs of the blocks `taps` side by side (cached.tapped)."""
         x = self.tok_emb(ids) + self.pos_emb(step.positions)  # [B, T, C]
+        taken: List[Tensor] = []
         for i, block in enumerate(self.blocks):
             x = block(x, caches[i] if len(caches) > 0 else None, step)  # [B, T, C]
-        return F.linear(self.ln_f(x), self.tok_emb.weight)  # [B, T, V]
+            if i in taps:
+                taken.append(x)
+        h = self.ln_f(x)
+        return h, tapped(h, taken)
+
+    def logits(self, h: Tensor) -> Tensor:
+        return F.linear(h, self.tok_emb.weight)  # [B, T, V]
+
+    def weights(self) -> Tuple[Tensor, Tensor]:
+        return self.tok_emb.weight, self.tok_emb.weight
 
 
 def _frozen_copy(model: TinyGPT) -> TinyGPT:

@@ -189,6 +189,10 @@ class _Draft:
         self.auxiliary: tuple = ([], None)  # a feature draft's deeper laws and regression from the last logits()
         self.teacher_logits: Optional[torch.Tensor] = None  # and the target's logits from the same forward
         if self.feature is not None:
+            if draft.target.module is None:
+                raise ValueError(f"draft: {type(draft).__name__} reads {draft.target.source}, an exported file; "
+                                 "distill trains a head on the live transformers model: train it there, save it, "
+                                 f"then load it onto the export ({type(draft).__name__}.load(directory, exported))")
             self.module = copy.deepcopy(draft.head)
         elif isinstance(draft, (str, os.PathLike)):
             if not os.path.isdir(draft):

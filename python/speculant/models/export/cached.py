@@ -6,7 +6,10 @@ An architecture module (gpt2.py, llama.py, tiny_gpt.py) provides
 into the preallocated cache (keys and values together), and `step` (a Step) says where the tokens sit and what
 they attend to; the attention hands its new keys and values to `cached_kv`. Batch 1 caches are [2, H_kv, M, D]
 views written at slots [start, start + T); a batch's rows (cpp/models/rows.h) share [2, B, M + 1, H_kv, D] views, each
-row written at its own slots, slot M being scratch for padding. Shapes: R = rows in the call, T = new tokens,
+row written at its own slots, slot M being scratch for padding. For feature drafts (EAGLE, Medusa) it also
+provides `states(input_ids, caches, step, taps) -> (h, features)` (the LM head's input, and `tapped`'s features),
+`logits(h)` and `weights()` (its embedding and LM head); CachedDecoder keeps the features per slot on request
+(record_features). Shapes: R = rows in the call, T = new tokens,
 S = attended positions, H_kv = key/value heads, D = head_dim, L = layers, M = max_length, V = vocab.
 """
 from typing import Dict, List, NamedTuple, Optional, Tuple
@@ -115,6 +118,12 @@ def cached_kv(kv: Tensor, cache: Optional[Tensor], step: Step) -> Tuple[Tensor, 
     return seen[0].transpose(1, 2), seen[1].transpose(1, 2)  # [R, H_kv, S, D]
 
 
+def tapped(h: Tensor, taken: List[Tensor]) -> Tensor:
+    """An architecture's recorded features: the layers' outputs `taken` side by side (in layer order), or the LM
+    head's input `h` when none was taken (what feature drafts read: models/features.py)."""
+    return torch.cat(taken, -1) if len(taken) > 0 else h
+
+
 class CachedDecoder(nn.Module):
     """The engine's cached contract (cpp/models/model.h) around a decoder-only `core`, batch 1: a KV cache of
     `max_length` positions with prefill / extend / truncate / cache_length, and a stateless
@@ -126,6 +135,7 @@ class CachedDecoder(nn.Module):
     length: int
     cache_shape: List[int]
     row_cache_shape: List[int]
+    feature_layers: Optional[List[int]]
 
     def __init__(self, core: nn.Module, *, vocab_size: int, max_length: int, layers: int, kv_heads: int,
                  head_dim: int, like: Tensor):
@@ -133,13 +143,20 @@ class CachedDecoder(nn.Module):
         self.core = core
         self.vocab_size = vocab_size
         self.max_length = max_length
+        self.hidden_size = like.size(1)
         self.length = 0  # cached positions; cache rows at or past it are stale
+        self.feature_layers = None  # what record_features keeps per cache slot (None: nothing)
         self.cache_shape = [2, layers, kv_heads, max_length, head_dim]  # [keys | values, L, H_kv, M, D]
         # a batch's rows: [keys | values, L, B, M + 1, H_kv, D], B set by start_rows
         self.row_cache_shape = [2, layers, 0, max_length + 1, kv_heads, head_dim]
         # empty until the first prefill; its dtype and device are the model's (and follow .to / map_location)
         self.register_buffer("cache", torch.empty(0, dtype=like.dtype, device=like.device), persistent=False)
         self.register_buffer("row_cache", torch.empty(0, dtype=like.dtype, device=like.device), persistent=False)
+        # the recorded features per slot: [M, F] beside `cache`, [B, M + 1, F] beside `row_cache`
+        self.register_buffer("feature_cache", torch.empty(0, dtype=like.dtype, device=like.device),
+                             persistent=False)
+        self.register_buffer("row_feature_cache", torch.empty(0, dtype=like.dtype, device=like.device),
+                             persistent=False)
 
     def forward(self, input_ids: Tensor) -> Tensor:
         if input_ids.dim() != 2 or input_ids.size(1) < 1 or input_ids.size(1) > self.max_length:
@@ -148,11 +165,73 @@ class CachedDecoder(nn.Module):
         return self.core.run(input_ids, torch.jit.annotate(List[Tensor], []),
                              single_step(input_ids.size(1), 0, input_ids.device, self.cache.dtype))
 
+    def _run(self, input_ids: Tensor, caches: List[Tensor], step: Step) -> Tuple[Tensor, Optional[Tensor]]:
+        """The core's logits, and its features while record_features keeps some (else None)."""
+        layers = self.feature_layers
+        if layers is None:
+            return self.core.run(input_ids, caches, step), None
+        h, features = self.core.states(input_ids, caches, step, layers)
+        return self.core.logits(h), features
+
+    def _feature_width(self) -> int:
+        layers = self.feature_layers
+        if layers is None:
+            return 0
+        return self.hidden_size * max(1, len(layers))
+
+    def _allocate_features(self) -> None:
+        """Feature caches beside the KV caches allocated so far (empty ones while nothing is recorded)."""
+        width = self._feature_width()
+        like = self.feature_cache
+        if width == 0:
+            self.feature_cache = torch.empty(0, dtype=like.dtype, device=like.device)
+            self.row_feature_cache = torch.empty(0, dtype=like.dtype, device=like.device)
+            return
+        if self.cache.numel() > 0 and list(self.feature_cache.shape) != [self.max_length, width]:
+            self.feature_cache = torch.zeros([self.max_length, width], dtype=like.dtype, device=like.device)
+        if self.row_cache.numel() > 0:
+            shape = [self.row_cache.size(2), self.max_length + 1, width]
+            if list(self.row_feature_cache.shape) != shape:
+                self.row_feature_cache = torch.zeros(shape, dtype=like.dtype, device=like.device)
+
+    @torch.jit.export
+    def record_features(self, layers: Optional[List[int]]) -> int:
+        """From now on keeps each cache slot's features (model.h): the LM head's input (`layers` empty) or the
+        outputs of decoder layers `layers` side by side, in layer order; None stops. Returns the width F (0)."""
+        if layers is not None:
+            count = self.cache_shape[1]
+            for i in layers:
+                if i < 0 or i >= count or layers.count(i) != 1:
+                    raise ValueError(f"record_features: layers must be distinct indices in [0, {count - 1}], got "
+                                     f"{layers}")
+            layers = sorted(layers)
+        self.feature_layers = layers
+        self._allocate_features()
+        return self._feature_width()
+
+    @torch.jit.export
+    def features(self, row: int, length: int) -> Tensor:
+        """[length, F]: the recorded features of slots [0, length) of batch row `row` (-1: the batch-1 cache)."""
+        cache = self.feature_cache if row < 0 else self.row_feature_cache
+        if cache.numel() == 0:
+            raise ValueError("features: call record_features first (and prefill or start_rows)")
+        if row >= 0 and row >= cache.size(0):
+            raise ValueError(f"features: row must be in [-1, {cache.size(0) - 1}], got {row}")
+        if length < 0 or length > self.max_length:
+            raise ValueError(f"features: length must be in [0, max_length={self.max_length}], got {length}")
+        return cache[:length] if row < 0 else cache[row, :length]
+
+    @torch.jit.export
+    def feature_weights(self) -> Tuple[Tensor, Tensor]:
+        """The input embedding and the LM head's weight, [V, C] each (what feature drafts share)."""
+        return self.core.weights()
+
     @torch.jit.export
     def prefill(self, input_ids: Tensor) -> Tensor:
         # [1, T] -> [1, T, V]; clears the cache first
         if self.cache.numel() == 0:
             self.cache = torch.zeros(self.cache_shape, dtype=self.cache.dtype, device=self.cache.device)
+            self._allocate_features()
         self.length = 0
         return self.extend(input_ids)
 
@@ -170,7 +249,10 @@ class CachedDecoder(nn.Module):
             raise ValueError(f"extend/prefill: {self.length} cached + {k} new positions exceed "
                              f"max_length={self.max_length}")
         caches = [self.cache[:, i] for i in range(self.cache.size(1))]  # [2, H_kv, M, D] each
-        logits = self.core.run(input_ids, caches, single_step(k, self.length, input_ids.device, self.cache.dtype))
+        logits, features = self._run(input_ids, caches, single_step(k, self.length, input_ids.device,
+                                                                    self.cache.dtype))
+        if features is not None:
+            self.feature_cache[self.length:self.length + k] = features[0]
         self.length += k
         return logits
 
@@ -182,6 +264,16 @@ class CachedDecoder(nn.Module):
         shape = self.row_cache_shape[:2] + [batch] + self.row_cache_shape[3:]
         if list(self.row_cache.shape) != shape:
             self.row_cache = torch.zeros(shape, dtype=self.row_cache.dtype, device=self.row_cache.device)
+        self._allocate_features()
+
+    def _rows_run(self, input_ids: Tensor, caches: List[Tensor], step: Step) -> Tensor:
+        """A batch call: the core's logits, its features written to each token's slot while recording."""
+        logits, features = self._run(input_ids, caches, step)
+        rows, slots = step.rows, step.slots
+        if features is not None and rows is not None and slots is not None:
+            index = torch.jit.annotate(List[Optional[Tensor]], [rows.unsqueeze(1).expand_as(slots), slots])
+            self.row_feature_cache.index_put_(index, features)
+        return logits
 
     @torch.jit.export
     def extend_rows(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, keys: int) -> Tensor:
@@ -199,7 +291,7 @@ class CachedDecoder(nn.Module):
         seen = torch.arange(keys, device=input_ids.device) <= positions.unsqueeze(2)  # [R, T, S]
         caches = [self.row_cache[:, i] for i in range(self.row_cache.size(1))]  # [2, B, M + 1, H_kv, D] each
         step = Step(positions, additive(seen.unsqueeze(1), self.row_cache.dtype), -1, rows, slots, keys)
-        return self.core.run(input_ids, caches, step)  # [R, T, V]
+        return self._rows_run(input_ids, caches, step)  # [R, T, V]
 
     @torch.jit.export
     def extend_rows_masked(self, input_ids: Tensor, rows: Tensor, positions: Tensor, slots: Tensor,
@@ -211,7 +303,7 @@ class CachedDecoder(nn.Module):
         check_masked_call(input_ids, rows, positions, slots, mask, self.max_length)
         caches = [self.row_cache[:, i] for i in range(self.row_cache.size(1))]  # [2, B, M + 1, H_kv, D] each
         step = Step(positions, additive(mask.unsqueeze(1), self.row_cache.dtype), -1, rows, slots, mask.size(2))
-        return self.core.run(input_ids, caches, step)  # [R, T, V]
+        return self._rows_run(input_ids, caches, step)  # [R, T, V]
 
     @torch.jit.export
     def copy_slots(self, rows: Tensor, sources: Tensor, targets: Tensor) -> None:
@@ -220,6 +312,9 @@ class CachedDecoder(nn.Module):
         if self.row_cache.numel() == 0:
             raise ValueError("copy_slots: call start_rows first (the batch's cache is allocated there)")
         copy_row_slots(self.row_cache, rows, sources, targets)
+        if self.row_feature_cache.numel() > 0:  # [B, M + 1, F]: the features move with their slots
+            index = rows.unsqueeze(1).expand_as(sources)
+            self.row_feature_cache[index, targets] = self.row_feature_cache[index, sources]
 
     @torch.jit.export
     def truncate(self, length: int) -> None:

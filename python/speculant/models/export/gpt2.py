@@ -4,13 +4,13 @@ y = x W + b); they are transposed into nn.Linear ([out, in]) here. Shapes as in 
 H = n_head, F = MLP width.
 """
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import (CachedDecoder, Step, activate, activation_kind, cached_kv, copy_weights, fused_kernels,
+from .cached import (CachedDecoder, Step, activate, activation_kind, cached_kv, copy_weights, fused_kernels, tapped,
                      is_tied)
 
 
@@ -72,10 +72,24 @@ class GPT2(nn.Module):
         self.ln_f = nn.LayerNorm(width, eps=config.layer_norm_epsilon)
 
     def run(self, input_ids: Tensor, caches: List[Tensor], step: Step) -> Tensor:
+        return self.logits(self.states(input_ids, caches, step, torch.jit.annotate(List[int], []))[0])
+
+    def states(self, input_ids: Tensor, caches: List[Tensor], step: Step, taps: List[int]) -> Tuple[Tensor, Tensor]:
+        """The LM head's input [R, T, C] and the outputs of the blocks `taps` side by side (cached.tapped)."""
         x = self.wte(input_ids) + self.wpe(step.positions)  # [R, T, C]
+        taken: List[Tensor] = []
         for i, block in enumerate(self.blocks):
             x = block(x, caches[i] if len(caches) > 0 else None, step)
-        return F.linear(self.ln_f(x), self.head)  # [R, T, V]
+            if i in taps:
+                taken.append(x)
+        h = self.ln_f(x)
+        return h, tapped(h, taken)
+
+    def logits(self, h: Tensor) -> Tensor:
+        return F.linear(h, self.head)  # [R, T, V]
+
+    def weights(self) -> Tuple[Tensor, Tensor]:
+        return self.wte.weight, self.head
 
 
 def check_config(config) -> None:

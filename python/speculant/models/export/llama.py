@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import CachedDecoder, Step, activation_kind, cached_kv, copy_weights, fused_kernels, gated, is_tied
+from .cached import (CachedDecoder, Step, activation_kind, cached_kv, copy_weights, fused_kernels, gated, is_tied,
+                     tapped)
 
 # RoPE types whose frequencies depend on the current sequence length: one precomputed table cannot hold them.
 DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -137,6 +138,16 @@ class Llama(nn.Module):
         self.register_buffer("sin", sin)  # [M, D]
 
     def run(self, input_ids: Tensor, caches: List[Tensor], step: Step) -> Tensor:
+        return self.logits(self.states(input_ids, caches, step, torch.jit.annotate(List[int], []))[0])
+
+    def logits(self, h: Tensor) -> Tensor:
+        return F.linear(h, self.head)  # [R, T, V]
+
+    def weights(self) -> Tuple[Tensor, Tensor]:
+        return self.embed_tokens.weight, self.head
+
+    def states(self, input_ids: Tensor, caches: List[Tensor], step: Step, taps: List[int]) -> Tuple[Tensor, Tensor]:
+        """The LM head's input [R, T, C] and the outputs of the layers `taps` side by side (cached.tapped)."""
         T = input_ids.size(1)
         if step.rows is None:  # batch 1: positions [start, start + T), a slice of the tables
             if step.start + T > self.cos.size(0):
@@ -154,9 +165,13 @@ class Llama(nn.Module):
                 shape[:-2] + [group * shape[-2], shape[-1]])  # [.., H / H_kv * T, S]: a copy at most
             step = Step(step.positions, mask, step.start, step.rows, step.slots, step.keys)
         x = self.embed_tokens(input_ids)  # [R, T, C], a new tensor: the layers accumulate into it
+        taken: List[Tensor] = []
         for i, block in enumerate(self.layers):
             x = block(x, cos, sin, caches[i] if len(caches) > 0 else None, step)
-        return F.linear(self.norm(x), self.head)  # [R, T, V]
+            if i in taps:
+                taken.append(x.clone())  # the next layer accumulates into x
+        h = self.norm(x)
+        return h, tapped(h, taken)
 
 
 def _head_dim(config) -> int:

@@ -1,0 +1,144 @@
+"""Feature drafts (speculant.EagleDraft, speculant.MedusaDraft) on a target exported with speculant.export
+(TorchScript, cpp/models/model.h: record_features / features / feature_weights).
+
+* The export keeps each cache slot's features beside its keys and values: after chains, token trees and batches,
+  each row's committed features are the base model's output over its sequence (the LM head's input), or the
+  decoder layers' outputs side by side (EAGLE-3), for Llama and GPT-2.
+* A head on the export computes what the same head on the live model computes: after the same generation its
+  outputs at every entry are equal, and which were computed from the target's features. A head saved from the
+  live model loads onto the export.
+* Greedy output is transformers' greedy generate (chains, trees, batch rows); the joint law of the first two
+  tokens of an EAGLE tree at T = 0.7 with top-k is the target's (chi-square, SIGNIFICANCE = 1e-3, fixed seed).
+* On CUDA (run where one is lent), the target's captured calls write the features its uncaptured calls write.
+* The recording stops with the last draft reading it. Refused by name: distill on an export, a second view of one
+  export, a file whose metadata lacks the target's shapes, forms that keep no features.
+"""
+
+import gc
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import hf_models
+import speculant
+from chisquare import SIGNIFICANCE, chi_square_pvalue
+from hf_models import MAX_NEW, PROMPTS, hf_greedy, two_token_law
+from speculant.models.features import recorded
+from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_plain
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def pair(request, tmp_path_factory):
+    """(arch, transformers model, its export loaded)."""
+    model = hf_models.make(request.param, seed=10)
+    path = tmp_path_factory.mktemp(request.param) / "target.pt"
+    speculant.export(model, path)
+    return request.param, model, speculant.load(path)
+
+
+def layer_outputs(model, ids: list, layers) -> torch.Tensor:
+    """The live model's features over `ids` (features.recorded: forward hooks on its base model or layers)."""
+    return recorded(model, layers, torch.tensor([ids]))[0][0]
+
+
+@pytest.mark.parametrize("layers", [None, (1, 0)])
+@pytest.mark.parametrize("shape", [{"gamma": 3}, {"tree": [2, 2]}])
+def test_the_export_keeps_each_rows_features(pair, layers, shape):
+    arch, model, exported = pair
+    draft = speculant.EagleDraft(exported, feature_layers=layers, seed=1)
+    decoder = speculant.SpeculativeDecoder(exported, draft, temperature=1.0, **shape)
+    for prompts in (PROMPTS, PROMPTS[2]):  # a batch (native rows), then batch 1
+        results = decoder.generate(prompts, max_new_tokens=12, seed=3)
+        if prompts is PROMPTS[2]:
+            prompts, results = [prompts], [results]
+        for row, (prompt, result) in enumerate(zip(prompts, results)):
+            values = exported._core.features(row)
+            sequence = prompt + result.tokens
+            assert len(sequence) - 2 <= values.size(0) < len(sequence)
+            expected = layer_outputs(model, sequence[:values.size(0)], layers)
+            torch.testing.assert_close(values, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_head_on_the_export_computes_what_it_does_on_the_live_model(pair, tmp_path):
+    arch, model, exported = pair
+    live = speculant.load(model)
+    expected = [hf_greedy(model, arch, index, eos=None) for index in range(len(PROMPTS))]
+    on_live = speculant.EagleDraft(live, seed=4)
+    on_live.save(tmp_path / "eagle")
+    on_export = speculant.EagleDraft.load(tmp_path / "eagle", exported)
+    for shape in ({"gamma": 3}, {"tree": [2, 2]}):
+        for target, draft in ((live, on_live), (exported, on_export)):
+            decoder = speculant.SpeculativeDecoder(target, draft, temperature=0, **shape)
+            assert [r.tokens for r in decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)] == expected, shape
+        for row in range(len(PROMPTS)):
+            a, b = on_live.live._family[row], on_export.live._family[row]
+            assert a.real == b.real > len(PROMPTS[row])
+            torch.testing.assert_close(b.out[:b.real], a.out[:a.real], rtol=1e-4, atol=1e-4)
+    medusa = speculant.MedusaDraft(exported, heads=2)
+    decoder = speculant.SpeculativeDecoder(exported, medusa, tree=[2, 2], temperature=0)
+    assert decoder.generate(PROMPTS[0], max_new_tokens=MAX_NEW).tokens == expected[0]
+
+
+def test_two_token_law_of_a_tree_on_the_export(pair):
+    arch, model, exported = pair
+    if arch != "gpt2":
+        pytest.skip("one architecture is enough for the law")
+    draft = speculant.EagleDraft(exported, seed=5)
+    decoder = speculant.SpeculativeDecoder(exported, draft, tree=[2, 2], siblings="without_replacement",
+                                           temperature=0.7, top_k=10)
+    results = [r for b in range(4)
+               for r in decoder.generate([PROMPTS[0]] * 500, max_new_tokens=3, seed=8100 + 500 * b)]
+    assert 0 < sum(r.stats.accepted_tokens for r in results) < sum(r.stats.drafted_tokens for r in results)
+    law = two_token_law(model, arch, PROMPTS[0], [], 0.7, 10, 1.0)
+    pvalue = chi_square_pvalue(law, np.array([r.tokens[:2] for r in results]))
+    assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
+
+
+def test_recording_stops_with_the_last_reader_and_refusals(pair, tmp_path):
+    arch, model, exported = pair
+    drafts = [speculant.EagleDraft(exported), speculant.MedusaDraft(exported)]  # one view: the LM head's input
+    with pytest.raises(ValueError, match=r"records one view at a time, not also \(0,\)"):
+        speculant.EagleDraft(exported, feature_layers=(0,))
+    with pytest.raises(ValueError, match="distill trains a head on the live transformers model"):
+        speculant.distill(exported, drafts[0], [[1, 2, 3, 4]], steps=1, progress=False)
+    del drafts
+    gc.collect()
+    with pytest.raises(Exception, match="call record_features first"):
+        exported._core.features(0)
+    speculant.EagleDraft(exported, feature_layers=(0,))  # a new view once no draft reads the old one
+    if arch == "gpt2":
+        return
+    scripted = torch.jit.load(exported.source)  # the same module without its metadata
+    with pytest.raises(ValueError, match="has no hidden_size, num_hidden_layers, num_attention_heads; re-export"):
+        speculant.MedusaDraft(speculant.load(scripted))
+    plain = script_plain(TinyGPT(TinyGPTConfig(vocab_size=16, n_layer=1, n_head=2, d_model=8, max_length=8)))
+    with pytest.raises(ValueError, match="is of the plain form; feature drafts read"):
+        speculant.EagleDraft(speculant.load(plain))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [{"gamma": 3}, {"tree": [2, 2]}])
+def test_captured_target_calls_record_the_features(shape, tmp_path):
+    """cuda_graphs="auto": the target's calls replay CUDA graphs (the draft runs uncaptured, with a warning), and the
+    replays write the features the uncaptured calls write: the same tokens, the same head outputs."""
+    model = hf_models.make("llama", seed=10)
+    speculant.export(model, tmp_path / "target.pt")
+    outputs = []
+    for mode in ("off", "auto"):
+        exported = speculant.load(tmp_path / "target.pt", device="cuda")
+        draft = speculant.EagleDraft(exported, seed=4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "auto": the draft runs uncaptured
+            decoder = speculant.SpeculativeDecoder(exported, draft, temperature=0, cuda_graphs=mode, **shape)
+            tokens = [r.tokens for r in decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)]
+        rows = [draft.live._family[row] for row in range(len(PROMPTS))]
+        outputs.append((tokens, [(r.real, r.out[:r.real].float().cpu()) for r in rows]))
+        if mode == "auto":
+            assert exported._core.graphs_captured > 0
+    (tokens, heads), (graphed_tokens, graphed_heads) = outputs
+    assert graphed_tokens == tokens
+    for (real, out), (graphed_real, graphed_out) in zip(heads, graphed_heads):
+        assert graphed_real == real
+        torch.testing.assert_close(graphed_out, out, rtol=1e-3, atol=1e-3)
