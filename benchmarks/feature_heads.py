@@ -1,12 +1,14 @@
 """EAGLE and Medusa heads against the pair's own draft model, on one trained target.
 
     python benchmarks/feature_heads.py [--prompts 8] [--tokens 64] [--repeats 3] [--threads 2] [--steps N]
-                                       [--drafts draft eagle medusa eagle3]
+                                       [--drafts draft eagle medusa eagle3] [--target live|export]
 
 The pair: train_pairs.LLAMA_CPU (a 6-layer d=256 Llama target and a 1-layer d=128 Llama draft, both trained on the
 stdlib), because its target is the one the early-exit benchmark (feature_drafts.py) runs on and its draft has more
 parameters than a one-layer head of the target's width (the GPT-2 CPU pair's 0.76M draft is smaller than such a
-head at d=384). Every model runs live (transformers objects through speculant.load).
+head at d=384). Every model runs live (transformers objects through speculant.load), or with --target export as
+TorchScript files speculant.export writes (target.pt and draft.pt beside the pair): the heads, trained on the live
+target, are loaded onto the exported one, which keeps its features per cache slot (docs/feature-drafts.md).
 
 1. The heads (cached beside the pair, heads/<kind>-<steps>/ with training.json): an EagleDraft (EAGLE-1/2,
    intermediate size = the hidden size), a MedusaDraft of 4 heads and, with --drafts eagle3, an EAGLE-3
@@ -19,7 +21,7 @@ head at d=384). Every model runs live (transformers objects through speculant.lo
    over plain decoding with the two run side by side in each round (median and range over --repeats rounds
    after an untimed one), with Theorem 3.8's prediction at that α and the median c beside each chain.
 
-Writes benchmarks/results/feature-heads-cpu.json.
+Writes benchmarks/results/feature-heads-cpu.json (--out).
 """
 import argparse
 import json
@@ -82,6 +84,13 @@ def trained_head(kind: str, target, recipe, root: Path, steps: int, smoke: bool)
     return result.draft, record
 
 
+def exported(module, path: Path) -> speculant.Model:
+    """`module` as the TorchScript file at `path` (written once, then loaded)."""
+    if not path.exists():
+        speculant.export(module, path)
+    return speculant.load(path)
+
+
 def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int) -> list:
     """Per draft, temperature and shape: tokens per target call, α, c and the speedup over plain decoding (median
     and range over `repeats` rounds after an untimed one), Theorem 3.8 beside each chain."""
@@ -115,22 +124,28 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the draft's)")
     parser.add_argument("--drafts", nargs="+", choices=["draft", *HEADS], default=["draft", "eagle", "medusa"],
                         help="the drafts to measure: the pair's draft model and heads of these kinds")
+    parser.add_argument("--target", choices=["live", "export"], default="live",
+                        help="run the target and the draft model live or as TorchScript exports")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     target_module, draft_module, recipe, root = pair(smoke, cache)
-    target = speculant.load(target_module)
+    live = speculant.load(target_module)
+    target = exported(target_module, root / "target.pt") if args.target == "export" else live
     steps = args.steps or recipe.draft_train.steps
     drafts, training = {}, {}
     for kind in args.drafts:
         if kind == "draft":
-            drafts["draft model"] = speculant.load(draft_module)
+            drafts["draft model"] = (exported(draft_module, root / "draft.pt") if args.target == "export"
+                                     else speculant.load(draft_module))
             continue
-        drafts[HEADS[kind][0]], training[kind] = trained_head(kind, target, recipe, root, steps, smoke)
+        head, training[kind] = trained_head(kind, live, recipe, root, steps, smoke)
+        drafts[HEADS[kind][0]] = head if target is live else type(head).load(root / "heads" / f"{kind}-{steps}",
+                                                                             target)
     eos = target_module.config.eos_token_id
     prompts = [p["prompt_ids"] for p in train_pairs.heldout_prompts(recipe, root, args.prompts)]
     rows = decoding_table(target, drafts, prompts, eos, args.tokens, args.repeats)
     record = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
-              "torch": torch.__version__, "target": json.loads((root / "target.json").read_text()),
+              "target_form": args.target, "torch": torch.__version__, "target": json.loads((root / "target.json").read_text()),
               "draft": json.loads((root / "draft.json").read_text()), "training": training,
               "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats, "rows": rows}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -28,3 +28,6 @@ def test_feature_heads_benchmark_runs(tmp_path):
     eagle3 = feature_heads.main(["--drafts", "eagle3", *arguments], smoke=True, cache=tmp_path)
     assert {r["draft"] for r in eagle3["rows"]} == {"EagleDraft (EAGLE-3)"}
     assert eagle3["training"]["eagle3"]["config"]["feature_layers"] == [1]
+    export = feature_heads.main(["--target", "export", *arguments], smoke=True, cache=tmp_path)
+    assert export["target_form"] == "export" and export["training"] == record["training"]
+    assert [r["draft"] for r in export["rows"]] == [r["draft"] for r in record["rows"]]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .export.cached import CachedDecoder, Step, cached_kv, single_step, tapped
+from .export.cached import CACHE_BUFFERS, CachedDecoder, Step, cached_kv, single_step, tapped
 
 __all__ = ["TinyGPTConfig", "TinyGPT", "script_cached", "script_plain", "unscript"]
 
@@ -163,7 +163,7 @@ def unscript(scripted, config: TinyGPTConfig) -> TinyGPT:
             scripted = torch.jit.load(str(scripted), map_location="cpu")
     model = TinyGPT(config)
     state = {key.removeprefix("core."): value.detach().clone() for key, value in scripted.state_dict().items()
-             if key not in ("cache", "row_cache")}  # the cached form's cache buffers are no weights
+             if key not in CACHE_BUFFERS}  # the cached form's cache buffers are no weights
     try:
         model.load_state_dict(state)
     except RuntimeError as error:

@@ -124,6 +124,9 @@ def tapped(h: Tensor, taken: List[Tensor]) -> Tensor:
     return torch.cat(taken, -1) if len(taken) > 0 else h
 
 
+CACHE_BUFFERS = ("cache", "row_cache", "feature_cache", "row_feature_cache")  # CachedDecoder's state, no weights
+
+
 class CachedDecoder(nn.Module):
     """The engine's cached contract (cpp/models/model.h) around a decoder-only `core`, batch 1: a KV cache of
     `max_length` positions with prefill / extend / truncate / cache_length, and a stateless
