@@ -7,7 +7,7 @@ The pair: train_pairs.LLAMA_CPU (a 6-layer d=256 Llama target and a 1-layer d=12
 stdlib), because its target is the one the early-exit benchmark (feature_drafts.py) runs on and its draft has more
 parameters than a one-layer head of the target's width (the GPT-2 CPU pair's 0.76M draft is smaller than such a
 head at d=384). Every model runs live (transformers objects through speculant.load), or with --target export as
-TorchScript files speculant.export writes (target.pt and draft.pt beside the pair): the heads, trained on the live
+TorchScript files this speculant.export writes (to a temporary directory): the heads, trained on the live
 target, are loaded onto the exported one, which keeps its features per cache slot (docs/feature-drafts.md).
 
 1. The heads (cached beside the pair, heads/<kind>-<steps>/ with training.json): an EagleDraft (EAGLE-1/2,
@@ -26,7 +26,9 @@ Writes benchmarks/results/feature-heads-cpu.json (--out).
 import argparse
 import json
 import platform
+import shutil
 import statistics
+import tempfile
 from pathlib import Path
 
 import torch
@@ -84,10 +86,10 @@ def trained_head(kind: str, target, recipe, root: Path, steps: int, smoke: bool)
     return result.draft, record
 
 
-def exported(module, path: Path) -> speculant.Model:
-    """`module` as the TorchScript file at `path` (written once, then loaded)."""
-    if not path.exists():
-        speculant.export(module, path)
+def exported(module, directory: str, name: str) -> speculant.Model:
+    """`module` exported by this version of speculant.export to `directory`/`name` and loaded."""
+    path = Path(directory) / name
+    speculant.export(module, path)
     return speculant.load(path)
 
 
@@ -130,12 +132,13 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
     torch.set_num_threads(args.threads)
     target_module, draft_module, recipe, root = pair(smoke, cache)
     live = speculant.load(target_module)
-    target = exported(target_module, root / "target.pt") if args.target == "export" else live
+    files = tempfile.mkdtemp(prefix="feature-heads-")
+    target = exported(target_module, files, "target.pt") if args.target == "export" else live
     steps = args.steps or recipe.draft_train.steps
     drafts, training = {}, {}
     for kind in args.drafts:
         if kind == "draft":
-            drafts["draft model"] = (exported(draft_module, root / "draft.pt") if args.target == "export"
+            drafts["draft model"] = (exported(draft_module, files, "draft.pt") if args.target == "export"
                                      else speculant.load(draft_module))
             continue
         head, training[kind] = trained_head(kind, live, recipe, root, steps, smoke)
@@ -149,6 +152,7 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
               "draft": json.loads((root / "draft.json").read_text()), "training": training,
               "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats, "rows": rows}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    shutil.rmtree(files)
     return record
 
 
