@@ -2,7 +2,7 @@
 (TorchScript, cpp/models/model.h: record_features / features / feature_weights).
 
 * The export keeps each cache slot's features beside its keys and values: after chains, token trees and batches,
-  each row's committed features are the base model's output over its sequence (the LM head's input), or the
+  with dynamic and fixed shapes (cuda_graphs="fixed": padded rows, power-of-two buckets of slots), each row's committed features are the base model's output over its sequence (the LM head's input), or the
   decoder layers' outputs side by side (EAGLE-3), for Llama and GPT-2.
 * A head on the export computes what the same head on the live model computes: after the same generation its
   outputs at every entry are equal, and which were computed from the target's features. A head saved from the
@@ -44,7 +44,8 @@ def layer_outputs(model, ids: list, layers) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("layers", [None, (1, 0)])
-@pytest.mark.parametrize("shape", [{"gamma": 3}, {"tree": [2, 2]}])
+@pytest.mark.parametrize("shape", [{"gamma": 3}, {"tree": [2, 2]}, {"gamma": 3, "cuda_graphs": "fixed"},
+                                   {"tree": [2, 2], "cuda_graphs": "fixed"}])
 def test_the_export_keeps_each_rows_features(pair, layers, shape):
     arch, model, exported = pair
     draft = speculant.EagleDraft(exported, feature_layers=layers, seed=1)
@@ -68,9 +69,10 @@ def test_a_head_on_the_export_computes_what_it_does_on_the_live_model(pair, tmp_
     on_live = speculant.EagleDraft(live, seed=4)
     on_live.save(tmp_path / "eagle")
     on_export = speculant.EagleDraft.load(tmp_path / "eagle", exported)
-    for shape in ({"gamma": 3}, {"tree": [2, 2]}):
+    for shape in ({"gamma": 3}, {"tree": [2, 2]}, {"tree": [2, 2], "cuda_graphs": "fixed"}):
         for target, draft in ((live, on_live), (exported, on_export)):
-            decoder = speculant.SpeculativeDecoder(target, draft, temperature=0, **shape)
+            options = shape if target is exported else {k: v for k, v in shape.items() if k != "cuda_graphs"}
+            decoder = speculant.SpeculativeDecoder(target, draft, temperature=0, **options)
             assert [r.tokens for r in decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)] == expected, shape
         for row in range(len(PROMPTS)):
             a, b = on_live.live._family[row], on_export.live._family[row]
