@@ -1,5 +1,6 @@
-"""Feature drafts (speculant.EagleDraft, speculant.MedusaDraft) on a target exported with speculant.export
-(TorchScript, cpp/models/model.h: record_features / features / feature_weights).
+"""Feature drafts (speculant.EagleDraft, speculant.MedusaDraft) on a target exported with speculant.export:
+TorchScript (cpp/models/model.h: record_features / features / feature_weights), and .pt2 packages exported with
+features= (export/pt2.py: a buffer of features per slot).
 
 * The export keeps each cache slot's features beside its keys and values: after chains, token trees and batches,
   with dynamic and fixed shapes (cuda_graphs="fixed": padded rows, power-of-two buckets of slots), each row's committed features are the base model's output over its sequence (the LM head's input), or the
@@ -9,6 +10,9 @@
   live model loads onto the export.
 * Greedy output is transformers' greedy generate (chains, trees, batch rows); the joint law of the first two
   tokens of an EAGLE tree at T = 0.7 with top-k is the target's (chi-square, SIGNIFICANCE = 1e-3, fixed seed).
+* A .pt2 package keeps them too (its row replicas, its deferred tree moves, fixed shapes), and a head on it
+  computes what it does on the live model; it shares the package's own embedding and LM head. A package keeps
+  one view, fixed when exported: another is refused by name, as is a package without features.
 * On CUDA (run where one is lent), the target's captured calls write the features its uncaptured calls write.
 * The recording stops with the last draft reading it. Refused by name: distill on an export, a second view of one
   export, a file whose metadata lacks the target's shapes, forms that keep no features.
@@ -101,7 +105,7 @@ def test_two_token_law_of_a_tree_on_the_export(pair):
 def test_recording_stops_with_the_last_reader_and_refusals(pair, tmp_path):
     arch, model, exported = pair
     drafts = [speculant.EagleDraft(exported), speculant.MedusaDraft(exported)]  # one view: the LM head's input
-    with pytest.raises(ValueError, match=r"records one view at a time, not also \(0,\)"):
+    with pytest.raises(ValueError, match=r"records one view at a time, not also layers 0"):
         speculant.EagleDraft(exported, feature_layers=(0,))
     with pytest.raises(ValueError, match="distill trains a head on the live transformers model"):
         speculant.distill(exported, drafts[0], [[1, 2, 3, 4]], steps=1, progress=False)
@@ -144,3 +148,58 @@ def test_captured_target_calls_record_the_features(shape, tmp_path):
     for (real, out), (graphed_real, graphed_out) in zip(heads, graphed_heads):
         assert graphed_real == real
         torch.testing.assert_close(graphed_out, out, rtol=1e-3, atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def pt2_pair(tmp_path_factory):
+    """(the Llama, its .pt2 package keeping the LM head's input, one keeping no features)."""
+    model = hf_models.make("llama", seed=10)
+    directory = tmp_path_factory.mktemp("pt2")
+    speculant.export(model, directory / "features.pt2", features=True, max_length=64)
+    speculant.export(model, directory / "plain.pt2", max_length=64)
+    return model, speculant.load(directory / "features.pt2"), speculant.load(directory / "plain.pt2")
+
+
+@pytest.mark.parametrize("shape", [{"gamma": 3}, {"tree": [2, 2]}, {"tree": [2, 2], "cuda_graphs": "fixed"}])
+def test_a_pt2_package_keeps_each_rows_features(pt2_pair, shape):
+    """Row replicas of the package (batches), its deferred moves (trees: a kept path moves at the next call, so a
+    read applies the pending moves) and its fixed-shape calls."""
+    model, package, _ = pt2_pair
+    draft = speculant.EagleDraft(package, seed=1)
+    decoder = speculant.SpeculativeDecoder(package, draft, temperature=1.0, **shape)
+    results = decoder.generate(PROMPTS, max_new_tokens=12, seed=3)
+    for row, (prompt, result) in enumerate(zip(PROMPTS, results)):
+        values = package._core.features(row)
+        sequence = prompt + result.tokens
+        assert len(sequence) - 2 <= values.size(0) < len(sequence)
+        torch.testing.assert_close(values, layer_outputs(model, sequence[:values.size(0)], None), rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_a_head_on_a_pt2_package_computes_what_it_does_on_the_live_model(pt2_pair, tmp_path):
+    model, package, plain = pt2_pair
+    live = speculant.load(model)
+    expected = [hf_greedy(model, "llama", index, eos=None) for index in range(len(PROMPTS))]
+    on_live = speculant.EagleDraft(live, seed=4)
+    on_live.save(tmp_path / "eagle")
+    on_package = speculant.EagleDraft.load(tmp_path / "eagle", package)
+    for target, draft in ((live, on_live), (package, on_package)):
+        decoder = speculant.SpeculativeDecoder(target, draft, tree=[2, 2], temperature=0)
+        assert [r.tokens for r in decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)] == expected
+    for row in range(len(PROMPTS)):
+        a, b = on_live.live._family[row], on_package.live._family[row]
+        assert a.real == b.real
+        torch.testing.assert_close(b.out[:b.real], a.out[:a.real], rtol=1e-4, atol=1e-4)
+    embedding, head = package._core.feature_weights()
+    torch.testing.assert_close(embedding, model.get_input_embeddings().weight, rtol=0, atol=0)
+    torch.testing.assert_close(head, model.get_output_embeddings().weight, rtol=0, atol=0)
+    del on_live, on_package, draft, decoder
+    gc.collect()
+    with pytest.raises(ValueError, match="keeps the features of the LM head's input, not of layers 0"):
+        speculant.EagleDraft(package, feature_layers=(0,))
+    with pytest.raises(ValueError, match=r"keeps no features: export it with features=True"):
+        speculant.MedusaDraft(plain)
+    with pytest.raises(ValueError, match="features=True is for .pt2 packages"):
+        speculant.export(model, tmp_path / "t.pt", features=True)
+    with pytest.raises(ValueError, match=r"features must be False, True .* \[0, 1\], got \(2,\)"):
+        speculant.export(model, tmp_path / "t.pt2", features=(2,))

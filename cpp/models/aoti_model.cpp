@@ -4,6 +4,7 @@
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "errors.h"
@@ -56,6 +57,7 @@ class AotiModel final : public Model {
     if (json != metadata.end()) metadata_ = json->second;
     auto trees = metadata.find("tree_calls");
     trees_ = trees != metadata.end() && trees->second == "1";
+    read_feature_metadata(metadata);
     positions_ = at::arange(*max_length_, at::TensorOptions(device_).dtype(at::kLong));  // [M]
     no_move_ = positions_.narrow(0, 0, 1);                                               // [1] slot 0 to itself
     origin_ = std::vector<int64_t>(static_cast<size_t>(*max_length_));
@@ -133,6 +135,28 @@ class AotiModel final : public Model {
   void use_shapes(Shapes shapes) override { shapes_ = shapes; }
   std::string graph_failure() const override { return graphed_.failure(); }
   int64_t graphs_captured() const override { return graphed_.captured(); }
+  // Feature drafts: a package exported with features= keeps them per slot in its buffer `features` [M, F],
+  // written by its calls and moved by their moves (pt2.py); the view is the package's.
+  std::string features_obstacle() const override {
+    if (feature_layers_) return "";
+    if (encoder_decoder_) return "an encoder-decoder package: feature drafts draft decoder-only models";
+    return "this .pt2 package keeps no features: export it with features=True (the LM head's input) or "
+           "features=(layer, ...) (EAGLE-3)";
+  }
+  int64_t record_features(const std::optional<std::vector<int64_t>>& layers) override {
+    if (!feature_layers_) Model::record_features(layers);
+    if (!layers) return feature_width_;  // the package records always
+    std::vector<int64_t> sorted = *layers;
+    std::sort(sorted.begin(), sorted.end());
+    require(sorted == *feature_layers_, "model {}: the package keeps the features of {}, not of {}: export it "
+            "again with features= the draft's", path_, view_name(*feature_layers_), view_name(sorted));
+    return feature_width_;
+  }
+  std::vector<at::Tensor> feature_weights() override {
+    if (!feature_layers_) return Model::feature_weights();
+    return {constant(feature_weight_names_.at(0)), constant(feature_weight_names_.at(1))};
+  }
+
   // The cache lives in the loaded package's buffers: a replica loads the package again.
   std::shared_ptr<Model> replica() override {
     const std::optional<at::Device> where(device_);
@@ -141,7 +165,54 @@ class AotiModel final : public Model {
                                        device_);
   }
 
+ protected:
+  // The committed entries' features: slot i holds what slot origin_[i] holds until the next call moves it.
+  at::Tensor own_features() override {
+    if (!feature_layers_) return Model::own_features();
+    const std::vector<int64_t> slots(origin_.begin(), origin_.begin() + length_);
+    return constant("features").index_select(0, upload(slots, positions_.device()));
+  }
+
  private:
+  void read_feature_metadata(const Metadata& metadata) {
+    auto layers = metadata.find("features");
+    if (layers == metadata.end()) return;
+    try {
+      feature_layers_ = split_integers(layers->second);
+    } catch (const std::logic_error&) {
+      fail("model {}: metadata 'features' must be comma-separated layer indices, got '{}'", path_, layers->second);
+    }
+    feature_width_ = positive_entry(metadata, "feature_width", path_);
+    auto names = metadata.find("feature_weights");
+    require(names != metadata.end(), "model {}: the package has 'features' but no 'feature_weights' metadata",
+            path_);
+    const std::string& both = names->second;
+    const size_t comma = both.find(',');
+    require(comma != std::string::npos, "model {}: 'feature_weights' must name two constants, got '{}'", path_,
+            both);
+    feature_weight_names_ = {both.substr(0, comma), both.substr(comma + 1)};
+  }
+  static std::vector<int64_t> split_integers(const std::string& text) {
+    std::vector<int64_t> out;
+    size_t start = 0;
+    while (start < text.size()) {
+      const size_t end = std::min(text.find(',', start), text.size());
+      out.push_back(std::stoll(text.substr(start, end - start)));
+      start = end + 1;
+    }
+    return out;
+  }
+  static std::string view_name(const std::vector<int64_t>& layers) {
+    return layers.empty() ? std::string("the LM head's input") : fmt::format("layers {}", fmt::join(layers, ", "));
+  }
+  // The package's constant (a weight or buffer, its own memory) named `name`.
+  at::Tensor constant(const std::string& name) {
+    if (constants_.empty()) constants_ = loader_->get_runner()->extract_constants_map(/*use_inactive=*/false);
+    auto it = constants_.find(name);
+    require(it != constants_.end(), "model {}: the package has no constant '{}'", path_, name);
+    return it->second;
+  }
+
   // A prefill (step false) or a decoding step of k tokens after the cached ones.
   at::Tensor run(const at::Tensor& tokens, bool step) {
     const int64_t k = tokens.numel();
@@ -225,6 +296,10 @@ class AotiModel final : public Model {
   std::vector<int64_t> moved_;     // the slots whose origin is another
   Shapes shapes_ = Shapes::dynamic;
   GraphCache fixed_{false, nullptr}, graphed_{true, nullptr};  // per-width buffers (and graphs) of the steps
+  std::optional<std::vector<int64_t>> feature_layers_;  // the view the package keeps (empty: the LM head's input)
+  int64_t feature_width_ = 0;
+  std::vector<std::string> feature_weight_names_;  // the constants: input embedding, LM head
+  std::unordered_map<std::string, at::Tensor> constants_;  // the package's, read once
 };
 
 }  // namespace

@@ -130,7 +130,7 @@ class Model {
   // by side (nullopt: nothing); returns the width. Graphs captured before are dropped (they record nothing).
   virtual int64_t record_features(const std::optional<std::vector<int64_t>>& layers);
   // [length, F]: row `row`'s features at its committed entries, in the rows of its latest batch (batch 1 of
-  // dynamic shapes: this model's own cache, row 0).
+  // dynamic shapes: this model's own cache, row 0). The default reads row replicas' own_features().
   virtual at::Tensor features(int64_t row);
   // {the input embedding, the LM head's weight}, [V', C] each: what feature drafts share with the target.
   virtual std::vector<at::Tensor> feature_weights();
@@ -148,6 +148,8 @@ class Model {
 
   // Another model with the same weights (shared where the backend can) and a cache of its own.
   virtual std::shared_ptr<Model> replica() = 0;
+  // This model's features at its committed entries [length(), F] (features() of a backend run as replicas).
+  virtual at::Tensor own_features();
   // The shapes of this model's calls from now on, which the default rows() tells each row's model: a backend
   // whose calls have fixed shapes as they are (.pt2) runs its decoding steps through its graph caches.
   virtual void use_shapes(Shapes shapes) { (void)shapes; }

@@ -134,7 +134,13 @@ void Model::keep(const at::Tensor&) { fail("model ({} form): {}", form(), tree_o
 int64_t Model::record_features(const std::optional<std::vector<int64_t>>&) {
   fail("model ({} form): {}", form(), features_obstacle());
 }
-at::Tensor Model::features(int64_t) { fail("model ({} form): {}", form(), features_obstacle()); }
+at::Tensor Model::features(int64_t row) {
+  if (row == 0) return own_features();
+  require(row > 0 && row <= static_cast<int64_t>(replicas_.size()), "model ({} form): row {} of a batch of {}",
+          form(), row, replicas_.size() + 1);
+  return replicas_[row - 1]->own_features();
+}
+at::Tensor Model::own_features() { fail("model ({} form): {}", form(), features_obstacle()); }
 std::vector<at::Tensor> Model::feature_weights() { fail("model ({} form): {}", form(), features_obstacle()); }
 
 std::vector<at::Tensor> ModelRows::extend_tree(const std::vector<at::Tensor>&, const std::vector<TreeNodes>&) {

@@ -28,7 +28,7 @@ class ExportedRow:
         """`view`'s states at the row's committed entries ([entries, F], None before any) and their count."""
         owner = self.owner
         if view != owner.view:
-            raise ValueError(f"{owner.source} records the features of view {owner.view!r}, not {view!r}")
+            raise ValueError(f"{owner.source} records the features of {_named(owner.view)}, not {_named(view)}")
         value = owner.core.features(self.index)
         return (value, value.size(0)) if value.size(0) else (None, 0)
 
@@ -59,8 +59,8 @@ class ExportedFeatures:
 
     def tap(self, view: View) -> None:
         if self.readers and view != self.view:
-            raise ValueError(f"{self.source} already records the features of view {self.view!r} for another draft; "
-                             f"an exported target records one view at a time, not also {view!r}")
+            raise ValueError(f"{self.source} already records the features of {_named(self.view)} for another "
+                             f"draft; an exported target records one view at a time, not also {_named(view)}")
         if not self.readers:
             self.core.record_features([] if view is None else list(view))
             self.view = view
@@ -86,6 +86,10 @@ def exported_features(handle) -> ExportedFeatures:
     if source is None:
         source = _SOURCES[handle] = ExportedFeatures(handle)
     return source
+
+
+def _named(view: View) -> str:
+    return "the LM head's input" if view is None else f"layers {', '.join(map(str, view))}"
 
 
 def _linear(weight: torch.Tensor) -> torch.nn.Linear:

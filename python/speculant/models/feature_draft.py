@@ -56,10 +56,10 @@ def feature_source(target, name: str):
     if handle.form == "compiled":
         raise ValueError(f"{name}: target {handle.source} was loaded with compile=True; feature drafts read the "
                          "eager live model's hidden states (speculant.load(model) without compile)")
-    if handle.form not in ("live", "cached"):
+    if handle.form not in ("live", "cached", "pt2"):
         raise ValueError(f"{name}: target {handle.source} is of the {handle.form} form; feature drafts read the "
-                         "hidden states of a live transformers model or of a TorchScript file speculant.export "
-                         "wrote (.pt)")
+                         "hidden states of a live transformers model, of a TorchScript file speculant.export "
+                         "wrote (.pt) or of a .pt2 package exported with features=")
     if handle.encoder_decoder:
         raise ValueError(f"{name}: {handle.source} is an encoder-decoder model; feature drafts draft decoder-only "
                          "targets")

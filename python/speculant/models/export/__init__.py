@@ -91,7 +91,7 @@ def _script(model, module, max_length: Optional[int], max_source_length: Optiona
 
 
 def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int], max_source_length: Optional[int],
-                dtype) -> Dict[str, Any]:
+                dtype, features) -> Dict[str, Any]:
     if isinstance(model_or_dir, (str, os.PathLike)):
         model = _in_dtype(live.pretrained(os.fspath(model_or_dir), None), dtype)
     else:
@@ -109,7 +109,7 @@ def _export_pt2(model_or_dir, out_path: str, max_length: Optional[int], max_sour
                                               if encoder_decoder else None),
             "torch_version": torch.__version__.split("+")[0]}
     pt2.export_pt2(model, out_path, max_length=max_length, max_source_length=max_source_length,
-                   metadata_json=json.dumps(meta, sort_keys=True))
+                   metadata_json=json.dumps(meta, sort_keys=True), features=features)
     return meta
 
 
@@ -146,7 +146,7 @@ def _format(format: Optional[str], out_path) -> str:
 
 def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[str] = None,
            max_length: Optional[int] = None, max_source_length: Optional[int] = None,
-           dtype=None, kernels: str = "aten") -> Dict[str, Any]:
+           dtype=None, kernels: str = "aten", features=False) -> Dict[str, Any]:
     """Writes `model_or_dir` (a transformers model object or a local save_pretrained directory) to out_path
     and returns the metadata written with it.
 
@@ -158,8 +158,10 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
     (default 512). dtype: export in this dtype (e.g. "bfloat16"; default: the model's own); the engine's
     sampling math is float32 whatever the model's dtype. kernels: "aten" (torch's operations) or "speculant"
     (TorchScript GPT-2 and Llama: the norms and attention as speculant's own operations, CUDA kernels on a GPU and
-    the same ATen composites on the CPU; docs/cuda-graphs.md). Raises ValueError for an unsupported architecture
-    or configuration, naming what is."""
+    the same ATen composites on the CPU; docs/cuda-graphs.md). features (pt2, decoder-only): True (the LM head's
+    input) or decoder layer indices (EAGLE-3) makes the package keep them per cache slot for EagleDraft and
+    MedusaDraft (TorchScript exports keep them on request: docs/feature-drafts.md). Raises ValueError for an
+    unsupported architecture or configuration, naming what is."""
     started = time.perf_counter()
     for name, value in (("max_length", max_length), ("max_source_length", max_source_length)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -169,12 +171,15 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
                                 "directory or a transformers model object is exported)")
     format = _format(format, out_path)
     cached.fused_kernels(kernels)
+    if features is not False and format != "pt2":
+        raise ValueError(f"features={features!r} is for .pt2 packages, whose calls are compiled once; TorchScript "
+                         "exports keep the features a feature draft asks for on their own")
     if kernels != "aten" and format == "pt2":
         raise ValueError(f"kernels={kernels!r} is for TorchScript exports (.pt); pt2 files run AOTInductor's own")
     if format == "pt2":
         if not isinstance(model_or_dir, (str, os.PathLike)):
             model_or_dir = _in_dtype(model_or_dir, dtype)
-        meta = _export_pt2(model_or_dir, os.fspath(out_path), max_length, max_source_length, dtype)
+        meta = _export_pt2(model_or_dir, os.fspath(out_path), max_length, max_source_length, dtype, features)
         meta["export_seconds"] = time.perf_counter() - started
         return meta
     model = load_pretrained(model_or_dir) if isinstance(model_or_dir, (str, os.PathLike)) else model_or_dir

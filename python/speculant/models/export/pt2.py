@@ -60,11 +60,12 @@ from __future__ import annotations
 import json
 import os
 import traceback
-from typing import Dict, Optional, Union
+from typing import Dict, Optional, Sequence, Union
 
 import torch
 
 from .. import layer_masks, relative_trees
+from ..features import Tap, View
 from . import compiler
 
 METADATA_KEY = "speculant.json"
@@ -127,10 +128,28 @@ class _DecoderOnly(_StaticKV):
         super().__init__(cache, *get_head_shapes(config), model.dtype, model.device)
         self.model = model
         self.max_length = max_length
+        self.tap: Optional[Tap] = None
+
+    def record(self, view: View) -> int:
+        """Keeps `view`'s features (features.py: the LM head's input, or decoder layers side by side) per cache
+        slot in the buffer `features` [M, F], written at each call's slots; returns F. Close the tap after
+        exporting (its hooks are on the caller's model)."""
+        self.tap = Tap(self.model, view)
+        self.tap.armed = True
+        config = self.model.config.get_text_config(decoder=True)
+        width = config.hidden_size * (1 if view is None else len(view))
+        self.register_buffer("features", torch.zeros(self.max_length, width, dtype=self.model.dtype,
+                                                      device=self.model.device), persistent=False)
+        return width
+
+    def _recorded(self, cache_position: torch.Tensor) -> None:
+        if self.tap is not None:
+            self.features.index_copy_(0, cache_position, self.tap.take()[0].to(self.features.dtype))
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0),  # [1, k]
                          past_key_values=self._at(cache_position), use_cache=True)
+        self._recorded(cache_position)
         return out.logits.float()  # [1, k, V]
 
 
@@ -153,6 +172,8 @@ class _DecoderOnlyTree(_DecoderOnly):
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor, source: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
         self._move(source, dest)
+        if self.tap is not None:
+            self.features.index_copy_(0, dest, self.features.index_select(0, source))
         keys = None
         if self.positional:
             keys = self.slot_positions  # [M]
@@ -162,6 +183,7 @@ class _DecoderOnlyTree(_DecoderOnly):
                                                     self.model.dtype)
         out = self.model(input_ids=input_ids, position_ids=position_ids.unsqueeze(0),  # [1, k]
                          attention_mask=attention_mask, past_key_values=self._at(cache_position), use_cache=True)
+        self._recorded(cache_position)
         return out.logits.float()  # [1, k, V]
 
 
@@ -264,8 +286,44 @@ def _tokens(name: str, max_length: int, example: int, device: torch.device):
     return torch.zeros(1, k, dtype=torch.long, device=device), torch.arange(k, device=device), dim
 
 
+def _feature_view(features, text, encoder_decoder: bool):
+    """export_pt2's `features` as a features.View (None: the LM head's input), or False for none."""
+    if features is False:
+        return False
+    if encoder_decoder:
+        raise ValueError("features: feature drafts draft decoder-only models; an encoder-decoder package keeps none")
+    if features is True:
+        return None
+    layers = text.num_hidden_layers
+    try:
+        view = tuple(sorted(features))
+    except TypeError:
+        view = ()
+    if not view or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers for i in view) or \
+            len(set(view)) != len(view):
+        raise ValueError(f"features must be False, True (the LM head's input) or distinct decoder layer indices "
+                         f"in [0, {layers - 1}], got {features!r}")
+    return view
+
+
+def _feature_metadata(module: "_DecoderOnly", view: View) -> Dict[str, str]:
+    """Records `view` in `module` and returns the package metadata that describes it: the layers (comma-separated;
+    "": the LM head's input), the width, and the names of the constants holding the input embedding and the LM
+    head's weight (comma-separated)."""
+    width = module.record(view)
+    model = module.model
+    names = {id(p): n for n, p in reversed(list(module.named_parameters(remove_duplicate=False)))}
+    weights = [names.get(id(m.weight)) for m in (model.get_input_embeddings(), model.get_output_embeddings())]
+    if None in weights or getattr(model.get_output_embeddings(), "bias", None) is not None:
+        raise ValueError(f"features: {type(model).__name__}'s embedding or LM head is not a plain weight that "
+                         "feature drafts can share")
+    return {"features": ",".join(str(i) for i in (view or ())), "feature_width": str(width),
+            "feature_weights": ",".join(weights)}
+
+
 def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional[int] = None,
-               max_source_length: Optional[int] = None, metadata_json: str, tree_calls: bool = True) -> None:
+               max_source_length: Optional[int] = None, metadata_json: str, tree_calls: bool = True,
+               features: Union[bool, Sequence[int]] = False) -> None:
     """Writes `model` (a transformers *ForCausalLM, or a T5ForConditionalGeneration, in eval mode) to out_path
     (ending in .pt2) as an AOTInductor package following the contract in this module's docstring.
 
@@ -273,8 +331,10 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
     4096), T5: 512; at most n_positions for GPT-2, whose positions are learned). max_source_length: T5's
     longest source (default 512). metadata_json: a JSON string stored under "speculant.json". tree_calls=False
     exports a decoder-only model in the chain form (fewer inputs; no token trees, no beam search), which
-    benchmarks/pt2_forms.py measures against the tree form. Raises ValueError naming what is wrong (arguments,
-    or the operation torch.export could not trace)."""
+    benchmarks/pt2_forms.py measures against the tree form. features: True (the LM head's input) or decoder
+    layer indices (EAGLE-3's, side by side) makes a decoder-only package keep them per cache slot for feature
+    drafts (the module docstring). Raises ValueError naming what is wrong (arguments, or the operation
+    torch.export could not trace)."""
     import transformers
     from torch._inductor import aot_compile
     from torch._inductor.package import package_aoti
@@ -327,6 +387,7 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
     if trees and not encoder_decoder and layer_masks.positional(layers):  # a window the model does not apply:
         trees = not layer_masks.follows(model, layers)                     # its own masks, the chain form
     metadata["tree_calls"] = "1" if trees else "0"
+    view = _feature_view(features, text, encoder_decoder)
     with torch.no_grad():
         tree_inputs, tree_shapes = (), ()
         if trees:
@@ -339,8 +400,14 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
             tree_shapes = ({0: tokens}, {0: tokens}, {0: move_dim}, {0: move_dim})
         if not encoder_decoder:
             module = (_DecoderOnlyTree if trees else _DecoderOnly)(model, max_length)
-            programs["model"] = _export(name, module, (ids, positions_example, *tree_inputs),
-                                        ({1: tokens}, {0: tokens}, *tree_shapes))
+            if view is not False:
+                metadata.update(_feature_metadata(module, view))
+            try:
+                programs["model"] = _export(name, module, (ids, positions_example, *tree_inputs),
+                                            ({1: tokens}, {0: tokens}, *tree_shapes))
+            finally:
+                if module.tap is not None:
+                    module.tap.close()  # its hooks are on the caller's model
         else:
             metadata["max_source_length"] = str(max_source_length)
             source, _, source_dim = _tokens("source", max_source_length, 3, model.device)
