@@ -280,6 +280,9 @@ def test_command_line_reports_bad_input(tmp_path):
         assert done.returncode == 2
         assert message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "x.onnx").exists()  # it wrote TorchScript under that name
+    done = subprocess.run([sys.executable, "-m", "speculant", "export", str(tmp_path / "hf"), str(tmp_path / "f.pt"),
+                           "--features", "0"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and "features=(0,) is for .pt2 packages" in done.stderr
     with pytest.raises(ValueError, match=r"format='pt2' writes \.pt2"):
         speculant.export(tmp_path / "hf", tmp_path / "x.pt", format="pt2")
 

@@ -57,7 +57,8 @@ def _export(args) -> int:
               flush=True)
     try:
         meta = export(args.model_dir, args.out, format=args.format, max_length=args.max_length,
-                      max_source_length=args.max_source_length, dtype=args.dtype, kernels=args.kernels)
+                      max_source_length=args.max_source_length, dtype=args.dtype, kernels=args.kernels,
+                      features=False if args.features is None else tuple(args.features) or True)
     except (ValueError, OSError, ImportError) as error:  # OSError: a missing path, unreadable weight files
         print(f"speculant export: {error}", file=sys.stderr)
         return 2
@@ -124,6 +125,9 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("--kernels", choices=["aten", "speculant"], default="aten",
                         help="TorchScript GPT-2 and Llama: torch's operations (aten) or speculant's fused norms "
                              "and split-KV attention (CUDA kernels; the same results on the CPU)")
+    export.add_argument("--features", type=int, nargs="*", default=None, metavar="LAYER",
+                        help=".pt2: keep each slot's features for EagleDraft / MedusaDraft: the LM head's input "
+                             "(--features alone) or these decoder layers' outputs (EAGLE-3) (default: none)")
     export.set_defaults(main=_export)
     return top
 

@@ -3,9 +3,10 @@ hands over a live target's.
 
 A TorchScript file from ``speculant.export`` keeps, on request, each cache slot's features beside its keys and
 values (export/cached.py: ``record_features``; the contract in cpp/models/model.h): the same calls write them, tree
-commits move them with the keys and values, and CUDA graphs replay the writes. The engine knows each row's
-length, so a row's features are its committed entries. The file records one view at a time: every feature
-draft reading one exported target reads the same view.
+commits move them with the keys and values, and CUDA graphs replay the writes. A .pt2 package exported with
+``features=`` keeps them always, for the view it was exported with (export/pt2.py). The engine knows each row's
+length, so a row's features are its committed entries. A file records one view at a time: every feature draft
+reading one exported target reads the same view.
 """
 from __future__ import annotations
 

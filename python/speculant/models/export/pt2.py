@@ -44,6 +44,13 @@ key's rank on its query's path, which is what a tree node's position is (transfo
 The package checks neither dtypes nor that the two inputs agree on k; on CPU, positions outside
 [0, max_length) raise RuntimeError "index out of bounds" (inductor's indexing checks): the caller checks.
 
+Feature drafts (EagleDraft, MedusaDraft): exported with features=True (the LM head's input) or features=(layers)
+(decoder layers' outputs side by side, in layer order), a decoder-only package's model also keeps each slot's
+features in its buffer "features" [M, F], written at cache_position and moved by source / dest with the keys and
+values, and its metadata holds "features" (the layers, comma-separated; "" for the LM head's input),
+"feature_width" (F) and "feature_weights" (the constants holding the input embedding and the LM head's weight,
+comma-separated). The C++ backend reads them from the package's constants.
+
 Metadata of every model in the package (AOTIModelPackageLoader::get_metadata() or the static
 load_metadata_from_package(path, model_name), a map<string, string>, filled from the inductor config
 "aot_inductor.metadata"): "speculant.json" (the caller's JSON string), "vocab_size", "max_length",
