@@ -87,6 +87,14 @@ def test_a_head_on_the_export_computes_what_it_does_on_the_live_model(pair, tmp_
     assert decoder.generate(PROMPTS[0], max_new_tokens=MAX_NEW).tokens == expected[0]
 
 
+def test_a_one_token_prompt_on_a_fresh_export(pair):
+    """The draft reads the target before its first call (a one-token prompt: the target has run nothing)."""
+    arch, model, exported = pair
+    fresh = speculant.load(exported.source)
+    decoder = speculant.SpeculativeDecoder(fresh, speculant.MedusaDraft(fresh, heads=2), gamma=2, temperature=0)
+    assert decoder.generate(PROMPTS[1], max_new_tokens=MAX_NEW).tokens == hf_greedy(model, arch, 1, eos=None)
+
+
 def test_two_token_law_of_a_tree_on_the_export(pair):
     arch, model, exported = pair
     if arch != "gpt2":
@@ -194,6 +202,11 @@ def test_a_head_on_a_pt2_package_computes_what_it_does_on_the_live_model(pt2_pai
     torch.testing.assert_close(embedding, model.get_input_embeddings().weight, rtol=0, atol=0)
     torch.testing.assert_close(head, model.get_output_embeddings().weight, rtol=0, atol=0)
     del on_live, on_package, draft, decoder
+    gc.collect()
+    fresh = speculant.load(package.source)  # a one-token prompt: the draft reads the package before its first call
+    decoder = speculant.SpeculativeDecoder(fresh, speculant.MedusaDraft(fresh, heads=2), gamma=2, temperature=0)
+    assert decoder.generate(PROMPTS[1], max_new_tokens=MAX_NEW).tokens == expected[1]
+    del decoder
     gc.collect()
     with pytest.raises(ValueError, match="keeps the features of the LM head's input, not of layers 0"):
         speculant.EagleDraft(package, feature_layers=(0,))

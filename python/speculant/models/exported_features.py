@@ -35,7 +35,8 @@ class ExportedRow:
 
 
 class ExportedFeatures:
-    """The feature-draft side of an exported target (a speculant.Model of the cached TorchScript form)."""
+    """The feature-draft side of an exported target: a speculant.Model of the cached TorchScript form, or a .pt2
+    package exported with features=."""
 
     encoder_decoder = False
 

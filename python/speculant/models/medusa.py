@@ -64,8 +64,8 @@ class MedusaRows(FeatureRows):
 
 
 class MedusaDraft(FeatureDraft):
-    """Medusa heads on ``target`` (a live transformers decoder-only LM, or ``speculant.load`` of one): ``heads``
-    residual blocks on its last hidden state, sharing its LM head (the module docstring). Train them with
+    """Medusa heads on ``target`` (a live transformers decoder-only LM, ``speculant.load`` of one, or of its
+    export: feature_draft.py): ``heads`` residual blocks on its last hidden state, sharing its LM head (the module docstring). Train them with
     ``speculant.distill``."""
 
     kind = "medusa"

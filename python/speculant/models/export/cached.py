@@ -216,6 +216,8 @@ class CachedDecoder(nn.Module):
     def features(self, row: int, length: int) -> Tensor:
         """[length, F]: the recorded features of slots [0, length) of batch row `row` (-1: the batch-1 cache)."""
         cache = self.feature_cache if row < 0 else self.row_feature_cache
+        if length == 0 and self.feature_layers is not None:  # nothing cached yet (maybe nothing allocated)
+            return torch.zeros([0, self._feature_width()], dtype=cache.dtype, device=cache.device)
         if cache.numel() == 0:
             raise ValueError("features: call record_features first (and prefill or start_rows)")
         if row >= 0 and row >= cache.size(0):
