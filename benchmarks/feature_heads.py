@@ -148,7 +148,8 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
     prompts = [p["prompt_ids"] for p in train_pairs.heldout_prompts(recipe, root, args.prompts)]
     rows = decoding_table(target, drafts, prompts, eos, args.tokens, args.repeats)
     record = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
-              "target_form": args.target, "torch": torch.__version__, "target": json.loads((root / "target.json").read_text()),
+              "target_form": args.target, "torch": torch.__version__,
+              "target": json.loads((root / "target.json").read_text()),
               "draft": json.loads((root / "draft.json").read_text()), "training": training,
               "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats, "rows": rows}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")

@@ -2,9 +2,10 @@
 TorchScript (cpp/models/model.h: record_features / features / feature_weights), and .pt2 packages exported with
 features= (export/pt2.py: a buffer of features per slot).
 
-* The export keeps each cache slot's features beside its keys and values: after chains, token trees and batches,
-  with dynamic and fixed shapes (cuda_graphs="fixed": padded rows, power-of-two buckets of slots), each row's committed features are the base model's output over its sequence (the LM head's input), or the
-  decoder layers' outputs side by side (EAGLE-3), for Llama and GPT-2.
+* The export keeps each cache slot's features beside its keys and values: after chains, token trees and batches, with
+  dynamic and fixed shapes (cuda_graphs="fixed": padded rows, power-of-two buckets of slots), each row's committed
+  features are the base model's output over its sequence (the LM head's input), or the decoder layers' outputs side by
+  side (EAGLE-3), for Llama and GPT-2.
 * A head on the export computes what the same head on the live model computes: after the same generation its
   outputs at every entry are equal, and which were computed from the target's features. A head saved from the
   live model loads onto the export.

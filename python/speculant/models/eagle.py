@@ -197,10 +197,11 @@ class EagleRows(FeatureRows):
 
 class EagleDraft(FeatureDraft):
     """An EAGLE draft on ``target`` (a live transformers decoder-only LM, ``speculant.load`` of one, or of its
-    TorchScript export or .pt2 package with features: feature_draft.py): one decoder layer of its own over the
-    target's features, the target's embedding and LM head shared (the module docstring). ``feature_layers``: None (the LM head's input: EAGLE-1/2) or EAGLE-3's decoder layer indices (low,
-    middle, high). ``heads`` (default: the target's attention heads) and ``intermediate_size`` (default: twice
-    the hidden size) shape the layer; ``seed`` fixes its initial weights. Train it with ``speculant.distill``."""
+    TorchScript export or .pt2 package with features: feature_draft.py): one decoder layer of its own over the target's
+    features, the target's embedding and LM head shared (the module docstring). ``feature_layers``: None (the LM head's
+    input: EAGLE-1/2) or EAGLE-3's decoder layer indices (low, middle, high). ``heads`` (default: the target's attention
+    heads) and ``intermediate_size`` (default: twice the hidden size) shape the layer; ``seed`` fixes its initial
+    weights. Train it with ``speculant.distill``."""
 
     kind = "eagle"
     training_depths = 3  # distill's training-time test: the depths unrolled per position

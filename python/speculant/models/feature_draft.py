@@ -12,10 +12,10 @@ target's f_{P - 1} where the target has it, and the draft's own prediction of it
 where it does not (the positions it drafts ahead of the target). Exactness never depends on this: the engine
 verifies the q each call returns, whatever it is.
 
-The target is live (live.py records the features with forward hooks), a TorchScript export or a .pt2 package
-exported with features= (exported_features.py: the file keeps them per cache slot). Row r of a batch reads row r of the target (live.py:
-its replicas in the order made, as rows.cpp makes them; an export: row r of its native rows).
-The draft must run with the target it was built on: SpeculativeDecoder refuses another by name.
+The target is live (live.py records the features with forward hooks), a TorchScript export or a .pt2 package exported
+with features= (exported_features.py: the file keeps them per cache slot). Row r of a batch reads row r of the target
+(live.py: its replicas in the order made, as rows.cpp makes them; an export: row r of its native rows). The draft must
+run with the target it was built on: SpeculativeDecoder refuses another by name.
 
 Its head is a plain ``torch.nn.Module`` (``draft.head``); the target's embedding and LM head are shared and never
 copied. ``draft.save(directory)`` writes the head (safetensors) and a config.json; ``Draft.load(directory,

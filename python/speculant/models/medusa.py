@@ -64,9 +64,9 @@ class MedusaRows(FeatureRows):
 
 
 class MedusaDraft(FeatureDraft):
-    """Medusa heads on ``target`` (a live transformers decoder-only LM, ``speculant.load`` of one, or of its
-    export: feature_draft.py): ``heads`` residual blocks on its last hidden state, sharing its LM head (the module docstring). Train them with
-    ``speculant.distill``."""
+    """Medusa heads on ``target`` (a live transformers decoder-only LM, ``speculant.load`` of one, or of its export:
+    feature_draft.py): ``heads`` residual blocks on its last hidden state, sharing its LM head (the module docstring).
+    Train them with ``speculant.distill``."""
 
     kind = "medusa"
 
