@@ -10,7 +10,8 @@ features= (export/pt2.py: a buffer of features per slot).
   outputs at every entry are equal, and which were computed from the target's features. A head saved from the
   live model loads onto the export.
 * Greedy output is transformers' greedy generate (chains, trees, batch rows); the joint law of the first two
-  tokens of an EAGLE tree at T = 0.7 with top-k is the target's (chi-square, SIGNIFICANCE = 1e-3, fixed seed).
+  tokens of an EAGLE tree at T = 0.7 with top-k is the target's (chi-square, SIGNIFICANCE = 1e-3, fixed seed);
+  speculant.testing.check_distribution and a sweep take an exported target with its head.
 * A .pt2 package keeps them too (its row replicas, its deferred tree moves, fixed shapes), and a head on it
   computes what it does on the live model; it shares the package's own embedding and LM head. A package keeps
   one view, fixed when exported: another is refused by name, as is a package without features.
@@ -94,6 +95,23 @@ def test_a_one_token_prompt_on_a_fresh_export(pair):
     fresh = speculant.load(exported.source)
     decoder = speculant.SpeculativeDecoder(fresh, speculant.MedusaDraft(fresh, heads=2), gamma=2, temperature=0)
     assert decoder.generate(PROMPTS[1], max_new_tokens=MAX_NEW).tokens == hf_greedy(model, arch, 1, eos=None)
+
+
+def test_check_distribution_and_a_sweep_take_an_exported_target(pair):
+    arch, model, exported = pair
+    if arch != "llama":
+        pytest.skip("one architecture is enough")
+    draft = speculant.MedusaDraft(exported, heads=2)
+    with torch.no_grad():
+        for block in draft.head.blocks:
+            block.weight.normal_(0, 0.3)
+    check = speculant.testing.check_distribution(exported, draft, PROMPTS[1], k=2, gamma=2, samples=600,
+                                                 significance=SIGNIFICANCE, seed=12, progress=False)
+    assert check.passed and check.samples == 600, str(check)
+    pytest.importorskip("pandas")
+    frame = speculant.sweep(exported, speculant.EagleDraft(exported), [PROMPTS[0]], gammas=[2],
+                            temperatures=[0.0, 1.0], max_new_tokens=8, repeats=1, progress=False)
+    assert len(frame) == 2 and (frame["tokens_per_target_call"] >= 1).all()
 
 
 def test_two_token_law_of_a_tree_on_the_export(pair):
