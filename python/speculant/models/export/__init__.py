@@ -171,7 +171,7 @@ def export(model_or_dir, out_path: Union[str, os.PathLike], *, format: Optional[
                                 "directory or a transformers model object is exported)")
     format = _format(format, out_path)
     cached.fused_kernels(kernels)
-    if features is not False and format != "pt2":
+    if features is not False and features is not None and format != "pt2":
         raise ValueError(f"features={features!r} is for .pt2 packages, whose calls are compiled once; TorchScript "
                          "exports keep the features a feature draft asks for on their own")
     if kernels != "aten" and format == "pt2":

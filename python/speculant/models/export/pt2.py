@@ -294,8 +294,8 @@ def _tokens(name: str, max_length: int, example: int, device: torch.device):
 
 
 def _feature_view(features, text, encoder_decoder: bool):
-    """export_pt2's `features` as a features.View (None: the LM head's input), or False for none."""
-    if features is False:
+    """export_pt2's `features` as a features.View (None: the LM head's input), or False for none (False, None)."""
+    if features is False or features is None:
         return False
     if encoder_decoder:
         raise ValueError("features: feature drafts draft decoder-only models; an encoder-decoder package keeps none")
