@@ -11,9 +11,10 @@ features= (export/pt2.py: a buffer of features per slot).
   live model loads onto the export.
 * Greedy output is transformers' greedy generate (chains, trees, batch rows); the joint law of the first two
   tokens of an EAGLE tree at T = 0.7 with top-k is the target's (chi-square, SIGNIFICANCE = 1e-3, fixed seed);
-  speculant.testing.check_distribution and a sweep take an exported target with its head.
-* A .pt2 package keeps them too (its row replicas, its deferred tree moves, fixed shapes), and a head on it
-  computes what it does on the live model; it shares the package's own embedding and LM head. A package keeps
+  speculant.testing.check_distribution and a sweep take an exported target with its head (the sweep's α and
+  tokens per target call are the live target's).
+* A .pt2 package keeps them too (its row replicas, its deferred tree moves, fixed shapes, EAGLE-3's layers, a tied
+  LM head), and a head on it computes what it does on the live model; it shares the package's own embedding and LM head. A package keeps
   one view, fixed when exported: another is refused by name, as is a package without features.
 * On CUDA (run where one is lent), the target's captured calls write the features its uncaptured calls write.
 * The recording stops with the last draft reading it. Refused by name: distill on an export, a second view of one
@@ -109,9 +110,11 @@ def test_check_distribution_and_a_sweep_take_an_exported_target(pair):
                                                  significance=SIGNIFICANCE, seed=12, progress=False)
     assert check.passed and check.samples == 600, str(check)
     pytest.importorskip("pandas")
-    frame = speculant.sweep(exported, speculant.EagleDraft(exported), [PROMPTS[0]], gammas=[2],
-                            temperatures=[0.0, 1.0], max_new_tokens=8, repeats=1, progress=False)
-    assert len(frame) == 2 and (frame["tokens_per_target_call"] >= 1).all()
+    frames = [speculant.sweep(target, speculant.EagleDraft(target, seed=6), [PROMPTS[2]], gammas=[3],
+                              temperatures=[0.0], max_new_tokens=MAX_NEW, repeats=1, progress=False)
+              for target in (speculant.load(model), exported)]  # the same head on either: the same calls
+    assert list(frames[1]["tokens_per_target_call"]) == list(frames[0]["tokens_per_target_call"])
+    assert list(frames[1]["alpha"]) == pytest.approx(list(frames[0]["alpha"]), abs=1e-6)
 
 
 def test_two_token_law_of_a_tree_on_the_export(pair):
@@ -185,6 +188,25 @@ def pt2_pair(tmp_path_factory):
     speculant.export(model, directory / "features.pt2", features=True, max_length=64)
     speculant.export(model, directory / "plain.pt2", max_length=64)
     return model, speculant.load(directory / "features.pt2"), speculant.load(directory / "plain.pt2")
+
+
+def test_a_pt2_package_of_a_tied_model_keeps_layer_features(tmp_path):
+    """EAGLE-3's layers traced into the package, and a tied LM head (one constant for both weights)."""
+    model = hf_models.make("gpt2", seed=10, tie_word_embeddings=True)
+    speculant.export(model, tmp_path / "layers.pt2", features=(1, 0), max_length=64)
+    package = speculant.load(tmp_path / "layers.pt2")
+    draft = speculant.EagleDraft(package, feature_layers=(0, 1), seed=2)
+    embedding, head = package._core.feature_weights()
+    torch.testing.assert_close(head, embedding, rtol=0, atol=0)
+    torch.testing.assert_close(embedding, model.get_input_embeddings().weight, rtol=0, atol=0)
+    decoder = speculant.SpeculativeDecoder(package, draft, tree=[2, 2], temperature=0)
+    results = decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)
+    assert [r.tokens for r in results] == [hf_greedy(model, "gpt2", i, eos=None) for i in range(len(PROMPTS))]
+    for row, (prompt, result) in enumerate(zip(PROMPTS, results)):
+        values = package._core.features(row)
+        sequence = prompt + result.tokens
+        torch.testing.assert_close(values, layer_outputs(model, sequence[:values.size(0)], (0, 1)), rtol=1e-4,
+                                   atol=1e-4)
 
 
 @pytest.mark.parametrize("shape", [{"gamma": 3}, {"tree": [2, 2]}, {"tree": [2, 2], "cuda_graphs": "fixed"}])

@@ -15,7 +15,8 @@ speculant.MedusaDraft.
 * speculant.testing.check_distribution takes a head built on the model it is given.
 * distill trains the heads (α after > α before, the caller's draft unchanged); save and load give the same logits.
 * Refused by name: compiled and encoder-decoder targets, a feature draft as a target, another target in the
-  decoder or in distill, bad shapes, an executor sweep, a saved head on a target of another size, damaged or misfitting head files.
+  decoder or in distill, bad shapes, an executor sweep, a saved head on a target of another size, damaged or
+  misfitting head files.
 """
 
 import numpy as np

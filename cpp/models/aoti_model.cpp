@@ -205,12 +205,18 @@ class AotiModel final : public Model {
   static std::string view_name(const std::vector<int64_t>& layers) {
     return layers.empty() ? std::string("the LM head's input") : fmt::format("layers {}", fmt::join(layers, ", "));
   }
-  // The package's constant (a weight or buffer, its own memory) named `name`.
-  at::Tensor constant(const std::string& name) {
+  // The package's constant (a weight or buffer, its own memory) named `names` or, for a tied weight, one of its
+  // names joined by '|'.
+  at::Tensor constant(const std::string& names) {
     if (constants_.empty()) constants_ = loader_->get_runner()->extract_constants_map(/*use_inactive=*/false);
-    auto it = constants_.find(name);
-    require(it != constants_.end(), "model {}: the package has no constant '{}'", path_, name);
-    return it->second;
+    size_t start = 0;
+    while (start <= names.size()) {
+      const size_t end = std::min(names.find('|', start), names.size());
+      auto it = constants_.find(names.substr(start, end - start));
+      if (it != constants_.end()) return it->second;
+      start = end + 1;
+    }
+    fail("model {}: the package has no constant named '{}'", path_, names);
   }
 
   // A prefill (step false) or a decoding step of k tokens after the cached ones.

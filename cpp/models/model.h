@@ -127,10 +127,13 @@ class Model {
     return fmt::format("the {} form keeps no hidden states for feature drafts", form());
   }
   // From now on keeps per cache entry the LM head's input (`layers` empty) or those decoder layers' outputs side
-  // by side (nullopt: nothing); returns the width. Graphs captured before are dropped (they record nothing).
+  // by side (nullopt: nothing, where the backend can stop: a .pt2 package records the view it was exported with,
+  // always); returns the width. Graphs captured before are dropped (they record nothing).
   virtual int64_t record_features(const std::optional<std::vector<int64_t>>& layers);
   // [length, F]: row `row`'s features at its committed entries, in the rows of its latest batch (batch 1 of
-  // dynamic shapes: this model's own cache, row 0). The default reads row replicas' own_features().
+  // dynamic shapes: this model's own cache, row 0), read between calls (after a tree's commit, not between its
+  // extend_tree and commit: a replica's length then counts its tentative nodes). The default reads row
+  // replicas' own_features().
   virtual at::Tensor features(int64_t row);
   // {the input embedding, the LM head's weight}, [V', C] each: what feature drafts share with the target.
   virtual std::vector<at::Tensor> feature_weights();

@@ -128,8 +128,8 @@ class CachedScriptModel final : public Model {
   std::string features_obstacle() const override {
     if (features_) return "";
     if (encoder_decoder_) return "an encoder-decoder module (T5): feature drafts draft decoder-only targets";
-    return "the module has no record_features / features / feature_weights methods (model.h); re-export it with "
-           "this version of speculant.export, which writes them";
+    return "the module has no record_features / features / feature_weights methods, or not the batched form they "
+           "need (model.h); re-export it with this version of speculant.export, which writes them";
   }
   int64_t record_features(const std::optional<std::vector<int64_t>>& layers) override {
     if (!features_) Model::record_features(layers);
@@ -140,7 +140,7 @@ class CachedScriptModel final : public Model {
     return width;
   }
   at::Tensor features(int64_t row) override {
-    if (!features_) Model::features(row);
+    if (!features_) fail("model {}: {}", source_, features_obstacle());
     if (!row_lengths_) {
       require(row == 0, "model {}: row {} of a batch of 1", source_, row);
       return module_.get_method("features")({int64_t{-1}, length_}).toTensor();

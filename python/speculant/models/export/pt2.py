@@ -49,7 +49,7 @@ Feature drafts (EagleDraft, MedusaDraft): exported with features=True (the LM he
 features in its buffer "features" [M, F], written at cache_position and moved by source / dest with the keys and
 values, and its metadata holds "features" (the layers, comma-separated; "" for the LM head's input),
 "feature_width" (F) and "feature_weights" (the constants holding the input embedding and the LM head's weight,
-comma-separated). The C++ backend reads them from the package's constants.
+comma-separated, each as its names joined by "|": a tied weight is one constant under one of its names). The C++ backend reads them from the package's constants.
 
 Metadata of every model in the package (AOTIModelPackageLoader::get_metadata() or the static
 load_metadata_from_package(path, model_name), a map<string, string>, filled from the inductor config
@@ -316,14 +316,17 @@ def _feature_view(features, text, encoder_decoder: bool):
 def _feature_metadata(module: "_DecoderOnly", view: View) -> Dict[str, str]:
     """Records `view` in `module` and returns the package metadata that describes it: the layers (comma-separated;
     "": the LM head's input), the width, and the names of the constants holding the input embedding and the LM
-    head's weight (comma-separated)."""
-    width = module.record(view)
+    head's weight (comma-separated; each as its names joined by "|": the package keeps one of a tied weight's)."""
     model = module.model
-    names = {id(p): n for n, p in reversed(list(module.named_parameters(remove_duplicate=False)))}
-    weights = [names.get(id(m.weight)) for m in (model.get_input_embeddings(), model.get_output_embeddings())]
-    if None in weights or getattr(model.get_output_embeddings(), "bias", None) is not None:
+    names: Dict[int, list] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):  # a tied weight has two names
+        names.setdefault(id(parameter), []).append(name)
+    weights = ["|".join(names.get(id(m.weight), [])) for m in (model.get_input_embeddings(),
+                                                                model.get_output_embeddings())]
+    if "" in weights or getattr(model.get_output_embeddings(), "bias", None) is not None:
         raise ValueError(f"features: {type(model).__name__}'s embedding or LM head is not a plain weight that "
                          "feature drafts can share")
+    width = module.record(view)  # hooks on the caller's model from here: export_pt2 closes them
     return {"features": ",".join(str(i) for i in (view or ())), "feature_width": str(width),
             "feature_weights": ",".join(weights)}
 
@@ -407,9 +410,9 @@ def export_pt2(model, out_path: Union[str, os.PathLike], *, max_length: Optional
             tree_shapes = ({0: tokens}, {0: tokens}, {0: move_dim}, {0: move_dim})
         if not encoder_decoder:
             module = (_DecoderOnlyTree if trees else _DecoderOnly)(model, max_length)
-            if view is not False:
-                metadata.update(_feature_metadata(module, view))
             try:
+                if view is not False:
+                    metadata.update(_feature_metadata(module, view))
                 programs["model"] = _export(name, module, (ids, positions_example, *tree_inputs),
                                             ({1: tokens}, {0: tokens}, *tree_shapes))
             finally:
