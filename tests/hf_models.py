@@ -98,3 +98,16 @@ def two_token_law(model, arch: str, start: list[int], source: list[int], tempera
     extended = torch.cat([prefix.expand(vocab, -1), torch.arange(vocab)[:, None]], dim=1)  # [V, T + 1]
     second = law(hf_next_logits(model, arch, extended, source))  # [V, V]
     return first[:, None] * second
+
+
+def noisy_medusa(target, heads: int = 2):
+    """speculant.MedusaDraft on `target` with its heads' weights drawn from N(0, 0.3^2) (fixed by the caller's seed),
+    not the zeros they start from (a zero head proposes the target's own next token), so that a test sees both
+    acceptances and rejections."""
+    import speculant
+
+    draft = speculant.MedusaDraft(target, heads=heads)
+    with torch.no_grad():
+        for block in draft.head.blocks:
+            block.weight.normal_(0, 0.3)
+    return draft

@@ -31,7 +31,7 @@ import torch
 import hf_models
 import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue
-from hf_models import MAX_NEW, PROMPTS, hf_greedy, two_token_law
+from hf_models import MAX_NEW, PROMPTS, hf_greedy, noisy_medusa, two_token_law
 from speculant.models.features import recorded
 from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_plain
 
@@ -102,10 +102,7 @@ def test_check_distribution_and_a_sweep_take_an_exported_target(pair):
     arch, model, exported = pair
     if arch != "llama":
         pytest.skip("one architecture is enough")
-    draft = speculant.MedusaDraft(exported, heads=2)
-    with torch.no_grad():
-        for block in draft.head.blocks:
-            block.weight.normal_(0, 0.3)
+    draft = noisy_medusa(exported)
     check = speculant.testing.check_distribution(exported, draft, PROMPTS[1], k=2, gamma=2, samples=600,
                                                  significance=SIGNIFICANCE, seed=12, progress=False)
     assert check.passed and check.samples == 600, str(check)

@@ -26,7 +26,7 @@ import torch
 import hf_models
 import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue
-from hf_models import MAX_NEW, PROMPTS, hf_greedy, two_token_law
+from hf_models import MAX_NEW, PROMPTS, hf_greedy, noisy_medusa, two_token_law
 
 
 def make(arch: str):
@@ -141,10 +141,7 @@ def test_a_tree_call_right_after_a_reset_computes_the_entries_first():
 def test_medusa_laws_are_the_heads_at_the_anchor():
     model = make("gpt2")
     target = speculant.load(model)
-    draft = speculant.MedusaDraft(target, heads=2)
-    with torch.no_grad():
-        for block in draft.head.blocks:
-            block.weight.normal_(0, 0.3)
+    draft = noisy_medusa(target)
     sequence = torch.tensor([4, 8, 15, 16, 23])
     target.live.reset(sequence[:3])
     draft.live.reset(sequence[:2])
@@ -199,10 +196,7 @@ def test_two_token_law_is_the_targets(arch, kind, temperature, top_k, top_p, tre
     model = make(arch)
     target = speculant.load(model)
     if kind == "medusa":
-        draft = speculant.MedusaDraft(target, heads=2)
-        with torch.no_grad():
-            for block in draft.head.blocks:
-                block.weight.normal_(0, 0.3)
+        draft = noisy_medusa(target)
     else:
         draft = speculant.EagleDraft(target, feature_layers=(0, 1) if kind == "eagle3" else None, seed=5)
     shape = {"tree": tree, "siblings": "without_replacement"} if tree else {"gamma": 3}
@@ -221,10 +215,7 @@ def test_check_distribution_takes_the_drafts():
     """speculant.testing's own check (one generation per sample) accepts a feature draft built on the transformers
     model it is given."""
     model = make("llama")
-    draft = speculant.MedusaDraft(model, heads=2)
-    with torch.no_grad():
-        for block in draft.head.blocks:
-            block.weight.normal_(0, 0.3)
+    draft = noisy_medusa(model)
     check = speculant.testing.check_distribution(model, draft, PROMPTS[1], k=2, gamma=2, samples=600,
                                                  significance=SIGNIFICANCE, seed=12, progress=False)
     assert check.passed and check.samples == 600, str(check)
