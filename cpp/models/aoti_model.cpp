@@ -169,8 +169,10 @@ class AotiModel final : public Model {
   // The committed entries' features: slot i holds what slot origin_[i] holds until the next call moves it.
   at::Tensor own_features() override {
     if (!feature_layers_) return Model::own_features();
+    const at::Tensor features = constant("features");
+    if (moved_.empty()) return features.narrow(0, 0, length_);  // no move pending: a view, nothing uploaded
     const std::vector<int64_t> slots(origin_.begin(), origin_.begin() + length_);
-    return constant("features").index_select(0, upload(slots, positions_.device()));
+    return features.index_select(0, upload(slots, positions_.device()));
   }
 
  private:
