@@ -8,8 +8,8 @@ The target: train_pairs.LLAMA_CPU's (a 6-layer d=384 Llama trained on the stdlib
 transformers' early exit needs a forward that honours config.num_hidden_layers, which GPT-2's does not). It was not
 trained for early exit (LayerSkip trains for it), so its middle layers predict less well than a LayerSkip model's.
 Both sides run the live transformers model (speculant: speculant.load(model) and EarlyExitDraft(target, l), a view
-sharing its weights; transformers: generate(assistant_early_exit=l, num_assistant_tokens=gamma, constant
-schedule)).
+sharing its weights and, by default, its first l layers' cache; transformers: generate(assistant_early_exit=l,
+num_assistant_tokens=gamma, constant schedule), whose assistant keeps a cache of its own).
 
 1. The exit layer: for every l in 1 .. L - 1, on the first --layer-prompts prompts, α and tokens per target call
    at T = 0 and T = 1 (γ = 4), c (the draft's seconds per call over the target's in plain decoding, both measured
@@ -20,7 +20,8 @@ schedule)).
 2. At that layer, T = 0 on held-out prompts, each method generates --tokens tokens per prompt: transformers'
    greedy generate and its early-exit assisted generation at each gamma, speculant's plain decoding and its
    EarlyExitDraft at each gamma, with and without draft_confidence=--confidence (transformers' assistant stops
-   below assistant_confidence_threshold, 0.4 by default, at every gamma). Every output is checked equal to
+   below assistant_confidence_threshold, 0.4 by default, at every gamma), each with the shared cache and with a
+   cache of its own (share_cache=False). Every output is checked equal to
    transformers' greedy output. After a warm-up
    round, --repeats rounds run the methods in turn (alternating their order); each method's time is the median
    over rounds with min-max, and each ratio is the median of the per-round ratios against transformers' early
@@ -98,7 +99,8 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
         print(f"best exit layer at T = 0: {best}")
     else:
         layers, best = [], args.exit_layer
-    draft = speculant.EarlyExitDraft(target, exit_layer=best)
+    drafts = {"": speculant.EarlyExitDraft(target, exit_layer=best),
+              ", own cache": speculant.EarlyExitDraft(target, exit_layer=best, share_cache=False)}
 
     def hf(gamma: int):
         extra = dict(assistant_early_exit=best, num_assistant_tokens=gamma,
@@ -113,7 +115,7 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
             return out[0, ids.size(1):].tolist()
         return run
 
-    def ours(gamma: int, confidence=None):
+    def ours(gamma: int, confidence=None, draft=None):
         if gamma == 0:
             return lambda prompt: speculant.generate(target, prompt, max_new_tokens=args.tokens, temperature=0.0,
                                                      eos_token_id=eos).tokens
@@ -125,10 +127,12 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
     against = {"speculant plain": "transformers greedy"}  # each method's ratio: against transformers at its gamma
     for g in args.gammas:
         methods[f"transformers early exit gamma={g}"] = hf(g)
-        for confidence in (None, args.confidence):
-            name = f"speculant EarlyExitDraft gamma={g}" + (f", draft_confidence={confidence}" if confidence else "")
-            methods[name] = ours(g, confidence)
-            against[name] = f"transformers early exit gamma={g}"
+        for cache, draft in drafts.items():
+            for confidence in (None, args.confidence):
+                name = (f"speculant EarlyExitDraft gamma={g}{cache}"
+                        + (f", draft_confidence={confidence}" if confidence else ""))
+                methods[name] = ours(g, confidence, draft)
+                against[name] = f"transformers early exit gamma={g}"
     reference = [methods["transformers greedy"](p) for p in prompts]
     for name, run in methods.items():  # warm-up, and every output checked against transformers' greedy
         assert [run(p) for p in prompts] == reference, f"{name} differs from transformers' greedy output"

@@ -19,7 +19,8 @@ def test_feature_drafts_benchmark_runs(tmp_path):
     assert json.loads(out.read_text()) == record
     assert [row["method"] for row in record["rows"]] == [
         "transformers greedy", "speculant plain", "transformers early exit gamma=2", "speculant EarlyExitDraft gamma=2",
-        "speculant EarlyExitDraft gamma=2, draft_confidence=0.4"]
+        "speculant EarlyExitDraft gamma=2, draft_confidence=0.4", "speculant EarlyExitDraft gamma=2, own cache",
+        "speculant EarlyExitDraft gamma=2, own cache, draft_confidence=0.4"]
     assert record["best_exit_layer"] == 1
     assert [(r["exit_layer"], r["temperature"]) for r in record["layers"]] == [(1, 0.0), (1, 1.0)]
     assert all(r["tokens_per_target_call"] >= 1 and r["c"] > 0 for r in record["layers"])

@@ -10,8 +10,17 @@
   T = 0.7 with top-k, a Llama tree [3, 2] of siblings drawn without replacement at T = 1, and a Llama chain at T = 1
   through speculant.testing's own check_distribution (3 tests: a correct engine fails one by chance with
   probability at most 0.3% for a fresh draw of seeds).
-* Refused by name: exit layers outside [1, L - 1], encoder-decoders, exported targets, other objects.
+* The shared cache (share_cache=True, the default): the target's verification of a drafted chain runs only its
+  last token through the first l layers, and its logits are transformers' forward's; in a generation every token
+  goes through those layers once (a forward hook counts them), where a draft with a cache of its own runs them
+  again. A kept tree path, a rollback, a newer draft on the same target, a draft gone (its finalizer) and an
+  EAGLE draft on the same target all keep the target's greedy output.
+* Refused by name: exit layers outside [1, L - 1], encoder-decoders, exported targets, other objects; sharing with
+  compile=True, with a compiled target or with another target than its own; calls of a draft a newer one replaced.
 """
+
+import gc
+
 
 import numpy as np
 import pytest
@@ -63,11 +72,11 @@ def test_no_parameters_of_its_own_and_the_target_unchanged(arch):
         torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_greedy_equals_transformers_generate(arch):
+@pytest.mark.parametrize("arch, share", [("llama", True), ("gpt2", True), ("llama", False)])
+def test_greedy_equals_transformers_generate(arch, share):
     model = make(arch)
     target = speculant.load(model)
-    draft = speculant.EarlyExitDraft(target, exit_layer=2)
+    draft = speculant.EarlyExitDraft(target, exit_layer=2, share_cache=share)
     expected = [hf_greedy(model, arch, index, eos=None) for index in range(len(PROMPTS))]
     decoders = [speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0) for gamma in (1, 3)]
     decoders.append(speculant.SpeculativeDecoder(target, draft, tree=[2, 2], temperature=0))
@@ -84,13 +93,98 @@ def test_greedy_equals_transformers_generate(arch):
     assert 0 < accepted < sum(s.drafted_tokens for s in stats)  # both paths of the verification ran
 
 
+def layer_counts(model) -> list:
+    """How many tokens each decoder layer has run since it was made (forward hooks on the layers)."""
+    counts = [0] * LAYERS
+    layers = model.model.layers if hasattr(model, "model") else model.transformer.h
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(lambda m, args, out, i=i: counts.__setitem__(i, counts[i] + out.shape[-2]))
+    return counts
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_shared_verification_starts_from_the_drafts_layers(arch):
+    """The draft runs 3 tokens into the target's first 2 layers; the target verifies 4 and runs only the last
+    through them. Both give transformers' logits; after a rollback, the draft reads the entry the target made."""
+    model = make(arch)
+    target = speculant.load(model)
+    draft = speculant.EarlyExitDraft(target, exit_layer=2)
+    counts = layer_counts(model)
+    sequence = torch.tensor(PROMPTS[0] + [5, 7, 9, 11])
+    n = len(PROMPTS[0])
+    target.live.reset(sequence[:n - 1])
+    draft.live.reset(sequence[:n - 1])
+    drafted = torch.cat([draft.live.extend(sequence[i:i + 1]) for i in range(n - 1, n + 2)])
+    before = list(counts)
+    verified = target.live.extend(sequence[n - 1:n + 3])
+    assert [c - b for c, b in zip(counts, before)] == [1, 1, 4, 4]  # the first 3 tokens' first layers: the draft's
+    with torch.no_grad():
+        full = model(sequence.view(1, -1)).logits[0]
+        early = draft.module(sequence.view(1, -1)).logits[0]
+    torch.testing.assert_close(verified, full[n - 1:n + 3], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(drafted, early[n - 1:n + 2], rtol=1e-5, atol=1e-5)
+    target.live.truncate(n + 2)  # keeps 3 of the 4: the draft is a token behind it
+    draft.live.truncate(n + 1)
+    before = list(counts)
+    after = draft.live.extend(sequence[n + 1:n + 3])  # the target's entry at n + 1 is read, not run
+    assert [c - b for c, b in zip(counts, before)] == [1, 1, 0, 0]
+    torch.testing.assert_close(after, early[n + 1:n + 3], rtol=1e-5, atol=1e-5)
+    assert draft.live._cache is target.live._cache  # no cache of its own
+
+
+def test_each_token_runs_the_shared_layers_once():
+    """A chain generation with the shared cache runs as many tokens through layers 1-2 as through 3-4; with a
+    cache of its own the draft runs them again. A tree reuses the prompt's entries only (its nodes verify in one
+    target forward), so its first layers run fewer tokens than unshared, more than the last ones."""
+    model = make("llama")
+    counts = layer_counts(model)
+    target = speculant.load(model)
+    expected = hf_greedy(model, "llama", 0, eos=None)
+    runs = {}
+    for share in (True, False):
+        draft = speculant.EarlyExitDraft(target, exit_layer=2, share_cache=share)
+        for shape in ("chain", "tree"):
+            decoder = speculant.SpeculativeDecoder(target, draft, temperature=0,
+                                                   **({"gamma": 3} if shape == "chain" else {"tree": [2, 2]}))
+            counts[:] = [0] * LAYERS
+            assert decoder.generate(PROMPTS[0], max_new_tokens=MAX_NEW).tokens == expected
+            runs[share, shape] = list(counts)
+    assert runs[True, "chain"][0] == runs[True, "chain"][-1] < runs[False, "chain"][0]
+    assert runs[True, "chain"][-1] == runs[False, "chain"][-1]  # the same target work above the exit
+    assert runs[True, "tree"][-1] < runs[True, "tree"][0] < runs[False, "tree"][0]
+
+
+def test_shared_cache_survives_its_neighbours():
+    """A newer sharing draft replaces the older (whose calls then refuse, by name); a draft gone gives the target
+    its cache back; an EAGLE draft reading the same target's features decodes beside a sharing draft."""
+    model = make("llama")
+    target = speculant.load(model)
+    expected = hf_greedy(model, "llama", 1, eos=None)
+    old = speculant.EarlyExitDraft(target, exit_layer=1)
+    new = speculant.EarlyExitDraft(target, exit_layer=3)
+    assert speculant.SpeculativeDecoder(target, new, gamma=2, temperature=0).generate(
+        PROMPTS[1], max_new_tokens=MAX_NEW).tokens == expected
+    with pytest.raises(ValueError, match="a newer EarlyExitDraft shares its target's cache"):
+        speculant.SpeculativeDecoder(target, old, gamma=2, temperature=0).generate(PROMPTS[1], max_new_tokens=4)
+    eagle = speculant.EagleDraft(target)
+    for draft in (eagle, new, eagle):
+        decoder = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0)
+        assert decoder.generate(PROMPTS[1], max_new_tokens=MAX_NEW).tokens == expected, draft
+    del old, new, decoder, draft
+    gc.collect()
+    assert target.live._share is None
+    assert speculant.SpeculativeDecoder(target, eagle, gamma=3, temperature=0).generate(
+        PROMPTS[1], max_new_tokens=MAX_NEW).tokens == expected
+
+
 def test_bottom_of_a_hierarchy_and_a_sweep():
     """A hierarchy whose levels are all the target's own (exit after layer 3, drafted by exit after layer 1) gives
     transformers' greedy output; a sweep takes the draft as it takes a model."""
     model = make("llama")
     target = speculant.load(model)
     level = speculant.SpeculativeDecoder(speculant.EarlyExitDraft(target, exit_layer=3),
-                                         speculant.EarlyExitDraft(target, exit_layer=1), gamma=2, temperature=0)
+                                         speculant.EarlyExitDraft(target, exit_layer=1, share_cache=False), gamma=2,
+                                         temperature=0)
     top = speculant.SpeculativeDecoder(target, level, gamma=3, temperature=0)
     result = top.generate(PROMPTS[0], max_new_tokens=MAX_NEW)
     assert result.tokens == hf_greedy(model, "llama", 0, eos=None) and len(result.levels) == 1
@@ -140,3 +234,13 @@ def test_refusals_name_what_is_wrong(tmp_path):
         speculant.EarlyExitDraft(speculant.load(tmp_path / "target.pt"), exit_layer=1)
     with pytest.raises(ValueError, match="live transformers model"):
         speculant.EarlyExitDraft(torch.nn.Linear(2, 2), exit_layer=1)
+    with pytest.raises(ValueError, match="share_cache must be True or False"):
+        speculant.EarlyExitDraft(model, exit_layer=1, share_cache=1)
+    with pytest.raises(ValueError, match="compile=True .* pass share_cache=False"):
+        speculant.EarlyExitDraft(model, exit_layer=1, compile=True)
+    with pytest.raises(ValueError, match="needs the eager live target .* compiled form"):
+        speculant.EarlyExitDraft(speculant.load(model, compile=True, max_length=64), exit_layer=1)
+    draft = speculant.EarlyExitDraft(speculant.load(model), exit_layer=1)
+    with pytest.raises(ValueError, match="EarlyExitDraft shares the cache of the target it was built on"):
+        speculant.SpeculativeDecoder(speculant.load(model), draft, gamma=2)
+    speculant.SpeculativeDecoder(model, draft, gamma=2)  # its transformers model: the draft's own target

@@ -18,6 +18,7 @@ from . import beams, graphs
 from .arguments import INT64_MAX, flag, integer, real
 from .cross_tokenizer import CrossTokenizer
 from .drafters import Drafter
+from ..models.early_exit import EarlyExitDraft
 from ..models.feature_draft import FeatureDraft
 from ..models.model import Model, as_model
 from .sampling import SamplingSettings
@@ -132,17 +133,16 @@ def _drafter(value: Union[Model, Drafter, "SpeculativeDecoder"], sibling: Option
     return _core.model_drafter(value._core, sibling._core if sibling is not None else None, confidence)
 
 
-def feature_target(target, draft):
-    """The target a feature draft (EagleDraft, MedusaDraft) reads: the handle it was built on, also when the decoder
-    is given its transformers model; ValueError for any other."""
-    if not isinstance(draft, FeatureDraft):
-        return target
-    own = draft.target
-    if target is own or target is own.module:
-        return own
-    raise ValueError(f"draft: {type(draft).__name__} reads the hidden states of the target it was built on "
-                     f"({own.source}); pass that target (its speculant.Model or its transformers model), or build "
-                     "the draft on this one")
+def bound_target(target, draft):
+    """The target a draft is bound to (EagleDraft and MedusaDraft read its hidden states; an EarlyExitDraft with
+    share_cache shares its cache): the handle it was built on, also when the decoder is given its transformers
+    model; ValueError for any other. Any other draft: `target` as it is."""
+    own = draft.target if isinstance(draft, (FeatureDraft, EarlyExitDraft)) else None
+    if own is None or target is own or target is own.module:
+        return target if own is None else own
+    what = "reads the hidden states of" if isinstance(draft, FeatureDraft) else "shares the cache of"
+    raise ValueError(f"draft: {type(draft).__name__} {what} the target it was built on ({own.source}); pass that "
+                     "target (its speculant.Model or its transformers model), or build the draft on this one")
 
 
 def _draft_confidence(value, draft, tree) -> float:
@@ -584,7 +584,7 @@ class SpeculativeDecoder:
                  draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
                  max_gamma: Optional[int] = None, cost: Optional[float] = None, sibling_draft=None,
                  draft_confidence: Optional[float] = None):
-        self.target = as_model(feature_target(target, draft), "target", device, dtype)
+        self.target = as_model(bound_target(target, draft), "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
         self._schedule = _schedule(gamma_policy, max_gamma, cost)
         if draft_tokenizer is not None or target_tokenizer is not None:

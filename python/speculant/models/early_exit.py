@@ -4,8 +4,10 @@ first l layers, its final norm and its LM head, as the draft of the target itsel
 ``EarlyExitDraft(target, exit_layer=l)`` is a ``speculant.Model`` built on a view of the live transformers target:
 the same module objects (so the same parameter tensors: no parameter of its own), with the decoder stack cut to
 its first l layers and a config that says so. The view runs transformers' own forward, so its logits are the
-target's final norm and LM head applied to the hidden state after layer l. It keeps a cache of its own (l layers);
-sharing those layers' cache with the target, as LayerSkip does, is not done.
+target's final norm and LM head applied to the hidden state after layer l. By default it keeps no cache of its own:
+its entries live in the target's first l layers, and the target's verification of a drafted chain starts from the
+draft's work there, as LayerSkip's self-speculation does (shared_exit.py). ``share_cache=False`` gives it a cache of
+its own (l layers), as transformers' ``assistant_early_exit`` keeps.
 
 The engine verifies the draft's real q, as for any draft model, so decoding stays exact at every temperature,
 with chains, token trees, batches and as the bottom level of a hierarchy. How often the draft is right depends on
@@ -15,22 +17,14 @@ early exit accepts less).
 from __future__ import annotations
 
 import copy
+import weakref
 from typing import Optional
 
-import torch
-
-from . import live
-from .features import decoder_layers
+from .. import _core
+from ..decoding.arguments import flag
+from . import live, shared_exit
+from .features import decoder_layers, with_layers
 from .model import Model, load
-
-
-def _shallow(module: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `module` sharing its children, parameters and buffers, whose own child table may be changed."""
-    out = copy.copy(module)
-    out._modules = dict(module._modules)
-    out._parameters = dict(module._parameters)
-    out._buffers = dict(module._buffers)
-    return out
 
 
 def early_exit_view(module, exit_layer: int):
@@ -50,28 +44,62 @@ def early_exit_view(module, exit_layer: int):
     config.num_hidden_layers = exit_layer
     if getattr(config, "layer_types", None):  # per-layer attention kinds (sliding windows): the first l
         config.layer_types = list(config.layer_types)[:exit_layer]
-    cut = _shallow(base)
-    setattr(cut, name, torch.nn.ModuleList(list(layers)[:exit_layer]))
-    cut.config = config
-    view = _shallow(module)
-    setattr(view, module.base_model_prefix, cut)
-    view.config = config
-    return view
+    return with_layers(module, list(layers)[:exit_layer], config)
 
 
 class EarlyExitDraft(Model):
     """The target's first ``exit_layer`` layers, its final norm and its LM head as a draft (see the module
-    docstring). ``target``: a live transformers decoder-only LM, or ``speculant.load`` of one. ``compile=True``
-    and ``max_length`` as in ``speculant.load``."""
+    docstring). ``target``: a live transformers decoder-only LM, or ``speculant.load`` of one. ``share_cache``
+    (default True): keep those layers' cache once, in the target's, and let the target's verification start from
+    the draft's work (shared_exit.py); False: a cache of its own, as transformers' ``assistant_early_exit`` keeps.
+    ``compile=True`` (with ``share_cache=False``) and ``max_length`` as in ``speculant.load``."""
 
-    def __init__(self, target, exit_layer: int, *, compile: bool = False, max_length: Optional[int] = None):
+    def __init__(self, target, exit_layer: int, *, share_cache: bool = True, compile: bool = False,
+                 max_length: Optional[int] = None):
         module = target.module if isinstance(target, Model) else target
         if isinstance(target, Model) and module is None:
             raise ValueError(f"EarlyExitDraft: target {target.source} is an exported file ({target.form} form); "
                              "early exit needs the live transformers model (pass it, or speculant.load of it)")
         view = early_exit_view(module, exit_layer)
-        vocab_size = target.vocab_size if isinstance(target, Model) else None
-        vars(self).update(vars(load(view, vocab_size=vocab_size, compile=compile, max_length=max_length)))
-        self.source = f"{type(module).__name__} exiting after layer {exit_layer}"
+        source = f"{type(module).__name__} exiting after layer {exit_layer}"
+        if flag(share_cache, "share_cache"):
+            handle = target if isinstance(target, Model) else load(module)
+            shared, hub = _sharing(handle, view, exit_layer, source, compile)
+            vars(self).update(vars(shared))
+            weakref.finalize(self, hub.close)  # the target keeps its cache alone once the draft is gone
+        else:
+            vocab_size = target.vocab_size if isinstance(target, Model) else None
+            vars(self).update(vars(load(view, vocab_size=vocab_size, compile=compile, max_length=max_length)))
+            handle = None
+        self.source = source
         self.exit_layer = exit_layer
-        self.target_module = module
+        self.target = handle  # the target it shares a cache with (SpeculativeDecoder decodes with it), or None
+
+
+def _sharing(handle: Model, view, exit_layer: int, source: str, compile: bool) -> tuple:
+    """The draft's handle sharing `handle`'s first layers' cache and what they share (shared_exit.ExitShare), or
+    ValueError saying why it cannot."""
+    impl = handle.live
+    if compile:
+        raise ValueError("EarlyExitDraft: compile=True runs the draft with a static cache of its own; pass "
+                         "share_cache=False with it")
+    if handle.form != "live":
+        raise ValueError(f"EarlyExitDraft: share_cache=True needs the eager live target (speculant.load(model)); "
+                         f"{handle.source} is of the {handle.form} form (or pass share_cache=False)")
+    if impl._share is not None:  # one draft shares a target's cache: the newest (the older one refuses calls)
+        impl._share.hub.close()
+    why = impl.tree_obstacle()  # its verification calls take 4-D masks as tree calls do
+    if not why and impl._patterned:
+        why = "its layers have sliding windows or chunks"
+    draft = shared_exit.SharingDraft(view, vocab_size=handle.vocab_size, name=source)
+    why = why or draft.tree_obstacle()  # probed now, on its own cache
+    if not why:
+        hub = shared_exit.ExitShare(impl, view, exit_layer)
+        draft.share(impl, hub)
+        why = shared_exit.probe(draft, impl)
+        if why:
+            hub.close()
+    if why:
+        raise ValueError(f"EarlyExitDraft: {handle.source} cannot share its first layers' cache with the draft: "
+                         f"{why}; pass share_cache=False")
+    return Model(_core.python_model(draft, source), source, module=view, live=draft), hub

@@ -8,12 +8,14 @@ keeps them beside its cache: they are appended, truncated and kept exactly as it
 target call is made: the verification's own forward hands them over. Each view counts its readers; the last one
 gone (a draft's finalizer) removes its hooks.
 
-`decoder_layers` finds a transformers LM's decoder layers (for these views and for early_exit.py).
+`decoder_layers` finds a transformers LM's decoder layers (for these views and for early_exit.py), and
+`with_layers` makes a view of a model with another list of them (early_exit.py, shared_exit.py).
 `Features.committed` counts the leading entries that are the committed sequence (entry i at position i): a tree
 call appends tentative entries after them, and only keep() (which keeps a path) makes entries committed again.
 """
 from __future__ import annotations
 
+import copy
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -32,6 +34,28 @@ def decoder_layers(module) -> tuple[torch.nn.Module, str, torch.nn.ModuleList]:
         raise ValueError(f"{type(module).__name__}'s base model has {len(found)} module lists of "
                          f"{count} layers (one is needed: its decoder layers)")
     return base, found[0][0], found[0][1]
+
+
+def _shallow(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` sharing its children, parameters and buffers, whose own child table may be changed."""
+    out = copy.copy(module)
+    out._modules = dict(module._modules)
+    out._parameters = dict(module._parameters)
+    out._buffers = dict(module._buffers)
+    return out
+
+
+def with_layers(module, layers: list, config=None):
+    """`module` (a transformers decoder-only LM) running `layers` in place of its decoder layers, sharing every
+    other module and parameter with it (`config`: the view's, default the module's); `module` is left as it was."""
+    base, name, _ = decoder_layers(module)
+    cut = _shallow(base)
+    setattr(cut, name, torch.nn.ModuleList(layers))
+    view = _shallow(module)
+    setattr(view, module.base_model_prefix, cut)
+    if config is not None:
+        cut.config = view.config = config
+    return view
 
 
 View = Optional[Tuple[int, ...]]  # None: the LM head's input; else decoder layer indices, side by side

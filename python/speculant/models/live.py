@@ -206,6 +206,8 @@ class LiveModel:
         # replicas in the order made, so that a feature draft's row r reads the target's row r (rows.cpp)
         self._features: Optional[features.Features] = None
         self._family = [self]
+        # an early-exit draft sharing this model's first layers' cache (shared_exit.py): this row's records
+        self._share = None
         own = self._own_vocab = self._probe()
         if vocab_size is not None:
             if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < own:
@@ -233,6 +235,8 @@ class LiveModel:
         self._length = 0
         if self._features is not None:
             self._features.reset()
+        if self._share is not None:
+            self._share.clear()
         if tokens.numel() > 0:
             self._run(tokens, logits=False)
 
@@ -246,8 +250,19 @@ class LiveModel:
         other._cache, other._length, other._encoder_outputs, other._source_mask = None, 0, None, None
         other._tree_obstacle = self._tree_obstacle
         other._features = None if self._features is None else self._features.fresh()
+        other._share = None if self._share is None else self._share.fresh()
         self._family.append(other)
         return other
+
+    def positions(self, start: int, count: int) -> torch.Tensor:
+        """Positions start .. start + count - 1 [count] (a chain's)."""
+        if start + count > self._positions.numel():
+            self._grow(start + count)
+        return self._positions[start:start + count]
+
+    def family(self) -> list:
+        """This model and its replicas, in the order made (row r: family()[r])."""
+        return list(self._family)
 
     # -- feature drafts (features.py) ------------------------------------------------------------------------------
     def tap(self, view: features.View) -> None:
@@ -283,7 +298,9 @@ class LiveModel:
         return self._features.read(view)
 
     def truncate(self, length: int) -> None:
-        if length < self._length:
+        if self._share is not None:  # its first layers may hold a sharing draft's entries past this model's
+            self._share.crop_cache(self._cache, length)
+        elif length < self._length:
             self._cache.crop(length - self._length)  # transformers 5: a negative count removes that many
         self._length = length
         if self._features is not None:
@@ -306,6 +323,8 @@ class LiveModel:
             self._entry_positions = self._entry_positions.index_select(0, entries)
         if self._features is not None:
             self._features.keep(entries)
+        if self._share is not None:
+            self._share.keep(entries)
 
     def tree_obstacle(self) -> str:
         """Why this model cannot verify a token tree in one call (tree= drafts, beam search), or "" (probed once:
@@ -412,6 +431,13 @@ class LiveModel:
 
     def _run(self, tokens: torch.Tensor, logits: bool, positions: Optional[torch.Tensor] = None,
              mask: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        if self._share is not None:  # shared_exit.py: reuses what a sharing draft computed where it can
+            return self._share.run(self, tokens, logits, positions, mask)
+        return self._forward(tokens, logits, positions, mask)
+
+    def _forward(self, tokens: torch.Tensor, logits: bool, positions: Optional[torch.Tensor] = None,
+                 mask: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """The model's own forward over `tokens` appended to the cache (the contract's calls, unshared)."""
         k, start = tokens.numel(), self._length
         if self.pad_to is not None:
             # ids past the model's own vocabulary (its padding) reach it only as another model's tokens; any

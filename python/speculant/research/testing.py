@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 from .. import _core
 from ..decoding import sampling
 from ..decoding.arguments import integer
-from ..decoding.decoder import SpeculativeDecoder, feature_target
+from ..decoding.decoder import SpeculativeDecoder, bound_target
 from ..decoding.drafters import Drafter
 from ..models.model import Model, load
 from ..models.sequence_logits import SequenceLogits, sequence_logits  # both public here too, as before
@@ -259,7 +259,7 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
         raise ValueError(f"generate_kwargs must not set {reserved}: check_distribution sets them (no EOS: every "
                          "sample has k tokens)")
     generate_kwargs = dict(generate_kwargs or {})
-    engine_target = _engine_model(feature_target(target, draft))  # a feature draft's own target handle
+    engine_target = _engine_model(bound_target(target, draft))  # a bound draft's own target handle
     decoder = SpeculativeDecoder(engine_target, _engine_model(draft), gamma=gamma, temperature=temperature,
                                  top_k=top_k, top_p=top_p, lenience=lenience)
     logits = target_logits if target_logits is not None else \
