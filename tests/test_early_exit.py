@@ -177,6 +177,25 @@ def test_shared_cache_survives_its_neighbours():
         PROMPTS[1], max_new_tokens=MAX_NEW).tokens == expected
 
 
+@pytest.mark.cuda
+def test_shared_cache_on_cuda():
+    """On CUDA the shared cache gives plain greedy decoding's tokens (chains, trees, batch rows), and the target's
+    verification runs only its last token through the shared layers."""
+    model = make("llama").to("cuda")
+    counts = layer_counts(model)
+    target = speculant.load(model)
+    draft = speculant.EarlyExitDraft(target, exit_layer=2)
+    expected = [speculant.generate(target, p, max_new_tokens=MAX_NEW, temperature=0).tokens for p in PROMPTS]
+    for shape in ({"gamma": 3}, {"tree": [2, 2]}):
+        decoder = speculant.SpeculativeDecoder(target, draft, temperature=0, **shape)
+        assert [decoder.generate(p, max_new_tokens=MAX_NEW).tokens for p in PROMPTS] == expected, shape
+        assert [r.tokens for r in decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)] == expected, shape
+    counts[:] = [0] * LAYERS
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0)
+    assert decoder.generate(PROMPTS[0], max_new_tokens=MAX_NEW).tokens == expected[0]
+    assert counts[0] == counts[-1]
+
+
 def test_bottom_of_a_hierarchy_and_a_sweep():
     """A hierarchy whose levels are all the target's own (exit after layer 3, drafted by exit after layer 1) gives
     transformers' greedy output; a sweep takes the draft as it takes a model."""

@@ -100,26 +100,45 @@ class EagleHead(nn.Module):
 class EagleRows(FeatureRows):
     """One row's head cache: per entry its predicted feature (`out`), its key and value. The first `real` entries
     were computed from the target's features; later ones, computed from the head's own predictions, are computed
-    again from the target's once it has them (the accepted drafts, at the next call)."""
+    again from the target's once it has them (the accepted drafts, at the next call). The three live in buffers
+    that double when full (`out`, `keys` and `values` are views of their first entries), so that a call writes its
+    new entries in place instead of copying the old ones."""
 
     def clear(self) -> None:
         super().clear()
-        head, device = self.head, self.embed.weight.device
-        dtype = head.fc.weight.dtype
-        self.out = torch.zeros(0, head.fc.out_features, dtype=dtype, device=device)
-        self.keys = torch.zeros(0, head.heads, head.dim, dtype=dtype, device=device)
-        self.values = self.keys
+        self._buffers = None
+        self._views(0)
         self.real = 0
+
+    def _views(self, length: int) -> None:
+        """`out`, `keys` and `values`: the first `length` entries of the buffers (made, or doubled, to hold them)."""
+        if self._buffers is None or self._buffers[0].size(0) < length:
+            head, device = self.head, self.embed.weight.device
+            dtype = head.fc.weight.dtype
+            size = max(64, length, 2 * (0 if self._buffers is None else self._buffers[0].size(0)))
+            grown = (torch.zeros(size, head.fc.out_features, dtype=dtype, device=device),
+                     torch.zeros(size, head.heads, head.dim, dtype=dtype, device=device),
+                     torch.zeros(size, head.heads, head.dim, dtype=dtype, device=device))
+            if self._buffers is not None:
+                filled = self.out.size(0)
+                for new, old in zip(grown, self._buffers):
+                    new[:filled] = old[:filled]
+            self._buffers = grown
+        self.out, self.keys, self.values = (buffer[:length] for buffer in self._buffers)
 
     def truncate(self, length: int) -> None:
         super().truncate(length)
-        self.out, self.keys, self.values = self.out[:length], self.keys[:length], self.values[:length]
+        self._views(min(length, self.out.size(0)))
         self.real = min(self.real, length)
 
     def keep(self, entries: torch.Tensor) -> None:
         """Keeps a path: the committed entries in place, then the accepted nodes (computed from predictions)."""
         super().keep(entries)
-        self.out, self.keys, self.values = (t.index_select(0, entries) for t in (self.out, self.keys, self.values))
+        kept = [t.index_select(0, entries) for t in (self.out, self.keys, self.values)]
+        self._views(entries.numel())
+        with torch.inference_mode():  # the buffers may be inference tensors (made in a call)
+            for view, values in zip((self.out, self.keys, self.values), kept):
+                view.copy_(values)
         self.real = min(self.real, entries.numel())
 
     def _inputs(self, positions: torch.Tensor, features: Optional[torch.Tensor]) -> torch.Tensor:
@@ -137,12 +156,14 @@ class EagleRows(FeatureRows):
         n, m = tokens.numel(), self.length
         x, q, k, v = self.head.project(self.embedded(tokens).unsqueeze(0), feature.unsqueeze(0),
                                        positions.unsqueeze(0))
-        self.keys, self.values = torch.cat([self.keys, k[0]]), torch.cat([self.values, v[0]])
+        self._views(m + n)  # out's new entries are written below
+        self.keys[m:].copy_(k[0])
+        self.values[m:].copy_(v[0])
         if mask is None and n > 1:  # one new token sees every entry: no mask
             mask = torch.ones(n, m + n, dtype=torch.bool, device=tokens.device).tril(m)
         out = self.head.attend(x, q, self.keys.unsqueeze(0), self.values.unsqueeze(0),
                                None if mask is None else mask.unsqueeze(0))[0]
-        self.out = torch.cat([self.out, out])
+        self.out[m:].copy_(out)
         self.tokens, self.positions = torch.cat([self.tokens, tokens]), torch.cat([self.positions, positions])
         return out
 
