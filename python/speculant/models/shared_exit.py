@@ -313,11 +313,13 @@ class SharingDraft(LiveModel):
         rows = target._share
         self._cache = target._cache
         held, k = self._length, tokens.numel()
-        found = rows.matching(0, self._tokens[:held], self._places[:held], self)
+        where = self.positions(held, k) if positions is None else positions
+        chain = mask is None  # a chain's new tokens may be found too; a tree's are always run
+        found = rows.matching(0, torch.cat([self._tokens[:held], tokens]) if chain else self._tokens[:held],
+                              torch.cat([self._places[:held], where]) if chain else self._places[:held], self)
         if found < held:
             self._rebuild(target, rows, found)
-        where = self.positions(held, k) if positions is None else positions
-        reused = rows.matching(held, tokens, where, self) if mask is None else 0
+        reused = max(0, found - held)  # one host read for both
         crop_layers(self._cache, held + reused, self._hub.exit_layer)
         rows.crop(held + reused)
         with rows.recording(tokens[reused:], where[reused:], self, mask is not None):
