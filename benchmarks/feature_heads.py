@@ -2,6 +2,7 @@
 
     python benchmarks/feature_heads.py [--prompts 8] [--tokens 64] [--repeats 3] [--threads 2] [--steps N]
                                        [--drafts draft eagle medusa eagle3] [--target live|export]
+                                       [--cuda-graphs off fixed]
 
 The pair: train_pairs.LLAMA_CPU (a 6-layer d=256 Llama target and a 1-layer d=128 Llama draft, both trained on the
 stdlib), because its target is the one the early-exit benchmark (feature_drafts.py) runs on and its draft has more
@@ -19,7 +20,10 @@ target, are loaded onto the exported one, which keeps its features per cache slo
    --drafts (default: the draft model, the EAGLE head, the Medusa heads): tokens per target call, α, c (the
    draft's seconds per call over the target's in plain decoding, both measured by the engine), and the speedup
    over plain decoding with the two run side by side in each round (median and range over --repeats rounds
-   after an untimed one), with Theorem 3.8's prediction at that α and the median c beside each chain.
+   after an untimed one), with Theorem 3.8's prediction at that α and the median c beside each chain. With
+   several --cuda-graphs modes (the speculative decoder's; plain decoding stays dynamic) each draft runs in each,
+   side by side: "fixed" runs the heads' decoding calls through their fixed-shape buffers (feature_draft.py),
+   and with --target export the target's calls too.
 
 Writes benchmarks/results/feature-heads-cpu.json (--out).
 """
@@ -93,19 +97,20 @@ def exported(module, directory: str, name: str) -> speculant.Model:
     return speculant.load(path)
 
 
-def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int) -> list:
-    """Per draft, temperature and shape: tokens per target call, α, c and the speedup over plain decoding (median
-    and range over `repeats` rounds after an untimed one), Theorem 3.8 beside each chain."""
+def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int, modes=("off",)) -> list:
+    """Per draft, cuda_graphs mode, temperature and shape: tokens per target call, α, c and the speedup over plain
+    decoding (median and range over `repeats` rounds after an untimed one), Theorem 3.8 beside each chain."""
     rows = []
-    for name, draft in drafts.items():
+    for (name, draft), mode in ((item, mode) for item in drafts.items() for mode in modes):
         for temperature in (0.0, 1.0):
             for shape, options in SHAPES.items():
-                decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, **options)
+                decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, cuda_graphs=mode,
+                                                       **options)
                 speedups, costs, stats = rounds.against_plain(target, decoder, prompts, eos, tokens, repeats)
                 new = sum(s.new_tokens for s in stats)
                 alpha = statistics.mean(s.alpha for s in stats)
                 c = statistics.median(costs)
-                row = {"draft": name, "temperature": temperature, "shape": shape, "alpha": alpha,
+                row = {"draft": name, "cuda_graphs": mode, "temperature": temperature, "shape": shape, "alpha": alpha,
                        "tokens_per_target_call": new / sum(s.target_calls for s in stats), "c": c,
                        "c_min": min(costs), "c_max": max(costs), "measured_speedup": statistics.median(speedups),
                        "speedup_min": min(speedups), "speedup_max": max(speedups),
@@ -113,7 +118,7 @@ def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int
                                              if "gamma" in options else None)}
                 rows.append(row)
                 predicted = row["predicted_speedup"]
-                print(f"{name:14} T={temperature} {shape:14} alpha {alpha:.3f}, "
+                print(f"{name:14} {mode:5} T={temperature} {shape:14} alpha {alpha:.3f}, "
                       f"{row['tokens_per_target_call']:.2f} tokens/target call, c {c:.3f}, speedup "
                       f"{row['measured_speedup']:.2f}x [{min(speedups):.2f}-{max(speedups):.2f}]"
                       + (f" (Theorem 3.8: {predicted:.2f}x)" if predicted is not None else ""))
@@ -128,6 +133,8 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
                         help="the drafts to measure: the pair's draft model and heads of these kinds")
     parser.add_argument("--target", choices=["live", "export"], default="live",
                         help="run the target and the draft model live or as TorchScript exports")
+    parser.add_argument("--cuda-graphs", nargs="+", choices=["off", "fixed"], default=["off"],
+                        help="the speculative decoder's modes, side by side (fixed: needs --target export)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     target_module, draft_module, recipe, root = pair(smoke, cache)
@@ -146,7 +153,9 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
                                                                              target)
     eos = target_module.config.eos_token_id
     prompts = [p["prompt_ids"] for p in train_pairs.heldout_prompts(recipe, root, args.prompts)]
-    rows = decoding_table(target, drafts, prompts, eos, args.tokens, args.repeats)
+    if "fixed" in args.cuda_graphs and args.target != "export":
+        parser.error("--cuda-graphs fixed needs --target export: a live target has no fixed-shape calls")
+    rows = decoding_table(target, drafts, prompts, eos, args.tokens, args.repeats, args.cuda_graphs)
     record = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
               "target_form": args.target, "torch": torch.__version__,
               "target": json.loads((root / "target.json").read_text()),

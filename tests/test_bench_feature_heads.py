@@ -31,3 +31,8 @@ def test_feature_heads_benchmark_runs(tmp_path):
     export = feature_heads.main(["--target", "export", *arguments], smoke=True, cache=tmp_path)
     assert export["target_form"] == "export" and export["training"] == record["training"]
     assert [r["draft"] for r in export["rows"]] == [r["draft"] for r in record["rows"]]
+    both = feature_heads.main(["--target", "export", "--drafts", "eagle", "--cuda-graphs", "off", "fixed",
+                               *arguments], smoke=True, cache=tmp_path)
+    assert [r["cuda_graphs"] for r in both["rows"]] == ["off"] * 4 + ["fixed"] * 4
+    greedy = [r["tokens_per_target_call"] for r in both["rows"] if r["temperature"] == 0]
+    assert greedy[2:] == greedy[:2]  # the same tokens at T = 0, with fixed shapes as without

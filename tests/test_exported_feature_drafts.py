@@ -154,8 +154,9 @@ def test_recording_stops_with_the_last_reader_and_refusals(pair, tmp_path):
 @pytest.mark.cuda
 @pytest.mark.parametrize("shape", [{"gamma": 3}, {"tree": [2, 2]}])
 def test_captured_target_calls_record_the_features(shape, tmp_path):
-    """cuda_graphs="auto": the target's calls replay CUDA graphs (the draft runs uncaptured, with a warning), and the
-    replays write the features the uncaptured calls write: the same tokens, the same head outputs."""
+    """cuda_graphs="auto": the target's calls replay CUDA graphs (the head's replay graphs of their own:
+    test_feature_draft_graphs.py), and the replays write the features the uncaptured calls write: the same tokens,
+    the same head outputs."""
     model = hf_models.make("llama", seed=10)
     speculant.export(model, tmp_path / "target.pt")
     outputs = []
@@ -163,7 +164,7 @@ def test_captured_target_calls_record_the_features(shape, tmp_path):
         exported = speculant.load(tmp_path / "target.pt", device="cuda")
         draft = speculant.EagleDraft(exported, seed=4)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "auto": the draft runs uncaptured
+            warnings.simplefilter("error")  # "auto" captures both: nothing to warn of
             decoder = speculant.SpeculativeDecoder(exported, draft, temperature=0, cuda_graphs=mode, **shape)
             tokens = [r.tokens for r in decoder.generate(PROMPTS, max_new_tokens=MAX_NEW)]
         rows = [draft.live._family[row] for row in range(len(PROMPTS))]

@@ -1,6 +1,11 @@
-// Python bindings: The models: Model and its loaders (TorchScript files and bytes, .pt2 packages, Python objects), and
-// greedy continuations of one model (cross-tokenizer drafts).
+// Python bindings: The models: Model and its loaders (TorchScript files and bytes, .pt2 packages, Python objects),
+// greedy continuations of one model (cross-tokenizer drafts), and the graph cache of a Python model's fixed-shape
+// calls (python/speculant/models/feature_draft.py).
 #include "bindings/bindings.h"
+
+#include <pybind11/functional.h>
+
+#include "device/graphs.h"
 
 #include "loop/interrupt.h"
 #include "models/aoti_model.h"
@@ -50,6 +55,33 @@ void bind_models(py::module_& m) {
         },
         py::arg("path"), py::arg("device") = py::none(), py::call_guard<py::gil_scoped_release>());
   m.def("python_model", &python_model, py::arg("impl"), py::arg("source"));
+
+  // GraphCache::run(key, inputs, call) with `call` a Python function of the static buffers; `state` a Python
+  // function returning (name, tensor) pairs that the calls must write in place.
+  py::class_<GraphCache>(m, "GraphCache")
+      .def(py::init([](bool capture, const py::function& state) {
+             GraphCache::State tensors = [state] {
+               py::gil_scoped_acquire gil;
+               std::vector<std::pair<std::string, const void*>> out;
+               for (const auto& [name, tensor] : state().cast<std::vector<std::pair<std::string, at::Tensor>>>()) {
+                 out.emplace_back(name, tensor.const_data_ptr());
+               }
+               return out;
+             };
+             return std::make_unique<GraphCache>(capture, std::move(tensors));
+           }),
+           py::arg("capture"), py::arg("state"))
+      .def(
+          "run",
+          [](GraphCache& self, int64_t width, bool tree, int64_t keys, const std::vector<at::Tensor>& inputs,
+             const std::function<at::Tensor(const std::vector<at::Tensor>&)>& call) {
+            require(!inputs.empty(), "GraphCache.run: inputs must hold at least one tensor");
+            return self.run(CallKey{width, tree, keys, ""}, inputs, call);
+          },
+          py::arg("width"), py::arg("tree"), py::arg("keys"), py::arg("inputs"), py::arg("call"))
+      .def("clear", &GraphCache::clear)
+      .def_property_readonly("failure", &GraphCache::failure)
+      .def_property_readonly("captured", &GraphCache::captured);
 
   py::class_<GreedyContinuation>(m, "GreedyContinuation")
       .def(py::init<std::shared_ptr<Model>>(), py::arg("model"))

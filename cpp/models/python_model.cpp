@@ -54,13 +54,35 @@ class PythonModel final : public Model {
   }
   int64_t length() const override { return length_; }
   std::string form() const override { return form_; }  // "live", or "compiled" (compiled_live.py)
+  // A Python model with fixed-shape calls of its own (feature_draft.py: a feature draft's head) says so through
+  // fixed_shapes_obstacle(), takes the engine's shapes through use_shapes("dynamic" | "fixed" | "graphed") and
+  // reports its graphs through graph_failure and graphs_captured.
   std::string fixed_shapes_obstacle() const override {
+    {
+      py::gil_scoped_acquire gil;
+      if (py::hasattr(impl_, "fixed_shapes_obstacle")) {
+        return impl_.attr("fixed_shapes_obstacle")().cast<std::string>();
+      }
+    }
     if (form_ == "compiled") {
       return "a compiled live model's calls run through torch.compile, which replays CUDA graphs of its own on "
              "a GPU; the engine captures none around them";
     }
     return "a live model runs through Python; export it with speculant.export (TorchScript or .pt2) for "
            "fixed-shape calls";
+  }
+  void use_shapes(Shapes shapes) override {
+    py::gil_scoped_acquire gil;
+    if (!py::hasattr(impl_, "use_shapes")) return;
+    impl_.attr("use_shapes")(shapes == Shapes::graphed ? "graphed" : shapes == Shapes::fixed ? "fixed" : "dynamic");
+  }
+  std::string graph_failure() const override {
+    py::gil_scoped_acquire gil;
+    return py::hasattr(impl_, "graph_failure") ? impl_.attr("graph_failure").cast<std::string>() : "";
+  }
+  int64_t graphs_captured() const override {
+    py::gil_scoped_acquire gil;
+    return py::hasattr(impl_, "graphs_captured") ? impl_.attr("graphs_captured").cast<int64_t>() : 0;
   }
   // live.py's tree calls: transformers' forward with a 4-D attention mask and position_ids, its cache's
   // entries selected in place; tree_obstacle() probes once whether the model honours them.

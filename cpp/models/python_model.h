@@ -5,7 +5,10 @@
 // None), encoder_decoder (bool), device (str), metadata (str, JSON). Methods, with the Model contract of
 // model.h on flat int64 token tensors: reset(tokens[T]) -> None, extend(tokens[k]) -> logits[k, V],
 // truncate(length) -> None, encode(source[S]) -> None (encoder-decoder models only). An exception raised in
-// Python reaches the caller with its own type (KeyboardInterrupt included).
+// Python reaches the caller with its own type (KeyboardInterrupt included). Optional, for fixed-shape calls of
+// its own (CUDA graphs: a feature draft's head, which runs them through a GraphCache bound as _core.GraphCache):
+// fixed_shapes_obstacle() -> str ("" when it has them), use_shapes(str) ("dynamic", "fixed" or "graphed", before
+// each generation's calls), graph_failure (str) and graphs_captured (int).
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -14,8 +14,9 @@
   graph mode changes no output, or to separate the shapes' cost from the launches' on a GPU. Decoder-only .pt2
   packages have fixed shapes as they are (batch 1 per replica), run by AOTInductor's single-threaded runner so
   that a capture holds no event of a previous run (their capture has not run on a GPU yet). A feature draft
-  (EagleDraft, MedusaDraft) runs its head in Python, uncaptured, under every mode: "fixed" takes it so, its
-  target's calls fixed ("auto" warns, "on" refuses it).
+  (EagleDraft, MedusaDraft) has fixed-shape calls of its own (feature_draft.py): its head's decoding calls run
+  through static buffers, an EAGLE head's attention over a power-of-two bucket of its entries, and "auto" and
+  "on" capture them on CUDA whatever its target's form.
 
 A capture that fails at run time (an operation that CUDA graphs cannot record) leaves that model's calls
 uncaptured from then on, with a warning naming the reason.
@@ -49,8 +50,6 @@ def shapes(model: _core.Model, mode: str, role: str) -> Tuple[str, Optional[str]
         return "dynamic", None
     if mode == "fixed":
         why = model.fixed_shapes_obstacle
-        if why and model.form == "feature":  # a head over its target's features: Python, beside the fixed target
-            return "dynamic", None
         if why:
             raise ValueError(f"cuda_graphs='fixed': the {role} ({model.form} form) has no fixed-shape calls: {why}")
         return "fixed", None

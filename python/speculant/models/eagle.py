@@ -104,18 +104,28 @@ class EagleRows(FeatureRows):
     that double when full (`out`, `keys` and `values` are views of their first entries), so that a call writes its
     new entries in place instead of copying the old ones."""
 
+    _buffers = None
+
     def clear(self) -> None:
         super().clear()
-        self._buffers = None
-        self._views(0)
+        self._views(0)  # the buffers stay: graphs captured over them stay valid
         self.real = 0
 
+    def _unshare(self) -> None:
+        super()._unshare()
+        self._buffers = None
+
+    def _state(self) -> list:
+        return list(zip(("the head's features", "the head's keys", "the head's values"), self._buffers))
+
     def _views(self, length: int) -> None:
-        """`out`, `keys` and `values`: the first `length` entries of the buffers (made, or doubled, to hold them)."""
+        """`out`, `keys` and `values`: the first `length` entries of the buffers (made, or doubled, to hold them;
+        a power of two of entries, at least 64; the graphs over the old ones dropped)."""
         if self._buffers is None or self._buffers[0].size(0) < length:
             head, device = self.head, self.embed.weight.device
             dtype = head.fc.weight.dtype
-            size = max(64, length, 2 * (0 if self._buffers is None else self._buffers[0].size(0)))
+            old = 0 if self._buffers is None else self._buffers[0].size(0)
+            size = max(64, 2 * old, 1 << (length - 1).bit_length())
             grown = (torch.zeros(size, head.fc.out_features, dtype=dtype, device=device),
                      torch.zeros(size, head.heads, head.dim, dtype=dtype, device=device),
                      torch.zeros(size, head.heads, head.dim, dtype=dtype, device=device))
@@ -123,7 +133,9 @@ class EagleRows(FeatureRows):
                 filled = self.out.size(0)
                 for new, old in zip(grown, self._buffers):
                     new[:filled] = old[:filled]
+                self._graphs.clear()
             self._buffers = grown
+            self._entries = torch.arange(size, device=device)
         self.out, self.keys, self.values = (buffer[:length] for buffer in self._buffers)
 
     def truncate(self, length: int) -> None:
@@ -152,20 +164,39 @@ class EagleRows(FeatureRows):
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, feature: torch.Tensor,
              mask: Optional[torch.Tensor]) -> torch.Tensor:
         """Appends entries (tokens, positions [n], input features [n, H]); mask bool [n, entries + n] (None: the
-        old entries and the earlier new ones). Returns their predicted features [n, H]."""
+        old entries and the earlier new ones). Returns their predicted features [n, H]. With fixed shapes a call
+        after the first entries reads a power-of-two bucket of entries (at least 16), the rest hidden by its mask,
+        so that its shapes depend on n, the bucket and whether it is a tree call alone."""
         n, m = tokens.numel(), self.length
-        x, q, k, v = self.head.project(self.embedded(tokens).unsqueeze(0), feature.unsqueeze(0),
-                                       positions.unsqueeze(0))
-        self._views(m + n)  # out's new entries are written below
-        self.keys[m:].copy_(k[0])
-        self.values[m:].copy_(v[0])
-        if mask is None and n > 1:  # one new token sees every entry: no mask
-            mask = torch.ones(n, m + n, dtype=torch.bool, device=tokens.device).tril(m)
-        out = self.head.attend(x, q, self.keys.unsqueeze(0), self.values.unsqueeze(0),
-                               None if mask is None else mask.unsqueeze(0))[0]
-        self.out[m:].copy_(out)
+        self._views(m + n)  # the new entries are written in place
+        slots = self._entries[m:m + n]
+        if self.shapes == "dynamic" or m == 0:  # the prompt's entries run as they are
+            visible = mask
+            if mask is None and n > 1:  # one new token sees every entry: no mask
+                visible = torch.ones(n, m + n, dtype=torch.bool, device=tokens.device).tril(m)
+            out = self._step([tokens, positions, feature, slots, visible])
+        else:
+            keys = min(self._entries.numel(), max(16, 1 << (m + n - 1).bit_length()))
+            visible = (self._entries[:keys] <= slots.unsqueeze(1)) if mask is None else F.pad(mask, (0, keys - m - n))
+            out = self.fixed((n, mask is not None, keys), [tokens, positions, feature, slots, visible], self._step)
         self.tokens, self.positions = torch.cat([self.tokens, tokens]), torch.cat([self.positions, positions])
         return out
+
+    def _step(self, inputs: list) -> torch.Tensor:
+        """The head over tokens, positions [n] and input features [n, H], its keys, values and outputs written to
+        entries `slots` [n] of the buffers, query j attending to entry e < keys where visible[j, e] (bool [n, keys];
+        None: every one) -> the outputs [n, H]."""
+        tokens, positions, feature, slots, visible = inputs
+        out, keys, values = self._buffers
+        x, q, k, v = self.head.project(self.embedded(tokens).unsqueeze(0), feature.unsqueeze(0),
+                                       positions.unsqueeze(0))
+        keys.index_copy_(0, slots, k[0])
+        values.index_copy_(0, slots, v[0])
+        width = self.out.size(0) if visible is None else visible.size(1)
+        predicted = self.head.attend(x, q, keys[:width].unsqueeze(0), values[:width].unsqueeze(0),
+                                     None if visible is None else visible.unsqueeze(0))[0]
+        out.index_copy_(0, slots, predicted)
+        return predicted
 
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [k] after the entries (the committed sequence) -> logits [k, V]. Entries computed from

@@ -17,6 +17,9 @@ with features= (exported_features.py: the file keeps them per cache slot). Row r
 (live.py: its replicas in the order made, as rows.cpp makes them; an export: row r of its native rows). The draft must
 run with the target it was built on: SpeculativeDecoder refuses another by name.
 
+With cuda_graphs "fixed", "auto" or "on" (decoding/graphs.py) the head's decoding calls have fixed shapes: their
+inputs go through the static buffers of the engine's graph cache, captured into CUDA graphs on a GPU (``fixed``).
+
 Its head is a plain ``torch.nn.Module`` (``draft.head``); the target's embedding and LM head are shared and never
 copied. ``draft.save(directory)`` writes the head (safetensors) and a config.json; ``Draft.load(directory,
 target)`` reads them back onto a target with the same hidden size and vocabulary.
@@ -104,6 +107,7 @@ class FeatureRows:
         self._own_vocab = self.lm_head.weight.size(0)
         self._family = [self]
         self._index = 0
+        self.use_shapes("dynamic")
         target.tap(view)
         self.clear()
 
@@ -121,8 +125,45 @@ class FeatureRows:
         other = copy.copy(self)
         other._index = len(self._family)
         self._family.append(other)
+        other._unshare()
         other.clear()
         return other
+
+    def _unshare(self) -> None:
+        """Gives a replica (a shallow copy) state of its own: its graphs (subclasses add their buffers)."""
+        self.use_shapes(self.shapes, again=True)
+
+    # Fixed shapes (cpp/models/python_model.h): the engine tells each row how its calls run. A decoding call's
+    # inputs go through the static buffers of a GraphCache (cpp/device/graphs.h) keyed by the call's shapes, and
+    # with "graphed" its call replays a CUDA graph captured after three eager calls of the key.
+    def fixed_shapes_obstacle(self) -> str:
+        return ""
+
+    def use_shapes(self, shapes: str, again: bool = False) -> None:
+        """"dynamic", "fixed" or "graphed" from now on (`again`: a fresh graph cache even if unchanged)."""
+        if again or shapes != getattr(self, "shapes", None):
+            self.shapes = shapes
+            row = weakref.ref(self)  # the cache holds no strong reference back: no cycle through C++
+            self._graphs = _core.GraphCache(shapes == "graphed", lambda: row()._state() if row() else [])
+
+    def _state(self) -> list:
+        """(name, tensor) of what the fixed-shape calls write in place (none here; eagle.py has its cache)."""
+        return []
+
+    def fixed(self, key: tuple, inputs: list, step) -> torch.Tensor:
+        """step(inputs) for a call of shapes `key` (width, tree call, keys read) with the shapes set: through the
+        graph cache's static copies of `inputs` (replayed from a CUDA graph with "graphed"), else as it is."""
+        if self.shapes == "dynamic":
+            return step(inputs)
+        return self._graphs.run(*key, inputs, step)
+
+    @property
+    def graph_failure(self) -> str:
+        return self._graphs.failure
+
+    @property
+    def graphs_captured(self) -> int:
+        return self._graphs.captured
 
     def target_features(self) -> tuple[Optional[torch.Tensor], int]:
         """This row's target's recorded features ([entries, D]) and how many leading entries are committed."""

@@ -41,15 +41,19 @@ class MedusaRows(FeatureRows):
         heads = self.head.blocks
         if features is None or committed == 0:  # nothing computed yet: the heads over a zero anchor
             anchor = torch.zeros(heads[0].in_features, dtype=heads[0].weight.dtype, device=positions.device)
+            own = anchor.expand(positions.numel(), -1)
         else:
             anchor = features[committed - 1]
-        ahead = self.head(anchor)  # [k, H]
-        depth = (positions + 1 - committed).clamp(1, len(heads)) - 1
-        hidden = ahead.index_select(0, depth)
-        if features is not None and committed:
             own = features.index_select(0, positions.clamp(max=committed - 1))
-            hidden = torch.where((positions < committed).unsqueeze(1), own, hidden)
-        return self.logits(hidden)
+        depth = (positions + 1 - committed).clamp(1, len(heads)) - 1
+        inputs = [anchor, own, depth, positions < committed]
+        return self.logits(self.fixed((positions.numel(), False, 0), inputs, self._step))
+
+    def _step(self, inputs: list) -> torch.Tensor:
+        """The hidden states [n, H] the laws read: the target's own (`own` [n, H]) where `known` [n] is set, else
+        head depth[n] + 1's at the anchor [H]."""
+        anchor, own, depth, known = inputs
+        return torch.where(known.unsqueeze(1), own, self.head(anchor).index_select(0, depth))
 
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
