@@ -61,7 +61,7 @@ def layer_table(target, prompts, eos, tokens: int, gamma: int, repeats: int) -> 
         draft = speculant.EarlyExitDraft(target, exit_layer=layer)
         for temperature in (0.0, 1.0):
             decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=temperature)
-            speedups, costs, stats = rounds.against_plain(target, decoder, prompts, eos, tokens, repeats)
+            speedups, costs, stats, _ = rounds.against_plain(target, decoder, prompts, eos, tokens, repeats)
             new = sum(s.new_tokens for s in stats)
             alpha = statistics.mean(s.alpha for s in stats)  # the same every round: seeded
             c = statistics.median(costs)

@@ -2,7 +2,8 @@
 
     python benchmarks/feature_heads.py [--prompts 8] [--tokens 64] [--repeats 3] [--threads 2] [--steps N]
                                        [--drafts draft eagle medusa eagle3] [--target live|export]
-                                       [--cuda-graphs off fixed]
+                                       [--cuda-graphs off fixed auto] [--pair llama-cpu|gpt2-lease]
+                                       [--device cpu|cuda]
 
 The pair: train_pairs.LLAMA_CPU (a 6-layer d=256 Llama target and a 1-layer d=128 Llama draft, both trained on the
 stdlib), because its target is the one the early-exit benchmark (feature_drafts.py) runs on and its draft has more
@@ -23,11 +24,16 @@ target, are loaded onto the exported one, which keeps its features per cache slo
    after an untimed one), with Theorem 3.8's prediction at that α and the median c beside each chain. With
    several --cuda-graphs modes (the speculative decoder's; plain decoding stays dynamic) each draft runs in each,
    side by side: "fixed" runs the heads' decoding calls through their fixed-shape buffers (feature_draft.py),
-   and with --target export the target's calls too.
+   and with --target export the target's calls too; "auto" captures them on CUDA (plain decoding too).
+3. Each head's tree against the draft model: its tokens per second over the draft model's best (chain or tree)
+   at the same temperature and mode. Issue 50's GPU goal: an EAGLE tree >= 1.5x, on the GPT-2 pair of a GPU
+   lease (--pair gpt2-lease --device cuda --target export --cuda-graphs auto: benchmarks/gpu.sh heads trains it
+   there, 92M / 3.8M, 1,000 steps each, and the head with the draft's budget).
 
 Writes benchmarks/results/feature-heads-cpu.json (--out).
 """
 import argparse
+import contextlib
 import json
 import platform
 import shutil
@@ -45,14 +51,31 @@ from speculant import analysis
 SHAPES = {"chain gamma=4": {"gamma": 4}, "tree of 16": {"tree": speculant.DynamicTree(budget=16, depth=6)}}
 
 
-def pair(smoke: bool, cache=None):
-    """The trained target and draft (live, eval mode), the recipe and its directory."""
+PAIRS = {"llama-cpu": train_pairs.LLAMA_CPU, "gpt2-lease": train_pairs.PRESETS["lease"]["gpt2"]}
+
+
+def pair(smoke: bool, cache=None, name: str = "llama-cpu", device: str = "cpu"):
+    """The trained target and draft (live, eval mode, on the CPU), the recipe and its directory; trained on
+    `device` (TF32 matrix products there on CUDA, as train_pairs.py trains)."""
     import transformers
 
-    recipe = train_pairs.LLAMA_CPU.smoke() if smoke else train_pairs.LLAMA_CPU
-    root = train_pairs.build(recipe, stages=("target", "draft"), cache=cache, progress=not smoke)
+    recipe = PAIRS[name].smoke() if smoke else PAIRS[name]
+    with tf32(device):
+        root = train_pairs.build(recipe, stages=("target", "draft"), device=device, cache=cache,
+                                 progress=not smoke)
     load = transformers.AutoModelForCausalLM.from_pretrained
     return load(root / "target").eval(), load(root / "draft").eval(), recipe, root
+
+
+@contextlib.contextmanager
+def tf32(device: str):
+    """TF32 matrix products for training on CUDA (the measurements run without)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = device.startswith("cuda")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 HEADS = {  # kind -> (its row's name, how it is built on a target of hidden size h and L layers)
@@ -76,9 +99,11 @@ def trained_head(kind: str, target, recipe, root: Path, steps: int, smoke: bool)
     config = target.module.config
     draft = HEADS[kind][1](target, config.hidden_size, config.num_hidden_layers)
     schedule = recipe.draft_train
-    result = speculant.distill(target, draft, data="corpus", corpus=corpus, heldout=held, steps=steps,
-                               batch_size=schedule.batch_size, window=recipe.context, lr=schedule.lr,
-                               temperature=1.0, loss="forward_kl", seed=51, progress=not smoke, save=directory)
+    with tf32(str(target.device)):
+        result = speculant.distill(target, draft, data="corpus", corpus=corpus, heldout=held, steps=steps,
+                                   batch_size=schedule.batch_size, window=recipe.context, lr=schedule.lr,
+                                   temperature=1.0, loss="forward_kl", seed=51, progress=not smoke,
+                                   save=directory)
     record = {"steps": steps, "batch_size": schedule.batch_size, "window": recipe.context, "temperature": 1.0,
               "loss": "forward_kl", "lr": schedule.lr, "parameters": draft.parameters(), "config": draft.config,
               "alpha_before": result.alpha_before.mean, "alpha_before_sem": result.alpha_before.sem,
@@ -90,11 +115,11 @@ def trained_head(kind: str, target, recipe, root: Path, steps: int, smoke: bool)
     return result.draft, record
 
 
-def exported(module, directory: str, name: str) -> speculant.Model:
-    """`module` exported by this version of speculant.export to `directory`/`name` and loaded."""
+def exported(module, directory: str, name: str, device: str = "cpu") -> speculant.Model:
+    """`module` exported by this version of speculant.export to `directory`/`name` and loaded on `device`."""
     path = Path(directory) / name
     speculant.export(module, path)
-    return speculant.load(path)
+    return speculant.load(path, device=device)
 
 
 def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int, modes=("off",)) -> list:
@@ -106,7 +131,8 @@ def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int
             for shape, options in SHAPES.items():
                 decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, cuda_graphs=mode,
                                                        **options)
-                speedups, costs, stats = rounds.against_plain(target, decoder, prompts, eos, tokens, repeats)
+                speedups, costs, stats, rates = rounds.against_plain(target, decoder, prompts, eos, tokens,
+                                                                     repeats, cuda_graphs=mode)
                 new = sum(s.new_tokens for s in stats)
                 alpha = statistics.mean(s.alpha for s in stats)
                 c = statistics.median(costs)
@@ -114,15 +140,31 @@ def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int
                        "tokens_per_target_call": new / sum(s.target_calls for s in stats), "c": c,
                        "c_min": min(costs), "c_max": max(costs), "measured_speedup": statistics.median(speedups),
                        "speedup_min": min(speedups), "speedup_max": max(speedups),
+                       "tokens_per_second": statistics.median(rates), "rate_min": min(rates), "rate_max": max(rates),
                        "predicted_speedup": (float(analysis.walltime_improvement(alpha, 4, c))
                                              if "gamma" in options else None)}
                 rows.append(row)
                 predicted = row["predicted_speedup"]
                 print(f"{name:14} {mode:5} T={temperature} {shape:14} alpha {alpha:.3f}, "
-                      f"{row['tokens_per_target_call']:.2f} tokens/target call, c {c:.3f}, speedup "
+                      f"{row['tokens_per_target_call']:.2f} tokens/target call, c {c:.3f}, "
+                      f"{row['tokens_per_second']:.0f} tokens/s, speedup "
                       f"{row['measured_speedup']:.2f}x [{min(speedups):.2f}-{max(speedups):.2f}]"
                       + (f" (Theorem 3.8: {predicted:.2f}x)" if predicted is not None else ""))
     return rows
+
+
+def against_the_draft(rows: list) -> list:
+    """Per head, cuda_graphs mode and temperature: its tree's tokens per second over the draft model's best (chain
+    or tree) in the same mode and temperature, the ratio of their medians (issue 50's GPU goal: >= 1.5 for EAGLE)."""
+    best = {}
+    for r in rows:
+        if r["draft"] == "draft model":
+            key = (r["cuda_graphs"], r["temperature"])
+            best[key] = max(best.get(key, 0.0), r["tokens_per_second"])
+    return [{"draft": r["draft"], "cuda_graphs": r["cuda_graphs"], "temperature": r["temperature"],
+             "tree_over_draft_best": r["tokens_per_second"] / best[(r["cuda_graphs"], r["temperature"])]}
+            for r in rows if r["draft"] != "draft model" and r["shape"] == "tree of 16"
+            and (r["cuda_graphs"], r["temperature"]) in best]
 
 
 def main(argv=None, smoke: bool = False, cache=None) -> dict:
@@ -133,31 +175,41 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
                         help="the drafts to measure: the pair's draft model and heads of these kinds")
     parser.add_argument("--target", choices=["live", "export"], default="live",
                         help="run the target and the draft model live or as TorchScript exports")
-    parser.add_argument("--cuda-graphs", nargs="+", choices=["off", "fixed"], default=["off"],
-                        help="the speculative decoder's modes, side by side (fixed: needs --target export)")
+    parser.add_argument("--cuda-graphs", nargs="+", choices=["off", "fixed", "auto"], default=["off"],
+                        help="the decoders' modes, side by side (fixed: needs --target export)")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="llama-cpu",
+                        help="llama-cpu (LLAMA_CPU), or gpt2-lease: the GPT-2 pair of a GPU lease (92M / 3.8M)")
+    parser.add_argument("--device", default="cpu", help="where the pair and the heads train and decode")
     args = parser.parse_args(argv)
+    if "fixed" in args.cuda_graphs and args.target != "export":
+        parser.error("--cuda-graphs fixed needs --target export: a live target has no fixed-shape calls")
     torch.set_num_threads(args.threads)
-    target_module, draft_module, recipe, root = pair(smoke, cache)
-    live = speculant.load(target_module)
+    target_module, draft_module, recipe, root = pair(smoke, cache, args.pair, args.device)
     files = tempfile.mkdtemp(prefix="feature-heads-")
-    target = exported(target_module, files, "target.pt") if args.target == "export" else live
+    target = exported(target_module, files, "target.pt", args.device) if args.target == "export" else None
+    live = speculant.load(target_module.to(args.device))
+    target = target or live
     steps = args.steps or recipe.draft_train.steps
     drafts, training = {}, {}
     for kind in args.drafts:
         if kind == "draft":
-            drafts["draft model"] = (exported(draft_module, files, "draft.pt") if args.target == "export"
-                                     else speculant.load(draft_module))
+            drafts["draft model"] = (exported(draft_module, files, "draft.pt", args.device)
+                                     if args.target == "export" else speculant.load(draft_module.to(args.device)))
             continue
         head, training[kind] = trained_head(kind, live, recipe, root, steps, smoke)
         drafts[HEADS[kind][0]] = head if target is live else type(head).load(root / "heads" / f"{kind}-{steps}",
                                                                              target)
     eos = target_module.config.eos_token_id
     prompts = [p["prompt_ids"] for p in train_pairs.heldout_prompts(recipe, root, args.prompts)]
-    if "fixed" in args.cuda_graphs and args.target != "export":
-        parser.error("--cuda-graphs fixed needs --target export: a live target has no fixed-shape calls")
     rows = decoding_table(target, drafts, prompts, eos, args.tokens, args.repeats, args.cuda_graphs)
-    record = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
-              "target_form": args.target, "torch": torch.__version__,
+    ratios = against_the_draft(rows)
+    for r in ratios:
+        print(f"{r['draft']} tree, {r['cuda_graphs']}, T={r['temperature']}: "
+              f"{r['tree_over_draft_best']:.2f}x the draft model's best tokens/s")
+    machine = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
+               else platform.processor() or platform.machine())
+    record = {"machine": machine, "threads": args.threads, "pair": args.pair, "device": args.device,
+              "target_form": args.target, "torch": torch.__version__, "against_the_draft": ratios,
               "target": json.loads((root / "target.json").read_text()),
               "draft": json.loads((root / "draft.json").read_text()), "training": training,
               "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats, "rows": rows}

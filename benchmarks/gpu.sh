@@ -17,6 +17,11 @@
 #                                  # ($OUT/summary.md) of every goal
 #   bash benchmarks/gpu.sh tests    # the build and the CUDA tests alone (about 2.5 minutes): after a change to
 #                                  # the engine, when the device time left is short of a lease
+#   bash benchmarks/gpu.sh heads   # issue 50's GPU goal, once issue 48's measurements are in (about 7 minutes):
+#                                  # the build; the CUDA tests of the feature and early-exit drafts; then
+#                                  # feature_heads.py on the lease's GPT-2 pair (trained here: 92M / 3.8M, 1,000
+#                                  # steps each) with an EAGLE head distilled with the draft's budget, exported
+#                                  # target and draft, CUDA graphs on; ends with ONE summary table ($OUT/summary.md)
 #   bash benchmarks/gpu.sh again   # the same without the build, on any machine of that image: lease's wheel
 #                                  # (copied from its $OUT into .whl/, listed in .git/info/exclude, named in the
 #                                  # call's carry) with this tree's Python over it (so C++ must not have changed
@@ -60,6 +65,30 @@ measure() {
   python3 benchmarks/kernels.py --summary "$out/kernels-cuda.json" >>"$out/summary.md" || true
   echo; echo "[$SECONDS s] summary ($out/summary.md):"; cat "$out/summary.md"
 }
+# issue 50 on the GPU: the feature drafts' CUDA tests, the EAGLE tree against the 3.8M draft, one summary table
+heads() {
+  pytest_for 150 -n 4 -m cuda tests/test_feature_draft_graphs.py tests/test_exported_feature_drafts.py \
+    tests/test_feature_drafts.py tests/test_early_exit.py -k "not pt2" -q -rfEs --basetemp /tmp/pt-heads \
+    >"$out/heads-tests.log" 2>&1 || true
+  local tests; tests=$(tail -1 "$out/heads-tests.log")
+  echo "[$SECONDS s] feature-draft CUDA tests: $tests"; grep -E "^(FAILED|ERROR) " "$out/heads-tests.log" || true
+  timeout $((deadline - SECONDS - 10)) python3 benchmarks/feature_heads.py --pair gpt2-lease --device cuda \
+    --target export --drafts draft eagle --cuda-graphs auto --out "$out/feature-heads-cuda.json" 2>&1 \
+    | grep -v "Loading weights" || true
+  local met=no; [[ "$tests" =~ passed && ! "$tests" =~ (failed|error) ]] && met=yes
+  { echo "| goal (issue 50) | measured | target | met |"; echo "|---|---|---|---|"
+    echo "| feature-draft CUDA tests | ${tests//|/ } | all pass | $met |"
+    python3 - "$out/feature-heads-cuda.json" <<'PY' || echo "| EAGLE tree over the draft's best tokens/s | not measured | >= 1.5x | no |"
+import json, sys
+record = json.load(open(sys.argv[1]))
+for r in record["against_the_draft"]:
+    ratio = r["tree_over_draft_best"]
+    print(f"| EAGLE tree over the 3.8M draft's best tokens/s, T = {r['temperature']:g} ({record['machine']}) "
+          f"| {ratio:.2f}x | >= 1.5x | {'yes' if ratio >= 1.5 else 'no'} |")
+PY
+  } >"$out/summary.md"
+  echo; echo "[$SECONDS s] summary ($out/summary.md):"; cat "$out/summary.md"
+}
 # the wheel, installed and kept in $OUT (for `again`)
 build() {
   command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"  # CMake's CUDA check looks there
@@ -83,6 +112,12 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     build
     cuda_tests ;;
+  heads)
+    deadline=$((SECONDS + ${LEASE_SECONDS:-530}))
+    exec > >(tee -a "$out/heads.log") 2>&1
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    build
+    heads ;;
   again)
     deadline=$((SECONDS + ${LEASE_SECONDS:-400}))
     exec > >(tee -a "$out/again.log") 2>&1
@@ -91,5 +126,5 @@ case "${1:-}" in
     cp -r python/speculant/. "$(python3 -c "import os, speculant; print(os.path.dirname(speculant.__file__))")/"
     echo "[$SECONDS s] installed"
     measure ;;
-  *) echo "usage: bash benchmarks/gpu.sh lease|tests|again" >&2; exit 2 ;;
+  *) echo "usage: bash benchmarks/gpu.sh lease|tests|heads|again" >&2; exit 2 ;;
 esac

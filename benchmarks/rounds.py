@@ -37,21 +37,22 @@ def ratio_row(name: str, times, base, tokens: int, key: str) -> dict:
             key: statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios)}
 
 
-def against_plain(target, decoder, prompts, eos, tokens: int, repeats: int) -> tuple:
-    """Rounds of plain decoding (T = 0) and `decoder` side by side, `repeats` timed after an untimed one, each
-    generating `tokens` per prompt (prompt i with seed i). Returns (speedups over plain, c per round: the draft's
-    seconds per call over the target's in plain decoding, both timed by the engine, and the last round's
-    stats)."""
-    speedups, costs = [], []
+def against_plain(target, decoder, prompts, eos, tokens: int, repeats: int, cuda_graphs: str = "off") -> tuple:
+    """Rounds of plain decoding (T = 0, with `cuda_graphs` as the decoder's) and `decoder` side by side, `repeats`
+    timed after an untimed one, each generating `tokens` per prompt (prompt i with seed i). Returns (speedups over
+    plain, c per round: the draft's seconds per call over the target's in plain decoding, both timed by the
+    engine, the last round's stats, and the decoder's tokens per second per round)."""
+    speedups, costs, rates = [], [], []
     for r in range(repeats + 1):  # round 0: untimed
-        plain = [speculant.generate(target, p, max_new_tokens=tokens, temperature=0.0, eos_token_id=eos).stats
-                 for p in prompts]
+        plain = [speculant.generate(target, p, max_new_tokens=tokens, temperature=0.0, eos_token_id=eos,
+                                    cuda_graphs=cuda_graphs).stats for p in prompts]
         stats = [decoder.generate(p, max_new_tokens=tokens, eos_token_id=eos, seed=i).stats
                  for i, p in enumerate(prompts)]
         if r == 0:
             continue
         base = sum(s.total_seconds for s in plain) / sum(s.new_tokens for s in plain)
         per_call = sum(s.target_seconds for s in plain) / sum(s.target_calls for s in plain)
-        speedups.append(base / (sum(s.total_seconds for s in stats) / sum(s.new_tokens for s in stats)))
+        rates.append(sum(s.new_tokens for s in stats) / sum(s.total_seconds for s in stats))
+        speedups.append(base * rates[-1])
         costs.append(sum(s.draft_seconds for s in stats) / sum(s.draft_calls for s in stats) / per_call)
-    return speedups, costs, stats
+    return speedups, costs, stats, rates

@@ -36,3 +36,10 @@ def test_feature_heads_benchmark_runs(tmp_path):
     assert [r["cuda_graphs"] for r in both["rows"]] == ["off"] * 4 + ["fixed"] * 4
     greedy = [r["tokens_per_target_call"] for r in both["rows"] if r["temperature"] == 0]
     assert greedy[2:] == greedy[:2]  # the same tokens at T = 0, with fixed shapes as without
+    assert all(r["tokens_per_second"] > 0 for r in both["rows"])
+    gpt2 = feature_heads.main(["--pair", "gpt2-lease", "--target", "export", "--drafts", "draft", "eagle",
+                               "--cuda-graphs", "auto", *arguments], smoke=True, cache=tmp_path)
+    assert gpt2["pair"] == "gpt2-lease" and gpt2["target"]["config"]["n_layer"] == 1
+    assert [(r["draft"], r["temperature"]) for r in gpt2["against_the_draft"]] == [("EagleDraft", 0.0),
+                                                                                 ("EagleDraft", 1.0)]
+    assert all(r["tree_over_draft_best"] > 0 for r in gpt2["against_the_draft"])
