@@ -3,7 +3,7 @@
     python benchmarks/feature_heads.py [--prompts 8] [--tokens 64] [--repeats 3] [--threads 2] [--steps N]
                                        [--drafts draft eagle medusa eagle3] [--target live|export]
                                        [--cuda-graphs off fixed auto] [--pair llama-cpu|gpt2-lease]
-                                       [--device cpu|cuda]
+                                       [--device cpu|cuda] [--compile]
 
 The pair: train_pairs.LLAMA_CPU (a 6-layer d=256 Llama target and a 1-layer d=128 Llama draft, both trained on the
 stdlib), because its target is the one the early-exit benchmark (feature_drafts.py) runs on and its draft has more
@@ -24,7 +24,8 @@ target, are loaded onto the exported one, which keeps its features per cache slo
    after an untimed one), with Theorem 3.8's prediction at that α and the median c beside each chain. With
    several --cuda-graphs modes (the speculative decoder's; plain decoding stays dynamic) each draft runs in each,
    side by side: "fixed" runs the heads' decoding calls through their fixed-shape buffers (feature_draft.py),
-   and with --target export the target's calls too; "auto" captures them on CUDA (plain decoding too).
+   and with --target export the target's calls too; "auto" captures them on CUDA (plain decoding too). With
+   --compile each head runs beside itself compiled (compile=True: its steps through torch.compile).
 3. Each head's tree against the draft model: its tokens per second over the draft model's best (chain or tree)
    at the same temperature and mode. Issue 50's GPU goal: an EAGLE tree >= 1.5x, on the GPT-2 pair of a GPU
    lease (--pair gpt2-lease --device cuda --target export --cuda-graphs auto: benchmarks/gpu.sh heads trains it
@@ -177,6 +178,8 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
                         help="run the target and the draft model live or as TorchScript exports")
     parser.add_argument("--cuda-graphs", nargs="+", choices=["off", "fixed", "auto"], default=["off"],
                         help="the decoders' modes, side by side (fixed: needs --target export)")
+    parser.add_argument("--compile", action="store_true",
+                        help="each head also with compile=True (its decoding steps through torch.compile)")
     parser.add_argument("--pair", choices=sorted(PAIRS), default="llama-cpu",
                         help="llama-cpu (LLAMA_CPU), or gpt2-lease: the GPT-2 pair of a GPU lease (92M / 3.8M)")
     parser.add_argument("--device", default="cpu", help="where the pair and the heads train and decode")
@@ -197,8 +200,10 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
                                      if args.target == "export" else speculant.load(draft_module.to(args.device)))
             continue
         head, training[kind] = trained_head(kind, live, recipe, root, steps, smoke)
-        drafts[HEADS[kind][0]] = head if target is live else type(head).load(root / "heads" / f"{kind}-{steps}",
-                                                                             target)
+        saved = root / "heads" / f"{kind}-{steps}"
+        drafts[HEADS[kind][0]] = head if target is live else type(head).load(saved, target)
+        if args.compile:
+            drafts[f"{HEADS[kind][0]}, compiled"] = type(head).load(saved, target, compile=True)
     eos = target_module.config.eos_token_id
     prompts = [p["prompt_ids"] for p in train_pairs.heldout_prompts(recipe, root, args.prompts)]
     rows = decoding_table(target, drafts, prompts, eos, args.tokens, args.repeats, args.cuda_graphs)

@@ -20,8 +20,9 @@
 #   bash benchmarks/gpu.sh heads   # issue 50's GPU goal, once issue 48's measurements are in (about 7 minutes):
 #                                  # the build; the CUDA tests of the feature and early-exit drafts; then
 #                                  # feature_heads.py on the lease's GPT-2 pair (trained here: 92M / 3.8M, 1,000
-#                                  # steps each) with an EAGLE head distilled with the draft's budget, exported
-#                                  # target and draft, CUDA graphs on; ends with ONE summary table ($OUT/summary.md)
+#                                  # steps each) with an EAGLE head distilled with the draft's budget, eager and
+#                                  # compiled, exported target and draft, CUDA graphs on; ends with ONE summary
+#                                  # table ($OUT/summary.md)
 #   bash benchmarks/gpu.sh again   # the same without the build, on any machine of that image: lease's wheel
 #                                  # (copied from its $OUT into .whl/, listed in .git/info/exclude, named in the
 #                                  # call's carry) with this tree's Python over it (so C++ must not have changed
@@ -73,18 +74,19 @@ heads() {
   local tests; tests=$(tail -1 "$out/heads-tests.log")
   echo "[$SECONDS s] feature-draft CUDA tests: $tests"; grep -E "^(FAILED|ERROR) " "$out/heads-tests.log" || true
   timeout $((deadline - SECONDS - 10)) python3 benchmarks/feature_heads.py --pair gpt2-lease --device cuda \
-    --target export --drafts draft eagle --cuda-graphs auto --out "$out/feature-heads-cuda.json" 2>&1 \
+    --target export --drafts draft eagle --compile --cuda-graphs auto --out "$out/feature-heads-cuda.json" 2>&1 \
     | grep -v "Loading weights" || true
   local met=no; [[ "$tests" =~ passed && ! "$tests" =~ (failed|error) ]] && met=yes
   { echo "| goal (issue 50) | measured | target | met |"; echo "|---|---|---|---|"
     echo "| feature-draft CUDA tests | ${tests//|/ } | all pass | $met |"
-    python3 - "$out/feature-heads-cuda.json" <<'PY' || echo "| EAGLE tree over the draft's best tokens/s | not measured | >= 1.5x | no |"
+    local missing="| EAGLE tree over the draft's best tokens/s | not measured | >= 1.5x | no |"
+    python3 - "$out/feature-heads-cuda.json" <<'PY' || echo "$missing"
 import json, sys
 record = json.load(open(sys.argv[1]))
 for r in record["against_the_draft"]:
     ratio = r["tree_over_draft_best"]
-    print(f"| EAGLE tree over the 3.8M draft's best tokens/s, T = {r['temperature']:g} ({record['machine']}) "
-          f"| {ratio:.2f}x | >= 1.5x | {'yes' if ratio >= 1.5 else 'no'} |")
+    print(f"| {r['draft']} tree over the 3.8M draft's best tokens/s, T = {r['temperature']:g} "
+          f"({record['machine']}) | {ratio:.2f}x | >= 1.5x | {'yes' if ratio >= 1.5 else 'no'} |")
 PY
   } >"$out/summary.md"
   echo; echo "[$SECONDS s] summary ($out/summary.md):"; cat "$out/summary.md"

@@ -32,10 +32,11 @@ def test_feature_heads_benchmark_runs(tmp_path):
     assert export["target_form"] == "export" and export["training"] == record["training"]
     assert [r["draft"] for r in export["rows"]] == [r["draft"] for r in record["rows"]]
     both = feature_heads.main(["--target", "export", "--drafts", "eagle", "--cuda-graphs", "off", "fixed",
-                               *arguments], smoke=True, cache=tmp_path)
-    assert [r["cuda_graphs"] for r in both["rows"]] == ["off"] * 4 + ["fixed"] * 4
+                               "--compile", *arguments], smoke=True, cache=tmp_path)
+    assert [r["cuda_graphs"] for r in both["rows"]] == (["off"] * 4 + ["fixed"] * 4) * 2
+    assert {r["draft"] for r in both["rows"]} == {"EagleDraft", "EagleDraft, compiled"}
     greedy = [r["tokens_per_target_call"] for r in both["rows"] if r["temperature"] == 0]
-    assert greedy[2:] == greedy[:2]  # the same tokens at T = 0, with fixed shapes as without
+    assert greedy == greedy[:2] * 4  # the same tokens at T = 0, with fixed shapes as without, compiled or not
     assert all(r["tokens_per_second"] > 0 for r in both["rows"])
     gpt2 = feature_heads.main(["--pair", "gpt2-lease", "--target", "export", "--drafts", "draft", "eagle",
                                "--cuda-graphs", "auto", *arguments], smoke=True, cache=tmp_path)

@@ -7,6 +7,9 @@
   outputs at every entry and the same laws for the next tokens (chains, token trees, grown trees, batch rows,
   EAGLE-3's layers, Medusa).
 * A head whose call rebinds its cache to a new tensor is refused by name, as graphs.h refuses a module that does.
+* compile=True runs the decoding steps through torch.compile in a few graphs (an EAGLE head's calls bucketed in
+  every mode): the same tokens, head outputs and laws as the eager head, with dynamic and fixed shapes, on a live
+  and an exported target; saved and loaded compiled, trained compiled; compile that is no bool is refused.
 * On CUDA (run where one is lent): "auto" captures the head's calls into CUDA graphs beside a live target (which runs
   uncaptured, with a warning) and beside a captured export, with the tokens and head outputs of uncaptured calls.
 """
@@ -20,6 +23,7 @@ import hf_models
 import speculant
 from hf_models import MAX_NEW, PROMPTS, hf_greedy
 from speculant.models.feature_draft import FeatureRows
+from torch._dynamo.utils import counters
 
 SHAPES = [{"gamma": 3}, {"tree": [2, 2]}, {"tree": speculant.DynamicTree(budget=6, depth=3)}]
 
@@ -33,10 +37,11 @@ def llama(tmp_path_factory):
     return model, speculant.load(path)
 
 
-def make_draft(kind: str, target):
+def make_draft(kind: str, target, compile: bool = False):
     if kind == "medusa":
-        return speculant.MedusaDraft(target, heads=2)
-    return speculant.EagleDraft(target, feature_layers=(1, 0) if kind == "eagle3" else None, seed=4)
+        return speculant.MedusaDraft(target, heads=2, compile=compile)
+    return speculant.EagleDraft(target, feature_layers=(1, 0) if kind == "eagle3" else None, seed=4,
+                                compile=compile)
 
 
 def heads_state(draft) -> list:
@@ -112,6 +117,40 @@ def test_a_head_that_rebinds_its_cache_is_refused(llama, monkeypatch):
     decoder = speculant.SpeculativeDecoder(exported, draft, gamma=2, temperature=0, cuda_graphs="fixed")
     with pytest.raises(ValueError, match="rebinds the head's features to a new tensor"):
         decoder.generate(PROMPTS[0], max_new_tokens=MAX_NEW)
+
+
+def next_laws(draft) -> torch.Tensor:
+    """Row 0's laws for two more tokens after its entries (then dropped again)."""
+    rows = draft.live
+    length = rows.length
+    laws = rows.extend(torch.tensor([5, 7]))
+    rows.truncate(length)
+    return laws
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_compiled_steps_compute_what_eager_ones_do(llama, kind, tmp_path):
+    model, exported = llama
+    live = speculant.load(model)
+    expected = [hf_greedy(model, "llama", i, eos=None) for i in range(len(PROMPTS))]
+    graphs = counters["stats"]["unique_graphs"]
+    for target, modes in ((live, ("off",)), (exported, ("off", "fixed"))):
+        eager, compiled = make_draft(kind, target), make_draft(kind, target, compile=True)
+        assert compiled.compiled and not eager.compiled
+        for mode in modes:
+            for shape in SHAPES[:2]:
+                tokens, heads = generate(target, eager, mode, shape)
+                compiled_tokens, compiled_heads = generate(target, compiled, mode, shape)
+                assert compiled_tokens == tokens == expected, (mode, shape)
+                for (real, out), (compiled_real, compiled_out) in zip(heads, compiled_heads):
+                    assert compiled_real == real
+                    torch.testing.assert_close(compiled_out, out, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(next_laws(compiled), next_laws(eager), rtol=1e-5, atol=1e-5)
+    assert 0 < counters["stats"]["unique_graphs"] - graphs <= 2 * 4  # two drafts, a few graphs each
+    compiled.save(tmp_path / "head")
+    assert type(compiled).load(tmp_path / "head", exported, compile=True).compiled
+    with pytest.raises(ValueError, match="compile must be True or False, got 'yes'"):
+        make_draft(kind, exported, compile="yes")
 
 
 @pytest.mark.cuda

@@ -61,15 +61,20 @@ def _forward(model, cache, ids: torch.Tensor, positions: Optional[torch.Tensor],
 
 
 def _how(device: torch.device) -> dict:
-    """torch.compile's mode or options for `device`. On CUDA, "reduce-overhead" (CUDA graphs). On the CPU below
-    torch 2.15, Inductor's bounds checks on indirect indices are left out: torch 2.11's C++ code for them in the
-    dynamic-width graph does not compile (a vectorized check names a variable it never declared), 2.15's does.
-    The indices they check are in range by construction: positions below max_length (_run refuses a call past
-    it), token ids below the vocabulary (the engine's, and live.py's clamp of another model's ids)."""
-    if device.type == "cuda":
-        return {"mode": "reduce-overhead"}
+    """torch.compile's mode or options for `device`. On CUDA, "reduce-overhead" (CUDA graphs); on the CPU,
+    inductor_options'. The indices they check are in range by construction: positions below max_length (_run
+    refuses a call past it), token ids below the vocabulary (the engine's, and live.py's clamp of another model's
+    ids)."""
+    return {"mode": "reduce-overhead"} if device.type == "cuda" else inductor_options(device)
+
+
+def inductor_options(device: torch.device) -> dict:
+    """torch.compile's options for code whose indirect indices are in range by construction. On the CPU below
+    torch 2.15 Inductor's bounds checks on them are left out: torch 2.11's C++ code for them in a dynamic-width
+    graph does not compile (a vectorized check names a variable it never declared), 2.15's does."""
     release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    return {"options": {"assert_indirect_indexing": False}} if release < (2, 15) else {}
+    cpu = torch.device(device).type == "cpu"
+    return {"options": {"assert_indirect_indexing": False}} if cpu and release < (2, 15) else {}
 
 
 class CompiledLiveModel(live.LiveModel):

@@ -97,6 +97,24 @@ class EagleHead(nn.Module):
         return outputs
 
 
+def eagle_step(head: EagleHead, embed: nn.Embedding, own_vocab: int, out: torch.Tensor, keys: torch.Tensor,
+               values: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, feature: torch.Tensor,
+               slots: torch.Tensor, visible: Optional[torch.Tensor], entries: int) -> torch.Tensor:
+    """The head over tokens, positions [n] and input features [n, H], its keys, values and outputs written to
+    entries `slots` [n] of the buffers (`out` [S, H], `keys` and `values` [S, heads, d]), query j attending to
+    entry e < K where visible[j, e] (bool [n, K]; None: every one of the first `entries`) -> the outputs [n, H].
+    Token ids past the embedding's `own_vocab` rows (the target's padding) read its last row."""
+    x, q, k, v = head.project(embed(tokens.clamp(max=own_vocab - 1)).unsqueeze(0), feature.unsqueeze(0),
+                              positions.unsqueeze(0))
+    keys.index_copy_(0, slots, k[0])
+    values.index_copy_(0, slots, v[0])
+    width = entries if visible is None else visible.size(1)
+    predicted = head.attend(x, q, keys[:width].unsqueeze(0), values[:width].unsqueeze(0),
+                            None if visible is None else visible.unsqueeze(0))[0]
+    out.index_copy_(0, slots, predicted)
+    return predicted
+
+
 class EagleRows(FeatureRows):
     """One row's head cache: per entry its predicted feature (`out`), its key and value. The first `real` entries
     were computed from the target's features; later ones, computed from the head's own predictions, are computed
@@ -105,6 +123,7 @@ class EagleRows(FeatureRows):
     new entries in place instead of copying the old ones."""
 
     _buffers = None
+    step_function = staticmethod(eagle_step)
 
     def clear(self) -> None:
         super().clear()
@@ -126,16 +145,17 @@ class EagleRows(FeatureRows):
             dtype = head.fc.weight.dtype
             old = 0 if self._buffers is None else self._buffers[0].size(0)
             size = max(64, 2 * old, 1 << (length - 1).bit_length())
-            grown = (torch.zeros(size, head.fc.out_features, dtype=dtype, device=device),
-                     torch.zeros(size, head.heads, head.dim, dtype=dtype, device=device),
-                     torch.zeros(size, head.heads, head.dim, dtype=dtype, device=device))
-            if self._buffers is not None:
-                filled = self.out.size(0)
-                for new, old in zip(grown, self._buffers):
-                    new[:filled] = old[:filled]
-                self._graphs.clear()
+            with torch.inference_mode():  # always inference tensors, as a compiled step's guards expect
+                grown = (torch.zeros(size, head.fc.out_features, dtype=dtype, device=device),
+                         torch.zeros(size, head.heads, head.dim, dtype=dtype, device=device),
+                         torch.zeros(size, head.heads, head.dim, dtype=dtype, device=device))
+                if self._buffers is not None:
+                    filled = self.out.size(0)
+                    for new, old in zip(grown, self._buffers):
+                        new[:filled] = old[:filled]
+                    self._graphs.clear()
+                self._entries = torch.arange(size, device=device)
             self._buffers = grown
-            self._entries = torch.arange(size, device=device)
         self.out, self.keys, self.values = (buffer[:length] for buffer in self._buffers)
 
     def truncate(self, length: int) -> None:
@@ -170,11 +190,12 @@ class EagleRows(FeatureRows):
         n, m = tokens.numel(), self.length
         self._views(m + n)  # the new entries are written in place
         slots = self._entries[m:m + n]
-        if self.shapes == "dynamic" or m == 0:  # the prompt's entries run as they are
+        if (self.shapes == "dynamic" and not self.compiled) or m == 0:  # the prompt's entries run as they are
             visible = mask
             if mask is None and n > 1:  # one new token sees every entry: no mask
                 visible = torch.ones(n, m + n, dtype=torch.bool, device=tokens.device).tril(m)
-            out = self._step([tokens, positions, feature, slots, visible])
+            out = eagle_step(self.head, self.embed, self._own_vocab, *self._buffers, tokens, positions, feature,
+                             slots, visible, m + n)
         else:
             keys = min(self._entries.numel(), max(16, 1 << (m + n - 1).bit_length()))
             visible = (self._entries[:keys] <= slots.unsqueeze(1)) if mask is None else F.pad(mask, (0, keys - m - n))
@@ -183,20 +204,9 @@ class EagleRows(FeatureRows):
         return out
 
     def _step(self, inputs: list) -> torch.Tensor:
-        """The head over tokens, positions [n] and input features [n, H], its keys, values and outputs written to
-        entries `slots` [n] of the buffers, query j attending to entry e < keys where visible[j, e] (bool [n, keys];
-        None: every one) -> the outputs [n, H]."""
-        tokens, positions, feature, slots, visible = inputs
-        out, keys, values = self._buffers
-        x, q, k, v = self.head.project(self.embedded(tokens).unsqueeze(0), feature.unsqueeze(0),
-                                       positions.unsqueeze(0))
-        keys.index_copy_(0, slots, k[0])
-        values.index_copy_(0, slots, v[0])
-        width = self.out.size(0) if visible is None else visible.size(1)
-        predicted = self.head.attend(x, q, keys[:width].unsqueeze(0), values[:width].unsqueeze(0),
-                                     None if visible is None else visible.unsqueeze(0))[0]
-        out.index_copy_(0, slots, predicted)
-        return predicted
+        """A fixed-shape call's step (eagle_step; compiled with compile=True) over inputs (tokens, positions,
+        features, slots, visible)."""
+        return self.stepper(self.head, self.embed, self._own_vocab, *self._buffers, *inputs, 0)
 
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [k] after the entries (the committed sequence) -> logits [k, V]. Entries computed from
@@ -220,7 +230,8 @@ class EagleRows(FeatureRows):
                                      self._inputs(positions[:ready], features), None))
             self.real = start + ready
         for j in range(ready, tokens.numel()):  # ahead of the target: the previous entry's prediction
-            previous = self.out[-1:] if self.out.size(0) else self._inputs(positions[j:j + 1], None)
+            # a copy, not a view of the buffer the call writes: a compiled step's inputs must not alias it
+            previous = self.out[-1:].clone() if self.out.size(0) else self._inputs(positions[j:j + 1], None)
             outputs.append(self._run(tokens[j:j + 1], positions[j:j + 1], previous, None))
         return outputs
 
@@ -253,13 +264,14 @@ class EagleDraft(FeatureDraft):
     features, the target's embedding and LM head shared (the module docstring). ``feature_layers``: None (the LM head's
     input: EAGLE-1/2) or EAGLE-3's decoder layer indices (low, middle, high). ``heads`` (default: the target's attention
     heads) and ``intermediate_size`` (default: twice the hidden size) shape the layer; ``seed`` fixes its initial
-    weights. Train it with ``speculant.distill``."""
+    weights. ``compile=True`` runs its decoding steps through torch.compile (feature_draft.py). Train it with
+    ``speculant.distill``."""
 
     kind = "eagle"
     training_depths = 3  # distill's training-time test: the depths unrolled per position
 
     def __init__(self, target, *, feature_layers: Optional[Sequence[int]] = None, heads: Optional[int] = None,
-                 intermediate_size: Optional[int] = None, seed: int = 0):
+                 intermediate_size: Optional[int] = None, seed: int = 0, compile: bool = False):
         handle, source = feature_source(target, "EagleDraft")
         shapes = target_shapes(handle, "EagleDraft")
         hidden = shapes["hidden_size"]
@@ -273,12 +285,13 @@ class EagleDraft(FeatureDraft):
             torch.manual_seed(seed)
             head = EagleHead(hidden, heads, intermediate, hidden * (1 if view is None else len(view)))
         self._become(handle, source, EagleRows, head, view, {"feature_layers": None if view is None else list(view),
-                                                             "heads": heads, "intermediate_size": intermediate})
+                                                             "heads": heads, "intermediate_size": intermediate},
+                     compile)
 
     @classmethod
-    def built(cls, target, config: dict) -> "EagleDraft":
+    def built(cls, target, config: dict, compile: bool = False) -> "EagleDraft":
         return cls(target, feature_layers=config["feature_layers"], heads=config["heads"],
-                   intermediate_size=config["intermediate_size"])
+                   intermediate_size=config["intermediate_size"], compile=compile)
 
     def predictions(self, head: EagleHead, ids: torch.Tensor, features: torch.Tensor, all_depths: bool) -> tuple:
         """Depth 1 (all unrolled depths with `all_depths`), each read at every position i as a law of token i + 1

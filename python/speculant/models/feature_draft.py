@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import types
 import weakref
 from pathlib import Path
 from typing import Optional
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 
 from .. import _core
 from . import features
+from .compiled_live import inductor_options
 from .features import recorded
 from .exported_features import exported_features
 from .live import damaged_weights, is_transformers_model
@@ -108,6 +110,7 @@ class FeatureRows:
         self._family = [self]
         self._index = 0
         self.use_shapes("dynamic")
+        self.use_compile(False)
         target.tap(view)
         self.clear()
 
@@ -150,10 +153,25 @@ class FeatureRows:
         """(name, tensor) of what the fixed-shape calls write in place (none here; eagle.py has its cache)."""
         return []
 
+    step_function = None  # a subclass's decoding step: a module function of the head and tensors
+
+    def use_compile(self, on: bool) -> None:
+        """Runs the head's decoding steps (step_function) through torch.compile from now on (`on`), fullgraph, in
+        a code object of this draft's own (as compiled_live.py does: dynamo keeps at most 8 graphs per code object,
+        and a draft compiles about 3), or eagerly. With compile=True an EAGLE head's calls take the bucketed shapes
+        of fixed shapes whatever the mode, so that they compile a few graphs, not one per length."""
+        function = type(self).step_function
+        self.compiled, self.stepper = on, function
+        if on:
+            own = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                                     function.__defaults__)
+            self.stepper = torch.compile(own, fullgraph=True, **inductor_options(self.device))
+
     def fixed(self, key: tuple, inputs: list, step) -> torch.Tensor:
-        """step(inputs) for a call of shapes `key` (width, tree call, keys read) with the shapes set: through the
-        graph cache's static copies of `inputs` (replayed from a CUDA graph with "graphed"), else as it is."""
-        if self.shapes == "dynamic":
+        """step(inputs) for a call of shapes `key` (width, tree call, keys read) with the shapes set or the step
+        compiled: through the graph cache's static copies of `inputs` (replayed from a CUDA graph with "graphed";
+        a compiled step so sees inputs made alike at every call, which its guards check), else as it is."""
+        if self.shapes == "dynamic" and not self.compiled:
             return step(inputs)
         return self._graphs.run(*key, inputs, step)
 
@@ -175,9 +193,6 @@ class FeatureRows:
         if self.vocab_size > out.size(-1):
             out = F.pad(out, (0, self.vocab_size - out.size(-1)), value=float("-inf"))
         return out
-
-    def embedded(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed(tokens.clamp(max=self._own_vocab - 1))  # ids past the head: the target's padding
 
     def tree_obstacle(self) -> str:
         return ""  # the head's attention takes the engine's masks as they are
@@ -215,14 +230,17 @@ class FeatureDraft(Model):
     kind = ""
 
     def _become(self, handle: Model, source, rows: type, head: torch.nn.Module, view: features.View,
-                shapes: dict) -> None:
+                shapes: dict, compile: bool) -> None:
         """Makes this handle the draft: `head` on the target's device and dtype, called through `rows` (a
-        FeatureRows class) reading `view` of `source` (feature_source's); `shapes` join its config (what save
-        writes)."""
+        FeatureRows class) reading `view` of `source` (feature_source's), its steps compiled with `compile`;
+        `shapes` join its config (what save writes)."""
+        name = type(self).__name__
+        if not isinstance(compile, bool):
+            raise ValueError(f"{name}: compile must be True or False, got {compile!r}")
         like = source.shared_layers()[0].weight
         head = head.to(device=like.device, dtype=like.dtype).eval().requires_grad_(False)
-        name = type(self).__name__
         calls = rows(source, head, view, name)
+        calls.use_compile(compile)
         label = f"{name} of {handle.source}"
         vars(self).update(vars(Model(_core.python_model(calls, label), label, live=calls)))
         self.target, self.head, self.feature_layers = handle, head, view
@@ -263,18 +281,23 @@ class FeatureDraft(Model):
         """training_laws' hidden states in place of logits, and the regression pair (each kind its own)."""
         raise NotImplementedError
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the head's decoding steps run through torch.compile (``compile=True``)."""
+        return self.live.compiled
+
     @classmethod
-    def built(cls, target, config: dict) -> "FeatureDraft":
+    def built(cls, target, config: dict, compile: bool = False) -> "FeatureDraft":
         """A fresh draft of this kind on `target` with the shapes `config` records (what save writes)."""
         raise NotImplementedError
 
     @classmethod
-    def load(cls, directory, target) -> "FeatureDraft":
-        """A draft `save` wrote, on `target` (ValueError where its hidden size or vocabulary differ, or its files
-        are damaged or do not fit the head its config describes)."""
+    def load(cls, directory, target, *, compile: bool = False) -> "FeatureDraft":
+        """A draft `save` wrote, on `target`, its steps compiled with `compile` (ValueError where its hidden size or
+        vocabulary differ, or its files are damaged or do not fit the head its config describes)."""
         handle, _ = feature_source(target, f"{cls.__name__}.load")
         config, state = cls._read(directory, handle)
-        draft = cls.built(handle, config)
+        draft = cls.built(handle, config, compile)
         try:
             draft.head.load_state_dict(state)
         except RuntimeError as error:  # missing, unexpected or misshapen tensors
@@ -284,7 +307,7 @@ class FeatureDraft(Model):
 
     def with_head(self, head: torch.nn.Module) -> "FeatureDraft":
         """The same draft with a copy of `head`'s weights (distill's trained head)."""
-        other = type(self).built(self.target, self.config)
+        other = type(self).built(self.target, self.config, self.compiled)
         other.head.load_state_dict(head.state_dict())
         return other
 

@@ -31,8 +31,17 @@ class MedusaHeads(nn.Module):
         return torch.stack([hidden + nn.functional.silu(block(hidden)) for block in self.blocks], -2)
 
 
+def medusa_step(head: MedusaHeads, anchor: torch.Tensor, own: torch.Tensor, depth: torch.Tensor,
+                known: torch.Tensor) -> torch.Tensor:
+    """The hidden states [n, H] the laws read: the target's own (`own` [n, H]) where `known` [n] is set, else
+    head depth[n] + 1's at the anchor [H]."""
+    return torch.where(known.unsqueeze(1), own, head(anchor).index_select(0, depth))
+
+
 class MedusaRows(FeatureRows):
     """One row: the positions it was fed (no cache of its own); its laws are read from the target's features."""
+
+    step_function = staticmethod(medusa_step)
 
     def _laws(self, positions: torch.Tensor) -> torch.Tensor:
         """Logits [n, V] of the token after each position P: head P + 1 - L at the anchor f_{L-1}, or the
@@ -50,10 +59,7 @@ class MedusaRows(FeatureRows):
         return self.logits(self.fixed((positions.numel(), False, 0), inputs, self._step))
 
     def _step(self, inputs: list) -> torch.Tensor:
-        """The hidden states [n, H] the laws read: the target's own (`own` [n, H]) where `known` [n] is set, else
-        head depth[n] + 1's at the anchor [H]."""
-        anchor, own, depth, known = inputs
-        return torch.where(known.unsqueeze(1), own, self.head(anchor).index_select(0, depth))
+        return self.stepper(self.head, *inputs)
 
     def extend(self, tokens: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
@@ -70,20 +76,19 @@ class MedusaRows(FeatureRows):
 class MedusaDraft(FeatureDraft):
     """Medusa heads on ``target`` (a live transformers decoder-only LM, ``speculant.load`` of one, or of its export:
     feature_draft.py): ``heads`` residual blocks on its last hidden state, sharing its LM head (the module docstring).
-    Train them with ``speculant.distill``."""
+    ``compile=True`` runs their decoding steps through torch.compile. Train them with ``speculant.distill``."""
 
     kind = "medusa"
 
-    def __init__(self, target, heads: int = 4):
+    def __init__(self, target, heads: int = 4, *, compile: bool = False):
         handle, source = feature_source(target, "MedusaDraft")
         count = integer(heads, "heads", 1)
         hidden = target_shapes(handle, "MedusaDraft")["hidden_size"]
-        self._become(handle, source, MedusaRows, MedusaHeads(hidden, count), None,
-                     {"heads": count})
+        self._become(handle, source, MedusaRows, MedusaHeads(hidden, count), None, {"heads": count}, compile)
 
     @classmethod
-    def built(cls, target, config: dict) -> "MedusaDraft":
-        return cls(target, heads=config["heads"])
+    def built(cls, target, config: dict, compile: bool = False) -> "MedusaDraft":
+        return cls(target, heads=config["heads"], compile=compile)
 
     def predictions(self, head: MedusaHeads, ids: torch.Tensor, features: torch.Tensor, all_depths: bool) -> tuple:
         """Head j's hidden states from the anchor f_{i-1} at every position i, a law of token i + j (offset
