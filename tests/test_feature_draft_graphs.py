@@ -11,7 +11,8 @@
   every mode): the same tokens, head outputs and laws as the eager head, with dynamic and fixed shapes, on a live
   and an exported target; saved and loaded compiled, trained compiled; compile that is no bool is refused.
 * On CUDA (run where one is lent): "auto" captures the head's calls into CUDA graphs beside a live target (which runs
-  uncaptured, with a warning) and beside a captured export, with the tokens and head outputs of uncaptured calls.
+  uncaptured, with a warning) and beside a captured export, with the tokens and head outputs of uncaptured calls,
+  its steps eager or compiled.
 """
 
 import warnings
@@ -154,7 +155,7 @@ def test_compiled_steps_compute_what_eager_ones_do(llama, kind, tmp_path):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa", "eagle compiled"])
 @pytest.mark.parametrize("form", ["live", "export"])
 def test_captured_head_calls_on_cuda(kind, form, tmp_path):
     model = hf_models.make("llama", seed=10).to("cuda")
@@ -163,7 +164,7 @@ def test_captured_head_calls_on_cuda(kind, form, tmp_path):
     outputs = []
     for mode in ("off", "auto"):
         target = speculant.load(tmp_path / "target.pt", device="cuda") if form == "export" else speculant.load(model)
-        draft = make_draft(kind, target)
+        draft = make_draft(kind.split()[0], target, compile=kind.endswith("compiled"))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "auto": a live target runs uncaptured
             outputs.append([generate(target, draft, mode, shape) for shape in SHAPES[:2]])
