@@ -5,8 +5,8 @@ speculant.MedusaDraft.
   committed features are the base model's output over its sequence. Its hooks go with the last draft reading them.
 * The draft's calls are the head's math: EAGLE's first draft position equals the teacher-forced head at depth 1,
   a position drafted ahead of the target equals the training-time test's depth 2 (so training sees what drafting
-  does), accepted drafts are computed again from the target's features, and a tree call equals the chain calls of
-  each node's path. Medusa's law at depth j is head j's at the anchor.
+  does), accepted drafts are computed again from the target's features (once, not at every call of a round), and a
+  tree call equals the chain calls of each node's path. Medusa's law at depth j is head j's at the anchor.
 * Greedy: chains, token trees, grown trees and batch rows give transformers' greedy generate token for token, for
   Llama and GPT-2; a hierarchy's bottom level and a sweep take the drafts.
 * Sampling: the joint law of the first two tokens is the target's law from transformers' logits (Pearson
@@ -27,6 +27,7 @@ import hf_models
 import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue
 from hf_models import MAX_NEW, PROMPTS, hf_greedy, noisy_medusa, two_token_law
+from speculant.models.eagle import EagleRows
 
 
 def make(arch: str):
@@ -120,6 +121,23 @@ def test_eagle_calls_are_the_heads_training_math():
     torch.testing.assert_close(tree[0], chains[0][1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(deeper, chains[1], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(tree[1], chains[2][1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_round_runs_each_new_token_through_the_head_once(monkeypatch):
+    """Entries computed from the head's predictions are computed again once the target has their features (the
+    accepted drafts, at the round's first call), not at every call of the round."""
+    model = make("llama")
+    target = speculant.load(model)
+    draft = speculant.EagleDraft(target, seed=4)
+    counts, original = [], EagleRows._run
+    monkeypatch.setattr(EagleRows, "_run", lambda rows, tokens, *rest: counts.append(tokens.numel())
+                        or original(rows, tokens, *rest))
+    decoder = speculant.SpeculativeDecoder(target, draft, gamma=4, temperature=0)
+    stats = decoder.generate(PROMPTS[0], max_new_tokens=MAX_NEW).stats
+    # per round: the accepted drafts again, the bonus token (after the last draft too if all were accepted), then
+    # one token per call; the prompt's entries in the first call
+    assert sum(counts) <= len(PROMPTS[0]) + stats.draft_calls + stats.accepted_tokens + stats.iterations
+    assert stats.iterations >= 2
 
 
 def test_a_tree_call_right_after_a_reset_computes_the_entries_first():

@@ -217,9 +217,11 @@ class EagleRows(FeatureRows):
     def _computed(self, tokens: torch.Tensor) -> list:
         """Appends tokens [k] (k >= 0) after the entries computed again from the target's features where it has
         them (a reset's entries, which are computed lazily, included); the predicted features of every entry
-        computed (the LM head runs on the new tokens' only)."""
+        computed (the LM head runs on the new tokens' only). Entries computed from predictions stay as they are
+        while the target has no feature for the first of them (within a round of drafting: their inputs are
+        unchanged)."""
         features, committed = self.target_features()
-        start = min(self.real, self.out.size(0))
+        start = min(self.real, self.out.size(0)) if self.real <= committed else self.out.size(0)
         tokens = torch.cat([self.tokens[start:], tokens])
         self.truncate(start)
         positions = torch.arange(start, start + tokens.numel(), device=tokens.device)
