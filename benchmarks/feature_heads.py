@@ -22,9 +22,9 @@ target, are loaded onto the exported one, which keeps its features per cache slo
    draft's seconds per call over the target's in plain decoding, both measured by the engine), and the speedup
    over plain decoding with the two run side by side in each round (median and range over --repeats rounds
    after an untimed one), with Theorem 3.8's prediction at that α and the median c beside each chain. With
-   several --cuda-graphs modes (the speculative decoder's; plain decoding stays dynamic) each draft runs in each,
-   side by side: "fixed" runs the heads' decoding calls through their fixed-shape buffers (feature_draft.py),
-   and with --target export the target's calls too; "auto" captures them on CUDA (plain decoding too). With
+   several --cuda-graphs modes each draft runs in each, side by side, plain decoding beside it in the same mode:
+   "fixed" (which needs --target export) runs the heads' decoding calls through their fixed-shape buffers
+   (feature_draft.py) and the exported models' calls with fixed shapes; "auto" captures them on CUDA. With
    --compile each head runs beside itself compiled (compile=True: its steps through torch.compile).
 3. Each head's tree against the draft model: its tokens per second over the draft model's best (chain or tree)
    at the same temperature and mode. Issue 50's GPU goal: an EAGLE tree >= 1.5x, on the GPT-2 pair of a GPU

@@ -73,9 +73,14 @@ heads() {
     >"$out/heads-tests.log" 2>&1 || true
   local tests; tests=$(tail -1 "$out/heads-tests.log")
   echo "[$SECONDS s] feature-draft CUDA tests: $tests"; grep -E "^(FAILED|ERROR) " "$out/heads-tests.log" || true
-  timeout $((deadline - SECONDS - 10)) python3 benchmarks/feature_heads.py --pair gpt2-lease --device cuda \
-    --target export --drafts draft eagle --compile --cuda-graphs auto --out "$out/feature-heads-cuda.json" 2>&1 \
-    | grep -v "Loading weights" || true
+  local left=$((deadline - SECONDS - 10))
+  if ((left > 30)); then
+    timeout "$left" python3 benchmarks/feature_heads.py --pair gpt2-lease --device cuda --target export \
+      --drafts draft eagle --compile --cuda-graphs auto --out "$out/feature-heads-cuda.json" 2>&1 \
+      | grep -v "Loading weights" || true
+  else
+    echo "[$SECONDS s] no time left for feature_heads.py"
+  fi
   local met=no; [[ "$tests" =~ passed && ! "$tests" =~ (failed|error) ]] && met=yes
   { echo "| goal (issue 50) | measured | target | met |"; echo "|---|---|---|---|"
     echo "| feature-draft CUDA tests | ${tests//|/ } | all pass | $met |"

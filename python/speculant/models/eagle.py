@@ -232,8 +232,7 @@ class EagleRows(FeatureRows):
                                      self._inputs(positions[:ready], features), None))
             self.real = start + ready
         for j in range(ready, tokens.numel()):  # ahead of the target: the previous entry's prediction
-            # a copy, not a view of the buffer the call writes: a compiled step's inputs must not alias it
-            previous = self.out[-1:].clone() if self.out.size(0) else self._inputs(positions[j:j + 1], None)
+            previous = self.out[-1:] if self.out.size(0) else self._inputs(positions[j:j + 1], None)
             outputs.append(self._run(tokens[j:j + 1], positions[j:j + 1], previous, None))
         return outputs
 

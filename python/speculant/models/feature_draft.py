@@ -158,7 +158,8 @@ class FeatureRows:
     def use_compile(self, on: bool) -> None:
         """Runs the head's decoding steps (step_function) through torch.compile from now on (`on`), fullgraph, in
         a code object of this draft's own (as compiled_live.py does: dynamo keeps at most 8 graphs per code object,
-        and a draft compiles about 3), or eagerly. With compile=True an EAGLE head's calls take the bucketed shapes
+        and a draft compiles 3 to 5, one more each time a size first changes: the width, the bucket, the
+        buffers), or eagerly. With compile=True an EAGLE head's calls take the bucketed shapes
         of fixed shapes whatever the mode, so that they compile a few graphs, not one per length."""
         function = type(self).step_function
         self.compiled, self.stepper = on, function
@@ -173,15 +174,28 @@ class FeatureRows:
         a compiled step so sees inputs made alike at every call, which its guards check), else as it is."""
         if self.shapes == "dynamic" and not self.compiled:
             return step(inputs)
-        return self._graphs.run(*key, inputs, step)
+        interrupted = []
+
+        def call(static: list) -> torch.Tensor:
+            try:
+                return step(static)
+            except KeyboardInterrupt:  # the cache takes a capture's exceptions for its failure: not this one
+                interrupted.append(True)
+                raise
+
+        out = self._graphs.run(*key, inputs, call)
+        if interrupted:
+            raise KeyboardInterrupt
+        return out
 
     @property
     def graph_failure(self) -> str:
-        return self._graphs.failure
+        """The first failure of a row's capture (row 0 and its replicas: the engine asks row 0's model)."""
+        return next((row._graphs.failure for row in self._family if row._graphs.failure), "")
 
     @property
     def graphs_captured(self) -> int:
-        return self._graphs.captured
+        return sum(row._graphs.captured for row in self._family)
 
     def target_features(self) -> tuple[Optional[torch.Tensor], int]:
         """This row's target's recorded features ([entries, D]) and how many leading entries are committed."""
