@@ -1,7 +1,8 @@
-"""EAGLE and Medusa heads against the pair's own draft model, on one trained target.
+"""EAGLE and Medusa heads and early exit against the pair's own draft model, on one trained target.
 
     python benchmarks/feature_heads.py [--prompts 8] [--tokens 64] [--repeats 3] [--threads 2] [--steps N]
-                                       [--drafts draft eagle medusa eagle3] [--target live|export]
+                                       [--drafts draft eagle medusa early-exit eagle3] [--exit-layer l]
+                                       [--target live|export]
                                        [--cuda-graphs off fixed auto] [--pair llama-cpu|gpt2-lease]
                                        [--device cpu|cuda] [--compile]
 
@@ -18,7 +19,9 @@ target, are loaded onto the exported one, which keeps its features per cache slo
    recipe's draft_train steps and batch size, windows of the recipe's context from the same training stream,
    forward KL at T = 1. α before and after on held-out prompts (the first draft position's, as distill reports).
 2. Decoding, at T = 0 and T = 1, chains of gamma 4 and a DynamicTree of 16 nodes per iteration, for each of
-   --drafts (default: the draft model, the EAGLE head, the Medusa heads): tokens per target call, α, c (the
+   --drafts (default: the draft model, the EAGLE head, the Medusa heads and, on the live target, an
+   EarlyExitDraft at --exit-layer, default L // 2, sharing the target's cache and with a cache of its own;
+   an export's layers cannot be cut, so early exit needs the live target): tokens per target call, α, c (the
    draft's seconds per call over the target's in plain decoding, both measured by the engine), and the speedup
    over plain decoding with the two run side by side in each round (median and range over --repeats rounds
    after an untimed one), with Theorem 3.8's prediction at that α and the median c beside each chain. With
@@ -172,8 +175,10 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     rounds.common_arguments(parser, str(Path(__file__).parent / "results" / "feature-heads-cpu.json"))
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the draft's)")
-    parser.add_argument("--drafts", nargs="+", choices=["draft", *HEADS], default=["draft", "eagle", "medusa"],
-                        help="the drafts to measure: the pair's draft model and heads of these kinds")
+    parser.add_argument("--drafts", nargs="+", choices=["draft", *HEADS, "early-exit"], default=None,
+                        help="the drafts to measure: the pair's draft model, heads of these kinds and early exit "
+                             "(default: draft eagle medusa, and early-exit on the live target)")
+    parser.add_argument("--exit-layer", type=int, default=None, help="early exit's layer (default: L // 2)")
     parser.add_argument("--target", choices=["live", "export"], default="live",
                         help="run the target and the draft model live or as TorchScript exports")
     parser.add_argument("--cuda-graphs", nargs="+", choices=["off", "fixed", "auto"], default=["off"],
@@ -186,6 +191,10 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
     args = parser.parse_args(argv)
     if "fixed" in args.cuda_graphs and args.target != "export":
         parser.error("--cuda-graphs fixed needs --target export: a live target has no fixed-shape calls")
+    if args.drafts is None:
+        args.drafts = ["draft", "eagle", "medusa"] + (["early-exit"] if args.target == "live" else [])
+    if "early-exit" in args.drafts and args.target != "live":
+        parser.error("--drafts early-exit needs --target live: an export's layers cannot be cut")
     torch.set_num_threads(args.threads)
     target_module, draft_module, recipe, root = pair(smoke, cache, args.pair, args.device)
     files = tempfile.mkdtemp(prefix="feature-heads-")
@@ -198,6 +207,12 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
         if kind == "draft":
             drafts["draft model"] = (exported(draft_module, files, "draft.pt", args.device)
                                      if args.target == "export" else speculant.load(draft_module.to(args.device)))
+            continue
+        if kind == "early-exit":
+            layer = args.exit_layer or target_module.config.num_hidden_layers // 2
+            drafts[f"EarlyExitDraft, layer {layer}"] = speculant.EarlyExitDraft(live, exit_layer=layer)
+            drafts[f"EarlyExitDraft, layer {layer}, own cache"] = speculant.EarlyExitDraft(
+                live, exit_layer=layer, share_cache=False)
             continue
         head, training[kind] = trained_head(kind, live, recipe, root, steps, smoke)
         saved = root / "heads" / f"{kind}-{steps}"

@@ -1,6 +1,6 @@
 """benchmarks/feature_heads.py end to end on the smoke recipe (2-layer Llamas, two training steps): trains the
-pair, distills an EAGLE head and Medusa heads (two steps), and measures every draft at both temperatures, chains and
-trees, writing its record; a second run loads the cached heads instead of training them again."""
+pair, distills an EAGLE head and Medusa heads (two steps), and measures every draft (early exit too, sharing the
+target's cache and not) at both temperatures, chains and trees, writing its record; a second run loads the cached heads instead of training them again."""
 import json
 import os
 import sys
@@ -18,8 +18,12 @@ def test_feature_heads_benchmark_runs(tmp_path):
     record = feature_heads.main(arguments, smoke=True, cache=tmp_path)
     assert json.loads(out.read_text()) == record
     assert [(r["draft"], r["temperature"], r["shape"]) for r in record["rows"]] == [
-        (draft, temperature, shape) for draft in ("draft model", "EagleDraft", "MedusaDraft")
+        (draft, temperature, shape) for draft in ("draft model", "EagleDraft", "MedusaDraft",
+                                                  "EarlyExitDraft, layer 1", "EarlyExitDraft, layer 1, own cache")
         for temperature in (0.0, 1.0) for shape in ("chain gamma=4", "tree of 16")]
+    exits = [r["tokens_per_target_call"] for r in record["rows"] if r["draft"].startswith("EarlyExitDraft")
+             and r["temperature"] == 0]
+    assert exits[:2] == exits[2:]  # greedy: the same tokens with the shared cache as with its own
     assert all(r["tokens_per_target_call"] >= 1 and r["c"] > 0 for r in record["rows"])
     assert all((r["predicted_speedup"] is None) == (r["shape"] == "tree of 16") for r in record["rows"])
     assert record["training"]["eagle"]["steps"] == 2 and record["training"]["eagle"]["parameters"] > 0
@@ -30,7 +34,9 @@ def test_feature_heads_benchmark_runs(tmp_path):
     assert eagle3["training"]["eagle3"]["config"]["feature_layers"] == [1]
     export = feature_heads.main(["--target", "export", *arguments], smoke=True, cache=tmp_path)
     assert export["target_form"] == "export" and export["training"] == record["training"]
-    assert [r["draft"] for r in export["rows"]] == [r["draft"] for r in record["rows"]]
+    assert [r["draft"] for r in export["rows"]] == [r["draft"] for r in record["rows"][:12]]  # no early exit
+    with pytest.raises(SystemExit):
+        feature_heads.main(["--target", "export", "--drafts", "early-exit", *arguments], smoke=True, cache=tmp_path)
     both = feature_heads.main(["--target", "export", "--drafts", "eagle", "--cuda-graphs", "off", "fixed",
                                "--compile", *arguments], smoke=True, cache=tmp_path)
     assert [r["cuda_graphs"] for r in both["rows"]] == (["off"] * 4 + ["fixed"] * 4) * 2

@@ -11,9 +11,10 @@
   through speculant.testing's own check_distribution (3 tests: a correct engine fails one by chance with
   probability at most 0.3% for a fresh draw of seeds).
 * The shared cache (share_cache=True, the default): the target's verification of a drafted chain runs only its
-  last token through the first l layers, and its logits are transformers' forward's; in a generation every token
-  goes through those layers once (a forward hook counts them), where a draft with a cache of its own runs them
-  again. A kept tree path, a rollback, a newer draft on the same target, a draft gone (its finalizer) and an
+  last token through the first l layers, and of a tree only the nodes the draft did not run (found whatever the
+  order the draft ran them in, and only where they see the same entries); its logits are transformers' forward's.
+  In a generation (chains, trees, grown trees) every token goes through those layers once (a forward hook counts
+  them), where a draft with a cache of its own runs them again. A kept tree path, a rollback, a newer draft on the same target, a draft gone (its finalizer) and an
   EAGLE draft on the same target all keep the target's greedy output.
 * Refused by name: exit layers outside [1, L - 1], encoder-decoders, exported targets, other objects; sharing with
   compile=True, with a compiled target or with another target than its own; calls of a draft a newer one replaced.
@@ -132,26 +133,85 @@ def test_shared_verification_starts_from_the_drafts_layers(arch):
     assert draft.live._cache is target.live._cache  # no cache of its own
 
 
+def tree_mask(parents: list, committed: int) -> torch.Tensor:
+    """The mask of a tree call after `committed` entries: node j sees them, itself and its ancestors."""
+    mask = torch.zeros(len(parents), committed + len(parents), dtype=torch.bool)
+    mask[:, :committed] = True
+    for j in range(len(parents)):
+        up = j
+        while up >= 0:
+            mask[j, committed + up] = True
+            up = parents[up]
+    return mask
+
+
+@pytest.mark.parametrize("arch, odd", [("llama", False), ("gpt2", False), ("llama", True)])
+def test_shared_tree_verification_starts_the_drafts_nodes(arch, odd):
+    """The draft runs x, then A and B (children of x), then 9 under A and 9 under B. The target verifies the tree
+    x, A, F (under A), B, 9 (under B), H (under F): it finds x, A, B and the 9 under B (not the 9 under A, which
+    sees other entries) and runs only F and H through layers 1-2. Every node's logits are transformers' forward of
+    its path, in the call's order; after the kept path x, A, F the draft reads F's entry. `odd`: the draft's B
+    did not see the first entry, so neither B nor the 9 under it is the target's."""
+    model = make(arch)
+    target = speculant.load(model)
+    draft = speculant.EarlyExitDraft(target, exit_layer=2)
+    counts = layer_counts(model)
+    prompt, n = PROMPTS[0], len(PROMPTS[0])
+    ids = lambda *values: torch.tensor(values)  # noqa: E731
+    target.live.reset(torch.tensor(prompt[:n - 1]))
+    draft.live.reset(torch.tensor(prompt[:n - 1]))
+    draft.live.extend(ids(prompt[-1]))
+    first = tree_mask([-1, -1], n)
+    first[1, 0] = not odd
+    draft.live.extend_masked(ids(5, 7), ids(n, n), first)
+    second = torch.zeros(2, n + 4, dtype=torch.bool)
+    second[:, :n] = True
+    second[[0, 1, 0, 1], [n, n + 1, n + 2, n + 3]] = True  # 9 under A (entry n), 9 under B (entry n + 1)
+    draft.live.extend_masked(ids(9, 9), ids(n + 1, n + 1), second)
+    before = list(counts)
+    parents = [-1, 0, 1, 0, 3, 2]  # x, A, F, B, 9 under B, H under F
+    tokens, positions = ids(prompt[-1], 5, 13, 7, 9, 9), ids(n - 1, n, n + 1, n, n + 1, n + 2)
+    verified = target.live.extend_masked(tokens, positions, tree_mask(parents, n - 1))
+    run = 4 if odd else 2
+    assert [c - b for c, b in zip(counts, before)] == [run, run, 6, 6]
+    paths = [[], [5], [5, 13], [7], [7, 9], [5, 13, 9]]
+    with torch.no_grad():
+        for node, path in enumerate(paths):
+            full = model(torch.tensor([prompt + path])).logits[0, -1]
+            torch.testing.assert_close(verified[node], full, rtol=1e-5, atol=1e-5)
+    target.live.keep(torch.arange(n + 2))  # x, A, F
+    draft.live.keep(torch.arange(n + 1))  # x, A
+    before = list(counts)
+    after = target.live.extend(ids(17))
+    drafted = draft.live.extend(ids(13, 17))
+    assert [c - b for c, b in zip(counts, before)] == [1, 1, 1, 1]  # the draft found F's entry and 17's
+    sequence = torch.tensor([prompt + [5, 13, 17]])
+    with torch.no_grad():
+        torch.testing.assert_close(after[0], model(sequence).logits[0, -1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(drafted, draft.module(sequence).logits[0, -2:], rtol=1e-5, atol=1e-5)
+
+
 def test_each_token_runs_the_shared_layers_once():
-    """A chain generation with the shared cache runs as many tokens through layers 1-2 as through 3-4; with a
-    cache of its own the draft runs them again. A tree reuses the prompt's entries only (its nodes verify in one
-    target forward), so its first layers run fewer tokens than unshared, more than the last ones."""
+    """A chain, token tree or grown tree generation with the shared cache runs as many tokens through layers 1-2
+    as through 3-4 (the target's verification starts the tokens the draft ran above layer 2); with a cache of its
+    own the draft runs them again."""
     model = make("llama")
     counts = layer_counts(model)
     target = speculant.load(model)
     expected = hf_greedy(model, "llama", 0, eos=None)
+    shapes = {"chain": {"gamma": 3}, "tree": {"tree": [2, 2]},
+              "grown": {"tree": speculant.DynamicTree(budget=6, depth=3)}}
     runs = {}
     for share in (True, False):
         draft = speculant.EarlyExitDraft(target, exit_layer=2, share_cache=share)
-        for shape in ("chain", "tree"):
-            decoder = speculant.SpeculativeDecoder(target, draft, temperature=0,
-                                                   **({"gamma": 3} if shape == "chain" else {"tree": [2, 2]}))
+        for shape, options in shapes.items():
+            decoder = speculant.SpeculativeDecoder(target, draft, temperature=0, **options)
             counts[:] = [0] * LAYERS
             assert decoder.generate(PROMPTS[0], max_new_tokens=MAX_NEW).tokens == expected
             runs[share, shape] = list(counts)
-    assert runs[True, "chain"][0] == runs[True, "chain"][-1] < runs[False, "chain"][0]
-    assert runs[True, "chain"][-1] == runs[False, "chain"][-1]  # the same target work above the exit
-    assert runs[True, "tree"][-1] < runs[True, "tree"][0] < runs[False, "tree"][0]
+    for shape in shapes:
+        assert runs[True, shape][0] == runs[True, shape][-1] < runs[False, shape][0], shape
+        assert runs[True, shape][-1] == runs[False, shape][-1], shape  # the same target work above the exit
 
 
 def test_shared_cache_survives_its_neighbours():

@@ -22,12 +22,20 @@ token, the position and the hidden state after layer l (a forward hook on layer 
 forward writes the entry). A call trusts an entry only where the records show its own token at its own position,
 and an entry written by the other party's tree call never (a tree node attends to its ancestors only); past the
 first mismatch the entries are dropped and computed again. Reading the match costs one host read of a comparison
-per call. A kept tree path (keep) is a chain again. A draft call on another sequence than its target's would drop
+per call (a tree call: one read of its nodes and the entries). A kept tree path (keep) is a chain again. A draft call on another sequence than its target's would drop
 the target's entries; the target's next call then says so (SpeculativeDecoder makes the draft decode with the
 target it was built on).
 
-Token trees verify as before (one target forward over all nodes), and so does a target call when the target also
-records features for an EAGLE or Medusa draft (whose hooks want the whole forward).
+A token tree's verification reuses the draft's tree the same way. The draft ran the tree's inner nodes while it
+drafted them (level by level, in its own order). The target's tree call finds, for each node, an entry the draft
+left with the node's token at its position that sees the same entries: every entry before the call, and of the
+later ones exactly those of the nodes the node sees, themselves found (tree_nodes; each tree entry's records keep
+which entries it sees, so any mask is judged by what it shows, not by how the engine builds trees). The found nodes
+go first: their entries are gathered in place in layers 1 .. l and their hidden states feed layer l + 1, the other
+nodes (the leaves) run through the real layers 1 .. l after them, and the call's entries and logits are then put
+back in the call's order. With a static tree every token goes through layers 1 .. l once, as in chains. A target
+call when the target also records features for an EAGLE or Medusa draft (whose hooks want the whole forward) runs
+as it is.
 """
 from __future__ import annotations
 
@@ -36,6 +44,7 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 from . import layer_masks
 from .features import decoder_layers, with_layers
@@ -115,7 +124,14 @@ class SharedRows:
         self.tokens = torch.zeros(0, dtype=torch.long, device=device)
         self.positions = torch.zeros(0, dtype=torch.long, device=device)
         self.exits = torch.zeros(0, self.hub.hidden, dtype=self.hub.dtype, device=device)
+        self._chain()
+
+    def _chain(self) -> None:
+        """No tree entries: every entry sees the entries before it."""
         self.tree_from, self.tree_writer = math.inf, None  # entries from here on were a tree call's, by whom
+        # per entry from tree_from on: which of those entries it sees, and whether it sees every entry before them
+        self.region = torch.zeros(0, 0, dtype=torch.bool, device=self.hub.device)
+        self.whole = torch.zeros(0, dtype=torch.bool, device=self.hub.device)
 
     def fresh(self) -> "SharedRows":
         return SharedRows(self.hub)
@@ -127,13 +143,16 @@ class SharedRows:
     def crop(self, length: int) -> None:
         self.tokens, self.positions, self.exits = self.tokens[:length], self.positions[:length], self.exits[:length]
         if self.tree_from >= length:
-            self.tree_from, self.tree_writer = math.inf, None
+            self._chain()
+        else:
+            n = length - self.tree_from
+            self.region, self.whole = self.region[:n, :n], self.whole[:n]
 
     def keep(self, entries: torch.Tensor) -> None:
         """A kept path: entry i at entries[i]; a path is a chain, whoever wrote it."""
         self.tokens, self.positions, self.exits = (t.index_select(0, entries)
                                                    for t in (self.tokens, self.positions, self.exits))
-        self.tree_from, self.tree_writer = math.inf, None
+        self._chain()
 
     def crop_cache(self, cache, length: int) -> None:
         """The target's truncate: every layer of `cache`, and the records, back to `length` entries."""
@@ -152,50 +171,174 @@ class SharedRows:
         same = (self.tokens[start:end] == tokens[:end - start]) & (self.positions[start:end] == positions[:end - start])
         return int(same.cumprod(0).sum())
 
+    def append(self, tokens: torch.Tensor, positions: torch.Tensor, exits: torch.Tensor, writer,
+               mask: Optional[torch.Tensor]) -> None:
+        """Records entries appended by `writer`'s call: `exits` their hidden states after layer l, `mask` the tree
+        call's (bool [k, entries + k]) or None for a chain."""
+        k = tokens.numel()
+        if mask is not None and self.tree_from > self.length:
+            self.tree_from, self.tree_writer = self.length, writer
+        if self.tree_from <= self.length:
+            if mask is None:
+                mask = torch.ones(k, self.length + k, dtype=torch.bool, device=tokens.device).tril(self.length)
+            rows = mask[:, self.tree_from:]
+            region = F.pad(self.region, (0, rows.size(1) - self.region.size(1)))
+            self.region = torch.cat([region, rows])
+            self.whole = torch.cat([self.whole, mask[:, :self.tree_from].all(1)])
+        self.tokens = torch.cat([self.tokens, tokens])
+        self.positions = torch.cat([self.positions, positions])
+        self.exits = torch.cat([self.exits, exits])
+
     @contextlib.contextmanager
-    def recording(self, tokens: torch.Tensor, positions: torch.Tensor, writer, tree: bool):
-        """Around a forward that appends `tokens` at `positions` to the first l layers: records them, with the
-        hidden states after layer l that the forward computed."""
-        hub = self.hub
-        if tokens.numel() == 0:  # nothing appended
-            yield
+    def taking(self, count: int):
+        """Around a forward that runs `count` tokens through layer l: yields a list that then holds their hidden
+        states after it ([count, H])."""
+        hub, taken = self.hub, []
+        if count == 0:
+            yield taken
+            taken.append(torch.zeros(0, hub.hidden, dtype=hub.dtype, device=hub.device))
             return
         hub.taken = None
         hub.armed = True
         try:
-            yield
+            yield taken
         finally:
             hub.armed = False
-        taken, hub.taken = hub.taken, None
-        if taken is None or taken.shape[-2] != tokens.numel():
-            raise RuntimeError(f"EarlyExitDraft: layer {hub.exit_layer} gave no hidden states for the "
-                               f"{tokens.numel()} tokens of the call (its forward hook did not run)")
-        if tree and self.tree_from > self.length:
-            self.tree_from, self.tree_writer = self.length, writer
-        self.tokens = torch.cat([self.tokens, tokens])
-        self.positions = torch.cat([self.positions, positions])
-        self.exits = torch.cat([self.exits, taken[0]])
+        states, hub.taken = hub.taken, None
+        if states is None or states.shape[-2] != count:
+            raise RuntimeError(f"EarlyExitDraft: layer {hub.exit_layer} gave no hidden states for the {count} "
+                               "tokens of the call (its forward hook did not run)")
+        taken.append(states[0])
+
+    @contextlib.contextmanager
+    def recording(self, tokens: torch.Tensor, positions: torch.Tensor, writer, mask: Optional[torch.Tensor]):
+        """Around a forward that appends `tokens` at `positions` to the first l layers: records them, with the
+        hidden states after layer l that the forward computed."""
+        with self.taking(tokens.numel()) as taken:
+            yield
+        self.append(tokens, positions, taken[0], writer, mask)
 
     def run(self, target: LiveModel, tokens: torch.Tensor, logits: bool, positions: Optional[torch.Tensor],
             mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """The target's call (live.py's _run): the draft's entries reused where they are the call's chain."""
+        """The target's call (live.py's _run): the draft's entries reused where they are the call's chain, or
+        nodes of the call's tree."""
         start, k = target._length, tokens.numel()
         if self.length < start:
             raise RuntimeError(f"{target.name}: {self.length} entries of its first {self.hub.exit_layer} layers' "
                                f"cache are left, fewer than its {start}: its sharing EarlyExitDraft ran on another "
                                "sequence (decode with the target the draft was built on)")
         where = target.positions(start, k) if positions is None else positions
-        reused = 0
-        if mask is None and target._features is None:
+        if target._features is not None:  # its hooks want the whole forward
+            reused = 0
+        elif mask is not None:
+            return self.run_tree(target, tokens, logits, where, mask)
+        else:
             reused = self.matching(start, tokens, where, target)
         crop_layers(target._cache, start + reused, self.hub.exit_layer)
         self.crop(start + reused)
         if reused == 0:
-            with self.recording(tokens, where, target, mask is not None):
+            with self.recording(tokens, where, target, mask):
                 return target._forward(tokens, logits, positions, mask)
-        with self.recording(tokens[reused:], where[reused:], target, False):
+        with self.recording(tokens[reused:], where[reused:], target, None):
             out = self.hub.resumed(target, self.hub.upper, tokens, where, start, self.exits[start:start + reused])
         return target._finish(out if logits else None, start + k)
+
+    def run_tree(self, target: LiveModel, tokens: torch.Tensor, logits: bool, positions: torch.Tensor,
+                 mask: torch.Tensor) -> Optional[torch.Tensor]:
+        """The target's tree call: the nodes whose entries the draft left (tree_nodes) run first, in one forward
+        that starts them above layer l; the cache entries and the logits are then put back in the call's order."""
+        start, k = target._length, tokens.numel()
+        found = tree_nodes(self, start, tokens, positions, mask)
+        kept = [i for i in range(k) if found[i] >= 0]
+        if not kept:
+            crop_layers(target._cache, start, self.hub.exit_layer)
+            self.crop(start)
+            with self.recording(tokens, positions, target, mask):
+                return target._forward(tokens, logits, positions, mask)
+        order = kept + [i for i in range(k) if found[i] < 0]  # a tree order still: a node's ancestors are kept
+        device = tokens.device
+        sources = torch.tensor([found[i] for i in kept], device=device)
+        exits = self.exits.index_select(0, sources)
+        gather_layers(target._cache, start, sources, self.hub.exit_layer)
+        self.crop(start)
+        moved = order != list(range(k))
+        if moved:
+            into = torch.tensor(order, device=device)
+            tokens_in, positions_in = tokens[into], positions[into]
+            mask_in = torch.cat([mask[into, :start], mask[into][:, start + into]], 1)
+        else:
+            tokens_in, positions_in, mask_in = tokens, positions, mask
+        with self.taking(k - len(kept)) as taken:
+            out = self.hub.resumed(target, self.hub.upper, tokens_in, positions_in, start, exits, mask_in)
+        exits = torch.cat([exits, taken[0]])
+        if moved:
+            back = torch.empty_like(into)
+            back[into] = torch.arange(k, device=device)
+            reorder_tail(target._cache, start, back)
+            out, exits = out[:, back], exits[back]
+        self.append(tokens, positions, exits, target, mask)
+        return target._finish(out if logits else None, start + k)
+
+
+def tree_nodes(rows: SharedRows, start: int, tokens: torch.Tensor, positions: torch.Tensor,
+               mask: torch.Tensor) -> list:
+    """Per node of a tree call at entry `start` (mask: bool [k, start + k]), the entry from `start` on that the
+    draft left with the same token at the same position, seeing the same entries (every entry before `start`, and
+    from `start` on the entries of the nodes the node sees, themselves found), or -1. Such an entry's keys, values
+    and hidden state after layer l are the node's. One host read."""
+    k, n = tokens.numel(), rows.length - start
+    if n <= 0 or not isinstance(rows.tree_writer, (SharingDraft, type(None))) or rows.tree_from < start:
+        return [-1] * k
+    region = rows.region.size(0)
+    values = torch.cat([tokens, positions, mask[:, start:].flatten().long(), mask[:, :start].all(1).long(),
+                        rows.tokens[start:], rows.positions[start:], rows.region.flatten().long(),
+                        rows.whole.long()]).tolist()
+    parts, at = [], 0
+    for size in (k, k, k * k, k, n, n, region * region, region):
+        parts.append(values[at:at + size])
+        at += size
+    node_tokens, node_positions, seen, node_whole, entry_tokens, entry_positions, region_rows, entry_whole = parts
+    entries = {}
+    for e in range(start, rows.length):
+        if e < rows.tree_from:
+            sees = tuple(range(start, e))
+        else:
+            r = e - rows.tree_from
+            row = region_rows[r * region:(r + 1) * region]
+            if not entry_whole[r] or not row[r] or any(row[r + 1:]):
+                continue
+            sees = tuple(range(start, rows.tree_from)) + tuple(rows.tree_from + c for c in range(r) if row[c])
+        entries.setdefault((entry_tokens[e - start], entry_positions[e - start], sees), e)
+    found = []
+    for i in range(k):
+        row = seen[i * k:(i + 1) * k]
+        above = [found[j] for j in range(i) if row[j]]
+        if not node_whole[i] or not row[i] or any(row[i + 1:]) or min(above, default=0) < 0:
+            found.append(-1)
+            continue
+        found.append(entries.get((node_tokens[i], node_positions[i], tuple(sorted(above))), -1))
+    return found
+
+
+def gather_layers(cache, start: int, sources: torch.Tensor, layers: int) -> None:
+    """The first `layers` layers of `cache`: the entries at `sources` (all from `start` on) become entries
+    start .. start + len(sources) - 1, and the later ones go."""
+    end = start + sources.numel()
+    with torch.inference_mode():
+        for layer in cache.layers[:layers]:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)
+                tensor[..., start:end, :] = tensor.index_select(-2, sources)
+                setattr(layer, name, tensor[..., :end, :])
+
+
+def reorder_tail(cache, start: int, order: torch.Tensor) -> None:
+    """Every layer of `cache`: its entries from `start` on become, in turn, those at start + order."""
+    with torch.inference_mode():
+        for layer in cache.layers:
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)
+                tensor[..., start:, :] = tensor[..., start:, :].index_select(-2, order)
 
 
 class ExitShare:
@@ -237,13 +380,15 @@ class ExitShare:
                 member._share = None
 
     def resumed(self, model: LiveModel, view, tokens: torch.Tensor, positions: torch.Tensor, start: int,
-                kept: torch.Tensor) -> torch.Tensor:
-        """Logits [1, k, V] of `view` (upper: the target's, exit: the draft's) over a chain of `tokens` at
-        `positions` appended to `model`'s cache at entry `start`, whose first r went through layers 1 .. l before
-        (`kept`: their hidden states after layer l, [r, H]); the others go through them now."""
+                kept: torch.Tensor, visible: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Logits [1, k, V] of `view` (upper: the target's, exit: the draft's) over `tokens` at `positions`
+        appended to `model`'s cache at entry `start`, whose first r went through layers 1 .. l before (`kept`: their
+        hidden states after layer l, [r, H], their entries in those layers); the others go through them now. A
+        chain, or the tree that `visible` (bool [k, start + k]) gives."""
         k = tokens.numel()
-        causal = torch.ones(k, start + k, dtype=torch.bool, device=tokens.device).tril(start)
-        mask = layer_masks.attention_mask(causal, None, positions, model._layers, model._attention,
+        if visible is None:
+            visible = torch.ones(k, start + k, dtype=torch.bool, device=tokens.device).tril(start)
+        mask = layer_masks.attention_mask(visible, None, positions, model._layers, model._attention,
                                           model.model.dtype)
         self.resuming.value = kept.unsqueeze(0)
         try:
@@ -322,7 +467,7 @@ class SharingDraft(LiveModel):
         reused = max(0, found - held)  # one host read for both
         crop_layers(self._cache, held + reused, self._hub.exit_layer)
         rows.crop(held + reused)
-        with rows.recording(tokens[reused:], where[reused:], self, mask is not None):
+        with rows.recording(tokens[reused:], where[reused:], self, mask):
             if reused:
                 out = self._finish(self._hub.resumed(self, self._hub.exit, tokens, where, held,
                                                      rows.exits[held:held + reused]), held + k)
@@ -341,7 +486,7 @@ class SharingDraft(LiveModel):
         crop_layers(self._cache, found, self._hub.exit_layer)
         rows.crop(found)
         self._length = found
-        with rows.recording(self._tokens[found:held], self._places[found:held], self, False):
+        with rows.recording(self._tokens[found:held], self._places[found:held], self, None):
             self._forward(self._tokens[found:held], False)
         self._length = held
 
