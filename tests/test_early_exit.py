@@ -148,8 +148,9 @@ def tree_mask(parents: list, committed: int) -> torch.Tensor:
 @pytest.mark.parametrize("arch, odd", [("llama", False), ("gpt2", False), ("llama", True)])
 def test_shared_tree_verification_starts_the_drafts_nodes(arch, odd):
     """The draft runs x, then A and B (children of x), then 9 under A and 9 under B. The target verifies the tree
-    x, A, F (under A), B, 9 (under B), H (under F): it finds x, A, B and the 9 under B (not the 9 under A, which
-    sees other entries) and runs only F and H through layers 1-2. Every node's logits are transformers' forward of
+    x, A, F (under A), B, 9 (under B), H (under F) and two twins of A (under x, as the engine draws children past a
+    point mass): it finds x, A (for all three), B and the 9 under B (not the 9 under A, which sees other entries)
+    and runs only F and H through layers 1-2. Every node's logits are transformers' forward of
     its path, in the call's order; after the kept path x, A, F the draft reads F's entry. `odd`: the draft's B
     did not see the first entry, so neither B nor the 9 under it is the target's."""
     model = make(arch)
@@ -169,12 +170,12 @@ def test_shared_tree_verification_starts_the_drafts_nodes(arch, odd):
     second[[0, 1, 0, 1], [n, n + 1, n + 2, n + 3]] = True  # 9 under A (entry n), 9 under B (entry n + 1)
     draft.live.extend_masked(ids(9, 9), ids(n + 1, n + 1), second)
     before = list(counts)
-    parents = [-1, 0, 1, 0, 3, 2]  # x, A, F, B, 9 under B, H under F
-    tokens, positions = ids(prompt[-1], 5, 13, 7, 9, 9), ids(n - 1, n, n + 1, n, n + 1, n + 2)
+    parents = [-1, 0, 1, 0, 3, 2, 0, 0]  # x, A, F, B, 9 under B, H under F, A, A
+    tokens, positions = ids(prompt[-1], 5, 13, 7, 9, 9, 5, 5), ids(n - 1, n, n + 1, n, n + 1, n + 2, n, n)
     verified = target.live.extend_masked(tokens, positions, tree_mask(parents, n - 1))
     run = 4 if odd else 2
-    assert [c - b for c, b in zip(counts, before)] == [run, run, 6, 6]
-    paths = [[], [5], [5, 13], [7], [7, 9], [5, 13, 9]]
+    assert [c - b for c, b in zip(counts, before)] == [run, run, 8, 8]
+    paths = [[], [5], [5, 13], [7], [7, 9], [5, 13, 9], [5], [5]]
     with torch.no_grad():
         for node, path in enumerate(paths):
             full = model(torch.tensor([prompt + path])).logits[0, -1]

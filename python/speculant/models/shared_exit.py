@@ -321,15 +321,19 @@ def tree_nodes(rows: SharedRows, start: int, tokens: torch.Tensor, positions: to
 
 
 def gather_layers(cache, start: int, sources: torch.Tensor, layers: int) -> None:
-    """The first `layers` layers of `cache`: the entries at `sources` (all from `start` on) become entries
-    start .. start + len(sources) - 1, and the later ones go."""
+    """The first `layers` layers of `cache`: the entries at `sources` (all from `start` on; twin nodes share one)
+    become entries start .. start + len(sources) - 1, and the later ones go. In place where they fit."""
     end = start + sources.numel()
     with torch.inference_mode():
         for layer in cache.layers[:layers]:
             for name in ("keys", "values"):
                 tensor = getattr(layer, name)
-                tensor[..., start:end, :] = tensor.index_select(-2, sources)
-                setattr(layer, name, tensor[..., :end, :])
+                chosen = tensor.index_select(-2, sources)
+                if end <= tensor.size(-2):
+                    tensor[..., start:end, :] = chosen
+                    setattr(layer, name, tensor[..., :end, :])
+                else:
+                    setattr(layer, name, torch.cat([tensor[..., :start, :], chosen], -2))
 
 
 def reorder_tail(cache, start: int, order: torch.Tensor) -> None:
