@@ -20,8 +20,9 @@ target, are loaded onto the exported one, which keeps its features per cache slo
    forward KL at T = 1. α before and after on held-out prompts (the first draft position's, as distill reports).
 2. Decoding, at T = 0 and T = 1, chains of gamma 4 and a DynamicTree of 16 nodes per iteration, for each of
    --drafts (default: the draft model, the EAGLE head, the Medusa heads and, on the live target, an
-   EarlyExitDraft at --exit-layer, default L // 2, sharing the target's cache and with a cache of its own;
-   an export's layers cannot be cut, so early exit needs the live target): tokens per target call, α, c (the
+   EarlyExitDraft at --exit-layer, default L // 2, sharing the cache of a target handle of its own (plain
+   decoding runs on an unshared one) and with a cache of its own; an export's layers cannot be cut, so early
+   exit needs the live target): tokens per target call, α, c (the
    draft's seconds per call over the target's in plain decoding, both measured by the engine), and the speedup
    over plain decoding with the two run side by side in each round (median and range over --repeats rounds
    after an untimed one), with Theorem 3.8's prediction at that α and the median c beside each chain. With
@@ -128,12 +129,14 @@ def exported(module, directory: str, name: str, device: str = "cpu") -> speculan
 
 def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int, modes=("off",)) -> list:
     """Per draft, cuda_graphs mode, temperature and shape: tokens per target call, α, c and the speedup over plain
-    decoding (median and range over `repeats` rounds after an untimed one), Theorem 3.8 beside each chain."""
+    decoding (median and range over `repeats` rounds after an untimed one), Theorem 3.8 beside each chain. A draft
+    given as (draft, its target) decodes with that target; plain decoding always runs on `target`."""
     rows = []
     for (name, draft), mode in ((item, mode) for item in drafts.items() for mode in modes):
+        draft, own = draft if isinstance(draft, tuple) else (draft, target)
         for temperature in (0.0, 1.0):
             for shape, options in SHAPES.items():
-                decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, cuda_graphs=mode,
+                decoder = speculant.SpeculativeDecoder(own, draft, temperature=temperature, cuda_graphs=mode,
                                                        **options)
                 speedups, costs, stats, rates = rounds.against_plain(target, decoder, prompts, eos, tokens,
                                                                      repeats, cuda_graphs=mode)
@@ -208,9 +211,10 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
             drafts["draft model"] = (exported(draft_module, files, "draft.pt", args.device)
                                      if args.target == "export" else speculant.load(draft_module.to(args.device)))
             continue
-        if kind == "early-exit":
+        if kind == "early-exit":  # the sharing draft on a target handle of its own: plain decoding stays unshared
             layer = args.exit_layer or target_module.config.num_hidden_layers // 2
-            drafts[f"EarlyExitDraft, layer {layer}"] = speculant.EarlyExitDraft(live, exit_layer=layer)
+            sharing = speculant.load(target_module)
+            drafts[f"EarlyExitDraft, layer {layer}"] = (speculant.EarlyExitDraft(sharing, exit_layer=layer), sharing)
             drafts[f"EarlyExitDraft, layer {layer}, own cache"] = speculant.EarlyExitDraft(
                 live, exit_layer=layer, share_cache=False)
             continue

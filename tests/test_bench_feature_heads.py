@@ -1,6 +1,7 @@
 """benchmarks/feature_heads.py end to end on the smoke recipe (2-layer Llamas, two training steps): trains the
 pair, distills an EAGLE head and Medusa heads (two steps), and measures every draft (early exit too, sharing the
-target's cache and not) at both temperatures, chains and trees, writing its record; a second run loads the cached heads instead of training them again."""
+target's cache and not) at both temperatures, chains and trees, writing its record; a second run loads the cached
+heads instead of training them again."""
 import json
 import os
 import sys

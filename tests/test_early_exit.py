@@ -14,8 +14,9 @@
   last token through the first l layers, and of a tree only the nodes the draft did not run (found whatever the
   order the draft ran them in, and only where they see the same entries); its logits are transformers' forward's.
   In a generation (chains, trees, grown trees) every token goes through those layers once (a forward hook counts
-  them), where a draft with a cache of its own runs them again. A kept tree path, a rollback, a newer draft on the same target, a draft gone (its finalizer) and an
-  EAGLE draft on the same target all keep the target's greedy output.
+  them), where a draft with a cache of its own runs them again; at T = 1 too, where twins (one token drawn twice
+  under one parent) have children of their own. A kept tree path, a rollback, a newer draft on the same target, a
+  draft gone (its finalizer) and an EAGLE draft on the same target all keep the target's greedy output.
 * Refused by name: exit layers outside [1, L - 1], encoder-decoders, exported targets, other objects; sharing with
   compile=True, with a compiled target or with another target than its own; calls of a draft a newer one replaced.
 """
@@ -195,16 +196,17 @@ def test_shared_tree_verification_starts_the_drafts_nodes(arch, odd):
 def test_each_token_runs_the_shared_layers_once():
     """A chain, token tree or grown tree generation with the shared cache runs as many tokens through layers 1-2
     as through 3-4 (the target's verification starts the tokens the draft ran above layer 2); with a cache of its
-    own the draft runs them again."""
+    own the draft runs them again. At T = 1 a tree [3, 3, 2] draws twins whose children the draft ran: the target
+    finds them too."""
     model = make("llama")
     counts = layer_counts(model)
     target = speculant.load(model)
     expected = hf_greedy(model, "llama", 0, eos=None)
     shapes = {"chain": {"gamma": 3}, "tree": {"tree": [2, 2]},
               "grown": {"tree": speculant.DynamicTree(budget=6, depth=3)}}
-    runs = {}
+    runs, drafts = {}, {}
     for share in (True, False):
-        draft = speculant.EarlyExitDraft(target, exit_layer=2, share_cache=share)
+        draft = drafts[share] = speculant.EarlyExitDraft(target, exit_layer=2, share_cache=share)
         for shape, options in shapes.items():
             decoder = speculant.SpeculativeDecoder(target, draft, temperature=0, **options)
             counts[:] = [0] * LAYERS
@@ -213,6 +215,11 @@ def test_each_token_runs_the_shared_layers_once():
     for shape in shapes:
         assert runs[True, shape][0] == runs[True, shape][-1] < runs[False, shape][0], shape
         assert runs[True, shape][-1] == runs[False, shape][-1], shape  # the same target work above the exit
+    decoder = speculant.SpeculativeDecoder(target, drafts[True], temperature=1, tree=[3, 3, 2])
+    counts[:] = [0] * LAYERS
+    for prompt in PROMPTS:
+        decoder.generate(prompt, max_new_tokens=40, seed=1)
+    assert counts[0] == counts[-1] > 0
 
 
 def test_shared_cache_survives_its_neighbours():

@@ -19,12 +19,12 @@ computes an entry the other has:
 
 Each row of the target (live.py: a replica per batch row) keeps records beside its first l layers: per entry the
 token, the position and the hidden state after layer l (a forward hook on layer l takes them from whichever
-forward writes the entry). A call trusts an entry only where the records show its own token at its own position,
-and an entry written by the other party's tree call never (a tree node attends to its ancestors only); past the
-first mismatch the entries are dropped and computed again. Reading the match costs one host read of a comparison
-per call (a tree call: one read of its nodes and the entries). A kept tree path (keep) is a chain again. A draft call on another sequence than its target's would drop
-the target's entries; the target's next call then says so (SpeculativeDecoder makes the draft decode with the
-target it was built on).
+forward writes the entry). A chain call trusts an entry only where the records show its own token at its own
+position, and an entry written by the other party's tree call never (a tree node attends to its ancestors only);
+past the first mismatch the entries are dropped and computed again. Reading the match costs one host read per call
+(of a comparison; for a tree call, of its nodes and the entries). A kept tree path (keep) is a chain again. A draft
+call on another sequence than its target's would drop the target's entries; the target's next call then says so
+when fewer than its own are left (SpeculativeDecoder makes the draft decode with the target it was built on).
 
 A token tree's verification reuses the draft's tree the same way. The draft ran the tree's inner nodes while it
 drafted them (level by level, in its own order). The target's tree call finds, for each node, an entry the draft
@@ -33,8 +33,10 @@ later ones exactly those of the nodes the node sees, themselves found (tree_node
 which entries it sees, so any mask is judged by what it shows, not by how the engine builds trees). The found nodes
 go first: their entries are gathered in place in layers 1 .. l and their hidden states feed layer l + 1, the other
 nodes (the leaves) run through the real layers 1 .. l after them, and the call's entries and logits are then put
-back in the call's order. With a static tree every token goes through layers 1 .. l once, as in chains. A target
-call when the target also records features for an EAGLE or Medusa draft (whose hooks want the whole forward) runs
+back in the call's order. Twin nodes (one token drawn twice under one parent) are matched to the draft's twins in
+turn, so that each twin's children find theirs. So every token goes through layers 1 .. l once, as in chains,
+unless the draft ran a node the tree then left out (a grown tree's pruned nodes). A target call when the target
+also records features for an EAGLE or Medusa draft (whose hooks want the whole forward) runs
 as it is.
 """
 from __future__ import annotations
@@ -308,15 +310,19 @@ def tree_nodes(rows: SharedRows, start: int, tokens: torch.Tensor, positions: to
             if not entry_whole[r] or not row[r] or any(row[r + 1:]):
                 continue
             sees = tuple(range(start, rows.tree_from)) + tuple(rows.tree_from + c for c in range(r) if row[c])
-        entries.setdefault((entry_tokens[e - start], entry_positions[e - start], sees), e)
-    found = []
+        entries.setdefault((entry_tokens[e - start], entry_positions[e - start], sees), []).append(e)
+    found, twins = [], {}
     for i in range(k):
         row = seen[i * k:(i + 1) * k]
         above = [found[j] for j in range(i) if row[j]]
         if not node_whole[i] or not row[i] or any(row[i + 1:]) or min(above, default=0) < 0:
             found.append(-1)
             continue
-        found.append(entries.get((node_tokens[i], node_positions[i], tuple(sorted(above))), -1))
+        key = (node_tokens[i], node_positions[i], tuple(sorted(above)))
+        same = entries.get(key, [-1])
+        turn = twins.get(key, 0)  # the n-th twin takes the n-th (the first when the draft ran fewer)
+        twins[key] = turn + 1
+        found.append(same[turn] if turn < len(same) else same[0])
     return found
 
 
