@@ -18,7 +18,8 @@
   under one parent) have children of their own. A kept tree path, a rollback, a newer draft on the same target, a
   draft gone (its finalizer) and an EAGLE draft on the same target all keep the target's greedy output.
 * Refused by name: exit layers outside [1, L - 1], encoder-decoders, exported targets, other objects; sharing with
-  compile=True, with a compiled target or with another target than its own; calls of a draft a newer one replaced.
+  compile=True, with a compiled target or with another target than its own, or in speculative beam search (which
+  takes a draft with a cache of its own: the target's beams); calls of a draft a newer one replaced.
 """
 
 import gc
@@ -220,6 +221,22 @@ def test_each_token_runs_the_shared_layers_once():
     for prompt in PROMPTS:
         decoder.generate(prompt, max_new_tokens=40, seed=1)
     assert counts[0] == counts[-1] > 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_beam_search_takes_a_draft_with_a_cache_of_its_own(arch):
+    """Speculative beam search gives the target's own beams with share_cache=False; a sharing draft is refused
+    by name (its beams would need entries of their own in the shared layers)."""
+    model = make(arch)
+    target = speculant.load(model)
+    options = {"max_new_tokens": 12, "num_beams": 3, "num_return_sequences": 3}
+    plain = speculant.generate(target, PROMPTS[1], **options)
+    own = speculant.EarlyExitDraft(target, exit_layer=2, share_cache=False)
+    result = speculant.SpeculativeDecoder(target, own, gamma=3).generate(PROMPTS[1], draft_beams=5, **options)
+    assert result.sequences == plain.sequences
+    shared = speculant.EarlyExitDraft(target, exit_layer=2)
+    with pytest.raises(ValueError, match="shares its target's cache cannot draft for beam search.*share_cache=False"):
+        speculant.SpeculativeDecoder(target, shared, gamma=3).generate(PROMPTS[1], draft_beams=5, **options)
 
 
 def test_shared_cache_survives_its_neighbours():

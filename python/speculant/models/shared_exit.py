@@ -423,6 +423,12 @@ class SharingDraft(LiveModel):
         self._cache, self._length = None, 0
         self._forget()
 
+    def beam_obstacle(self) -> str:
+        if self._hub is None:
+            return super().beam_obstacle()
+        return ("an EarlyExitDraft that shares its target's cache cannot draft for beam search: its beams are not the "
+                "target's, and the shared first layers hold one set of entries (pass share_cache=False)")
+
     def _forget(self) -> None:
         self._tokens = torch.zeros(0, dtype=torch.long, device=self._hub.device)
         self._places = self._tokens
