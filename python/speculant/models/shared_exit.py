@@ -36,8 +36,8 @@ nodes (the leaves) run through the real layers 1 .. l after them, and the call's
 back in the call's order. Twin nodes (one token drawn twice under one parent) are matched to the draft's twins in
 turn, so that each twin's children find theirs. So every token goes through layers 1 .. l once, as in chains,
 unless the draft ran a node the tree then left out (a grown tree's pruned nodes). A target call when the target
-also records features for an EAGLE or Medusa draft (whose hooks want the whole forward) runs
-as it is.
+also records features for an EAGLE or Medusa draft (whose hooks want the whole forward) runs as it is. Speculative
+beam search refuses a sharing draft: its beams are not the target's, and the shared layers hold one set of entries.
 """
 from __future__ import annotations
 
