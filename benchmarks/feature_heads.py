@@ -4,7 +4,7 @@
                                        [--drafts draft eagle medusa early-exit eagle3] [--exit-layer l]
                                        [--target live|export]
                                        [--cuda-graphs off fixed auto] [--pair llama-cpu|gpt2-lease]
-                                       [--device cpu|cuda] [--compile]
+                                       [--device cpu|cuda] [--compile] [--no-best-tree]
 
 The pair: train_pairs.LLAMA_CPU (a 6-layer d=256 Llama target and a 1-layer d=128 Llama draft, both trained on the
 stdlib), because its target is the one the early-exit benchmark (feature_drafts.py) runs on and its draft has more
@@ -29,21 +29,26 @@ target, are loaded onto the exported one, which keeps its features per cache slo
    several --cuda-graphs modes each draft runs in each, side by side, plain decoding beside it in the same mode:
    "fixed" (which needs --target export) runs the heads' decoding calls through their fixed-shape buffers
    (feature_draft.py) and the exported models' calls with fixed shapes; "auto" captures them on CUDA. With
-   --compile each head runs beside itself compiled (compile=True: its steps through torch.compile).
-3. Each head's tree against the draft model: its tokens per second over the draft model's best (chain or tree)
-   at the same temperature and mode. Issue 50's GPU goal: an EAGLE tree >= 1.5x, on the GPT-2 pair of a GPU
+   --compile each head runs beside itself compiled (compile=True: its steps through torch.compile). After each
+   grown tree, "best tree of 16": Sequoia's tree of 16 drafts (analysis.best_tree) at the acceptance table by
+   depth and rank that the grown tree measured (timing.tree_table), static, with the theory's expected tokens
+   per target call beside it (--no-best-tree skips it).
+3. Each head's faster tree (grown or Sequoia's) against the draft model: its tokens per second over the draft
+   model's best (chain or either tree) at the same temperature and mode. Issue 50's GPU goal: an EAGLE tree >= 1.5x, on the GPT-2 pair of a GPU
    lease (--pair gpt2-lease --device cuda --target export --cuda-graphs auto: benchmarks/gpu.sh heads trains it
    there, 92M / 3.8M, 1,000 steps each, and the head with the draft's budget).
 
 Writes benchmarks/results/feature-heads-cpu.json (--out).
 """
 import argparse
+import collections
 import contextlib
 import json
 import platform
 import shutil
 import statistics
 import tempfile
+import types
 from pathlib import Path
 
 import torch
@@ -51,9 +56,10 @@ import torch
 import rounds
 import speculant
 import train_pairs
-from speculant import analysis
+from speculant import analysis, timing
 
-SHAPES = {"chain gamma=4": {"gamma": 4}, "tree of 16": {"tree": speculant.DynamicTree(budget=16, depth=6)}}
+BUDGET, GROWN, BEST = 16, "tree of 16", "best tree of 16"
+SHAPES = {"chain gamma=4": {"gamma": 4}, GROWN: {"tree": speculant.DynamicTree(budget=BUDGET, depth=6)}}
 
 
 PAIRS = {"llama-cpu": train_pairs.LLAMA_CPU, "gpt2-lease": train_pairs.PRESETS["lease"]["gpt2"]}
@@ -127,51 +133,73 @@ def exported(module, directory: str, name: str, device: str = "cpu") -> speculan
     return speculant.load(path, device=device)
 
 
-def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int, modes=("off",)) -> list:
+def decoding_table(target, drafts: dict, prompts, eos, tokens: int, repeats: int, modes=("off",),
+                   best: bool = True) -> list:
     """Per draft, cuda_graphs mode, temperature and shape: tokens per target call, α, c and the speedup over plain
     decoding (median and range over `repeats` rounds after an untimed one), Theorem 3.8 beside each chain. A draft
-    given as (draft, its target) decodes with that target; plain decoding always runs on `target`."""
+    given as (draft, its target) decodes with that target; plain decoding always runs on `target`. `best`: after
+    the grown tree, Sequoia's best tree of 16 drafts at the acceptance table (by depth and rank) it measured."""
     rows = []
     for (name, draft), mode in ((item, mode) for item in drafts.items() for mode in modes):
         draft, own = draft if isinstance(draft, tuple) else (draft, target)
         for temperature in (0.0, 1.0):
-            for shape, options in SHAPES.items():
+            shapes = collections.deque(SHAPES.items())
+            while shapes:
+                shape, options = shapes.popleft()
                 decoder = speculant.SpeculativeDecoder(own, draft, temperature=temperature, cuda_graphs=mode,
                                                        **options)
-                speedups, costs, stats, rates = rounds.against_plain(target, decoder, prompts, eos, tokens,
-                                                                     repeats, cuda_graphs=mode)
-                new = sum(s.new_tokens for s in stats)
-                alpha = statistics.mean(s.alpha for s in stats)
-                c = statistics.median(costs)
-                row = {"draft": name, "cuda_graphs": mode, "temperature": temperature, "shape": shape, "alpha": alpha,
-                       "tokens_per_target_call": new / sum(s.target_calls for s in stats), "c": c,
-                       "c_min": min(costs), "c_max": max(costs), "measured_speedup": statistics.median(speedups),
-                       "speedup_min": min(speedups), "speedup_max": max(speedups),
-                       "tokens_per_second": statistics.median(rates), "rate_min": min(rates), "rate_max": max(rates),
-                       "predicted_speedup": (float(analysis.walltime_improvement(alpha, 4, c))
-                                             if "gamma" in options else None)}
-                rows.append(row)
-                predicted = row["predicted_speedup"]
-                print(f"{name:14} {mode:5} T={temperature} {shape:14} alpha {alpha:.3f}, "
-                      f"{row['tokens_per_target_call']:.2f} tokens/target call, c {c:.3f}, "
-                      f"{row['tokens_per_second']:.0f} tokens/s, speedup "
-                      f"{row['measured_speedup']:.2f}x [{min(speedups):.2f}-{max(speedups):.2f}]"
-                      + (f" (Theorem 3.8: {predicted:.2f}x)" if predicted is not None else ""))
+                row, stats = measured(target, decoder, prompts, eos, tokens, repeats, mode, options)
+                rows.append({"draft": name, "cuda_graphs": mode, "temperature": temperature, "shape": shape, **row})
+                if best and shape == GROWN:
+                    table = timing.tree_table([types.SimpleNamespace(stats=s) for s in stats], reached=True)
+                    choice = analysis.best_tree(BUDGET, table) if table else None
+                    if choice is not None and len(choice.tree) > 1:  # no tree when nothing is ever accepted
+                        shapes.append((BEST, {"tree": choice.tree}))
+                        rows[-1].update(best_tree=choice.tree, best_tree_expected_tokens=choice.expected_tokens)
+                print_row(rows[-1])
     return rows
 
 
+def measured(target, decoder, prompts, eos, tokens: int, repeats: int, mode: str, options: dict) -> tuple:
+    """One row's figures (rounds.against_plain) and its last round's stats."""
+    speedups, costs, stats, rates = rounds.against_plain(target, decoder, prompts, eos, tokens, repeats,
+                                                         cuda_graphs=mode)
+    alpha = statistics.mean(s.alpha for s in stats)
+    c = statistics.median(costs)
+    row = {"alpha": alpha, "tokens_per_target_call": sum(s.new_tokens for s in stats) / sum(s.target_calls
+                                                                                              for s in stats),
+           "c": c, "c_min": min(costs), "c_max": max(costs), "measured_speedup": statistics.median(speedups),
+           "speedup_min": min(speedups), "speedup_max": max(speedups),
+           "tokens_per_second": statistics.median(rates), "rate_min": min(rates), "rate_max": max(rates),
+           "predicted_speedup": float(analysis.walltime_improvement(alpha, 4, c)) if "gamma" in options else None}
+    return row, stats
+
+
+def print_row(row: dict) -> None:
+    predicted = row["predicted_speedup"]
+    print(f"{row['draft']:14} {row['cuda_graphs']:5} T={row['temperature']} {row['shape']:16} alpha "
+          f"{row['alpha']:.3f}, {row['tokens_per_target_call']:.2f} tokens/target call, c {row['c']:.3f}, "
+          f"{row['tokens_per_second']:.0f} tokens/s, speedup {row['measured_speedup']:.2f}x "
+          f"[{row['speedup_min']:.2f}-{row['speedup_max']:.2f}]"
+          + (f" (Theorem 3.8: {predicted:.2f}x)" if predicted is not None else ""))
+
+
 def against_the_draft(rows: list) -> list:
-    """Per head, cuda_graphs mode and temperature: its tree's tokens per second over the draft model's best (chain
-    or tree) in the same mode and temperature, the ratio of their medians (issue 50's GPU goal: >= 1.5 for EAGLE)."""
-    best = {}
+    """Per head, cuda_graphs mode and temperature: its faster tree's tokens per second (the grown tree or
+    Sequoia's) over the draft model's best (chain or tree) in the same mode and temperature, the ratio of their
+    medians (issue 50's GPU goal: >= 1.5 for EAGLE)."""
+    best, trees = {}, {}
     for r in rows:
+        key = (r["cuda_graphs"], r["temperature"])
         if r["draft"] == "draft model":
-            key = (r["cuda_graphs"], r["temperature"])
             best[key] = max(best.get(key, 0.0), r["tokens_per_second"])
+        elif r["shape"] in (GROWN, BEST):
+            mine = trees.get((r["draft"], *key))
+            if mine is None or r["tokens_per_second"] > mine["tokens_per_second"]:
+                trees[(r["draft"], *key)] = r
     return [{"draft": r["draft"], "cuda_graphs": r["cuda_graphs"], "temperature": r["temperature"],
-             "tree_over_draft_best": r["tokens_per_second"] / best[(r["cuda_graphs"], r["temperature"])]}
-            for r in rows if r["draft"] != "draft model" and r["shape"] == "tree of 16"
-            and (r["cuda_graphs"], r["temperature"]) in best]
+             "tree": r["shape"], "tree_over_draft_best": r["tokens_per_second"] / best[key[1:]]}
+            for key, r in trees.items() if key[1:] in best]
 
 
 def main(argv=None, smoke: bool = False, cache=None) -> dict:
@@ -191,6 +219,8 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
     parser.add_argument("--pair", choices=sorted(PAIRS), default="llama-cpu",
                         help="llama-cpu (LLAMA_CPU), or gpt2-lease: the GPT-2 pair of a GPU lease (92M / 3.8M)")
     parser.add_argument("--device", default="cpu", help="where the pair and the heads train and decode")
+    parser.add_argument("--no-best-tree", action="store_true",
+                        help="skip Sequoia's best tree of 16 at each grown tree's acceptance table")
     args = parser.parse_args(argv)
     if "fixed" in args.cuda_graphs and args.target != "export":
         parser.error("--cuda-graphs fixed needs --target export: a live target has no fixed-shape calls")
@@ -225,10 +255,11 @@ def main(argv=None, smoke: bool = False, cache=None) -> dict:
             drafts[f"{HEADS[kind][0]}, compiled"] = type(head).load(saved, target, compile=True)
     eos = target_module.config.eos_token_id
     prompts = [p["prompt_ids"] for p in train_pairs.heldout_prompts(recipe, root, args.prompts)]
-    rows = decoding_table(target, drafts, prompts, eos, args.tokens, args.repeats, args.cuda_graphs)
+    rows = decoding_table(target, drafts, prompts, eos, args.tokens, args.repeats, args.cuda_graphs,
+                          best=not args.no_best_tree)
     ratios = against_the_draft(rows)
     for r in ratios:
-        print(f"{r['draft']} tree, {r['cuda_graphs']}, T={r['temperature']}: "
+        print(f"{r['draft']} {r['tree']}, {r['cuda_graphs']}, T={r['temperature']}: "
               f"{r['tree_over_draft_best']:.2f}x the draft model's best tokens/s")
     machine = (torch.cuda.get_device_name(args.device) if args.device.startswith("cuda")
                else platform.processor() or platform.machine())

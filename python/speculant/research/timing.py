@@ -133,10 +133,14 @@ def _per_token(seconds: float, summed: Dict[str, float]) -> float:
     return seconds / summed["new_tokens"] if summed["new_tokens"] else math.nan
 
 
-def tree_table(results) -> List[List[float]]:
+def tree_table(results, reached: bool = False) -> List[List[float]]:
     """The acceptance table by depth and rank (analysis.acceptance_from_counts) of token-tree generations,
-    their counts summed; empty when a depth was never visited (no estimate for it)."""
+    their counts summed; empty when a depth was never visited (no estimate for it). reached=True: the table down
+    to the first depth never visited instead (the depths a grown tree's accepted paths reached)."""
     visits, accepted, offered = _tree_counts(results)
+    if reached:
+        depth = next((i for i, v in enumerate(visits) if v == 0), len(visits))
+        visits, accepted, offered = visits[:depth], accepted[:depth], offered[:depth]
     if not visits or min(visits) == 0:
         return []
     return analysis.acceptance_from_counts(accepted, visits, offered)
