@@ -139,11 +139,16 @@ def tree_table(results, reached: bool = False) -> List[List[float]]:
     to the first depth never visited instead (the depths a grown tree's accepted paths reached)."""
     visits, accepted, offered = _tree_counts(results)
     if reached:
-        depth = next((i for i, v in enumerate(visits) if v == 0), len(visits))
+        depth = _reached(visits)
         visits, accepted, offered = visits[:depth], accepted[:depth], offered[:depth]
     if not visits or min(visits) == 0:
         return []
     return analysis.acceptance_from_counts(accepted, visits, offered)
+
+
+def _reached(visits) -> int:
+    """The first depth never visited (the depths above it are the ones the accepted paths reached)."""
+    return next((i for i, v in enumerate(visits) if v == 0), len(visits))
 
 
 def _tree_counts(results):
@@ -173,7 +178,7 @@ def tree_prediction(results, tree, c: float, verify_cost=None, sibling: bool = F
         speedup = nan if math.isnan(c) else analysis.tree_speedup(list(tree), table, c, verify_cost, draft_calls=calls)
         return float(analysis.tree_expected_tokens(list(tree), table)), speedup
     visits, accepted, offered = _tree_counts(results)
-    reached = next((i for i, v in enumerate(visits) if v == 0), len(visits))
+    reached = _reached(visits)
     drafted = [_cut(it.tree, reached) for r in results for it in r.trace if len(it.tree) > 1]
     if reached == 0 or not drafted:
         return nan, nan
