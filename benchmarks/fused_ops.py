@@ -1,8 +1,11 @@
 """speculant's fused operations alone, against the torch operations they replace, side by side in one run:
 torch.ops.speculant.decode_attention against the exports' scaled_dot_product_attention over the stacked mask
-(llama.py's Attention), at the 8B, 1.1B and GPT-2 shapes and several cache lengths, and
-torch.ops.speculant.rms_norm against torch.rms_norm at several widths. A kernel's floor is the bytes it reads
-(the keys and values it attends; a row and the weight) over the read bandwidth floor.py measures.
+(llama.py's Attention), at the 8B, 1.1B and GPT-2 shapes and several cache lengths;
+torch.ops.speculant.rms_norm against torch.rms_norm at several widths; and each of a layer's fused linear
+operations (torch.ops.speculant.linear and add_linear_: the norm with the projection after it, the gated product
+or activation with the projection accumulating into the residual stream) against the torch operations an export
+runs without them, at the same shapes and at 1 and 5 tokens. A kernel's floor is the bytes it reads (the keys and
+values it attends; a row and the weight; a projection's weights) over the read bandwidth floor.py measures.
 
     python benchmarks/fused_ops.py --device cuda            # bf16; [--keys 64 257 1024 4096 16384]
 
@@ -32,6 +35,16 @@ from graphs import median_range, sync
 # name -> (key/value heads, query heads per key/value head, head size)
 ATTENTION_SHAPES = {"llama-8b": (8, 4, 128), "llama-1.1b": (4, 8, 64), "gpt2": (12, 1, 64)}
 NORM_WIDTHS = [2048, 4096, 8192]
+# name -> the layer's fused linear operations: (part, input, K, N); a Llama's input norm with qkv, its output
+# projection, its second norm with gate and up, its gated product with the down projection; GPT-2's alike
+LINEAR_SHAPES = {
+    "llama-8b": [("qkv", "rms_norm", 4096, 6144), ("o", "none", 4096, 4096), ("gate_up", "rms_norm", 4096, 28672),
+                 ("down", "gated_silu", 14336, 4096)],
+    "llama-1.1b": [("qkv", "rms_norm", 2048, 2560), ("o", "none", 2048, 2048), ("gate_up", "rms_norm", 2048, 11264),
+                   ("down", "gated_silu", 5632, 2048)],
+    "gpt2": [("qkv", "layer_norm", 768, 2304), ("proj", "none", 768, 768), ("fc", "layer_norm", 768, 3072),
+             ("fc_proj", "gelu_tanh", 3072, 768)],
+}
 
 
 def timed_ms(call: Callable[[], object], device: torch.device, calls: int, repeats: int) -> List[float]:
@@ -86,11 +99,47 @@ def norm_row(width: int, device: torch.device, dtype: torch.dtype, calls: int, r
             "floor_ms": 1e3 * read / bandwidth}
 
 
+def linear_row(shape: str, part: str, input: str, k: int, n: int, tokens: int, device: torch.device,
+               dtype: torch.dtype, calls: int, repeats: int, bandwidth: float) -> Dict:
+    """speculant.linear (a norm's input) or add_linear_ (the rest: into a residual stream) against the export's
+    torch operations without them (export/cached.py's add_linear, torch.rms_norm or F.layer_norm then F.linear)."""
+    from speculant.export import cached
+
+    g = torch.Generator().manual_seed(k + n)
+    x = torch.randn(tokens, 2 * k if input.startswith("gated_") else k, generator=g).to(device, dtype)
+    weight = (k ** -0.5 * torch.randn(n, k, generator=g)).to(device, dtype)
+    bias = torch.randn(n, generator=g).to(device, dtype) if shape == "gpt2" else None
+    gain, shift = (torch.randn(k, generator=g) + 1).to(device, dtype), torch.randn(k, generator=g).to(device, dtype)
+    residual = torch.randn(tokens, n, generator=g).to(device, dtype)
+    if input == "rms_norm":
+        fused = lambda: torch.ops.speculant.linear(x, weight, bias, input, gain, None, 1e-5)  # noqa: E731
+        plain = lambda: F.linear(torch.rms_norm(x, [k], gain, 1e-5), weight, bias)  # noqa: E731
+    elif input == "layer_norm":
+        fused = lambda: torch.ops.speculant.linear(x, weight, bias, input, gain, shift, 1e-5)  # noqa: E731
+        plain = lambda: F.linear(F.layer_norm(x, [k], gain, shift, 1e-5), weight, bias)  # noqa: E731
+    else:  # each call accumulates into the residual stream, as a layer's do
+        fused = lambda: cached.add_linear(residual, x, weight, bias, True, input)  # noqa: E731
+        plain = lambda: cached.add_linear(residual, x, weight, bias, False, input)  # noqa: E731
+    read = (weight.numel() + x.numel()) * x.element_size()
+    speculant_ms, torch_ms = (timed_ms(call, device, calls, repeats) for call in (fused, plain))
+    return {"op": "linear", "shape": shape, "part": part, "input": input, "tokens": tokens, "k": k, "n": n,
+            "speculant_ms": speculant_ms, "torch_ms": torch_ms, "ratio": speculant_ms[0] / torch_ms[0],
+            "floor_ms": 1e3 * read / bandwidth}
+
+
+def described(row: Dict) -> str:
+    if row["op"] == "decode_attention":
+        return f"{row['shape']}, {row['keys']} keys"
+    if row["op"] == "linear":
+        return f"{row['shape']} {row['part']} ({row['input']}, {row['k']} x {row['n']}), {row['tokens']} tokens"
+    return f"width {row['width']}"
+
+
 def table(rows: List[Dict]) -> str:
     lines = ["| operation | shape | speculant µs [min-max] | torch µs [min-max] | speculant / torch | floor µs |",
              "|---|---|---|---|---|---|"]
     for row in rows:
-        what = f"{row['shape']}, {row['keys']} keys" if row["op"] == "decode_attention" else f"width {row['width']}"
+        what = described(row)
         s0, s1, s2 = (1e3 * x for x in row["speculant_ms"])
         t0, t1, t2 = (1e3 * x for x in row["torch_ms"])
         lines.append(f"| {row['op']} | {what} | {s0:.1f} [{s1:.1f}-{s2:.1f}] | {t0:.1f} [{t1:.1f}-{t2:.1f}] | "
@@ -104,12 +153,13 @@ def main(argv=None) -> Dict:
     parser.add_argument("--shapes", nargs="+", choices=sorted(ATTENTION_SHAPES), default=sorted(ATTENTION_SHAPES))
     parser.add_argument("--keys", type=int, nargs="+", default=[64, 257, 1024, 4096, 16384])
     parser.add_argument("--widths", type=int, nargs="+", default=NORM_WIDTHS)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 5], help="rows of the linear operations' input")
     parser.add_argument("--calls", type=int, default=32, help="calls per timing (a graph of them on CUDA)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    if min(args.keys) < 1 or min(args.widths) < 1 or args.calls < 1 or args.repeats < 1:
-        parser.error("--keys, --widths, --calls and --repeats must be >= 1")
+    if min(args.keys + args.widths + args.tokens) < 1 or args.calls < 1 or args.repeats < 1:
+        parser.error("--keys, --widths, --tokens, --calls and --repeats must be >= 1")
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     bandwidth = floor.read_bandwidth(device, nbytes=1 << 28 if device.type == "cpu" else 1 << 30)
@@ -121,6 +171,11 @@ def main(argv=None) -> Dict:
                 rows.append(attention_row(shape, keys, device, dtype, args.calls, args.repeats, bandwidth))
         for width in args.widths:
             rows.append(norm_row(width, device, dtype, args.calls, args.repeats, bandwidth))
+        for shape in args.shapes:
+            for part, input, k, n in LINEAR_SHAPES[shape]:
+                for tokens in args.tokens:
+                    rows.append(linear_row(shape, part, input, k, n, tokens, device, dtype, args.calls, args.repeats,
+                                           bandwidth))
     result = {"machine": machine, "torch": torch.__version__, "dtype": str(dtype), "read_bytes_per_s": bandwidth,
               "calls": args.calls, "repeats": args.repeats, "rows": rows}
     print(f"{machine}, torch {torch.__version__}, {dtype}, read bandwidth {bandwidth / 1e12:.2f} TB/s")

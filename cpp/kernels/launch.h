@@ -1,5 +1,5 @@
 #pragma once
-// The CUDA kernels' launchers (decode_attention.cu, rms_norm.cu): plain pointers, strides in elements and a
+// The CUDA kernels' launchers (decode_attention.cu, linear.cu, rms_norm.cu): plain pointers, strides in elements and a
 // stream, no torch types, so that nvcc compiles them without torch's headers. kernels/ops.cpp checks the
 // tensors and calls these; each returns the launch's cudaError_t as an int (0 is success).
 #include <cstdint>
@@ -37,5 +37,35 @@ int launch_decode_attention(const AttentionArgs& args, void* stream);
 // to `dtype` once.
 int launch_rms_norm(const void* x, const void* weight, void* y, int64_t rows, int64_t width, float eps,
                     Dtype dtype, void* stream);
+
+// What a fused linear layer (linear.cu) applies to its input rows before the matrix product.
+enum class LinearInput { none, rms_norm, layer_norm, activation, gated };
+enum class Activation { identity, silu, gelu, gelu_tanh, relu };
+
+// The most input rows the fused linear kernel takes: a chain's verification (gamma + 1 <= 8 tokens); wider calls
+// are ATen's matrix products, whose tiles use the tensor cores.
+constexpr int kLinearMaxRows = 8;
+
+// out [rows, n] (row stride out_stride) = u @ weight.T (+ bias) (+ out when accumulate), u [rows, k] the input x
+// (row stride x_stride; gated: x [rows, 2k] = [gate | up], u = act(gate) * up) after `input`: nothing, RMSNorm or
+// LayerNorm (norm_weight, norm_bias [k] or null, eps), or `activation`. weight [n, k] contiguous; x, weight and
+// the norm's tensors 16-byte aligned and k, x_stride multiples of a 16-byte vector's elements; out not
+// overlapping x. Computed in float32; u rounded to `dtype` as the ATen composite rounds it, out rounded once.
+struct LinearArgs {
+  const void* x;
+  const void* weight;
+  const void* bias;
+  const void* norm_weight;
+  const void* norm_bias;
+  void* out;
+  int64_t x_stride, out_stride;
+  int rows, n, k;
+  float eps;
+  LinearInput input;
+  Activation activation;
+  bool accumulate;
+  Dtype dtype;
+};
+int launch_linear(const LinearArgs& args, void* stream);
 
 }  // namespace speculant::kernels

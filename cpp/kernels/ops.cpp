@@ -1,5 +1,5 @@
-// torch.ops.speculant.rms_norm and torch.ops.speculant.decode_attention, the exports' fused operations
-// (python/speculant/models/export/llama.py, kernels="speculant"): on the CPU each is the ATen composite it replaces, so
+// torch.ops.speculant.rms_norm and torch.ops.speculant.decode_attention, two of the exports' fused operations
+// (python/speculant/models/export/llama.py, kernels="speculant"; the linear layers' are in linear.cpp): on the CPU each is the ATen composite it replaces, so
 // that a CPU export with them computes what one without them does; on CUDA, where this build has the CUDA
 // compiler, the kernels of decode_attention.cu and rms_norm.cu.
 #include <ATen/ATen.h>
@@ -9,7 +9,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "kernels/launch.h"
+#include "kernels/device_tensors.h"
 #endif
 
 namespace speculant::kernels {
@@ -65,19 +65,6 @@ at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, dou
 }
 
 #ifdef SPECULANT_CUDA_KERNELS
-Dtype kernel_dtype(const at::Tensor& t, const char* op) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return Dtype::float32;
-    case at::kBFloat16: return Dtype::bfloat16;
-    case at::kHalf: return Dtype::float16;
-    default: TORCH_CHECK_VALUE(false, op, ": dtype must be float32, bfloat16 or float16, got ", t.scalar_type());
-  }
-}
-
-void check_launch(int error, const char* op) {
-  TORCH_CHECK(error == 0, op, ": the CUDA launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(error)));
-}
-
 at::Tensor last_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
 at::Tensor attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,

@@ -56,6 +56,27 @@ def gated(gate: Tensor, up: Tensor, kind: str) -> Tensor:
     return activate(gate, kind) * up
 
 
+def add_linear(x: Tensor, y: Tensor, weight: Tensor, bias: Optional[Tensor], fused: bool,
+               input: str = "none") -> Tensor:
+    """x + F.linear(u, weight, bias) written into x [.., C] (the residual stream, a layer's own tensor), u being y,
+    activate(y, input), or with input "gated_" + kind the gated product of y's halves [gate | up]: one matrix
+    product that accumulates into its output (addmm_, cuBLAS's beta = 1) where an add would be a kernel of its
+    own, rounding once. With `fused`, one torch.ops.speculant.add_linear_ (cpp/kernels/linear.cpp), the input's
+    activation inside it on CUDA."""
+    if fused:
+        return torch.ops.speculant.add_linear_(x, y, weight, bias, input)
+    if input.startswith("gated_"):
+        half = y.size(-1) // 2
+        y = gated(y[..., :half], y[..., half:], input[len("gated_"):])
+    elif input != "none":
+        y = activate(y, input)
+    flat = x.view(-1, x.size(-1))
+    flat.addmm_(y.reshape(-1, y.size(-1)), weight.t())
+    if bias is not None:
+        flat.add_(bias)
+    return x
+
+
 KERNELS = ("aten", "speculant")  # the exports' kernels: torch's own, or torch.ops.speculant.* (cpp/kernels)
 
 

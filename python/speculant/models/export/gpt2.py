@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import (CachedDecoder, Step, activate, activation_kind, cached_kv, copy_weights, fused_kernels, tapped,
-                     is_tied)
+from .cached import (CachedDecoder, Step, activation_kind, add_linear, cached_kv, copy_weights, fused_kernels,
+                     is_tied, tapped)
 
 
 class Attention(nn.Module):
@@ -24,31 +24,52 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width)
         self.proj = nn.Linear(width, width)
 
-    def forward(self, x: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
-        B, T, C = x.shape  # [R, T, C]
-        qkv = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)  # [3, B, H, T, D]
+    def forward(self, qkv: Tensor, residual: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
+        # qkv [R, T, 3C]: self.qkv of the normalized input (Block); residual [R, T, C]
+        B, T, C3 = qkv.shape
+        C = C3 // 3
+        qkv = qkv.view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)  # [3, B, H, T, D]
         k, v = cached_kv(qkv[1:], cache, step)  # keys and values written together: [B, H, S, D] each
         q = qkv[0]
         if self.fused:  # cpp/kernels/ops.cpp
             y = torch.ops.speculant.decode_attention(q, k, v, step.mask, self.scale)  # [B, H, T, D]
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=self.scale)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))  # [B, T, C]
+        return add_linear(residual, y.transpose(1, 2).reshape(B, T, C), self.proj.weight, self.proj.bias,
+                          self.fused)  # [B, T, C]: residual + proj(y)
 
 
 class Block(nn.Module):
+    """A pre-LayerNorm block whose output projections accumulate into the residual stream (add_linear). With
+    `fused`, four of speculant's operations around the attention (on CUDA one kernel each at up to 8 tokens): each
+    LayerNorm with the projection after it, each output projection with the residual add, the MLP's activation
+    inside its second projection."""
+
+    __constants__ = ["fused"]
+
     def __init__(self, width: int, heads: int, inner: int, eps: float, act: str, scale: float, fused: bool):
         super().__init__()
-        self.act = act
+        self.act, self.eps, self.fused = act, eps, fused
         self.ln_1 = nn.LayerNorm(width, eps=eps)
         self.attn = Attention(width, heads, scale, fused)
         self.ln_2 = nn.LayerNorm(width, eps=eps)
         self.fc = nn.Linear(width, inner)
         self.fc_proj = nn.Linear(inner, width)
 
+    def normed_linear(self, x: Tensor, norm_weight: Tensor, norm_bias: Tensor, weight: Tensor,
+                      bias: Tensor) -> Tensor:
+        """F.linear(F.layer_norm(x, ...), weight, bias); with `fused` one torch.ops.speculant.linear."""
+        if self.fused:
+            return torch.ops.speculant.linear(x, weight, bias, "layer_norm", norm_weight, norm_bias, self.eps)
+        return F.linear(F.layer_norm(x, [x.size(-1)], norm_weight, norm_bias, self.eps), weight, bias)
+
     def forward(self, x: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
-        x = x + self.attn(self.ln_1(x), cache, step)  # [B, T, C]
-        return x + self.fc_proj(activate(self.fc(self.ln_2(x)), self.act))  # [B, T, C]
+        # x [B, T, C], the residual stream, a tensor of this call's own: written in place
+        attention = self.attn
+        qkv = self.normed_linear(x, self.ln_1.weight, self.ln_1.bias, attention.qkv.weight, attention.qkv.bias)
+        x = attention(qkv, x, cache, step)
+        h = self.normed_linear(x, self.ln_2.weight, self.ln_2.bias, self.fc.weight, self.fc.bias)  # [B, T, F]
+        return add_linear(x, h, self.fc_proj.weight, self.fc_proj.bias, self.fused, self.act)
 
 
 class GPT2(nn.Module):
@@ -81,7 +102,7 @@ class GPT2(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, caches[i] if len(caches) > 0 else None, step)
             if i in taps:
-                taken.append(x)
+                taken.append(x.clone())  # the next block accumulates into x
         h = self.ln_f(x)
         return h, tapped(h, taken)
 
@@ -121,8 +142,9 @@ def _weights(model) -> Dict[str, Tensor]:
 
 def script(model, *, max_length: Optional[int] = None, kernels: str = "aten") -> torch.jit.ScriptModule:
     """The cached contract form of a GPT2LMHeadModel. max_length defaults to (and may not exceed)
-    config.n_positions, the learned positions there are. kernels: "aten", or "speculant" for the attention as
-    torch.ops.speculant.decode_attention (llama.script)."""
+    config.n_positions, the learned positions there are. kernels: "aten", or "speculant" for the LayerNorms
+    with their projections, the output projections with the residual adds, the activation with the MLP's second
+    projection and the attention as torch.ops.speculant.* (llama.script)."""
     config = model.config
     check_config(config)
     fused = fused_kernels(kernels)

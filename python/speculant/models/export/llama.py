@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cached import (CachedDecoder, Step, activation_kind, cached_kv, copy_weights, fused_kernels, gated, is_tied,
+from .cached import (CachedDecoder, Step, activation_kind, add_linear, cached_kv, copy_weights, fused_kernels, is_tied,
                      tapped)
 
 # RoPE types whose frequencies depend on the current sequence length: one precomputed table cannot hold them.
@@ -37,6 +37,13 @@ class RMSNorm(nn.Module):
             return torch.ops.speculant.rms_norm(x, self.weight, self.eps)
         return torch.rms_norm(x, [self.width], self.weight, self.eps)
 
+    def project(self, x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        """F.linear(self(x), weight, bias): with `fused`, one torch.ops.speculant.linear (the norm inside the
+        matrix product's kernel on CUDA: cpp/kernels/linear.cu)."""
+        if self.fused:
+            return torch.ops.speculant.linear(x, weight, bias, "rms_norm", self.weight, None, self.eps)
+        return F.linear(self.forward(x), weight, bias)
+
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     # x [B, n, T, D]; cos, sin broadcast to it: the rotation of pairs (i, i + D/2), transformers' rotate_half
@@ -56,17 +63,6 @@ def head_tables(cos: Tensor, sin: Tensor, rotated: int, kept: int) -> Tuple[Tens
             torch.cat((sin.expand(R, rotated, T, D), zeros), dim=1))
 
 
-def add_linear(x: Tensor, y: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """x + F.linear(y, weight, bias) written into x [.., C] (the residual stream, a layer's own tensor): one matrix
-    product that accumulates into its output (addmm_, cuBLAS's beta = 1) where an add would be a kernel of its
-    own, rounding once."""
-    flat = x.view(-1, x.size(-1))
-    flat.addmm_(y.reshape(-1, y.size(-1)), weight.t())
-    if bias is not None:
-        flat.add_(bias)
-    return x
-
-
 class Attention(nn.Module):
     """Queries, keys and values from one fused projection, all rotated in one pass (the values by the identity:
     head_tables) whose output holds the keys and values as the cache takes them, and each key/value head attended
@@ -83,12 +79,13 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(width, (heads + 2 * kv_heads) * head_dim, bias=bias)  # [q | k | v] rows
         self.o_proj = nn.Linear(heads * head_dim, width, bias=bias)
 
-    def forward(self, x: Tensor, residual: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tensor],
+    def forward(self, qkv: Tensor, residual: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tensor],
                 step: Step) -> Tensor:
-        # x [R, T, C] normalized, residual [R, T, C]; cos, sin [1 | R, H + 2 H_kv, T, D] (head_tables)
-        B, T, _ = x.shape
+        # qkv [R, T, (H + 2 H_kv) D]: self.qkv of the normalized input (Block); residual [R, T, C]; cos, sin
+        # [1 | R, H + 2 H_kv, T, D] (head_tables)
+        B, T, _ = qkv.shape
         H, H_kv, D = self.heads, self.kv_heads, self.head_dim
-        qkv = rotate(self.qkv(x).view(B, T, H + 2 * H_kv, D).transpose(1, 2), cos, sin)  # [B, H + 2 H_kv, T, D]
+        qkv = rotate(qkv.view(B, T, H + 2 * H_kv, D).transpose(1, 2), cos, sin)  # [B, H + 2 H_kv, T, D]
         k, v = cached_kv(qkv[:, H:].view(B, 2, H_kv, T, D).transpose(0, 1), cache, step)  # [B, H_kv, S, D] each
         # query head h reads key/value head h // (H / H_kv), as repeat_interleave would pair them: each key/value
         # head's H / H_kv query heads stacked along the query axis, [B, H_kv, H / H_kv * T, D]
@@ -98,14 +95,21 @@ class Attention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=step.mask, scale=D ** -0.5)
         y = y.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
-        return add_linear(residual, y, self.o_proj.weight, self.o_proj.bias)  # [B, T, C]: residual + o_proj(y)
+        return add_linear(residual, y, self.o_proj.weight, self.o_proj.bias, self.fused)  # residual + o_proj(y)
 
 
 class Block(nn.Module):
+    """A decoder layer: with `fused`, four of speculant's operations around the attention (on CUDA one kernel
+    each at up to 8 tokens): the input norm with the qkv projection, the output projection accumulating into the
+    residual stream, the second norm with the gate and up projection, the gated product with the down projection
+    accumulating likewise."""
+
+    __constants__ = ["fused"]
+
     def __init__(self, config, head_dim: int, act: str, fused: bool):
         super().__init__()
         width, inner = config.hidden_size, config.intermediate_size
-        self.act, self.inner = act, inner
+        self.act, self.inner, self.fused = act, inner, fused
         self.input_layernorm = RMSNorm(width, config.rms_norm_eps, fused)
         self.self_attn = Attention(width, config.num_attention_heads, config.num_key_value_heads, head_dim,
                                    config.attention_bias, fused)
@@ -115,10 +119,11 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tensor], step: Step) -> Tensor:
         # x [B, T, C], the residual stream: each sublayer's output projection accumulates into it (add_linear)
-        x = self.self_attn(self.input_layernorm(x), x, cos, sin, cache, step)
-        h = self.gate_up(self.post_attention_layernorm(x))  # [B, T, 2F]
-        return add_linear(x, gated(h[..., :self.inner], h[..., self.inner:], self.act), self.down_proj.weight,
-                          self.down_proj.bias)
+        attention = self.self_attn
+        x = attention(self.input_layernorm.project(x, attention.qkv.weight, attention.qkv.bias), x, cos, sin, cache,
+                      step)
+        h = self.post_attention_layernorm.project(x, self.gate_up.weight, self.gate_up.bias)  # [B, T, 2F]
+        return add_linear(x, h, self.down_proj.weight, self.down_proj.bias, self.fused, "gated_" + self.act)
 
 
 class Llama(nn.Module):
@@ -230,8 +235,9 @@ def _weights(model, config) -> Dict[str, Tensor]:
 def script(model, *, max_length: Optional[int] = None, kernels: str = "aten") -> torch.jit.ScriptModule:
     """The cached contract form of a LlamaForCausalLM. max_length (the preallocated cache's positions)
     defaults to min(config.max_position_embeddings, 4096). kernels: "aten" (torch's own operations) or
-    "speculant" (the norms and attention as torch.ops.speculant.*: CUDA kernels of this package, the same ATen
-    composites on the CPU)."""
+    "speculant" (the norms with the projections after them, the residual adds with the projections before them,
+    the gated product with the down projection and the attention as torch.ops.speculant.*: CUDA kernels of this
+    package, the same ATen composites on the CPU)."""
     config = model.config
     check_config(config)
     fused = fused_kernels(kernels)
