@@ -105,12 +105,15 @@ def linear_row(shape: str, part: str, input: str, k: int, n: int, tokens: int, d
     torch operations without them (export/cached.py's add_linear, torch.rms_norm or F.layer_norm then F.linear)."""
     from speculant.export import cached
 
-    g = torch.Generator().manual_seed(k + n)
-    x = torch.randn(tokens, 2 * k if input.startswith("gated_") else k, generator=g).to(device, dtype)
-    weight = (k ** -0.5 * torch.randn(n, k, generator=g)).to(device, dtype)
-    bias = torch.randn(n, generator=g).to(device, dtype) if shape == "gpt2" else None
-    gain, shift = (torch.randn(k, generator=g) + 1).to(device, dtype), torch.randn(k, generator=g).to(device, dtype)
-    residual = torch.randn(tokens, n, generator=g).to(device, dtype)
+    g = torch.Generator(device).manual_seed(k + n)  # drawn where they run: an 8B projection's weights in ms
+
+    def draw(*shape: int, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+        return (scale * torch.randn(*shape, generator=g, device=device) + shift).to(dtype)
+
+    x = draw(tokens, 2 * k if input.startswith("gated_") else k)
+    weight = draw(n, k, scale=k ** -0.5)
+    bias = draw(n) if shape == "gpt2" else None
+    gain, shift, residual = draw(k, shift=1.0), draw(k), draw(tokens, n)
     if input == "rms_norm":
         fused = lambda: torch.ops.speculant.linear(x, weight, bias, input, gain, None, 1e-5)  # noqa: E731
         plain = lambda: F.linear(torch.rms_norm(x, [k], gain, 1e-5), weight, bias)  # noqa: E731

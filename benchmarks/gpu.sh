@@ -7,10 +7,11 @@
 #                                  # `again`); the CUDA tests (the law tests and the fused kernels' among them),
 #                                  # 4 workers; kernels.py's kernels per layer and replayed call of the bf16
 #                                  # Llamas and GPT-2 with torch's operations and speculant's fused ones, side by
-#                                  # side (100 s at most); fused_ops.py's operations alone against torch's at
-#                                  # several cache lengths (60 s at most); then benchmarks/memory_speed.py in
-#                                  # bf16 with CUDA graphs (the fused operations where their tests passed), its
-#                                  # parts in order of value (the 8B-shaped target against the read floor,
+#                                  # side (100 s at most); fused_ops.py's operations alone against torch's
+#                                  # (attention at several cache lengths, the norm, a layer's projections; 90 s
+#                                  # at most); then benchmarks/memory_speed.py in bf16 with CUDA graphs (the
+#                                  # fused operations where their tests passed), its parts in order of value
+#                                  # (the 8B-shaped target against the read floor,
 #                                  # the 1B-shaped draft and c, verification widths, cache buckets, the
 #                                  # GPT-2-shaped pair, the demo pair against Theorem 3.8), cut off at the
 #                                  # deadline; ends with ONE summary table
@@ -55,7 +56,7 @@ measure() {
     --models llama-8b llama-1.1b gpt2-target --kernels aten speculant --widths 1 --no-engine --calls 5 --repeats 3 \
     --out "$out/kernels-cuda.json" >"$out/kernels.log" 2>&1 || true
   echo "[$SECONDS s] kernels.py: $(grep -c "k = 1" "$out/kernels.log") calls measured"
-  timeout 60 python3 benchmarks/fused_ops.py --device cuda --out "$out/fused-ops-cuda.json" 2>&1 | tail -22 || true
+  timeout 90 python3 benchmarks/fused_ops.py --device cuda --out "$out/fused-ops-cuda.json" 2>&1 | tail -48 || true
   echo "[$SECONDS s] fused_ops.py"
   python3 benchmarks/memory_speed.py --device cuda --kernels $kernels --deadline $((deadline - SECONDS - 120)) \
     --out "$out/memory-speed.json" --summary "$out/summary.md" 2>&1 | grep -v "Loading weights" || true

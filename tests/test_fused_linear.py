@@ -6,6 +6,8 @@ calls of up to 8 rows) is checked on a GPU against float64 references computed o
 without one): every input kind and dtype, 1 to 8 rows, widths off the kernel's column tiles, strided rows, and
 the calls it leaves to ATen (more rows, widths off its 16-byte vectors, unaligned rows).
 """
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -128,33 +130,49 @@ def reference(x, weight, bias, input, dtype, residual=None, **norm):
 @pytest.mark.parametrize("input", INPUTS)
 @pytest.mark.parametrize("rows, k, n", [(1, 4096, 64), (2, 512, 1000), (3, 256, 37), (5, 2048, 96), (8, 768, 130),
                                         (9, 256, 64),  # more rows than the kernel takes: ATen's
-                                        (2, 100, 33)])  # not whole 16-byte vectors: ATen's
+                                        (2, 102, 33)])  # not whole 16-byte vectors: ATen's
 def test_cuda_linear_matches_a_float64_reference(dtype, input, rows, k, n):
     x, weight, bias, norm = operands(input, rows, k, n, dtype, "cuda", seed=k + n)
-    got = OPS.linear(x, weight, bias, op_input(input), **norm)
+    kernel = rows <= 8 and k % 8 == 0
+    got = launched(lambda: OPS.linear(x, weight, bias, op_input(input), **norm), kernel)
     assert got.dtype == dtype and got.shape == (rows, n)
     assert relative_error(got, reference(x, weight, bias, input, dtype, **norm)) < TOLERANCES[dtype]
     assert torch.equal(OPS.linear(x, weight, bias, op_input(input), **norm), got)  # the same bits again
     residual = torch.randn(rows, n, generator=torch.Generator().manual_seed(1)).to(dtype).cuda()
     if not norm:
         out = residual.clone()
-        OPS.add_linear_(out, x, weight, None, input)
-        assert relative_error(out, reference(x, weight, None, input, dtype, residual)) < TOLERANCES[dtype]
+        launched(lambda: OPS.add_linear_(out, x, weight, bias, input), kernel)
+        assert relative_error(out, reference(x, weight, bias, input, dtype, residual)) < TOLERANCES[dtype]
+
+
+def launched(call, kernel: bool):
+    """call()'s result, checking that it ran linear.cu's kernel exactly when `kernel` (else ATen's operations)."""
+    with warnings.catch_warnings():  # what a torch's profiler says of itself is no failure of the kernel's
+        warnings.simplefilter("ignore")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            result = call()
+            torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("linear_rows" in name for name in names) == kernel, names
+    return result
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_linear_reads_strided_and_unaligned_rows(dtype):
-    """Rows inside a wider tensor (the kernel reads them with their stride) and rows off 16-byte boundaries
-    (ATen's); a 3-d input."""
+    """Rows inside a wider tensor (the kernel reads them with their stride), rows off 16-byte boundaries and a
+    strided norm weight (ATen's); a 3-d input."""
     x, weight, bias, norm = operands("rms_norm", 4, 256, 64, dtype, "cuda")
     wide = torch.zeros(4, 256 + 64, dtype=dtype, device="cuda")
     wide[:, :256] = x
     shifted = torch.zeros(4 * 256 + 1, dtype=dtype, device="cuda")[1:].view(4, 256).copy_(x)
     want = reference(x, weight, bias, "rms_norm", dtype, **norm)
-    for rows in (wide[:, :256], shifted, x.view(2, 2, 256)):
-        got = OPS.linear(rows, weight, bias, "rms_norm", **norm).reshape(4, 64)
+    for rows, kernel in ((wide[:, :256], True), (shifted, False), (x.view(2, 2, 256), True)):
+        got = launched(lambda: OPS.linear(rows, weight, bias, "rms_norm", **norm), kernel).reshape(4, 64)
         assert relative_error(got, want) < TOLERANCES[dtype]
+    strided_gain = torch.stack((norm["norm_weight"], norm["norm_weight"]), 1)[:, 0]  # not packed: ATen's
+    got = launched(lambda: OPS.linear(x, weight, bias, "rms_norm", strided_gain, None, 1e-5), False)
+    assert relative_error(got, want) < TOLERANCES[dtype]
 
 
 @pytest.mark.cuda

@@ -7,6 +7,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -147,12 +148,13 @@ at::Tensor& add_linear_composite(at::Tensor& out, const at::Tensor& x, const at:
 }
 
 #ifdef SPECULANT_CUDA_KERNELS
-bool aligned(const std::optional<at::Tensor>& t) {
-  return !t.has_value() || reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
+// a tensor the kernel reads as packed 16-byte vectors, or none
+bool packed(const std::optional<at::Tensor>& t) {
+  return !t.has_value() || (t->is_contiguous() && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0);
 }
 
 // x's rows [rows, width] as the kernel reads them, or nothing where the call is ATen's: too many rows, a dtype
-// the kernel lacks, or widths and addresses off its 16-byte vectors.
+// the kernel lacks, sizes past its int indices, or widths and addresses off its 16-byte vectors.
 std::optional<at::Tensor> kernel_rows(const at::Tensor& x, const at::Tensor& weight,
                                       const std::optional<at::Tensor>& norm_weight,
                                       const std::optional<at::Tensor>& norm_bias) {
@@ -160,10 +162,13 @@ std::optional<at::Tensor> kernel_rows(const at::Tensor& x, const at::Tensor& wei
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return std::nullopt;
   at::Tensor rows = x.reshape({-1, x.size(-1)});
   const int64_t vector = 16 / x.element_size(), k = weight.size(1);
-  if (rows.size(0) == 0 || rows.size(0) > kLinearMaxRows || k == 0 || k % vector != 0 || !weight.is_contiguous())
+  constexpr int64_t kMaxIndex = std::numeric_limits<int>::max();
+  if (rows.size(0) == 0 || rows.size(0) > kLinearMaxRows || k == 0 || k % vector != 0 || 2 * k > kMaxIndex ||
+      weight.size(0) > kMaxIndex)
     return std::nullopt;
   if (rows.stride(1) != 1 || rows.stride(0) % vector != 0) rows = rows.contiguous();
-  if (!aligned(rows) || !aligned(weight) || !aligned(norm_weight) || !aligned(norm_bias)) return std::nullopt;
+  const bool aligned = reinterpret_cast<uintptr_t>(rows.data_ptr()) % 16 == 0;
+  if (!aligned || !packed(weight) || !packed(norm_weight) || !packed(norm_bias)) return std::nullopt;
   return rows;
 }
 

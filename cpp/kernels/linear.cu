@@ -1,12 +1,13 @@
 // Linear layers of a few input rows (decoding and verification calls) with what comes before and after the
 // matrix product fused in: out[m, n] = sum_k u[m, k] W[n, k] (+ bias[n]) (+ out[m, n], accumulating into a
 // residual stream), where u is x, its RMSNorm or LayerNorm, an activation of it, or a gated activation of its
-// halves ([gate | up]). Such a call reads each weight once, so it is bound by reading W: each warp streams
-// kCols weight rows with 16-byte loads, the next kUnroll vectors per lane loaded while the current ones are
-// computed on, and reads the input's few rows (a few KB, from L1 and L2) as it goes, transforming them in float32
-// and rounding to T as the ATen composite rounds the transformed input. A norm's statistics come first, while
-// the first weights load, each block computing them for all rows (a LayerNorm's variance in a second pass over
-// the row, about its mean). Every dot product is reduced in float32 across its warp and rounded once.
+// halves ([gate | up]). Such a call reads each weight once, so it is bound by reading W. A block of kWarps
+// warps computes kWarps * kCols columns, K in chunks of kChunk 16-byte vectors: each lane first loads its
+// vectors of the chunk for the warp's columns, then, while they arrive, the block transforms the chunk of the
+// input rows once into shared memory (in float32, rounded to T as the ATen composite rounds the transformed
+// input), then each warp computes on both. A norm's statistics come before the first chunk, each block
+// computing them for all rows (a LayerNorm's variance in a second pass over the row, about its mean). Every dot
+// product is reduced in float32 across its warp and rounded once.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,10 +18,11 @@
 namespace speculant::kernels {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kCols = 2;    // output columns (weight rows) per warp
-constexpr int kUnroll = 4;  // 16-byte weight vectors per column a lane loads before computing on them
+constexpr int kCols = 2;      // output columns (weight rows) per warp: 16 per block
+constexpr int kChunk = 256;   // 16-byte vectors of K per chunk: the block's transformed rows of a chunk in shared
+constexpr int kPerLane = kChunk / 32;  // memory (8 rows: 32 KB), each lane's weight vectors of it in registers
 
 template <typename T>
 __device__ inline float rounded(float x) {
@@ -31,7 +33,7 @@ __device__ inline float rounded(float x) {
 
 __device__ inline float activate(float x, Activation kind) {
   switch (kind) {
-    case Activation::silu: return x / (1.0f + expf(-x));
+    case Activation::silu: return __fdividef(x, 1.0f + __expf(-x));
     case Activation::gelu: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case Activation::gelu_tanh:
       return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
@@ -98,100 +100,92 @@ __device__ void norm_statistics(const LinearArgs& a, float (&mean)[M], float (&s
   for (int m = 0; m < M; ++m) scale[m] = rsqrtf(sums[m] / static_cast<float>(a.k) + a.eps);
 }
 
-// Row m's transformed input at 16-byte vector i: its N elements, rounded to T. g, b: the norm's weight and bias
-// at vector i (for a norm; b zero without a bias).
-template <typename T, int N, int M>
-__device__ void input_vector(const LinearArgs& a, int m, int i, const float (&mean)[M], const float (&scale)[M],
-                             const T* g, const T* b, float (&u)[N]) {
+// Row m's transformed input at 16-byte vector i, rounded to T, as one vector of T.
+template <typename T>
+__device__ uint4 input_vector(const LinearArgs& a, int m, int i, float mean, float scale) {
+  constexpr int N = 16 / sizeof(T);
   const T* row = static_cast<const T*>(a.x) + m * a.x_stride;
-  const uint4 first = __ldg(reinterpret_cast<const uint4*>(row) + i);
-  const T* e = reinterpret_cast<const T*>(&first);
-  switch (a.input) {
-    case LinearInput::none:
-#pragma unroll
-      for (int j = 0; j < N; ++j) u[j] = load(e + j);
-      return;
-    case LinearInput::activation:
-#pragma unroll
-      for (int j = 0; j < N; ++j) u[j] = rounded<T>(activate(load(e + j), a.activation));
-      return;
-    case LinearInput::gated: {
-      const uint4 up = __ldg(reinterpret_cast<const uint4*>(row + a.k) + i);
-      const T* f = reinterpret_cast<const T*>(&up);
-#pragma unroll
-      for (int j = 0; j < N; ++j) u[j] = rounded<T>(activate(load(e + j), a.activation) * load(f + j));
-      return;
-    }
-    case LinearInput::rms_norm:
-    case LinearInput::layer_norm:
-#pragma unroll
-      for (int j = 0; j < N; ++j) u[j] = rounded<T>((load(e + j) - mean[m]) * scale[m] * load(g + j) + load(b + j));
-      return;
+  const uint4 xv = __ldg(reinterpret_cast<const uint4*>(row) + i);
+  if (a.input == LinearInput::none) return xv;
+  const T* e = reinterpret_cast<const T*>(&xv);
+  uint4 out, up, gv, bv = make_uint4(0, 0, 0, 0);
+  T* u = reinterpret_cast<T*>(&out);
+  if (a.input == LinearInput::gated) up = __ldg(reinterpret_cast<const uint4*>(row + a.k) + i);
+  if (a.input == LinearInput::rms_norm || a.input == LinearInput::layer_norm) {
+    gv = __ldg(reinterpret_cast<const uint4*>(a.norm_weight) + i);
+    if (a.norm_bias != nullptr) bv = __ldg(reinterpret_cast<const uint4*>(a.norm_bias) + i);
   }
-}
-
-template <int U, int C>
-struct WeightVectors {
-  uint4 v[U][C];
-};
-
-// The kUnroll vectors from `base` on (32 apart) of each of the warp's weight rows
-template <int C>
-__device__ inline WeightVectors<kUnroll, C> weight_vectors(const uint4* const (&w)[C], int base, int vectors) {
-  WeightVectors<kUnroll, C> out;
+  const T* f = reinterpret_cast<const T*>(&up);
+  const T* g = reinterpret_cast<const T*>(&gv);
+  const T* b = reinterpret_cast<const T*>(&bv);
 #pragma unroll
-  for (int r = 0; r < kUnroll; ++r)
-#pragma unroll
-    for (int c = 0; c < C; ++c)
-      if (base + 32 * r < vectors) out.v[r][c] = __ldg(w[c] + base + 32 * r);
+  for (int j = 0; j < N; ++j) {
+    const float x = load(e + j);
+    switch (a.input) {
+      case LinearInput::activation: store(u + j, activate(x, a.activation)); break;
+      case LinearInput::gated: store(u + j, activate(x, a.activation) * load(f + j)); break;
+      default: store(u + j, (x - mean) * scale * load(g + j) + load(b + j)); break;  // the norms (b 0 for RMS)
+    }
+  }
   return out;
 }
 
-// M: the rows the kernel is built for (a.rows <= M, the rest skipped)
+// M: the rows the kernel is built for (a.rows <= M, the rest skipped). Every thread of the block reaches every
+// __syncthreads: a warp whose columns lie past n computes on the last column and stores nothing.
 template <typename T, int M>
 __global__ void __launch_bounds__(kThreads) linear_rows(LinearArgs a) {
   constexpr int N = 16 / sizeof(T);
+  __shared__ uint4 staged[M][kChunk];  // the chunk's transformed input rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int first = (blockIdx.x * kWarps + warp) * kCols, vectors = a.k / N;
   const uint4* w[kCols];
 #pragma unroll
-  for (int c = 0; c < kCols; ++c)  // a column past n reads the last one again, and is not stored
+  for (int c = 0; c < kCols; ++c)
     w[c] = reinterpret_cast<const uint4*>(static_cast<const T*>(a.weight) +
                                           static_cast<int64_t>(min(first + c, a.n - 1)) * a.k);
-  // the first weights are on their way while the norm's statistics are computed
-  WeightVectors<kUnroll, kCols> current = weight_vectors(w, lane, vectors);
-  float mean[M], scale[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) mean[m] = 0.0f, scale[m] = 1.0f;
-  const bool norm = a.input == LinearInput::rms_norm || a.input == LinearInput::layer_norm;
-  if (norm) norm_statistics<T, M>(a, mean, scale);  // every thread of the block takes part
-  if (first >= a.n) return;
+  __shared__ float row_mean[M], row_scale[M];  // each row's norm statistics
   float acc[kCols][M] = {};
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int base = lane; base < vectors; base += 32 * kUnroll) {
-    const WeightVectors<kUnroll, kCols> next = weight_vectors(w, base + 32 * kUnroll, vectors);
+  const bool norm = a.input == LinearInput::rms_norm || a.input == LinearInput::layer_norm;
+  for (int start = 0; start < vectors; start += kChunk) {
+    uint4 wv[kPerLane][kCols];  // this chunk's weights: on their way while the chunk's input is transformed
 #pragma unroll
-    for (int r = 0; r < kUnroll; ++r) {
-      const int i = base + 32 * r;
-      if (i >= vectors) break;
-      uint4 gv = zero, bv = zero;
-      if (norm) gv = __ldg(reinterpret_cast<const uint4*>(a.norm_weight) + i);
-      if (a.norm_bias != nullptr) bv = __ldg(reinterpret_cast<const uint4*>(a.norm_bias) + i);
+    for (int p = 0; p < kPerLane; ++p)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c)
+        if (start + lane + 32 * p < vectors) wv[p][c] = __ldg(w[c] + start + lane + 32 * p);
+    if (start == 0) {
+      float mean[M], scale[M];
+#pragma unroll
+      for (int m = 0; m < M; ++m) mean[m] = 0.0f, scale[m] = 1.0f;
+      if (norm) norm_statistics<T, M>(a, mean, scale);
+      if (threadIdx.x == 0) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) row_mean[m] = mean[m], row_scale[m] = scale[m];
+      }
+    }
+    __syncthreads();  // the statistics are written; the previous chunk's compute is done with staged[]
+    for (int index = threadIdx.x; index < M * kChunk; index += kThreads) {
+      const int m = index / kChunk, i = start + index % kChunk;
+      if (m < a.rows && i < vectors)
+        staged[m][index % kChunk] = input_vector<T>(a, m, i, row_mean[m], row_scale[m]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < kPerLane; ++p) {
+      if (start + lane + 32 * p >= vectors) break;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         if (m >= a.rows) break;
-        float u[N];
-        input_vector<T, N, M>(a, m, i, mean, scale, reinterpret_cast<const T*>(&gv),
-                              reinterpret_cast<const T*>(&bv), u);
+        const uint4 uv = staged[m][lane + 32 * p];
+        const T* u = reinterpret_cast<const T*>(&uv);
 #pragma unroll
         for (int c = 0; c < kCols; ++c) {
-          const T* we = reinterpret_cast<const T*>(&current.v[r][c]);
+          const T* we = reinterpret_cast<const T*>(&wv[p][c]);
 #pragma unroll
-          for (int j = 0; j < N; ++j) acc[c][m] += load(we + j) * u[j];
+          for (int j = 0; j < N; ++j) acc[c][m] += load(we + j) * load(u + j);
         }
       }
     }
-    current = next;
   }
 #pragma unroll
   for (int c = 0; c < kCols; ++c) {
