@@ -1,7 +1,7 @@
 // torch.ops.speculant.rms_norm and torch.ops.speculant.decode_attention, two of the exports' fused operations
-// (python/speculant/models/export/llama.py, kernels="speculant"; the linear layers' are in linear.cpp): on the CPU each is the ATen composite it replaces, so
-// that a CPU export with them computes what one without them does; on CUDA, where this build has the CUDA
-// compiler, the kernels of decode_attention.cu and rms_norm.cu.
+// (python/speculant/models/export/llama.py, kernels="speculant"; the linear layers' are in linear.cpp): on the
+// CPU each is the ATen composite it replaces, so that a CPU export with them computes what one without them does;
+// on CUDA, where this build has the CUDA compiler, the kernels of decode_attention.cu and rms_norm.cu.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
