@@ -51,7 +51,7 @@ cuda_tests() {
 measure() {
   cuda_tests
   local tests kernels=speculant; tests=$(tail -1 "$out/cuda-tests.log")
-  grep -qE "^(FAILED|ERROR) tests/test_fused_(ops|linear)" "$out/cuda-tests.log" && kernels=aten
+  grep -qE "^(FAILED|ERROR) tests/test_(fused_ops|fused_linear|rotate_and_cache)" "$out/cuda-tests.log" && kernels=aten
   timeout 100 python3 benchmarks/kernels.py --device cuda \
     --models llama-8b llama-1.1b gpt2-target --kernels aten speculant --widths 1 --no-engine --calls 5 --repeats 3 \
     --out "$out/kernels-cuda.json" >"$out/kernels.log" 2>&1 || true

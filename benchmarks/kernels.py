@@ -70,7 +70,7 @@ ONE_KERNEL_ON_CUDA = {"aten::rms_norm"}  # its CUDA dispatch: aten::_fused_rms_n
 # speculant's fused operations (cpp/kernels, an export's kernels="speculant"): the kernels each launches on CUDA at
 # one token, where its CPU composite is several operations; the attention's second kernel combines its key chunks
 FUSED = {"speculant::rms_norm": 1, "speculant::decode_attention": 2, "speculant::linear": 1,
-         "speculant::add_linear_": 1}
+         "speculant::add_linear_": 1, "speculant::rotate_and_cache": 1}
 
 
 def build(name: str, device: torch.device, dtype: torch.dtype, kernels: str = "aten"):

@@ -98,18 +98,21 @@ def test_fused_layers_launch_at_most_8_kernels_at_one_token():
     """Issue 48's goal, counted on the CPU: a fused layer's operations at one token, each speculant operation as
     the kernels it launches on CUDA (kernels.FUSED). A Llama layer: its two norms inside the qkv and gate/up
     projections (speculant::linear), the output and down projections accumulating into the residual stream, the
-    down projection's input the gated product (speculant::add_linear_), the rotation (2 mul, cat and add: one
-    kernel of TorchScript's CUDA fuser), the cache write and the attention's two kernels: 8 kernels. A GPT-2 block
-    the same without the rotation: 7. Without speculant's operations, 10 and 9 (before cuBLAS's split-K
-    reductions)."""
-    one_kernel_on_cuda = {"aten::mul": 2, "aten::cat": 1, "aten::add": 1}  # the rotation
-    fused = {"speculant::linear": 2, "speculant::add_linear_": 2, "speculant::decode_attention": 2,
-             "aten::_index_put_impl_": 1}
-    assert layer_counts(llama, "llama", "speculant", 1) == {**fused, **one_kernel_on_cuda}
-    assert sum(fused.values()) + 1 == 8
-    assert layer_counts(gpt2, "gpt2", "speculant", 1) == fused and sum(fused.values()) == 7
+    down projection's input the gated product (speculant::add_linear_), the rotation with the cache write
+    (speculant::rotate_and_cache) and the attention's two kernels: 7 kernels. A GPT-2 block: the same, its cache
+    write an index_put of its own and no rotation: 7. Without speculant's operations, 10 and 9 (before cuBLAS's
+    split-K reductions). A fused Llama call's own work has no rotary head tables (the rotation broadcasts its
+    tables over the heads): 8 operations beside its layers, against 12."""
+    fused = {"speculant::linear": 2, "speculant::add_linear_": 2, "speculant::decode_attention": 2}
+    assert layer_counts(llama, "llama", "speculant", 1) == {**fused, "speculant::rotate_and_cache": 1}
+    assert layer_counts(gpt2, "gpt2", "speculant", 1) == {**fused, "aten::_index_put_impl_": 1}
+    assert sum(fused.values()) + 1 == 7
     plain = layer_counts(llama, "llama", "aten", 1)
     assert sum(plain.values()) - 3 - 2 == 10  # the rotation's 4 and the gate's 3 (sigmoid, 2 mul) one kernel each
+    for kernels, own in (("speculant", 8), ("aten", 12)):
+        call = counts(llama.script(make("llama"), kernels=kernels), 96, 1)[0]  # 2 layers
+        per_layer = layer_counts(llama, "llama", kernels, 1)
+        assert sum(call.values()) - 2 * sum(per_layer.values()) == own
 
 
 def test_cpu_kernels_leave_out_views_and_conversions():

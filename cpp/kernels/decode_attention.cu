@@ -181,12 +181,7 @@ int attention_splits(int batch, int heads, int rows, int keys, int multiprocesso
 int launch_decode_attention(const AttentionArgs& args, void* stream) {
   if (args.rows == 0 || args.batch * args.heads == 0) return 0;
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (args.dtype) {
-    case Dtype::float32: return launch_width<float>(args, s);
-    case Dtype::bfloat16: return launch_width<__nv_bfloat16>(args, s);
-    case Dtype::float16: return launch_width<__half>(args, s);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return by_dtype(args.dtype, [&](auto element) { return launch_width<decltype(element)>(args, s); });
 }
 
 }  // namespace speculant::kernels

@@ -1,7 +1,10 @@
 #pragma once
-// Loads and stores of the kernels' element types, computed in float32.
+// Loads and stores of the kernels' element types, computed in float32, and the launch by dtype.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/launch.h"
 
 namespace speculant::kernels {
 
@@ -15,6 +18,17 @@ __device__ inline void store(__half* p, float x) { *p = __float2half(x); }
 __device__ inline float warp_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
   return x;
+}
+
+// launch(T{}) for the element type T that `dtype` names: each kernel file's launch by dtype
+template <typename Launch>
+int by_dtype(Dtype dtype, Launch&& launch) {
+  switch (dtype) {
+    case Dtype::float32: return launch(float{});
+    case Dtype::bfloat16: return launch(__nv_bfloat16{});
+    case Dtype::float16: return launch(__half{});
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
 }
 
 }  // namespace speculant::kernels

@@ -1,7 +1,8 @@
 #pragma once
-// The CUDA kernels' launchers (decode_attention.cu, linear.cu, rms_norm.cu): plain pointers, strides in elements and a
-// stream, no torch types, so that nvcc compiles them without torch's headers. kernels/ops.cpp checks the
-// tensors and calls these; each returns the launch's cudaError_t as an int (0 is success).
+// The CUDA kernels' launchers (decode_attention.cu, linear.cu, rms_norm.cu, rotate_and_cache.cu): plain
+// pointers, strides in elements and a stream, no torch types, so that nvcc compiles them without torch's
+// headers. kernels/ops.cpp, linear.cpp and rotate_and_cache.cpp check the tensors and call these; each returns
+// the launch's cudaError_t as an int (0 is success).
 #include <cstdint>
 
 namespace speculant::kernels {
@@ -67,5 +68,28 @@ struct LinearArgs {
   Dtype dtype;
 };
 int launch_linear(const LinearArgs& args, void* stream);
+
+// A Llama layer's rotary embedding and cache write: qkv [B, T, (H + 2 H_kv) D] contiguous; each query head
+// rotated into q [B, H, T, D], each key head rotated and each value head as it is into the cache at (kv, row,
+// slot, head): row rows[b] (0 without rows), slot slots[b, t] (start + t without slots), D contiguous. cos, sin
+// [1 | B, 1, T, D] contiguous (cos_row_stride 0 when one row serves all), sin's first half negated: out[d] =
+// x[d] cos[d] + x[d + D/2] sin[d], out[d + D/2] = x[d + D/2] cos[d + D/2] + x[d] sin[d + D/2]. A row or slot
+// past cache_rows or cache_slots traps.
+struct RotaryArgs {
+  const void* qkv;
+  const void* cos;
+  const void* sin;
+  void* q;
+  void* cache;
+  const int64_t* rows;
+  const int64_t* slots;
+  int64_t cos_row_stride;
+  int64_t cache_stride[4];  // kv, row, slot, head
+  int64_t cache_rows, cache_slots;
+  int batch, tokens, heads, kv_heads, head_dim;
+  int64_t start;
+  Dtype dtype;
+};
+int launch_rotate_and_cache(const RotaryArgs& args, void* stream);
 
 }  // namespace speculant::kernels

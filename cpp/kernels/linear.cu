@@ -219,12 +219,7 @@ int launch(const LinearArgs& a, void* stream) {
 int launch_linear(const LinearArgs& args, void* stream) {
   if (args.rows == 0 || args.n == 0) return 0;
   if (args.rows > kLinearMaxRows || args.k <= 0) return static_cast<int>(cudaErrorInvalidValue);
-  switch (args.dtype) {
-    case Dtype::float32: return launch<float>(args, stream);
-    case Dtype::bfloat16: return launch<__nv_bfloat16>(args, stream);
-    case Dtype::float16: return launch<__half>(args, stream);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return by_dtype(args.dtype, [&](auto element) { return launch<decltype(element)>(args, stream); });
 }
 
 }  // namespace speculant::kernels

@@ -104,12 +104,9 @@ int launch(const void* x, const void* weight, void* y, int64_t rows, int64_t wid
 int launch_rms_norm(const void* x, const void* weight, void* y, int64_t rows, int64_t width, float eps,
                     Dtype dtype, void* stream) {
   if (rows == 0) return 0;
-  switch (dtype) {
-    case Dtype::float32: return launch<float>(x, weight, y, rows, width, eps, stream);
-    case Dtype::bfloat16: return launch<__nv_bfloat16>(x, weight, y, rows, width, eps, stream);
-    case Dtype::float16: return launch<__half>(x, weight, y, rows, width, eps, stream);
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
+  return by_dtype(dtype, [&](auto element) {
+    return launch<decltype(element)>(x, weight, y, rows, width, eps, stream);
+  });
 }
 
 }  // namespace speculant::kernels

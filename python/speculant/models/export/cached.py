@@ -127,12 +127,20 @@ def cached_kv(kv: Tensor, cache: Optional[Tensor], step: Step) -> Tuple[Tensor, 
         return kv[0], kv[1]
     rows, slots = step.rows, step.slots
     if rows is None or slots is None:  # batch 1: the cache [2, H_kv, M, D], written at [start, start + T)
-        end = step.start + kv.size(3)
-        cache[:, :, step.start:end] = kv[:, 0]
+        cache[:, :, step.start:step.start + kv.size(3)] = kv[:, 0]
+    else:  # a batch: the cache [2, B, M + 1, H_kv, D]; token (r, j)'s key and value at (rows[r], slots[r, j])
+        index = torch.jit.annotate(List[Optional[Tensor]], [None, rows.unsqueeze(1).expand_as(slots), slots])
+        cache.index_put_(index, kv.transpose(2, 3))  # [2, R, T, H_kv, D]
+    return seen_kv(cache, step, kv.size(3))
+
+
+def seen_kv(cache: Tensor, step: Step, new: int) -> Tuple[Tensor, Tensor]:
+    """Every key and value a call of `new` tokens attends to, [R, H_kv, S, D] each, its own among them (views of a
+    layer's cache, gathered for a batch's rows out of order)."""
+    rows = step.rows
+    if rows is None or step.slots is None:  # batch 1: slots [0, start + T)
+        end = step.start + new
         return cache[0, :, :end].unsqueeze(0), cache[1, :, :end].unsqueeze(0)
-    # a batch: the cache [2, B, M + 1, H_kv, D]; token (r, j)'s key and value at (rows[r], slots[r, j])
-    index = torch.jit.annotate(List[Optional[Tensor]], [None, rows.unsqueeze(1).expand_as(slots), slots])
-    cache.index_put_(index, kv.transpose(2, 3))  # [2, R, T, H_kv, D]
     seen = cache[:, :, :step.keys]  # [2, B, S, H_kv, D]
     if rows.size(0) != cache.size(1):  # not every row in order: gathered
         seen = seen.index_select(1, rows)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .cached import (CachedDecoder, Step, activation_kind, add_linear, cached_kv, copy_weights, fused_kernels,
-                     is_tied, tapped)
+                     is_tied, seen_kv, tapped)
 
 # RoPE types whose frequencies depend on the current sequence length: one precomputed table cannot hold them.
 DYNAMIC_ROPE = ("dynamic", "longrope")
@@ -68,8 +68,9 @@ class Attention(nn.Module):
     head_tables) whose output holds the keys and values as the cache takes them, and each key/value head attended
     by its H / H_kv query heads stacked along the query axis (the mask stacked to match in Llama.run), so the
     cached keys and values are never copied per query head. The output projection accumulates into the
-    residual stream. With `fused`, the attention is torch.ops.speculant.decode_attention, which reads the mask
-    unstacked (cpp/kernels/ops.cpp)."""
+    residual stream. With `fused`, the rotation and the cache write are one torch.ops.speculant.rotate_and_cache
+    (the tables broadcast over the heads, not head_tables; the values copied as they are), and the attention is
+    torch.ops.speculant.decode_attention, which reads the mask unstacked (cpp/kernels/)."""
 
     __constants__ = ["fused"]
 
@@ -82,14 +83,24 @@ class Attention(nn.Module):
     def forward(self, qkv: Tensor, residual: Tensor, cos: Tensor, sin: Tensor, cache: Optional[Tensor],
                 step: Step) -> Tensor:
         # qkv [R, T, (H + 2 H_kv) D]: self.qkv of the normalized input (Block); residual [R, T, C]; cos, sin
-        # [1 | R, H + 2 H_kv, T, D] (head_tables)
+        # [1 | R, H + 2 H_kv, T, D] (head_tables), or [1 | R, 1, T, D] when fused
         B, T, _ = qkv.shape
         H, H_kv, D = self.heads, self.kv_heads, self.head_dim
-        qkv = rotate(qkv.view(B, T, H + 2 * H_kv, D).transpose(1, 2), cos, sin)  # [B, H + 2 H_kv, T, D]
-        k, v = cached_kv(qkv[:, H:].view(B, 2, H_kv, T, D).transpose(0, 1), cache, step)  # [B, H_kv, S, D] each
+        if self.fused and cache is not None:
+            q = torch.ops.speculant.rotate_and_cache(qkv, cos, sin, cache, step.rows, step.slots, step.start, H,
+                                                     H_kv)  # [B, H, T, D]
+            k, v = seen_kv(cache, step, T)  # [B, H_kv, S, D] each
+        elif self.fused:  # stateless: the same rotation, keys and values the call's own
+            heads = qkv.view(B, T, H + 2 * H_kv, D).transpose(1, 2)
+            rotated = rotate(heads[:, :H + H_kv], cos, sin)
+            q, k, v = rotated[:, :H], rotated[:, H:], heads[:, H + H_kv:]
+        else:
+            qkv = rotate(qkv.view(B, T, H + 2 * H_kv, D).transpose(1, 2), cos, sin)  # [B, H + 2 H_kv, T, D]
+            k, v = cached_kv(qkv[:, H:].view(B, 2, H_kv, T, D).transpose(0, 1), cache, step)  # [B, H_kv, S, D]
+            q = qkv[:, :H]
         # query head h reads key/value head h // (H / H_kv), as repeat_interleave would pair them: each key/value
         # head's H / H_kv query heads stacked along the query axis, [B, H_kv, H / H_kv * T, D]
-        q = qkv[:, :H].reshape(B, H_kv, H // H_kv * T, D)
+        q = q.reshape(B, H_kv, H // H_kv * T, D)
         if self.fused:
             y = torch.ops.speculant.decode_attention(q, k, v, step.mask, D ** -0.5)  # [B, H_kv, H/H_kv T, D]
         else:
@@ -99,10 +110,10 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """A decoder layer: with `fused`, four of speculant's operations around the attention (on CUDA one kernel
-    each at up to 8 tokens): the input norm with the qkv projection, the output projection accumulating into the
-    residual stream, the second norm with the gate and up projection, the gated product with the down projection
-    accumulating likewise."""
+    """A decoder layer: with `fused`, speculant's operations throughout (on CUDA 7 kernels at up to 8 tokens): the
+    input norm with the qkv projection, the rotation with the cache write, the attention (two kernels), the output
+    projection accumulating into the residual stream, the second norm with the gate and up projection, the gated
+    product with the down projection accumulating likewise."""
 
     __constants__ = ["fused"]
 
@@ -162,7 +173,8 @@ class Llama(nn.Module):
             cos, sin = self.cos[step.start:end][None, None], self.sin[step.start:end][None, None]  # [1, 1, T, D]
         else:
             cos, sin = self.cos[step.positions].unsqueeze(1), self.sin[step.positions].unsqueeze(1)  # [R, 1, T, D]
-        cos, sin = head_tables(cos, sin, self.heads + self.kv_heads, self.kv_heads)  # [1 | R, H + 2 H_kv, T, D]
+        if not self.fused:  # fused: one rotation per layer broadcasts [1 | R, 1, T, D] over the heads it rotates
+            cos, sin = head_tables(cos, sin, self.heads + self.kv_heads, self.kv_heads)  # [1 | R, H + 2 H_kv, T, D]
         group = self.heads // self.kv_heads
         if group > 1 and not self.fused:  # each query's mask row once per query head sharing its key/value head
             shape = step.mask.shape  # [.., T, S]
