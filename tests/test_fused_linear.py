@@ -183,6 +183,7 @@ def test_cuda_linear_is_captured_and_replayed_in_a_graph():
     out = torch.full((1, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     residual = torch.zeros(1, 1024, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up outside the capture
         OPS.linear(x, weight, bias, "rms_norm", **norm)
         OPS.add_linear_(residual.clone(), h, down, None, "gated_silu")

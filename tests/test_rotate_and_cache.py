@@ -57,13 +57,14 @@ def plain(qkv, cos, sin, cache, step, heads, kv_heads):
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (2, 2), (8, 1)])
 def test_batch_one_on_the_cpu_is_the_plain_composite(dtype, heads, kv_heads):
     qkv, cos, sin = inputs(1, 3, heads, kv_heads, 8, dtype)
-    want_cache, got_cache = (torch.randn(2, kv_heads, 10, 8).to(dtype) for _ in range(2))
-    got_cache.copy_(want_cache)
+    before = torch.randn(2, kv_heads, 10, 8).to(dtype)
+    want_cache, got_cache = before.clone(), before.clone()
     step = cached.single_step(3, 4, torch.device("cpu"), dtype)
     want = plain(qkv, cos, sin, want_cache, step, heads, kv_heads)
     got = OPS.rotate_and_cache(qkv, cos, sin, got_cache, None, None, 4, heads, kv_heads)
     assert torch.equal(got, want) and torch.equal(got_cache, want_cache)
-    assert torch.equal(got_cache[:, :, :4], want_cache[:, :, :4])  # the earlier slots untouched
+    assert torch.equal(got_cache[:, :, :4], before[:, :, :4]) and torch.equal(got_cache[:, :, 7:], before[:, :, 7:])
+    assert not torch.equal(got_cache[:, :, 4:7], before[:, :, 4:7])
 
 
 @pytest.mark.parametrize("tables", [1, 3])
@@ -83,8 +84,12 @@ def test_bad_inputs_are_refused_naming_what_is_wrong():
     cache = torch.zeros(2, 2, 10, 8)
     with pytest.raises(ValueError, match="qkv must be"):
         OPS.rotate_and_cache(qkv, cos, sin, cache, None, None, 0, 3, 2)
-    with pytest.raises(ValueError, match="cos and sin must be"):
+    with pytest.raises(ValueError, match="cos and sin must both be"):
         OPS.rotate_and_cache(qkv, cos[..., :4], sin, cache, None, None, 0, 4, 2)
+    rows_qkv, rows_cos, rows_sin = inputs(2, 3, 4, 2, 8, torch.float32, tables=2)
+    with pytest.raises(ValueError, match="cos and sin must both be"):  # one table for all rows, the other per row
+        OPS.rotate_and_cache(rows_qkv, rows_cos[:1], rows_sin, torch.zeros(2, 2, 10, 2, 8), torch.tensor([0, 1]),
+                             torch.tensor([[0, 1, 2], [0, 1, 2]]), 0, 4, 2)
     with pytest.raises(ValueError, match="start \\+ T <= M"):
         OPS.rotate_and_cache(qkv, cos, sin, cache, None, None, 8, 4, 2)
     with pytest.raises(ValueError, match="share qkv's dtype"):
@@ -144,6 +149,7 @@ def test_cuda_rotate_and_cache_is_captured_and_replayed_in_a_graph():
     cache = torch.zeros(2, 2, 16, 128, dtype=torch.bfloat16, device="cuda")
     q = torch.empty(1, 8, 1, 128, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up outside the capture
         OPS.rotate_and_cache(qkv, cos, sin, cache, None, None, 3, 8, 2)
     graph = torch.cuda.CUDAGraph()

@@ -74,7 +74,7 @@ int launch_linear(const LinearArgs& args, void* stream);
 // slot, head): row rows[b] (0 without rows), slot slots[b, t] (start + t without slots), D contiguous. cos, sin
 // [1 | B, 1, T, D] contiguous (cos_row_stride 0 when one row serves all), sin's first half negated: out[d] =
 // x[d] cos[d] + x[d + D/2] sin[d], out[d + D/2] = x[d + D/2] cos[d + D/2] + x[d] sin[d + D/2]. A row or slot
-// past cache_rows or cache_slots traps.
+// outside [0, cache_rows) or [0, cache_slots), negative ones included, traps (the engine writes only its own).
 struct RotaryArgs {
   const void* qkv;
   const void* cos;

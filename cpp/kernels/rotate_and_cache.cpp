@@ -36,8 +36,9 @@ Shape check(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
   const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(2) / (heads + 2 * kv_heads);
   for (const at::Tensor* t : {&cos, &sin})
     TORCH_CHECK_VALUE(t->dim() == 4 && (t->size(0) == 1 || t->size(0) == B) && t->size(1) == 1 &&
-                      t->size(2) == T && t->size(3) == D, "rotate_and_cache: cos and sin must be [1 | ", B, ", 1, ", T,
-                      ", ", D, "], got ", t->sizes());
+                      t->size(2) == T && t->size(3) == D && t->size(0) == cos.size(0), "rotate_and_cache: cos and "
+                      "sin must both be [1, 1, ", T, ", ", D, "] or both [", B, ", 1, ", T, ", ", D, "], got ",
+                      cos.sizes(), " and ", sin.sizes());
   for (const at::Tensor* t : {&cos, &sin, &cache})
     TORCH_CHECK_VALUE(t->scalar_type() == qkv.scalar_type() && t->device() == qkv.device(), "rotate_and_cache: "
                       "cos, sin and the cache must share qkv's dtype and device, ", qkv.scalar_type(), " on ",
@@ -70,7 +71,7 @@ at::Tensor composite(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
                      const std::optional<at::Tensor>& rows, const std::optional<at::Tensor>& slots, int64_t start,
                      int64_t heads, int64_t kv_heads) {
   const Shape s = check(qkv, cos, sin, cache, rows, slots, start, heads, kv_heads);
-  const at::Tensor x = qkv.view({s.batch, s.tokens, heads + 2 * kv_heads, s.head_dim}).transpose(1, 2);
+  const at::Tensor x = qkv.reshape({s.batch, s.tokens, heads + 2 * kv_heads, s.head_dim}).transpose(1, 2);
   const at::Tensor r = rotated(x.narrow(1, 0, heads + kv_heads), cos, sin);  // [B, H + H_kv, T, D]
   const at::Tensor kv = at::stack({r.narrow(1, heads, kv_heads), x.narrow(1, heads + kv_heads, kv_heads)});
   if (!rows.has_value()) {

@@ -59,7 +59,7 @@ int launch(const RotaryArgs& a, void* stream) {
 }  // namespace
 
 int launch_rotate_and_cache(const RotaryArgs& args, void* stream) {
-  if (args.batch == 0 || args.tokens == 0) return 0;
+  if (args.batch == 0 || args.tokens == 0 || args.head_dim == 0) return 0;
   return by_dtype(args.dtype, [&](auto element) { return launch<decltype(element)>(args, stream); });
 }
 
