@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernel_checks import TOLERANCES, relative_error
+
 OPS = torch.ops.speculant
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
 INPUTS = ["none", "rms_norm", "layer_norm", "layer_norm_unbiased", "silu", "gelu", "gelu_tanh", "relu",
@@ -105,14 +107,6 @@ def test_bad_inputs_are_refused_naming_what_is_wrong():
     square = torch.randn(3, 16)
     with pytest.raises(ValueError, match="out must not overlap x"):
         OPS.add_linear_(square, square, torch.randn(16, 16))
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    assert not got.isnan().any()
-    return ((got.double().cpu() - want).norm() / want.norm()).item()
-
-
-TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
 def reference(x, weight, bias, input, dtype, residual=None, **norm):

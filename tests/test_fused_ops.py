@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import hf_models
 import speculant
+from kernel_checks import TOLERANCES, relative_error
 
 OPS = torch.ops.speculant
 
@@ -120,14 +121,6 @@ def test_export_refuses_fused_kernels_where_they_do_not_apply(tmp_path):
         speculant.export(hf_models.make("gpt2"), tmp_path / "m.pt2", kernels="speculant")
     with pytest.raises(ValueError, match="decoder-only exports"):
         speculant.export(hf_models.make("t5"), tmp_path / "t5.pt", kernels="speculant")
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    assert not got.isnan().any()
-    return ((got.double().cpu() - want).norm() / want.norm()).item()
-
-
-TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
 @pytest.mark.cuda

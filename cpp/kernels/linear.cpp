@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/launch.h"
@@ -126,25 +127,44 @@ void check_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& wei
                     "overlap x");
 }
 
-at::Tensor linear_composite(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            c10::string_view input_name, const std::optional<at::Tensor>& norm_weight,
-                            const std::optional<at::Tensor>& norm_bias, double eps) {
-  const Input input = parse_input(std::string(input_name), "linear");
-  const int64_t k = check_linear(x, weight, bias, input, norm_weight, norm_bias, "linear");
+// ATen's computation of each operation, on arguments already checked (k: the weight's input width)
+at::Tensor linear_aten(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                       const Input& input, const std::optional<at::Tensor>& norm_weight,
+                       const std::optional<at::Tensor>& norm_bias, double eps, int64_t k) {
   return at::linear(transformed(x, input, norm_weight, norm_bias, eps, k), weight, bias);
 }
 
-at::Tensor& add_linear_composite(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
-                                 const std::optional<at::Tensor>& bias, c10::string_view input_name) {
+at::Tensor& add_linear_aten(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias, const Input& input, int64_t k) {
+  at::Tensor flat = out.view({-1, weight.size(0)});
+  flat.addmm_(transformed(x, input, std::nullopt, std::nullopt, 0.0, k).reshape({-1, k}), weight.t());
+  if (bias.has_value()) flat.add_(*bias);
+  return out;
+}
+
+// add_linear_'s input, parsed, after checking every argument against it; K
+std::pair<Input, int64_t> check_add_linear(const at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                                          const std::optional<at::Tensor>& bias, c10::string_view input_name) {
   const Input input = parse_input(std::string(input_name), "add_linear_");
   TORCH_CHECK_VALUE(!is_norm(input), "add_linear_: input must not be a norm (the residual stream is its input's "
                     "source), got '", input_name, "'");
   const int64_t k = check_linear(x, weight, bias, input, std::nullopt, std::nullopt, "add_linear_");
   check_out(out, x, weight);
-  at::Tensor flat = out.view({-1, weight.size(0)});
-  flat.addmm_(transformed(x, input, std::nullopt, std::nullopt, 0.0, k).reshape({-1, k}), weight.t());
-  if (bias.has_value()) flat.add_(*bias);
-  return out;
+  return {input, k};
+}
+
+at::Tensor linear_composite(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            c10::string_view input_name, const std::optional<at::Tensor>& norm_weight,
+                            const std::optional<at::Tensor>& norm_bias, double eps) {
+  const Input input = parse_input(std::string(input_name), "linear");
+  const int64_t k = check_linear(x, weight, bias, input, norm_weight, norm_bias, "linear");
+  return linear_aten(x, weight, bias, input, norm_weight, norm_bias, eps, k);
+}
+
+at::Tensor& add_linear_composite(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
+                                 const std::optional<at::Tensor>& bias, c10::string_view input_name) {
+  const auto [input, k] = check_add_linear(out, x, weight, bias, input_name);
+  return add_linear_aten(out, x, weight, bias, input, k);
 }
 
 #ifdef SPECULANT_CUDA_KERNELS
@@ -193,9 +213,9 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
                        c10::string_view input_name, const std::optional<at::Tensor>& norm_weight,
                        const std::optional<at::Tensor>& norm_bias, double eps) {
   const Input input = parse_input(std::string(input_name), "linear");
-  check_linear(x, weight, bias, input, norm_weight, norm_bias, "linear");
+  const int64_t k = check_linear(x, weight, bias, input, norm_weight, norm_bias, "linear");
   const std::optional<at::Tensor> rows = kernel_rows(x, weight, norm_weight, norm_bias);
-  if (!rows.has_value()) return linear_composite(x, weight, bias, input_name, norm_weight, norm_bias, eps);
+  if (!rows.has_value()) return linear_aten(x, weight, bias, input, norm_weight, norm_bias, eps, k);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = weight.size(0);
   at::Tensor out = at::empty(shape, x.options());
@@ -205,12 +225,9 @@ at::Tensor linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std:
 
 at::Tensor& add_linear_cuda(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, c10::string_view input_name) {
-  const Input input = parse_input(std::string(input_name), "add_linear_");
-  if (is_norm(input)) return add_linear_composite(out, x, weight, bias, input_name);  // refused there
-  check_linear(x, weight, bias, input, std::nullopt, std::nullopt, "add_linear_");
-  check_out(out, x, weight);
+  const auto [input, k] = check_add_linear(out, x, weight, bias, input_name);
   const std::optional<at::Tensor> rows = kernel_rows(x, weight, std::nullopt, std::nullopt);
-  if (!rows.has_value()) return add_linear_composite(out, x, weight, bias, input_name);
+  if (!rows.has_value()) return add_linear_aten(out, x, weight, bias, input, k);
   run_kernel(*rows, weight, bias, input, std::nullopt, std::nullopt, 0.0, out, true, "add_linear_");
   return out;
 }

@@ -67,10 +67,10 @@ at::Tensor rotated(const at::Tensor& x, const at::Tensor& cos, const at::Tensor&
   return x * cos + at::cat({x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1) * sin;
 }
 
-at::Tensor composite(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& cache,
-                     const std::optional<at::Tensor>& rows, const std::optional<at::Tensor>& slots, int64_t start,
-                     int64_t heads, int64_t kv_heads) {
-  const Shape s = check(qkv, cos, sin, cache, rows, slots, start, heads, kv_heads);
+// ATen's computation, on arguments already checked (s: their shape)
+at::Tensor aten(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& cache,
+                const std::optional<at::Tensor>& rows, const std::optional<at::Tensor>& slots, int64_t start,
+                int64_t heads, int64_t kv_heads, const Shape& s) {
   const at::Tensor x = qkv.reshape({s.batch, s.tokens, heads + 2 * kv_heads, s.head_dim}).transpose(1, 2);
   const at::Tensor r = rotated(x.narrow(1, 0, heads + kv_heads), cos, sin);  // [B, H + H_kv, T, D]
   const at::Tensor kv = at::stack({r.narrow(1, heads, kv_heads), x.narrow(1, heads + kv_heads, kv_heads)});
@@ -83,6 +83,13 @@ at::Tensor composite(const at::Tensor& qkv, const at::Tensor& cos, const at::Ten
   return r.narrow(1, 0, heads);  // [B, H, T, D]
 }
 
+at::Tensor composite(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& cache,
+                     const std::optional<at::Tensor>& rows, const std::optional<at::Tensor>& slots, int64_t start,
+                     int64_t heads, int64_t kv_heads) {
+  const Shape s = check(qkv, cos, sin, cache, rows, slots, start, heads, kv_heads);
+  return aten(qkv, cos, sin, cache, rows, slots, start, heads, kv_heads, s);
+}
+
 #ifdef SPECULANT_CUDA_KERNELS
 at::Tensor rotate_and_cache_cuda(const at::Tensor& qkv_in, const at::Tensor& cos_in, const at::Tensor& sin_in,
                                  at::Tensor& cache, const std::optional<at::Tensor>& rows_in,
@@ -90,7 +97,7 @@ at::Tensor rotate_and_cache_cuda(const at::Tensor& qkv_in, const at::Tensor& cos
                                  int64_t kv_heads) {
   const Shape s = check(qkv_in, cos_in, sin_in, cache, rows_in, slots_in, start, heads, kv_heads);
   if (cache.stride(-1) != 1)  // the kernel writes each head's D elements contiguously
-    return composite(qkv_in, cos_in, sin_in, cache, rows_in, slots_in, start, heads, kv_heads);
+    return aten(qkv_in, cos_in, sin_in, cache, rows_in, slots_in, start, heads, kv_heads, s);
   const c10::cuda::CUDAGuard guard(qkv_in.device());
   const at::Tensor qkv = qkv_in.contiguous(), cos = cos_in.contiguous(), sin = sin_in.contiguous();
   const at::Tensor rows = rows_in.has_value() ? rows_in->contiguous() : at::Tensor();
