@@ -4,7 +4,9 @@ activation before it and, for add_linear_, the residual add after it.
 On the CPU each is the ATen composite the exports compute without it, bit for bit. The CUDA kernel (linear.cu,
 calls of up to 8 rows) is checked on a GPU against float64 references computed on the CPU (marked cuda: skipped
 without one): every input kind and dtype, 1 to 8 rows, widths off the kernel's column tiles, strided rows, and
-the calls it leaves to ATen (more rows, widths off its 16-byte vectors, unaligned rows).
+the calls it leaves to ATen (more rows, widths off its 16-byte vectors, unaligned rows). The same kernel also runs
+here, emulated on CPU threads under AddressSanitizer and ThreadSanitizer (tests/emulated_kernels.py), against
+the same references.
 """
 import warnings
 
@@ -12,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import emulated_kernels
 from kernel_checks import TOLERANCES, relative_error
 
 OPS = torch.ops.speculant
@@ -193,3 +196,52 @@ def test_cuda_linear_is_captured_and_replayed_in_a_graph():
         assert relative_error(out, reference(x, weight, bias, "rms_norm", torch.bfloat16, **norm)) < 1e-2
         want = reference(h, down, None, "gated_silu", torch.bfloat16, torch.zeros(1, 1024))
         assert relative_error(residual, want) < 1e-2
+
+
+def emulated(x, weight, bias, input, residual=None, x_stride=None, sanitizer="address", **norm):
+    """linear.cu's launcher on x [rows, width] stored with row stride `x_stride` (the padding NaN, which the kernel
+    must not read), as linear.cpp calls it: the output poisoned, or `residual` accumulated into."""
+    rows, width = x.shape
+    n, k = weight.shape
+    stored = torch.full((rows, x_stride or width), float("nan"), dtype=x.dtype)
+    stored[:, :width] = x
+    out = torch.full((rows, n), float("nan"), dtype=x.dtype) if residual is None else residual.clone()
+    name = op_input(input)
+    kind, activation = ("gated", name[len("gated_"):]) if name.startswith("gated_") else (
+        ("activation", name) if name in ACTIVATIONS else (name, "identity"))
+    return emulated_kernels.launch(
+        "linear", sanitizer, x=stored, weight=weight, bias=bias, norm_weight=norm.get("norm_weight"),
+        norm_bias=norm.get("norm_bias"), out=out, x_stride=stored.size(1), out_stride=n, rows=rows, n=n, k=k,
+        eps=norm.get("eps", 0.0), input=kind, activation=activation, accumulate=int(residual is not None),
+        dtype=x.dtype)["out"]
+
+
+needs_emulator = pytest.mark.skipif(emulated_kernels.missing() is not None,
+                                    reason=f"emulated kernels: {emulated_kernels.missing()}")
+
+
+@needs_emulator
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("input", INPUTS)
+@pytest.mark.parametrize("rows, k, n, x_stride", [
+    (1, 2048, 48, None),  # whole chunks of K (bf16: one; float32: two)
+    (3, 2312, 37, 2312 * 2 + 16),  # a last chunk in part; the 4-row kernel with a row unused; padded rows
+    (7, 256, 20, None)])  # the 8-row kernel; a last column tile in part
+def test_emulated_linear_kernel_matches_a_float64_reference(dtype, input, rows, k, n, x_stride):
+    x, weight, bias, norm = operands(input, rows, k, n, dtype, seed=k + n)
+    got = emulated(x, weight, bias, input, x_stride=x_stride, **norm)
+    assert relative_error(got, reference(x, weight, bias, input, dtype, **norm)) < TOLERANCES[dtype]
+    if not norm and rows == 3:  # add_linear_: the residual accumulated into
+        residual = torch.randn(rows, n, generator=torch.Generator().manual_seed(1)).to(dtype)
+        got = emulated(x, weight, bias, input, residual, x_stride)
+        assert relative_error(got, reference(x, weight, bias, input, dtype, residual)) < TOLERANCES[dtype]
+
+
+@needs_emulator
+@pytest.mark.parametrize("input, dtype, rows, k, n", [("rms_norm", torch.bfloat16, 3, 2312, 37),
+                                                      ("layer_norm", torch.float32, 8, 1024, 20),
+                                                      ("gated_silu", torch.float16, 2, 512, 16)])
+def test_emulated_linear_kernel_has_no_race_on_shared_memory(input, dtype, rows, k, n):
+    x, weight, bias, norm = operands(input, rows, k, n, dtype)
+    got = emulated(x, weight, bias, input, sanitizer="thread", **norm)
+    assert relative_error(got, reference(x, weight, bias, input, dtype, **norm)) < TOLERANCES[dtype]

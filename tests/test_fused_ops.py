@@ -5,12 +5,14 @@ On the CPU each operation is the ATen composite it replaces, so a fused export m
 the plain one does, through every path of the engine (prefill, extend, truncate, verification widths, a batch's
 rows). The CUDA kernels are checked on a GPU against float64 references computed on the CPU (marked cuda:
 skipped without one): random inputs, the cache's strided views, masked keys, every dtype and head size, the
-output poisoned first.
+output poisoned first. The same kernels also run here, emulated on CPU threads under AddressSanitizer and
+ThreadSanitizer (tests/emulated_kernels.py), against the same references.
 """
 import pytest
 import torch
 import torch.nn.functional as F
 
+import emulated_kernels
 import hf_models
 import speculant
 from kernel_checks import TOLERANCES, relative_error
@@ -193,3 +195,66 @@ def test_cuda_fused_exports_follow_the_plain_ones(arch, tmp_path):
         for step in (ids[:, 5:6], ids[:, 6:11]):
             want = plain.extend(step)
             assert (fused.extend(step) - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+
+
+needs_emulator = pytest.mark.skipif(emulated_kernels.missing() is not None,
+                                    reason=f"emulated kernels: {emulated_kernels.missing()}")
+
+
+def emulated_attention(q, cache, keys, mask, scale, splits, sanitizer="address"):
+    """decode_attention.cu's launcher as ops.cpp calls it, on attention_inputs' k and v (views of `cache`
+    [2, B, keys + 3, H, D]); mask [T, S] or [B, 1, T, S]. The output is poisoned first."""
+    B, H, N, D = q.shape
+    rows = mask.unsqueeze(0) if mask.dim() == 2 else mask.squeeze(1)  # [Bm, T, S]
+    k, v = cache[0].contiguous(), cache[1].contiguous()  # [B, keys + 3, H, D]: k = k[:, :keys].transpose(1, 2)
+    kv_stride = (k.stride(0), k.stride(2), k.stride(1))
+    return emulated_kernels.launch(
+        "decode_attention", sanitizer, q=q, k=k, v=v, mask=rows.contiguous(), out=torch.full_like(q, float("nan")),
+        partial=torch.full((splits * B * H * N * (D + 2),), float("nan")) if splits > 1 else None,
+        q_stride=q.stride()[:3], k_stride=kv_stride, v_stride=kv_stride,
+        mask_stride=(0 if rows.size(0) == 1 else rows[0].numel(), keys, 1), batch=B, heads=H, rows=N,
+        mask_rows=rows.size(1), keys=keys, head_dim=D, splits=splits, scale=scale, dtype=q.dtype)["out"]
+
+
+@needs_emulator
+@pytest.mark.parametrize("dim", [64, 128, 256])
+@pytest.mark.parametrize("batch, heads, group, new, keys, mask_batch, splits", [
+    (1, 2, 4, 1, 70, 1, 1),  # one chunk: the first kernel writes the output
+    (1, 2, 4, 1, 70, 1, 3),  # three chunks combined by the second kernel
+    (3, 1, 2, 5, 33, 3, 2),  # a mask per batch row, 10 query rows: two tiles, the second in part
+    (2, 1, 1, 1, 1, 1, 1)])  # one key
+def test_emulated_decode_attention_matches_a_float64_reference(dim, batch, heads, group, new, keys, mask_batch,
+                                                               splits):
+    dtype = [torch.float32, torch.bfloat16, torch.float16][(dim // 64 + keys) % 3]
+    g = torch.Generator().manual_seed(dim + keys)
+    q, k, v, mask = attention_inputs(batch, heads, group, new, keys, dim, dtype, seed=dim + keys,
+                                     mask_batch=mask_batch)
+    cache = k.transpose(1, 2).new_empty(2, batch, keys + 3, heads, dim).normal_(generator=g)
+    cache[0, :, :keys], cache[1, :, :keys] = k.transpose(1, 2), v.transpose(1, 2)
+    got = emulated_attention(q, cache, keys, mask, dim ** -0.5, splits)
+    want = stacked_attention(*(t.double() for t in (q, k, v, mask)), dim ** -0.5)
+    assert relative_error(got, want) < TOLERANCES[dtype]
+
+
+@needs_emulator
+def test_emulated_decode_attention_has_no_race_on_shared_memory():
+    q, k, v, mask = attention_inputs(1, 2, 4, 2, 40, 64, torch.bfloat16)
+    cache = torch.zeros(2, 1, 43, 2, 64, dtype=torch.bfloat16)
+    cache[0, :, :40], cache[1, :, :40] = k.transpose(1, 2), v.transpose(1, 2)
+    got = emulated_attention(q, cache, 40, mask, 0.125, 2, sanitizer="thread")
+    assert relative_error(got, stacked_attention(*(t.double() for t in (q, k, v, mask)), 0.125)) < 1e-2
+
+
+@needs_emulator
+@pytest.mark.parametrize("dtype, rows, width", [
+    (torch.float32, 1, 4096), (torch.bfloat16, 7, 2048), (torch.float16, 2, 12288),  # vectors held in registers
+    (torch.float32, 3, 101),  # not whole vectors: the plain loop
+    (torch.bfloat16, 1, 20000)])  # more than 8 vectors a thread: the plain loop
+def test_emulated_rms_norm_matches_a_float64_reference(dtype, rows, width):
+    g = torch.Generator().manual_seed(width)
+    x, weight = torch.randn(rows, width, generator=g).to(dtype), (torch.randn(width, generator=g) + 1).to(dtype)
+    got = emulated_kernels.launch("rms_norm", x=x, weight=weight, y=torch.full_like(x, float("nan")), rows=rows,
+                                  width=width, eps=1e-5, dtype=dtype)["y"]
+    x64, w64 = x.double(), weight.double()
+    want = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * w64
+    assert relative_error(got, want) < TOLERANCES[dtype]

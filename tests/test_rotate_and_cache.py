@@ -4,7 +4,8 @@ its queries and keys and the write of its keys and values into the cache, in one
 On the CPU it is the composite the plain export runs (llama.py's rotate over head_tables, cached.py's cached_kv),
 bit for bit, for the batch-1 cache and a batch's rows. The CUDA kernel is checked on a GPU against float64
 references computed on the CPU (marked cuda: skipped without one): every dtype, grouped key/value heads, 1 to 16
-tokens, one table for all rows or one per row, and the cache slots it must leave alone.
+tokens, one table for all rows or one per row, and the cache slots it must leave alone. The same kernel also runs
+here, emulated on CPU threads under AddressSanitizer (tests/emulated_kernels.py), against the same references.
 """
 import functools
 import warnings
@@ -12,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+import emulated_kernels
 import kernel_checks
 from kernel_checks import relative_error
 from speculant.export import cached
@@ -161,3 +163,63 @@ def test_cuda_rotate_and_cache_is_captured_and_replayed_in_a_graph():
         want = plain(*(t.double().cpu() for t in (qkv, cos, sin)), reference,
                      cached.single_step(1, 3, torch.device("cpu"), torch.float64), 8, 2)
         assert relative_error(q, want) < 1e-2 and relative_error(cache, reference) < 1e-2
+
+
+def emulated(qkv, cos, sin, cache, rows, slots, start, heads, kv_heads):
+    """rotate_and_cache.cu's launcher as rotate_and_cache.cpp calls it: (q, cache) after the launch."""
+    B, T, width = qkv.shape
+    D = width // (heads + 2 * kv_heads)
+    batched = rows is not None
+    stride = cache.stride()
+    out = emulated_kernels.launch(
+        "rotate_and_cache", qkv=qkv, cos=cos, sin=sin, q=torch.full((B, heads, T, D), float("nan"), dtype=qkv.dtype),
+        cache=cache, rows=rows, slots=slots, cos_row_stride=0 if cos.size(0) == 1 else cos.stride(0),
+        cache_stride=(stride[0], stride[1] if batched else 0, stride[2], stride[3] if batched else stride[1]),
+        cache_rows=cache.size(1) if batched else 1, cache_slots=cache.size(2), batch=B, tokens=T, heads=heads,
+        kv_heads=kv_heads, head_dim=D, start=start, dtype=qkv.dtype)
+    return out["q"], out["cache"]
+
+
+needs_emulator = pytest.mark.skipif(emulated_kernels.missing() is not None,
+                                    reason=f"emulated kernels: {emulated_kernels.missing()}")
+
+
+@needs_emulator
+@pytest.mark.parametrize("dtype, heads, kv_heads, dim, tokens", [
+    (torch.float32, 32, 8, 128, 1), (torch.bfloat16, 4, 4, 64, 5), (torch.float16, 2, 1, 256, 3)])
+def test_emulated_batch_one_matches_a_float64_reference(dtype, heads, kv_heads, dim, tokens):
+    qkv, cos, sin = inputs(1, tokens, heads, kv_heads, dim, dtype, seed=dim + tokens)
+    cache = torch.full((2, kv_heads, 12, dim), float("nan"), dtype=dtype)
+    reference = torch.zeros(2, kv_heads, 12, dim, dtype=torch.float64)
+    want = plain(*(t.double() for t in (qkv, cos, sin)), reference,
+                 cached.single_step(tokens, 7, torch.device("cpu"), torch.float64), heads, kv_heads)
+    got, cache = emulated(qkv, cos, sin, cache, None, None, 7, heads, kv_heads)
+    assert relative_error(got, want) < TOLERANCES[dtype]
+    assert relative_error(cache[:, :, 7:7 + tokens], reference[:, :, 7:7 + tokens]) < TOLERANCES[dtype]
+    assert cache[:, :, :7].isnan().all() and cache[:, :, 7 + tokens:].isnan().all()  # no other slot written
+
+
+@needs_emulator
+@pytest.mark.parametrize("tables", [1, 3])
+def test_emulated_batch_rows_match_a_float64_reference(tables):
+    qkv, cos, sin = inputs(3, 4, 8, 2, 64, torch.bfloat16, tables=tables)
+    cache = torch.full((2, 5, 12, 2, 64), float("nan"), dtype=torch.bfloat16)
+    reference = torch.full((2, 5, 12, 2, 64), float("nan"), dtype=torch.float64)
+    rows, slots = [4, 0, 2], [[0, 1, 2, 3], [5, 7, 8, 11], [2, 3, 9, 10]]
+    want = plain(*(t.double() for t in (qkv, cos, sin)), reference, batch_step(rows, slots, 12, torch.float64), 8, 2)
+    got, cache = emulated(qkv, cos, sin, cache, torch.tensor(rows), torch.tensor(slots), 0, 8, 2)
+    assert relative_error(got, want) < TOLERANCES[torch.bfloat16]
+    written = ~reference.isnan()
+    assert torch.equal(~cache.isnan(), written)  # exactly the tokens' slots written
+    assert relative_error(cache[written], reference[written]) < TOLERANCES[torch.bfloat16]
+
+
+@needs_emulator
+@pytest.mark.parametrize("rows, slots", [([0, 5], [[0, 1], [2, 3]]), ([0, 1], [[0, 12], [2, 3]]),
+                                         ([0, 1], [[0, -1], [2, 3]])])
+def test_emulated_slots_outside_the_cache_trap(rows, slots):
+    """A row or slot outside the cache stops the kernel (a trap) instead of writing out of it."""
+    qkv, cos, sin = inputs(2, 2, 4, 2, 64, torch.float32)
+    with pytest.raises(emulated_kernels.KernelFailed, match="__trap") as failed:
+        emulated(qkv, cos, sin, torch.zeros(2, 5, 12, 2, 64), torch.tensor(rows), torch.tensor(slots), 0, 4, 2)
+    assert failed.value.status == 3

@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(D) combine_splits(AttentionArgs a) {
 template <typename T, int E>
 int launch(const AttentionArgs& a, cudaStream_t stream) {
   const dim3 grid(a.splits, (a.rows + kRows - 1) / kRows, a.batch * a.heads);
-  attend_chunk<T, E><<<grid, kWarps * 32, 0, stream>>>(a);
-  if (a.splits > 1) combine_splits<T, 32 * E><<<dim3(a.rows, a.batch * a.heads), 32 * E, 0, stream>>>(a);
+  launch_kernel(attend_chunk<T, E>, grid, kWarps * 32, stream, a);
+  if (a.splits > 1) launch_kernel(combine_splits<T, 32 * E>, dim3(a.rows, a.batch * a.heads), 32 * E, stream, a);
   return static_cast<int>(cudaGetLastError());
 }
 

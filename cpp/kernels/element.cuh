@@ -20,6 +20,16 @@ __device__ inline float warp_sum(float x) {
   return x;
 }
 
+// kernel<<<grid, block, 0, stream>>>(args...); compiled as C++ for tests/cuda_emulator, the same on CPU threads
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, const Args&... args) {
+#ifdef SPECULANT_CUDA_EMULATOR
+  emulator::run(grid, block, [&] { kernel(args...); });
+#else
+  kernel<<<grid, block, 0, stream>>>(args...);
+#endif
+}
+
 // launch(T{}) for the element type T that `dtype` names: each kernel file's launch by dtype
 template <typename Launch>
 int by_dtype(Dtype dtype, Launch&& launch) {

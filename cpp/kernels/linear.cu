@@ -207,10 +207,10 @@ template <typename T>
 int launch(const LinearArgs& a, void* stream) {
   const dim3 grid(static_cast<unsigned>((a.n + kWarps * kCols - 1) / (kWarps * kCols)));
   const auto s = static_cast<cudaStream_t>(stream);
-  if (a.rows <= 1) linear_rows<T, 1><<<grid, kThreads, 0, s>>>(a);
-  else if (a.rows <= 2) linear_rows<T, 2><<<grid, kThreads, 0, s>>>(a);
-  else if (a.rows <= 4) linear_rows<T, 4><<<grid, kThreads, 0, s>>>(a);
-  else linear_rows<T, kLinearMaxRows><<<grid, kThreads, 0, s>>>(a);
+  if (a.rows <= 1) launch_kernel(linear_rows<T, 1>, grid, kThreads, s, a);
+  else if (a.rows <= 2) launch_kernel(linear_rows<T, 2>, grid, kThreads, s, a);
+  else if (a.rows <= 4) launch_kernel(linear_rows<T, 4>, grid, kThreads, s, a);
+  else launch_kernel(linear_rows<T, kLinearMaxRows>, grid, kThreads, s, a);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -88,8 +88,8 @@ int launch(const void* x, const void* weight, void* y, int64_t rows, int64_t wid
                                           reinterpret_cast<uintptr_t>(y)) % 16 == 0;
   const int64_t per_thread = (width / N + kThreads - 1) / kThreads;
   const auto run = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, s>>>(static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<T*>(y),
-                                     width, eps);
+    launch_kernel(kernel, grid, kThreads, s, static_cast<const T*>(x), static_cast<const T*>(weight),
+                  static_cast<T*>(y), width, eps);
   };
   if (!aligned || per_thread > kMaxVectors) run(rms_norm_rows<T>);
   else if (per_thread <= 1) run(rms_norm_vectors<T, 1>);

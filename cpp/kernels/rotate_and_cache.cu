@@ -52,7 +52,7 @@ template <typename T>
 int launch(const RotaryArgs& a, void* stream) {
   const int64_t pairs = static_cast<int64_t>(a.batch) * a.tokens * (a.heads + 2 * a.kv_heads) * (a.head_dim / 2);
   const dim3 grid(static_cast<unsigned>((pairs + kThreads - 1) / kThreads));
-  rotate_pairs<T><<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(a);
+  launch_kernel(rotate_pairs<T>, grid, kThreads, static_cast<cudaStream_t>(stream), a);
   return static_cast<int>(cudaGetLastError());
 }
 
