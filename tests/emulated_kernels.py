@@ -54,13 +54,15 @@ def missing() -> str | None:
 
 def harness(sanitizer: str) -> Path:
     """The harness built with `sanitizer`, once per version of its sources (cached in the temporary folder)."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in [*KERNELS, *SOURCES, *HEADERS])).hexdigest()[:16]
-    built = Path(tempfile.gettempdir()) / f"speculant-emulator-{digest}-{sanitizer}" / "harness"
+    # -fno-strict-aliasing: the kernels read their elements through 16-byte vectors, as CUDA allows
+    common = ["g++", "-std=c++20", "-O1", "-g", "-fno-omit-frame-pointer", "-fno-strict-aliasing", *FLAGS[sanitizer],
+              "-pthread", f"-I{cuda_headers()}", f"-I{ROOT / 'cpp'}", f"-I{EMULATOR}", "-DSPECULANT_CUDA_EMULATOR"]
+    sources = b"".join(p.read_bytes() for p in [*KERNELS, *SOURCES, *HEADERS])
+    digest = hashlib.sha256(sources + " ".join(common).encode()).hexdigest()[:16]
+    built = Path(tempfile.gettempdir()) / f"speculant-emulator-{digest}" / "harness"
     if built.exists():
         return built
     built.parent.mkdir(parents=True, exist_ok=True)
-    common = ["g++", "-std=c++20", "-O1", "-g", "-fno-omit-frame-pointer", *FLAGS[sanitizer], "-pthread",
-              f"-I{cuda_headers()}", f"-I{ROOT / 'cpp'}", f"-I{EMULATOR}", "-DSPECULANT_CUDA_EMULATOR"]
     cu = ["-include", str(EMULATOR / "cuda_emulator.h"), "-x", "c++", *map(str, KERNELS), "-x", "none"]
     partial = built.with_name(f"harness.{os.getpid()}")  # two suites side by side may build it at once
     done = subprocess.run([*common, *cu, *map(str, SOURCES), "-o", str(partial)], capture_output=True, text=True)
@@ -84,8 +86,11 @@ def launch(kernel: str, sanitizer: str = "address", **arguments) -> dict[str, to
                 values = value if isinstance(value, tuple) else (value,)
                 lines.append(" ".join([name, *(DTYPES.get(v, str(v)) for v in values)]))
         Path(folder, "args.txt").write_text("\n".join(lines) + "\n")
-        done = subprocess.run([str(harness(sanitizer)), folder], capture_output=True, text=True,
-                              env={**os.environ, **ENVIRONMENT}, timeout=600)
+        try:
+            done = subprocess.run([str(harness(sanitizer)), folder], capture_output=True, text=True,
+                                  env={**os.environ, **ENVIRONMENT}, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise KernelFailed(-1, "the launch did not end in 600 s (a thread that never returns)") from None
         if done.returncode != 0:
             raise KernelFailed(done.returncode, done.stderr[:3000])  # a report opens with what it found
         return {name: from_bytes(Path(folder, f"{name}.out").read_bytes(), t) for name, t in tensors.items()}

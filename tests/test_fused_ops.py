@@ -203,14 +203,16 @@ needs_emulator = pytest.mark.skipif(emulated_kernels.missing() is not None,
 
 def emulated_attention(q, cache, keys, mask, scale, splits, sanitizer="address"):
     """decode_attention.cu's launcher as ops.cpp calls it, on attention_inputs' k and v (views of `cache`
-    [2, B, keys + 3, H, D]); mask [T, S] or [B, 1, T, S]. The output is poisoned first."""
+    [2, B, keys + 3, H, D]); mask [T, S] or [B, 1, T, S]; `splits` chunks of the keys, or None for as many as
+    ops.cpp takes on an H100 (132 multiprocessors). The output is poisoned first."""
     B, H, N, D = q.shape
     rows = mask.unsqueeze(0) if mask.dim() == 2 else mask.squeeze(1)  # [Bm, T, S]
     k, v = cache[0].contiguous(), cache[1].contiguous()  # [B, keys + 3, H, D]: k = k[:, :keys].transpose(1, 2)
     kv_stride = (k.stride(0), k.stride(2), k.stride(1))
     return emulated_kernels.launch(
         "decode_attention", sanitizer, q=q, k=k, v=v, mask=rows.contiguous(), out=torch.full_like(q, float("nan")),
-        partial=torch.full((splits * B * H * N * (D + 2),), float("nan")) if splits > 1 else None,
+        partial=torch.full((splits * B * H * N * (D + 2),), float("nan")) if (splits or 1) > 1 else None,
+        multiprocessors=132 if splits is None else None,
         q_stride=q.stride()[:3], k_stride=kv_stride, v_stride=kv_stride,
         mask_stride=(0 if rows.size(0) == 1 else rows[0].numel(), keys, 1), batch=B, heads=H, rows=N,
         mask_rows=rows.size(1), keys=keys, head_dim=D, splits=splits, scale=scale, dtype=q.dtype)["out"]
@@ -222,7 +224,9 @@ def emulated_attention(q, cache, keys, mask, scale, splits, sanitizer="address")
     (1, 2, 4, 1, 70, 1, 1),  # one chunk: the first kernel writes the output
     (1, 2, 4, 1, 70, 1, 3),  # three chunks combined by the second kernel
     (3, 1, 2, 5, 33, 3, 2),  # a mask per batch row, 10 query rows: two tiles, the second in part
-    (2, 1, 1, 1, 1, 1, 1)])  # one key
+    (2, 1, 1, 1, 1, 1, 1),  # one key
+    (1, 1, 1, 1, 2048, 1, None),  # one head over many keys: 128 chunks of 16, as ops.cpp splits them on an H100
+    (1, 1, 8, 16, 24, 1, None)])  # 128 query rows a head, the most the kernel takes: 16 tiles
 def test_emulated_decode_attention_matches_a_float64_reference(dim, batch, heads, group, new, keys, mask_batch,
                                                                splits):
     dtype = [torch.float32, torch.bfloat16, torch.float16][(dim // 64 + keys) % 3]

@@ -1,13 +1,15 @@
 #pragma once
 // CUDA C++ kernels compiled by the host compiler and run on CPU threads, so that cpp/kernels/*.cu run and are
 // checked where no GPU is: one OS thread per CUDA thread of a block, the blocks of a grid one after another.
-// __syncthreads and the warp shuffles are barriers over the threads that have not returned; a barrier that some
-// thread never reaches, a __syncthreads reached at two places at once, or a full-mask shuffle after a lane of its
-// warp returned stops the run with a message. Built with -fsanitize=address, reads and writes out of a buffer's
-// bounds are reported (compute-sanitizer's memcheck); with -fsanitize=thread, shared-memory races between
-// barriers (its racecheck). Force-included (g++ -include) ahead of a .cu file compiled as C++ with
-// -DSPECULANT_CUDA_EMULATOR. Not emulated: shared memory starts zeroed (a real block's starts undefined), and the
-// warps of a block are not in lockstep (as on Volta and later).
+// __syncthreads and the warp shuffles are barriers: __syncthreads over the threads that have not returned, a
+// shuffle over its whole warp. A barrier that some thread never reaches, a __syncthreads reached at two places at
+// once, or a full-mask shuffle after a lane of its warp returned stops the run with a message. Built with
+// -fsanitize=address, reads and writes out of a buffer's bounds are reported (compute-sanitizer's memcheck); with
+// -fsanitize=thread, races on shared memory between barriers (its racecheck). Force-included (g++ -include) ahead
+// of a .cu file compiled as C++ with -DSPECULANT_CUDA_EMULATOR. Not emulated: blocks running at the same time
+// (races between blocks go unseen), shared memory's undefined start (a __shared__ variable is a static one: zero
+// in the first block, what the previous block left in the others), and the warps' own ordering (to
+// ThreadSanitizer a shuffle orders all of its warp's memory, as __syncwarp would).
 #define __global__
 #define __device__
 #define __host__
@@ -21,6 +23,7 @@
 #include <cstring>
 #include <functional>
 #include <source_location>
+#include <type_traits>
 
 #undef __launch_bounds__
 #define __launch_bounds__(...)
@@ -62,5 +65,14 @@ T __ldg(const T* p) {
 inline float __expf(float x) { return std::exp(x); }
 inline float __fdividef(float x, float y) { return x / y; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
-inline int min(int a, int b) { return a < b ? a : b; }
-inline int max(int a, int b) { return a > b ? a : b; }
+// CUDA's integer min and max, for operands of one type (a mixed call would pick another overload there)
+template <typename T>
+T min(T a, T b) {
+  static_assert(std::is_integral_v<T>);
+  return a < b ? a : b;
+}
+template <typename T>
+T max(T a, T b) {
+  static_assert(std::is_integral_v<T>);
+  return a > b ? a : b;
+}

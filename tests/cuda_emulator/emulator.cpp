@@ -151,7 +151,8 @@ const char* trapped() { return last_trap.c_str(); }
 void sync_block(const std::source_location& where) {
   Block& block = *block_of_launch;
   std::unique_lock lock(block.mutex);
-  arrive_and_wait(lock, block.barrier, std::string("__syncthreads at line ") + std::to_string(where.line()));
+  arrive_and_wait(lock, block.barrier, std::string("__syncthreads at ") + where.file_name() + ":" +
+                                           std::to_string(where.line()) + ":" + std::to_string(where.column()));
 }
 
 void exchange_in_warp(unsigned mask, void* value, int bytes, int lane_mask) {

@@ -127,7 +127,16 @@ int launch_attention_case(const Case& c) {
   }
   a.batch = c.integer("batch"), a.heads = c.integer("heads"), a.rows = c.integer("rows");
   a.mask_rows = c.integer("mask_rows"), a.keys = c.integer("keys"), a.head_dim = c.integer("head_dim");
-  a.splits = c.integer("splits"), a.scale = c.real("scale"), a.dtype = c.dtype();
+  a.scale = c.real("scale"), a.dtype = c.dtype();
+  if (c.values.count("multiprocessors") == 0) {
+    a.splits = c.integer("splits");
+    return launch_decode_attention(a, nullptr);
+  }
+  // as ops.cpp calls it on a device of that many multiprocessors: its chunks, and their partial results' buffer
+  a.splits = attention_splits(a.batch, a.heads, a.rows, a.keys, c.integer("multiprocessors"));
+  std::vector<float> partial(a.splits > 1 ? static_cast<size_t>(a.splits) * a.batch * a.heads * a.rows *
+                                                (a.head_dim + 2) : 0);
+  a.partial = a.splits > 1 ? partial.data() : nullptr;
   return launch_decode_attention(a, nullptr);
 }
 
