@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,6 +51,10 @@ def missing() -> str | None:
     if shutil.which("g++") is None:
         return "no g++"
     return None if cuda_headers() else "no CUDA toolkit headers (cuda_runtime.h)"
+
+
+# a test that runs emulated kernels: skipped, with the reason, where they cannot run
+needed = pytest.mark.skipif(missing() is not None, reason=f"emulated kernels: {missing()}")
 
 
 def harness(sanitizer: str) -> Path:

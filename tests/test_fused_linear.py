@@ -216,11 +216,7 @@ def emulated(x, weight, bias, input, residual=None, x_stride=None, sanitizer="ad
         dtype=x.dtype)["out"]
 
 
-needs_emulator = pytest.mark.skipif(emulated_kernels.missing() is not None,
-                                    reason=f"emulated kernels: {emulated_kernels.missing()}")
-
-
-@needs_emulator
+@emulated_kernels.needed
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("input", INPUTS)
 @pytest.mark.parametrize("rows, k, n, x_stride", [
@@ -237,7 +233,7 @@ def test_emulated_linear_kernel_matches_a_float64_reference(dtype, input, rows, 
         assert relative_error(got, reference(x, weight, bias, input, dtype, residual)) < TOLERANCES[dtype]
 
 
-@needs_emulator
+@emulated_kernels.needed
 @pytest.mark.parametrize("input, dtype, rows, k, n", [("rms_norm", torch.bfloat16, 3, 2312, 37),
                                                       ("layer_norm", torch.float32, 8, 1024, 20),
                                                       ("gated_silu", torch.float16, 2, 512, 16)])

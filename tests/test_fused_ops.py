@@ -197,10 +197,6 @@ def test_cuda_fused_exports_follow_the_plain_ones(arch, tmp_path):
             assert (fused.extend(step) - want).abs().max().item() <= 1e-4 * want.abs().max().item()
 
 
-needs_emulator = pytest.mark.skipif(emulated_kernels.missing() is not None,
-                                    reason=f"emulated kernels: {emulated_kernels.missing()}")
-
-
 def emulated_attention(q, cache, keys, mask, scale, splits, sanitizer="address"):
     """decode_attention.cu's launcher as ops.cpp calls it, on attention_inputs' k and v (views of `cache`
     [2, B, keys + 3, H, D]); mask [T, S] or [B, 1, T, S]; `splits` chunks of the keys, or None for as many as
@@ -218,7 +214,7 @@ def emulated_attention(q, cache, keys, mask, scale, splits, sanitizer="address")
         mask_rows=rows.size(1), keys=keys, head_dim=D, splits=splits, scale=scale, dtype=q.dtype)["out"]
 
 
-@needs_emulator
+@emulated_kernels.needed
 @pytest.mark.parametrize("dim", [64, 128, 256])
 @pytest.mark.parametrize("batch, heads, group, new, keys, mask_batch, splits", [
     (1, 2, 4, 1, 70, 1, 1),  # one chunk: the first kernel writes the output
@@ -240,7 +236,7 @@ def test_emulated_decode_attention_matches_a_float64_reference(dim, batch, heads
     assert relative_error(got, want) < TOLERANCES[dtype]
 
 
-@needs_emulator
+@emulated_kernels.needed
 def test_emulated_decode_attention_has_no_race_on_shared_memory():
     q, k, v, mask = attention_inputs(1, 2, 4, 2, 40, 64, torch.bfloat16)
     cache = torch.zeros(2, 1, 43, 2, 64, dtype=torch.bfloat16)
@@ -249,7 +245,7 @@ def test_emulated_decode_attention_has_no_race_on_shared_memory():
     assert relative_error(got, stacked_attention(*(t.double() for t in (q, k, v, mask)), 0.125)) < 1e-2
 
 
-@needs_emulator
+@emulated_kernels.needed
 @pytest.mark.parametrize("dtype, rows, width", [
     (torch.float32, 1, 4096), (torch.bfloat16, 7, 2048), (torch.float16, 2, 12288),  # vectors held in registers
     (torch.float32, 3, 101),  # not whole vectors: the plain loop

@@ -180,11 +180,7 @@ def emulated(qkv, cos, sin, cache, rows, slots, start, heads, kv_heads):
     return out["q"], out["cache"]
 
 
-needs_emulator = pytest.mark.skipif(emulated_kernels.missing() is not None,
-                                    reason=f"emulated kernels: {emulated_kernels.missing()}")
-
-
-@needs_emulator
+@emulated_kernels.needed
 @pytest.mark.parametrize("dtype, heads, kv_heads, dim, tokens", [
     (torch.float32, 32, 8, 128, 1), (torch.bfloat16, 4, 4, 64, 5), (torch.float16, 2, 1, 256, 3)])
 def test_emulated_batch_one_matches_a_float64_reference(dtype, heads, kv_heads, dim, tokens):
@@ -199,7 +195,7 @@ def test_emulated_batch_one_matches_a_float64_reference(dtype, heads, kv_heads, 
     assert cache[:, :, :7].isnan().all() and cache[:, :, 7 + tokens:].isnan().all()  # no other slot written
 
 
-@needs_emulator
+@emulated_kernels.needed
 @pytest.mark.parametrize("tables", [1, 3])
 def test_emulated_batch_rows_match_a_float64_reference(tables):
     qkv, cos, sin = inputs(3, 4, 8, 2, 64, torch.bfloat16, tables=tables)
@@ -214,7 +210,7 @@ def test_emulated_batch_rows_match_a_float64_reference(tables):
     assert relative_error(cache[written], reference[written]) < TOLERANCES[torch.bfloat16]
 
 
-@needs_emulator
+@emulated_kernels.needed
 @pytest.mark.parametrize("rows, slots", [([0, 5], [[0, 1], [2, 3]]), ([0, 1], [[0, 12], [2, 3]]),
                                          ([0, 1], [[0, -1], [2, 3]])])
 def test_emulated_slots_outside_the_cache_trap(rows, slots):
