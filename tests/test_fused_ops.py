@@ -202,16 +202,16 @@ def emulated_attention(q, cache, keys, mask, scale, splits, sanitizer="address")
     [2, B, keys + 3, H, D]); mask [T, S] or [B, 1, T, S]; `splits` chunks of the keys, or None for as many as
     ops.cpp takes on an H100 (132 multiprocessors). The output is poisoned first."""
     B, H, N, D = q.shape
-    rows = mask.unsqueeze(0) if mask.dim() == 2 else mask.squeeze(1)  # [Bm, T, S]
+    rows = (mask.unsqueeze(0) if mask.dim() == 2 else mask.squeeze(1)).contiguous()  # [Bm, T, S]
     k, v = cache[0].contiguous(), cache[1].contiguous()  # [B, keys + 3, H, D]: k = k[:, :keys].transpose(1, 2)
     kv_stride = (k.stride(0), k.stride(2), k.stride(1))
     return emulated_kernels.launch(
-        "decode_attention", sanitizer, q=q, k=k, v=v, mask=rows.contiguous(), out=torch.full_like(q, float("nan")),
+        "decode_attention", sanitizer, q=q, k=k, v=v, mask=rows, out=torch.full_like(q, float("nan")),
         partial=torch.full((splits * B * H * N * (D + 2),), float("nan")) if (splits or 1) > 1 else None,
         multiprocessors=132 if splits is None else None,
         q_stride=q.stride()[:3], k_stride=kv_stride, v_stride=kv_stride,
-        mask_stride=(0 if rows.size(0) == 1 else rows[0].numel(), keys, 1), batch=B, heads=H, rows=N,
-        mask_rows=rows.size(1), keys=keys, head_dim=D, splits=splits, scale=scale, dtype=q.dtype)["out"]
+        mask_stride=(0 if rows.size(0) == 1 else rows.stride(0), rows.stride(1), rows.stride(2)), batch=B,
+        heads=H, rows=N, mask_rows=rows.size(1), keys=keys, head_dim=D, splits=splits, scale=scale, dtype=q.dtype)["out"]
 
 
 @emulated_kernels.needed
