@@ -48,8 +48,33 @@ setup() {
   version="$("$python" -c "import torch; print(torch.__version__)")"
   say "building speculant's C++ extension against torch $version in build/torch-$version" \
       "(3 to 10 minutes on 2 cores the first time, seconds when nothing changed)."
-  CMAKE_BUILD_PARALLEL_LEVEL=2 "$python" -m pip install --disable-pip-version-check -q --progress-bar off \
-    --no-build-isolation --config-settings="build-dir=build/torch-$version" "$root"
+  build "$python" "$version"
+}
+
+# build PYTHON VERSION: speculant built and installed against that torch, its progress shown as it goes (each
+# compile step as ninja finishes it: steps done of the total, seconds since the build started), the whole log
+# kept in a file and its end printed if the build fails.
+build() {
+  local python="$1" version="$2" log status=0
+  log="$(mktemp "${TMPDIR:-/tmp}/speculant-build.XXXXXX")"
+  NINJA_STATUS="[%f/%t %es] " CMAKE_BUILD_PARALLEL_LEVEL=2 "$python" -m pip install --disable-pip-version-check \
+    -v --progress-bar off --no-build-isolation --config-settings="build-dir=build/torch-$version" "$root" \
+    2>&1 | tee "$log" | progress || status=$?
+  if [ "$status" -ne 0 ]; then
+    say "the build failed (exit $status). Its last 60 lines follow; the whole log is $log."
+    tail -n 60 "$log" >&2
+    exit "$status"
+  fi
+  rm -f "$log"
+}
+
+# progress: ninja's status lines from a build's output, one line each ("build: 12/58 steps, 130 s, cpp/loop/batch.cpp"),
+# and what says the build has nothing to do; the rest of the output stays in the log.
+progress() {
+  sed -nu \
+    -e 's#^ *\[\([0-9]*\)/\([0-9]*\) \([0-9]*\)[.0-9]*s\] .* \([^ ]*\)$#speculant build: \1/\2 steps, \3 s, \4#' \
+    -e 's#, [^ ]*CMakeFiles/[^/]*\.dir/#, #' -e 's#\.o$##' -e '/^speculant build: /p' \
+    -e 's#^.*ninja: no work to do.*$#speculant build: up to date#p' >&2
 }
 
 cmd="${1:-demo}"

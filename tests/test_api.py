@@ -84,6 +84,35 @@ def test_prompt_errors_name_the_fix(pair):
         decoder.generate(PROMPT, input_ids=PROMPT, max_new_tokens=2)
 
 
+def test_prompts_nested_deeper_than_a_batch_are_refused_alike(pair):
+    """A new user's issue: a 3-level nested list was taken as a batch (each row's extra level read as a batch of
+    one) while the same ids as a 3-D tensor were refused. Nothing gives such nesting a meaning of its own, so lists,
+    tensors and arrays are refused alike, with one message naming prompt_ids and the forms it takes; a level less
+    is what it always was (one prompt, or a batch)."""
+    model, draft = pair
+    decoder = speculant.SpeculativeDecoder(model, draft, temperature=0)
+    forms = (r": pass one prompt \(token ids as a list, a 1-D or \[1, T\] tensor or array\) or a batch \(a list of "
+             r"1-D prompts, or a \[B, T\] tensor or array\)$")
+    for given, what in [
+            ([[PROMPT]], r"prompt_ids\[0\] is a list of sequences"),
+            (torch.tensor([[PROMPT]]), r"a 3-D tensor of shape \[1, 1, 3\]"),
+            (np.array([[PROMPT]]), r"a 3-D array of shape \[1, 1, 3\]"),
+            ([[PROMPT], [PROMPT[:2]]], r"prompt_ids\[0\] is a list of sequences"),
+            (torch.tensor([[PROMPT], [PROMPT]]), r"a 3-D tensor of shape \[2, 1, 3\]"),
+            ([[PROMPT, PROMPT]], r"prompt_ids\[0\] is a list of sequences"),  # a batch inside a list
+            ([PROMPT, (PROMPT, PROMPT)], r"prompt_ids\[1\] is a tuple of sequences"),
+            ([torch.tensor(PROMPT), torch.tensor([PROMPT[:2]])], r"prompt_ids\[1\] is a 2-D tensor of shape \[1, 2\]"),
+            ({"input_ids": torch.tensor([[PROMPT]])}, r"a 3-D tensor of shape \[1, 1, 3\]")]:
+        for generate in (decoder.generate, lambda ids, **kwargs: speculant.generate(model, ids, **kwargs)):
+            with pytest.raises(ValueError, match=rf"^prompt_ids nests deeper than a batch \({what}\){forms}"):
+                generate(given, max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"^encoder_input_ids nests deeper than a batch \(a 3-D tensor"):
+        decoder.generate(PROMPT, encoder_input_ids=torch.tensor([[PROMPT]]), max_new_tokens=2)
+    alone = decoder.generate(PROMPT, max_new_tokens=2).tokens
+    assert decoder.generate([PROMPT], max_new_tokens=2).tokens == alone
+    assert [r.tokens for r in decoder.generate([PROMPT, torch.tensor(PROMPT)], max_new_tokens=2)] == [alone, alone]
+
+
 def test_padded_batch_without_attention_mask_is_refused(pair):
     """Issue 25: a padded [B, T] batch without its attention_mask was decoded with its padding as prompt tokens.
     A batch of equal-length rows where some rows, not all, begin or end with the pad id (the target's: 0 here;

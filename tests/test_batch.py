@@ -45,6 +45,10 @@ from engine_checks import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, TINY_MAX_LENGTH, T
 from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, WINDOWS, assert_law, batched_samples
 from speculant import drafters, tiny_gpt
 
+# Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
+# prefix at every call is tested in test_files.py.
+pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")
+
 
 # ------------------------------------------------------------------------------------------------
 # Comparing a batch with batch-1 runs

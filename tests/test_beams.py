@@ -21,6 +21,10 @@ import speculant
 from decoding_references import MAX_NEW, OPTIONS, TARGET, assert_equal_beams, run, transformers_beams
 from speculant.tiny_gpt import script_plain
 
+# Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
+# prefix at every call is tested in test_files.py.
+pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")
+
 PROMPTS = [[1, 5, 9], [7], [3, 3, 12, 40, 8, 21, 2, 17]]
 # (num_beams w, draft_beams u, gamma): gamma 0 is plain beam search (speculant.generate)
 SEARCHES = [(2, None, 0), (2, None, 3), (2, 4, 2), (4, None, 4), (3, 5, 1)]

@@ -51,10 +51,27 @@ def test_demo_reports_timed_rounds_next_to_theorem_3_8(smoke_pair, monkeypatch, 
     monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
     assert cli.main(["demo", "--max-new-tokens", "24", "--repeats", "4", "--color", "never", "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    assert "median (min-max) of 4 rounds" in out and "untimed warm-up" in out
+    assert "4 rounds, speculative and plain interleaved, with 1 torch thread" in out and "untimed warm-up" in out
     assert "measured (median of 4 rounds, range " in out and "Theorem 3.8 predicts " in out
     assert "x at the costs the engine measured (wide verification calls" in out
     assert "gamma=4 temperature=0.8" in out and "seed=3" in out
+
+
+def test_the_demos_headline_and_table_give_one_speedup(smoke_pair, monkeypatch):
+    """Issue 67: the table said 2,438 tokens/s speculative against 2,664 plain while the headline said 1.06x (a
+    median of the rounds' ratios beside a ratio of medians). Now the table's tokens per second are the round
+    whose speedup is the headline's median (an odd count of rounds has one), so their ratio is the headline."""
+    from speculant import demo
+
+    monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
+    out = io.StringIO()
+    shown = demo.run(max_new_tokens=24, repeats=3, color=False, out=out, seed=1)
+    speculative, plain = shown["tokens_per_second"]
+    assert speculative / plain == pytest.approx(shown["speedup"], rel=1e-9)
+    (row,) = [line for line in out.getvalue().splitlines() if line.strip().startswith("tokens per second")]
+    assert f"{speculative:,.0f} (" in row and f"{plain:,.0f} (" in row
+    assert f"{shown['speedup']:.2f}x measured (median of 3 rounds" in out.getvalue()
+    assert shown["threads"] == 1
 
 
 class Terminal(io.StringIO):

@@ -32,6 +32,10 @@ import speculant
 from chisquare import SIGNIFICANCE, chi_square_pvalue, pooled
 from laws import WINDOWS, assert_law, check_no_top_p_boundary
 
+# Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
+# prefix at every call is tested in test_files.py.
+pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")
+
 N_SAMPLES = 5000
 MAX_NEW_TOKENS = 6
 VOCAB = 4

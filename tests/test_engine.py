@@ -14,6 +14,10 @@ import speculant
 from engine_checks import VOCAB, check_stats, load_pair, poisoned_table, vars_of
 from speculant import tiny_gpt
 
+# Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
+# prefix at every call is tested in test_files.py.
+pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")
+
 PROMPT = [1, 2, 3]
 
 

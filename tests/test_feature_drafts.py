@@ -19,6 +19,8 @@ speculant.MedusaDraft.
   misfitting head files.
 """
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -63,21 +65,47 @@ def logits_of(model, hidden):
 
 
 def test_the_target_records_only_while_a_draft_reads_it():
+    """One tap per view while a draft reads it, dropped with the last reader; the hooks live on the user's modules
+    only for the duration of speculant's own forwards (none before, between or after its calls)."""
     import gc
 
     model = make("llama")
     target = speculant.load(model)
     hooks = lambda: len(model.base_model._forward_hooks) + sum(len(l._forward_hooks) for l in model.model.layers)  # noqa: E731
+    taps = lambda: len(target.live._features.taps)  # noqa: E731
+    during = []
+    model.model.layers[0].register_forward_pre_hook(lambda module, args: during.append(hooks()))
     drafts = [speculant.EagleDraft(target), speculant.MedusaDraft(target), speculant.EagleDraft(target,
                                                                                                 feature_layers=(1,))]
-    assert hooks() == 2  # one per view: the LM head's input (shared by two drafts) and layer 1
+    assert taps() == 2 and hooks() == 0  # one tap per view: the LM head's input (shared by two drafts) and layer 1
     speculant.SpeculativeDecoder(target, drafts[0], gamma=2, temperature=0).generate(PROMPTS[0], max_new_tokens=4)
+    assert hooks() == 0 and during and set(during) == {2}  # armed around the target's calls: one hook per view
     del drafts[:2]
     gc.collect()
-    assert hooks() == 1 and target.live.features(None) == (None, 0)
+    assert taps() == 1 and hooks() == 0 and target.live.features(None) == (None, 0)
     del drafts[0]
     gc.collect()
-    assert hooks() == 0
+    assert taps() == 0
+    during.clear()
+    speculant.generate(target, PROMPTS[0], max_new_tokens=2)
+    assert during and set(during) == {0}
+
+
+def test_a_second_load_of_the_targets_file_is_said_to_be_another_model(tmp_path):
+    """The decoder refuses a target that is not the one a bound draft was built on; given the path of that target's
+    files again (or a second load of them), it says that a second load is another model and how to pass the first,
+    rather than "pass that target" naming the very path passed."""
+    make("llama").save_pretrained(tmp_path / "llama")
+    first = speculant.load(tmp_path / "llama")
+    said = (r"\(" + re.escape(str(tmp_path / "llama")) + r"\); the target given(, .*,)? is .*a second load of the same "
+            r"file is another model \(weights and a cache of its own\), not the one the draft was built on; pass that "
+            r"first load itself \(draft\.target")
+    for draft in (speculant.MedusaDraft(first, heads=2), speculant.EarlyExitDraft(first, exit_layer=1)):
+        for given in (tmp_path / "llama", str(tmp_path / "llama"), speculant.load(tmp_path / "llama")):
+            with pytest.raises(ValueError, match=said):
+                speculant.SpeculativeDecoder(given, draft, gamma=2)
+        assert draft.target is first
+        speculant.SpeculativeDecoder(draft.target, draft, gamma=2).generate(PROMPTS[0], max_new_tokens=2)
 
 
 def test_eagle_calls_are_the_heads_training_math():

@@ -57,6 +57,10 @@ from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples, ch
 from speculant import graphs, tiny_gpt
 from speculant.testing import tensor_path
 
+# Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
+# prefix at every call is tested in test_files.py.
+pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")
+
 FIXED_MAX_LENGTH = 64
 
 

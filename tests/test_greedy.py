@@ -19,6 +19,10 @@ import speculant
 from decoding_references import MAX_LENGTH, TARGET, VOCAB, perturbed, scripted, tiny_gpt, torch_greedy
 from speculant.tiny_gpt import TinyGPTConfig, script_cached, script_plain
 
+# Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
+# prefix at every call is tested in test_files.py.
+pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")
+
 MAX_NEW_TOKENS = 40
 PROMPTS = [[7], [1, 2, 3, 4, 5], [40, 3, 3, 9, 0, 11, 47, 2, 30, 5, 8]]
 GAMMAS = [1, 2, 4, 8]

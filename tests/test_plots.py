@@ -137,3 +137,52 @@ def test_figures_2_and_3_plot_the_formulas():
     assert y == [analysis.optimal_gamma(a, 0.1) for a in (0.5, 0.8, 0.9)]
     cheap = line(axes[1], "c = 0.01")[1]  # cheaper drafts: longer optimal drafts (Figure 3)
     assert all(a >= b for a, b in zip(cheap, y)) and cheap != y
+
+
+def flagged_frame():
+    """Chains at gamma 1..4: gamma 2 flagged "contended", gamma 4 "impossible" with a 17.5x speedup (the sweeps
+    notebook's, more than gamma + 1 tokens per call allow) and error bars up to 43x."""
+    data = frame()
+    data = data[(data.temperature == 1.0) & (data.lenience == 1.0)].copy()
+    data["flag"] = ["", "", "contended"]  # gammas 3, 1, 2 in the frame's order
+    bad = {**data.iloc[0].to_dict(), "gamma": 4, "speedup": 17.5, "speedup_min": 1.36, "speedup_max": 43.2,
+           "predicted_speedup": 3.0, "flag": "impossible, noisy"}
+    return pd.concat([data, pd.DataFrame([bad])], ignore_index=True)
+
+
+def test_flagged_rows_are_marked_and_impossible_ones_not_drawn_as_measurements():
+    """Issue 67: a row flagged "impossible" is no measurement: it is left out of the measured line and drawn
+    only as a red cross on the axis; rows with other flags carry a ring; the y axis is fitted to the medians and
+    predictions (the 43x error bar is cut at its edge, not setting the scale); gamma ticks are integers; the
+    axes say their units."""
+    data = flagged_frame()
+    for ax in (plots.speedup_vs_gamma(data), plots.predicted_vs_measured(data)):
+        ax.figure.canvas.draw()
+        assert all(17.5 not in l.get_ydata() for l in ax.get_lines())  # nowhere a measurement
+        (crosses,) = [l for l in ax.get_lines() if l.get_label() == plots.IMPOSSIBLE_LABEL]
+        assert crosses.get_marker() == "x" and crosses.get_color() == "red"
+        (rings,) = [l for l in ax.get_lines() if l.get_label() == plots.FLAGGED_LABEL]
+        assert rings.get_markerfacecolor() == "none" and len(rings.get_ydata()) == 1
+        assert ax.get_ylim()[1] < 5  # the medians and predictions reach 3.8, the cut bar 43.2
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert plots.IMPOSSIBLE_LABEL in legend and plots.FLAGGED_LABEL in legend
+        assert "\u00d7" in ax.get_ylabel()
+    ax = plots.speedup_vs_gamma(data)
+    assert line(ax, "measured") == ([1, 2, 3], [2.2, 2.4, 2.6])
+    (crosses,) = [l for l in ax.get_lines() if l.get_label() == plots.IMPOSSIBLE_LABEL]
+    assert crosses.get_xdata().tolist() == [4]
+    (rings,) = [l for l in ax.get_lines() if l.get_label() == plots.FLAGGED_LABEL]
+    assert (rings.get_xdata().tolist(), rings.get_ydata().tolist()) == ([2], [2.4])
+    ax.figure.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks  # not 1.5 and 2.5
+    assert ax.get_xlabel() == "\u03b3 (draft tokens per iteration)"
+
+
+def test_every_plot_has_the_same_style():
+    axes = [plots.speedup_vs_gamma(frame()), plots.alpha_vs_lenience(frame()), plots.predicted_vs_measured(frame()),
+            plots.expected_tokens_vs_alpha(), plots.optimal_gamma_vs_alpha()]
+    for ax in axes:
+        assert not ax.spines["top"].get_visible() and not ax.spines["right"].get_visible()
+        assert any(line.get_visible() for line in ax.get_xgridlines())
+        assert ax.get_xlabel() and ax.get_ylabel() and ax.get_title()

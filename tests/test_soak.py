@@ -10,12 +10,17 @@ generation would add: a retained KV cache, autograd graph or trace per generatio
 import os
 import sys
 
+import pytest
 import torch
 
 import speculant
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import soak  # noqa: E402
+
+# The soak loads a plain-form model (forward only) on purpose: load's warning that the form recomputes the prefix at
+# every call is tested in test_files.py.
+pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")
 
 GROWTH_PERCENT = 3.0
 

@@ -17,7 +17,7 @@ from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 sweep_module = importlib.import_module("speculant.sweep")  # the module; speculant.sweep is the function
 PROMPTS = [[1, 2], [3], [0, 1, 2]]
 TIMES = ["seconds", "plain_seconds", "c", "speedup", "speedup_min", "speedup_max", "spread", "predicted_speedup",
-         "cost_model_speedup", "flag"]
+         "cost_model_speedup", "flag", "speedup_bound", "cpu_share"]
 # Timings of table models over a few tokens are noise-dominated: their flag warnings are expected here, and
 # the flags themselves are tested below.
 pytestmark = pytest.mark.filterwarnings("ignore:.*settings are flagged:RuntimeWarning")
@@ -223,7 +223,7 @@ def test_noisy_and_off_theory_rows_are_flagged_with_one_warning():
     # 7 drafter calls per round (8 tokens, the last drafts nothing): call 15 is in the second of the 3 timed
     # rounds, slowed by 0.3 s: a spread far above 25%
     drafter, _ = slow_drafter(16, {15: 0.3})
-    with pytest.warns(RuntimeWarning, match=r"1 of 1 settings are flagged .* above 25%"):
+    with pytest.warns(RuntimeWarning, match=r"1 of 1 settings are flagged .* noisy \(the speedup spread over more than 25%"):
         frame = speculant.sweep(target, drafter, [[1, 2, 3]], gammas=[2], temperatures=[0.0], max_new_tokens=8,
                                 progress=False)
     assert "noisy" in frame.flag.item() and frame.spread.item() > 0.25
@@ -344,3 +344,91 @@ def test_a_sibling_draft_draws_the_trees_later_children():
         kwargs = {"sibling_draft": sibling, **kwargs}
         with pytest.raises(ValueError, match=match):
             speculant.sweep(target, draft, PROMPTS, progress=False, **kwargs)
+
+
+def test_contended_rows_are_flagged_beside_busy_loops(pair):
+    """Issue 67: beside busy loops (two per core this process may run on) a sweep's process gets well under a
+    core, and every row says so ("contended", its cpu_share under timing.CONTENDED_SHARE); the timed runs use
+    one torch thread (column threads) and leave torch's own setting as it was. No time is asserted: only the
+    flags, which the loops force (each process gets at most cores / (loops + 1) < 0.5 of a core)."""
+    import os
+    import subprocess
+    import sys
+
+    from speculant import timing
+
+    cores = len(os.sched_getaffinity(0))
+    before = torch.get_num_threads()
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * cores)]
+    try:
+        time.sleep(0.5)  # the loops running before the timed rounds start
+        frame = speculant.sweep(*pair, PROMPTS, gammas=[1, 3], temperatures=[1.0], max_new_tokens=60, seed=0,
+                                progress=False)
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    assert (frame.threads == 1).all() and torch.get_num_threads() == before
+    assert (frame.cpu_share < timing.CONTENDED_SHARE).all(), frame.cpu_share.tolist()
+    assert frame.flag.str.contains("contended").all(), frame.flag.tolist()
+
+
+def _round(spec_seconds, plain_seconds, *, spec_cpu=None, plain_cpu=None, draft_seconds=0.0, on_cpu=True):
+    """A timed round of one prompt with set counts and times: speculative decoding made 20 tokens in 5 target
+    calls (tau = 4), plain decoding 20 tokens in 20 calls of 0.01 s."""
+    from types import SimpleNamespace
+
+    from speculant import timing
+
+    def stats(new_tokens, target_calls, target_seconds, draft):
+        return SimpleNamespace(new_tokens=new_tokens, target_calls=target_calls, draft_calls=5 if draft else 0,
+                               drafted_tokens=15 if draft else 0, accepted_tokens=0, target_seconds=target_seconds,
+                               draft_seconds=draft, other_seconds=0.0, total_seconds=0.0)
+
+    spec = SimpleNamespace(stats=stats(20, 5, 0.05, draft_seconds))
+    plain = SimpleNamespace(stats=stats(20, 20, 0.2, 0.0))
+    return timing.Round([spec], [plain], spec_seconds, plain_seconds,
+                        spec_seconds if spec_cpu is None else spec_cpu,
+                        plain_seconds if plain_cpu is None else plain_cpu, 1, on_cpu)
+
+
+def test_a_speedup_beyond_its_tokens_per_call_is_impossible():
+    """Issue 67: at tau = 4 tokens per target call no round can be more than 4x faster than plain decoding, and
+    less when the draft costs time: speedup_bound = tau (t + o) / (t + D + o), here 4 * 0.01 / (0.01 + 0.01) = 2
+    with a draft of 0.01 s per iteration. A round above the bound (by more than BOUND_MARGIN) makes its row
+    "impossible"; one below it does not. Process CPU time under CONTENDED_SHARE of the wall time makes a CPU
+    row "contended", and never a device row's (its host waits on the device)."""
+    from speculant import timing
+
+    free = _round(0.1, 0.2)  # 2x at a bound of 4
+    assert timing.speedup_bound(free) == pytest.approx(4.0)
+    assert timing.timing_checks([free], [2.0])["flags"] == []
+    fast = _round(0.02, 0.2)  # 10x: more than tau allows
+    assert timing.timing_checks([free, fast], [2.0, 10.0])["flags"] == ["impossible"]
+    drafted = _round(0.08, 0.2, draft_seconds=0.05)  # 2.5x against a bound of 2
+    assert timing.speedup_bound(drafted) == pytest.approx(2.0)
+    assert timing.timing_checks([drafted], [2.5])["flags"] == ["impossible"]
+    assert timing.timing_checks([drafted], [2.1])["flags"] == []  # within the margin
+    waited = _round(0.1, 0.2, spec_cpu=0.05)  # half a core while it was timed
+    checks = timing.timing_checks([free, waited], [2.0, 2.0])
+    assert checks["flags"] == ["contended"] and checks["cpu_share"] == pytest.approx(0.5)
+    on_device = _round(0.1, 0.2, spec_cpu=0.0, on_cpu=False)
+    checks = timing.timing_checks([on_device], [2.0])
+    assert checks["flags"] == [] and math.isnan(checks["cpu_share"])
+
+
+def test_the_sweeps_warning_says_what_each_flag_means():
+    import pandas as pd
+
+    flagged = pd.DataFrame({"flag": ["contended", "impossible, noisy", "contended, off theory"]})
+    text = sweep_module.flag_warning(flagged, 5, 3, 0.25)
+    assert text.startswith("3 of 5 settings are flagged")
+    assert "2 contended (the process got less than 80% of a core" in text
+    assert "1 impossible (a round was faster than its tokens per target call allow" in text
+    assert "1 noisy (the speedup spread over more than 25% across the 3 rounds)" in text
+    assert "1 off theory" in text and "Timing on a shared machine" in text
+
+
+def test_threads_are_checked_by_name(pair):
+    with pytest.raises(ValueError, match="threads must be an integer >= 1"):
+        speculant.sweep(*pair, PROMPTS, gammas=[1], threads=0, progress=False)

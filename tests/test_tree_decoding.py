@@ -43,6 +43,10 @@ from engine_checks import table_model
 from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples
 from speculant.tiny_gpt import script_cached
 
+# Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
+# prefix at every call is tested in test_files.py.
+pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")
+
 SHAPES = [[2, 2], [3, 1, 1], [1, 1, 1], [4], [2, 2, 2, 2], GIVEN]
 
 

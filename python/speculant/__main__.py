@@ -37,7 +37,7 @@ def _demo(args) -> int:
     try:
         demo.run(prompt=args.prompt, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
                  top_p=args.top_p, lenience=args.lenience, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                 repeats=args.repeats, color=color, device=args.device, dtype=args.dtype)
+                 repeats=args.repeats, color=color, device=args.device, dtype=args.dtype, threads=args.threads)
     except (ValueError, FileNotFoundError) as error:  # FileNotFoundError: the demo pair's weights are missing
         print(f"speculant demo: {error}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ from .cross_tokenizer import CrossTokenizer
 from .drafters import Drafter
 from ..models.early_exit import EarlyExitDraft
 from ..models.feature_draft import FeatureDraft
-from ..models.model import Model, as_model
+from ..models.model import Model, as_model, second_load
 from .sampling import SamplingSettings
 from .trace import Trace
 from .trees import TreeChoice, TreeSpeedup, tree_depth, tree_parents
@@ -141,6 +141,9 @@ def bound_target(target, draft):
     if own is None or target is own or target is own.module:
         return target if own is None else own
     what = "reads the hidden states of" if isinstance(draft, FeatureDraft) else "shares the cache of"
+    again = second_load(target, own)  # the same file loaded anew: say so, rather than "pass" what was passed
+    if again:
+        raise ValueError(f"draft: {type(draft).__name__} {what} the target it was built on ({own.source}); {again}")
     raise ValueError(f"draft: {type(draft).__name__} {what} the target it was built on ({own.source}); pass that "
                      "target (its speculant.Model or its transformers model), or build the draft on this one")
 
@@ -292,17 +295,47 @@ def _refuse_padding(rows: List[List[int]], name: str, pad_id: Optional[int]) -> 
                 "of lists of their own lengths")
 
 
+PROMPT_FORMS = ("pass one prompt (token ids as a list, a 1-D or [1, T] tensor or array) or a batch (a list of 1-D "
+                "prompts, or a [B, T] tensor or array)")
+
+
+def _too_deep(name: str, what: str) -> ValueError:
+    """The error for prompts nested deeper than a batch: a 3-D tensor, a list of lists of lists, a list of 2-D
+    tensors. Lists and tensors are refused alike, rather than a list's extra level being taken as a batch of one."""
+    return ValueError(f"{name} nests deeper than a batch ({what}): {PROMPT_FORMS}")
+
+
+def _array(value) -> str:
+    """A tensor or array described by its shape: "a 3-D tensor of shape [1, 1, 2]"."""
+    kind = "tensor" if isinstance(value, torch.Tensor) else "array"
+    return f"a {value.ndim}-D {kind} of shape {list(value.shape)}"
+
+
+def _nesting(row) -> str:
+    """What makes a batch's row more than one prompt's ids ("" when nothing does): a 2-D or deeper tensor or
+    array, or a sequence of sequences."""
+    if isinstance(row, (torch.Tensor, np.ndarray)) and row.ndim >= 2:
+        return _array(row)
+    if isinstance(row, (list, tuple)) and any(isinstance(v, (list, tuple)) or (
+            isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim >= 1) for v in row):
+        return f"a {type(row).__name__} of sequences"
+    return ""
+
+
 def _rows(value, name: str, tokenizer=None, attention_mask=None,
           pad_id: Optional[int] = None) -> Tuple[List[List[int]], bool]:
     """The prompts in `value` and whether it is a batch. A batch is a list of prompts (token-id lists, 1-D
     tensors, strings with a tokenizer), a 2-D tensor or array, or a tokenizer's output (a mapping with
     input_ids); a padded one comes with its attention mask (in the mapping, or `attention_mask`). One row is
-    one prompt (tokenizers return a batch of one), not a batch. A batch without a mask that looks padded with
-    `pad_id` is refused (_refuse_padding)."""
+    one prompt (tokenizers return a batch of one), not a batch. Deeper nesting (a 3-D tensor, a row that is a list
+    of lists or a 2-D tensor) is refused (_too_deep). A batch without a mask that looks padded with `pad_id` is
+    refused (_refuse_padding)."""
     if isinstance(value, Mapping) and "input_ids" in value:
         if attention_mask is not None:
             raise ValueError(f"{name} is a mapping with its own attention_mask: do not pass attention_mask too")
         attention_mask, value = value.get("attention_mask"), value["input_ids"]
+    if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim > 2:
+        raise _too_deep(name, _array(value))
     if isinstance(value, np.ndarray):
         value = torch.from_numpy(value)
     if isinstance(value, torch.Tensor) and value.dim() == 2:
@@ -330,6 +363,9 @@ def _rows(value, name: str, tokenizer=None, attention_mask=None,
         label = name if len(rows) == 1 else f"{name}[{r}]"
         if row is None:
             raise ValueError(f"{label} is None: every row of a batch needs its own ids")
+        nesting = _nesting(row)
+        if nesting:
+            raise _too_deep(name, f"{name}[{r}] is {nesting}")
         ids = token_ids(row, label, tokenizer)
         if attention_mask is not None:
             ids = _unpadded(ids, masks[r], label, r)
@@ -693,9 +729,10 @@ class SpeculativeDecoder:
         gets what it would get alone with seed ``seed + row``: its law is the target's own. In float32 that is
         token for token; in bf16 / fp16 a batched call may round its logits differently from a batch-1 call, so a
         row may differ from its batch-1 run while its law stays that of the target as the batch computes it.
-        Models
-        exported by speculant.export (GPT-2, Llama, TinyGPT) run each step as one call for the rows still
-        running (``Model.batched``); other backends run a batch as one model replica per row, called in turn.
+        Models exported by speculant.export (GPT-2, Llama, TinyGPT) run each step as one call for the rows still
+        running (the batched form of docs/model-contract.md: ``start_rows`` / ``extend_rows``); other backends
+        run a batch as one model replica per row, called in turn. Nesting deeper than a batch (a 3-D tensor, a
+        list of lists of lists) is refused with ValueError.
 
         ``do_sample``, ``temperature``, ``top_k``, ``top_p`` override the decoder's settings for this call
         (do_sample=False is argmax); both models are standardized with the same settings, as always.

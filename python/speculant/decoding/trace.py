@@ -86,7 +86,7 @@ def _text(decode: Optional[Decode], tokens: List[int]) -> str:
     return decode(tokens) if decode is not None else "".join(f"{t} " for t in tokens)
 
 
-def _piece(decode: Optional[Decode], context: List[int], tokens: List[int]) -> str:
+def decoded_piece(decode: Optional[Decode], context: List[int], tokens: List[int]) -> str:
     """The text ``tokens`` add after ``context`` (decoded after its last _CONTEXT_TOKENS tokens)."""
     if decode is None:
         return _text(decode, tokens)
@@ -128,7 +128,7 @@ class Trace(Sequence[Iteration]):
             for i, it in enumerate(iterations):
                 name, pieces, context = f"{label}{i + 1}", [], list(output)
                 for kind, tokens in _segments(it):
-                    pieces.append((kind, _visible(_piece(decode, context, tokens))))
+                    pieces.append((kind, _visible(decoded_piece(decode, context, tokens))))
                     if kind == "accepted":
                         context += tokens
                 lines.append((name, _visible(_text(decode, output)), pieces))

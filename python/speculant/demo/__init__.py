@@ -28,18 +28,22 @@ def _row(name: str, spec, plain) -> str:
 def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature: float = 0.8, top_k: int = 0,
         top_p: float = 1.0, lenience: float = 1.0, max_new_tokens: int = 200, seed: int = 0, repeats: int = 3,
         color: Optional[bool] = None, out: Optional[TextIO] = None, device: str = "cpu",
-        dtype: Optional[str] = None) -> dict:
+        dtype: Optional[str] = None, threads: Optional[int] = 1) -> dict:
     """Runs the demo and prints it (to ``out``, default sys.stdout); returns the figures it printed. The trace
     is in ANSI colours when ``color`` is True, or when it is None (the default) and ``out`` is a terminal and the
     NO_COLOR environment variable is unset (speculant.trace.use_color).
 
     Timed as speculant.sweep times (speculant.timing): one untimed run of speculative and plain decoding warms
-    every shape, then ``repeats`` rounds interleaved ABBA; every time shown is the median over the rounds with
-    its range, and the speedup stands next to Theorem 3.8's prediction from the measured alpha and c.
+    every shape, then ``repeats`` rounds interleaved ABBA, with ``threads`` torch threads (default 1; None keeps
+    torch's setting). The speedup is the median of the rounds' speedups, with their range, next to Theorem 3.8's
+    prediction from the measured alpha and c; the table's tokens per second are those of the round with that
+    speedup (timing.median_round), so the two agree. Rows the timing cannot trust are flagged as the sweep flags
+    them ("contended", "impossible", "noisy", "off theory").
 
     ``device``: where the models run ("cpu", "cuda", "cuda:1"); on a GPU in ``dtype`` (default bfloat16; on the CPU
     float32, the weights' own) with CUDA graphs (cuda_graphs="auto"), c from the phases' device time."""
     repeats = timing.check_repeats(repeats)  # every option is checked before the models are made
+    threads = timing.check_threads(threads)
     check_settings(gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
     for name, value in (("max_new_tokens", max_new_tokens), ("seed", seed)):
         minimum = 1 if name == "max_new_tokens" else 0
@@ -69,14 +73,17 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature
     plain_generate = functools.partial(generate, target, temperature=temperature, top_k=top_k, top_p=top_p,
                                        cuda_graphs=graphs)
     rounds = timing.timed_rounds(decoder.generate, plain_generate, [{"prompt_ids": demo_pair.encode(prompt)}],
-                                 max_new_tokens=max_new_tokens, seed=seed, repeats=repeats)
+                                 max_new_tokens=max_new_tokens, seed=seed, repeats=repeats, threads=threads,
+                                 device=device)
     summary = timing.summarize(rounds, gamma=gamma, lenience=lenience)
     _times(rounds, summary, repeats, lenience, out)
     s = rounds[0][0][0].stats
     return {"speedup": summary["speedup"], "speedup_min": summary["speedup_min"],
             "speedup_max": summary["speedup_max"], "predicted": summary["predicted_speedup"],
             "cost_model": summary["cost_model_speedup"],
-            "alpha": s.alpha, "c": summary["c"], "flag": summary["flag"],
+            "alpha": s.alpha, "c": summary["c"], "flag": summary["flag"], "threads": summary["threads"],
+            "cpu_share": summary["cpu_share"], "speedup_bound": summary["speedup_bound"],
+            "tokens_per_second": _rates(rounds[timing.median_round(rounds)]),
             "tokens_per_target_call": s.tokens_per_target_call, "text": demo_pair.decode(spec.tokens)}
 
 
@@ -95,19 +102,30 @@ def _placement(device: str, dtype: Optional[str]):
     return gpu, None if chosen in (None, "float32") else chosen
 
 
+def _rates(round_) -> tuple:
+    """(speculative, plain) tokens per wall second of one timed round."""
+    return (round_.speculative[0].stats.new_tokens / round_.speculative_seconds,
+            round_.plain[0].stats.new_tokens / round_.plain_seconds)
+
+
 def _times(rounds, summary: dict, repeats: int, lenience: float, out: TextIO) -> None:
-    """The rounds' table (medians and ranges) and the speedup next to Theorem 3.8's prediction."""
+    """The rounds' table and the speedup next to Theorem 3.8's prediction: one statistic throughout, the
+    median of the rounds' speedups, and the tokens per second of the round that has it."""
     s, b = rounds[0][0][0].stats, rounds[0][1][0].stats  # every round generates the same tokens
+    middle = timing.median_round(rounds)
 
     def timed(side: int, of, digits: int = 3) -> str:  # the rounds' median (min-max) of a time
         median, low, high = timing.median_range([of(r[side][0].stats) for r in rounds])
         return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
-    def per_second(stats) -> float:
-        return stats.new_tokens / stats.total_seconds
+    def rate(side: int) -> str:  # the median round's tokens per wall second, (min-max) over the rounds
+        rates = [_rates(r)[side] for r in rounds]
+        return f"{rates[middle]:,.0f} ({min(rates):,.0f}-{max(rates):,.0f})"
 
-    print(f"\nTimes: after an untimed warm-up run of each, the median (min-max) of {repeats} rounds, speculative "
-          "and plain interleaved", file=out)
+    threads = summary["threads"]
+    print(f"\nTimes: after an untimed warm-up run of each, {repeats} rounds, speculative and plain interleaved, "
+          f"with {threads} torch thread{'s' if threads != 1 else ''} (--threads); seconds are medians "
+          "(min-max), tokens per second the round of the median speedup (min-max)", file=out)
     print(_row("", "speculative", "plain"), file=out)
     for name, x, y in [
         ("new tokens", s.new_tokens, b.new_tokens),
@@ -119,22 +137,36 @@ def _times(rounds, summary: dict, repeats: int, lenience: float, out: TextIO) ->
         ("draft seconds", timed(0, lambda t: t.draft_seconds), "-"),
         ("target seconds", timed(0, lambda t: t.target_seconds), timed(1, lambda t: t.target_seconds)),
         ("other seconds", timed(0, lambda t: t.other_seconds), timed(1, lambda t: t.other_seconds)),
-        ("tokens per second", timed(0, per_second, 0), timed(1, per_second, 0)),
+        ("tokens per second", rate(0), rate(1)),
     ]:
         print(_row(name, x, y), file=out)
     acceptance = summary["acceptance"]
     measured = (f"alpha = {acceptance:.3f}" if lenience == 1.0 else
                 f"the acceptance {acceptance:.3f} at lenience {lenience} (A.5)")
     print(f"\n  speedup over plain decoding: {summary['speedup']:.2f}x measured (median of {repeats} rounds, range "
-          f"{summary['speedup_min']:.2f}-{summary['speedup_max']:.2f}x)\n  Theorem 3.8 predicts "
+          f"{summary['speedup_min']:.2f}-{summary['speedup_max']:.2f}x; at most {summary['speedup_bound']:.2f}x at "
+          f"these tokens per target call and call costs)\n  Theorem 3.8 predicts "
           f"{summary['predicted_speedup']:.2f}x from {measured} and c = {summary['c']:.3f} (draft call / target "
           f"call time);\n  {summary['cost_model_speedup']:.2f}x at the costs the engine measured (wide verification "
           "calls, its own work per iteration)", file=out)
-    if "noisy" in summary["flag"]:
-        print(f"  noisy: the rounds' speedups spread over more than {timing.SPREAD_THRESHOLD:.0%} of their median "
-              "(a busy machine, or runs too short: raise --max-new-tokens or --repeats)", file=out)
-    if "off theory" in summary["flag"]:
-        print(f"  off theory: the measured speedup lies outside a factor {timing.THEORY_FACTOR:g} of Theorem 3.8's "
-              "prediction", file=out)
+    _flags(summary, out)
     print(f"  accepted per draft position: {list(s.accepted_per_position)} of {list(s.drafted_per_position)}",
           file=out)
+
+
+def _flags(summary: dict, out: TextIO) -> None:
+    """A line for each flag of the timing (speculant.timing.timing_checks and summarize)."""
+    flags = summary["flag"]
+    if "contended" in flags:
+        print(f"  contended: the process got {summary['cpu_share']:.0%} of a core in a round (under "
+              f"{timing.CONTENDED_SHARE:.0%}): other work held the cores, so these times are not the engine's. "
+              "Time on an otherwise idle machine (docs/research.md, 'Timing on a shared machine')", file=out)
+    if "impossible" in flags:
+        print(f"  impossible: a round ran faster than {summary['speedup_bound']:.2f}x, the most its tokens per target "
+              "call allow at its call costs: that round's timing is broken, not the decoding fast", file=out)
+    if "noisy" in flags:
+        print(f"  noisy: the rounds' speedups spread over more than {timing.SPREAD_THRESHOLD:.0%} of their median "
+              "(a busy machine, or runs too short: raise --max-new-tokens or --repeats)", file=out)
+    if "off theory" in flags:
+        print(f"  off theory: the measured speedup lies outside a factor {timing.THEORY_FACTOR:g} of Theorem 3.8's "
+              "prediction", file=out)

@@ -2,11 +2,12 @@
 
 A feature draft asks its target for a *view*: the LM head's input (the base model's output, after the final
 norm: EAGLE-1/2 and Medusa), or the outputs of some decoder layers side by side (EAGLE-3's low, middle and high
-layers). Forward hooks on those modules take the hidden states of every call the live model makes while armed
-(live.py arms them around its own forward only, so calls made outside speculant record nothing), and the model
-keeps them beside its cache: they are appended, truncated and kept exactly as its cache entries are. No second
-target call is made: the verification's own forward hands them over. Each view counts its readers; the last one
-gone (a draft's finalizer) removes its hooks.
+layers). Forward hooks on those modules take the hidden states of every call the live model makes while armed,
+and the model keeps them beside its cache: they are appended, truncated and kept exactly as its cache entries are.
+No second target call is made: the verification's own forward hands them over. The hooks exist only while armed:
+live.py arms them around its own forward, so calls made outside speculant record nothing and the user's model
+holds none of speculant's state between calls (copy.deepcopy, pickle and torch.save of it work as before). Each
+view counts its readers; the last one gone (a draft's finalizer) drops its tap.
 
 `decoder_layers` finds a transformers LM's decoder layers (for these views and for early_exit.py), and
 `with_layers` makes a view of a model with another list of them (early_exit.py, shared_exit.py).
@@ -62,23 +63,34 @@ View = Optional[Tuple[int, ...]]  # None: the LM head's input; else decoder laye
 
 
 class Tap:
-    """Forward hooks on one transformers model for one view, shared by the live model and its replicas."""
+    """Forward hooks on one transformers model for one view, shared by the live model and its replicas. They are
+    registered while armed only (armed = True registers them, False or close() removes them), so that the model
+    carries no hook of speculant's between calls."""
 
     def __init__(self, module, view: View):
         self.view = view
-        self.armed = False
-        self.readers = 0  # the feature drafts reading it (live.py removes the hooks when none is left)
+        self.readers = 0  # the feature drafts reading it (live.py drops the tap when none is left)
         self._taken: list = []
         if view is None:
-            hooked = [module.base_model]
+            self._hooked = [module.base_model]
         else:
             _, _, layers = decoder_layers(module)
-            hooked = [layers[i] for i in view]
-        self._handles = [m.register_forward_hook(self._hook) for m in hooked]
+            self._hooked = [layers[i] for i in view]
+        self._handles: list = []
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._handles)
+
+    @armed.setter
+    def armed(self, armed: bool) -> None:
+        if armed and not self._handles:
+            self._handles = [m.register_forward_hook(self._hook) for m in self._hooked]
+        elif not armed:
+            self.close()
 
     def _hook(self, module, args, output) -> None:
-        if self.armed:
-            self._taken.append(output if isinstance(output, torch.Tensor) else output[0])
+        self._taken.append(output if isinstance(output, torch.Tensor) else output[0])
 
     def take(self) -> Optional[torch.Tensor]:
         """[B, k, D]: the states the last armed call recorded (side by side in view order), or None."""
@@ -86,8 +98,10 @@ class Tap:
         return torch.cat(taken, -1) if taken else None
 
     def close(self) -> None:
+        """Removes the hooks (the tap may be armed again)."""
         for handle in self._handles:
             handle.remove()
+        self._handles = []
 
 
 def recorded(module, view: View, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,8 +135,8 @@ class Features:
                 tap.take()  # a failed call leaves nothing behind
 
     def drop(self, view: View) -> bool:
-        """One reader of `view` fewer; the last one removes its hooks (shared with the replicas). Returns whether
-        it was the last."""
+        """One reader of `view` fewer; the last one drops the tap (shared with the replicas). Returns whether it
+        was the last."""
         tap = self.taps.get(view)
         if tap is None:
             return False

@@ -279,7 +279,7 @@ class LiveModel:
         self._features.taps[view].readers += 1
 
     def untap(self, view: features.View) -> None:
-        """A reader of `view` is gone (a feature draft's finalizer): the last one removes its hooks."""
+        """A reader of `view` is gone (a feature draft's finalizer): the last one drops its tap."""
         if self._features is not None and self._features.drop(view):
             for member in self._family:
                 member._features.values.pop(view, None)

@@ -8,7 +8,8 @@ the other two forms: docs/model-contract.md):
   ``prefill(input_ids[1, T]) -> logits[1, T, V]`` (clears the cache), ``extend(input_ids[1, k]) ->
   logits[1, k, V]`` (appends), ``truncate(length: int) -> None`` and ``cache_length() -> int``.
 * plain: ``forward(input_ids[1, T]) -> logits[1, T, V]``, which any causal LM satisfies; the engine recomputes
-  the whole prefix at each call.
+  the whole prefix at each call (load warns so). A forward returning a dict with ``logits`` or a tuple with the
+  logits first (transformers' models traced by torch.jit.trace) is taken, its logits alone (plain_outputs.py).
 * encoder-decoder (T5): the cached form plus ``encode(input_ids[1, S]) -> None``, which runs the encoder on the
   source once and clears the decoder cache; optionally an int attribute ``max_source_length``.
 
@@ -21,13 +22,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
+import warnings
 import zipfile
 from typing import List, Optional, Union
 
 import torch
 
 from .. import _core
-from . import live
+from . import live, plain_outputs
 from .compiled_live import CompiledLiveModel
 
 
@@ -221,13 +224,58 @@ def _path(path: str, device, dtype, options: dict) -> Model:
         model = _script(module.to(dtype), path, extra=extra)
         model.load_dtype = str(dtype).removeprefix("torch.")  # a sweep's workers load the file so again
         return model
-    return Model(_core.load_file(path, None if device is None else str(device)), path)
+    try:
+        return _plain_warned(Model(_core.load_file(path, None if device is None else str(device)), path))
+    except ValueError as error:
+        module, extra = _plain_module(path, device)
+        if module is None:
+            raise error from None
+        module, note = plain_outputs.logits_only(module, path)  # ValueError naming what its forward returns
+        if note is None:
+            raise error from None
+    return _saved(module, path, device, extra, note)  # a traced model's dict or tuple of logits: the logits
+
+
+def _plain_module(path: str, device) -> tuple:
+    """(the TorchScript module at `path`, its extra files) when it loads and is of the plain form, else (None,
+    None)."""
+    extra = {"speculant.json": ""}
+    try:
+        with warnings.catch_warnings():  # TorchScript's deprecation notice (torch >= 2.11), nothing else
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
+            module = torch.jit.load(path, map_location=device or "cpu", _extra_files=extra)
+    except Exception:  # noqa: BLE001 - the engine's own error says why the file does not load
+        return None, None
+    return (module, extra) if plain_outputs.is_plain(module) else (None, None)
+
+
+PLAIN_FORM = ("is in the plain form (forward only), which recomputes the whole prefix at every call; "
+              "speculant.export(model, 'model.pt') writes the cached form, which keeps a KV cache")
+
+
+def _plain_warned(model: Model, note: Optional[str] = None) -> Model:
+    """`model`, with a UserWarning when it is of the plain form (`note`: what was taken of its forward's output),
+    pointing at the first caller outside speculant."""
+    if model.form == "plain":
+        frame, level, package = sys._getframe(1), 2, os.path.dirname(os.path.dirname(__file__)) + os.sep
+        while frame is not None and frame.f_code.co_filename.startswith(package):
+            frame, level = frame.f_back, level + 1
+        warnings.warn(f"model {model.source}{f' ({note})' if note else ''} {PLAIN_FORM}", UserWarning,
+                      stacklevel=level)
+    return model
 
 
 def _script(module: torch.jit.ScriptModule, source: str, device=None, extra=None) -> Model:
+    module, note = plain_outputs.logits_only(module, source)
+    return _saved(module, source, device, extra, note)
+
+
+def _saved(module: torch.jit.ScriptModule, source: str, device, extra, note: Optional[str]) -> Model:
+    """`module` loaded by the engine (through a saved copy); `note`: what was taken of its forward's output."""
     buffer = io.BytesIO()
     torch.jit.save(module, buffer, _extra_files=extra or {})
-    return Model(_core.load_bytes(buffer.getvalue(), source, None if device is None else str(device)), source)
+    core = _core.load_bytes(buffer.getvalue(), source, None if device is None else str(device))
+    return _plain_warned(Model(core, source), note)
 
 
 ModelLike = Union[str, os.PathLike, torch.jit.ScriptModule, torch.nn.Module, Model]
@@ -241,7 +289,11 @@ def load(model: ModelLike, device: Optional[Union[str, torch.device]] = None, dt
       eval mode, in its own dtype and on its own device (``device`` / ``dtype`` move it, in place, as
       ``Module.to`` does). The engine calls its forward with a cache it owns and crops to roll back.
     * a local ``save_pretrained`` directory (loaded with transformers, no downloads), likewise;
-    * a TorchScript file (``speculant.export`` writes them) or an in-memory ``torch.jit.ScriptModule``;
+    * a TorchScript file (``speculant.export`` writes them) or an in-memory ``torch.jit.ScriptModule``. One of
+      the plain form (forward only) warns (UserWarning) that every call recomputes the whole prefix. A
+      transformers model traced by ``torch.jit.trace`` (``use_cache=False``, ``strict=False``), whose forward
+      returns a dict holding ``logits`` or a tuple holding them first, is taken so: its logits alone, said in that
+      warning (docs/loading-models.md, "Coming from transformers' TorchScript tutorial");
     * a ``speculant.Model``, returned as it is.
 
     ``vocab_size`` (live models and save_pretrained directories only): pads the logits with -inf up to that
@@ -301,6 +353,23 @@ def as_model(value, name: str, device=None, dtype=None) -> Model:
         return load(value, device=device, dtype=dtype)
     except ValueError as error:
         raise ValueError(f"{name}: {error}") from None
+
+
+def second_load(given, handle: Model) -> str:
+    """Why `given` (a path, or a speculant.Model) is not `handle` when it names the file or directory `handle` was
+    loaded from ("" otherwise): each load of a file is another model, with weights and a cache of its own."""
+    if isinstance(given, Model):
+        path, said = given.source, f"the target given is a second load of {given.source}"
+    elif isinstance(given, (str, os.PathLike)):
+        path = os.fspath(given)
+        said = f"the target given, {path}, is the path of that file, and would be loaded again"
+    else:
+        return ""
+    if path != handle.source or not os.path.exists(path):
+        return ""
+    return (f"{said}: a second load of the same file is another model (weights and a cache of its own), not the one "
+            "the draft was built on; pass that first load itself (draft.target, the speculant.Model the draft was "
+            "given), or build the draft on the second")
 
 
 def _live_options_refused(options: dict, what: str) -> None:

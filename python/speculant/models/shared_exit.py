@@ -18,13 +18,14 @@ computes an entry the other has:
   tests/test_early_exit.py check them against transformers' forward).
 
 Each row of the target (live.py: a replica per batch row) keeps records beside its first l layers: per entry the
-token, the position and the hidden state after layer l (a forward hook on layer l takes them from whichever
-forward writes the entry). A chain call trusts an entry only where the records show its own token at its own
-position, and an entry written by the other party's tree call never (a tree node attends to its ancestors only);
-past the first mismatch the entries are dropped and computed again. Reading the match costs one host read per call
-(of a comparison; for a tree call, of its nodes and the entries). A kept tree path (keep) is a chain again. A draft
-call on another sequence than its target's would drop the target's entries; the target's next call then says so
-when fewer than its own are left (SpeculativeDecoder makes the draft decode with the target it was built on).
+token, the position and the hidden state after layer l (a forward hook on layer l takes them; it is registered
+around each forward that writes entries and removed after it, so the user's model keeps no hook of ours). A chain
+call trusts an entry only where the records show its own token at its own position, and an entry written by the
+other party's tree call never (a tree node attends to its ancestors only); past the first mismatch the entries
+are dropped and computed again. Reading the match costs one host read per call (of a comparison; for a tree call,
+of its nodes and the entries). A kept tree path (keep) is a chain again. A draft call on another sequence than its
+target's would drop the target's entries; the target's next call then says so when fewer than its own are left
+(SpeculativeDecoder makes the draft decode with the target it was built on).
 
 A token tree's verification reuses the draft's tree the same way. The draft ran the tree's inner nodes while it
 drafted them (level by level, in its own order). The target's tree call finds, for each node, an entry the draft
@@ -201,11 +202,11 @@ class SharedRows:
             taken.append(torch.zeros(0, hub.hidden, dtype=hub.dtype, device=hub.device))
             return
         hub.taken = None
-        hub.armed = True
+        hook = hub.layer.register_forward_hook(hub._take)  # for this forward only: the model keeps no hook of ours
         try:
             yield taken
         finally:
-            hub.armed = False
+            hook.remove()
         states, hub.taken = hub.taken, None
         if states is None or states.shape[-2] != count:
             raise RuntimeError(f"EarlyExitDraft: layer {hub.exit_layer} gave no hidden states for the {count} "
@@ -366,23 +367,21 @@ class ExitShare:
         skipped = [_Skipped(layer) for layer in lower[:-1]]
         self.upper = with_layers(module, skipped + [self.resuming] + list(layers)[exit_layer:])  # the target's
         self.exit = with_layers(draft_view, skipped + [self.resuming], draft_view.config)  # the draft's
-        self.armed, self.taken = False, None
+        self.layer = layers[exit_layer - 1]  # hooked around each forward that writes the shared layers (taking)
+        self.taken = None
         self.closed = False
-        self._hook = layers[exit_layer - 1].register_forward_hook(self._take)
         self.root = target.row(0)
         for member in target.family():
             member._share = SharedRows(self)
 
     def _take(self, module, args, output) -> None:
-        if self.armed:
-            self.taken = output if isinstance(output, torch.Tensor) else output[0]
+        self.taken = output if isinstance(output, torch.Tensor) else output[0]
 
     def close(self) -> None:
         """The draft is gone, or a newer one shares the target's cache: the target keeps it alone again."""
         if self.closed:
             return
         self.closed = True
-        self._hook.remove()
         for member in self.root.family():
             if member._share is not None and member._share.hub is self:
                 if member._cache is not None:

@@ -5,6 +5,12 @@ Sweep plots take the DataFrame of ``speculant.sweep`` (or any frame with the col
 paper's own tables) and draw one line per combination of the settings that vary in it, other than the x axis.
 Token-tree rows (a ``tree`` shape, sweep's trees=) are drawn as square markers at their depth, apart from the
 chains' lines.
+
+What a sweep flags is drawn so (its ``flag`` column, speculant.timing): a row flagged "impossible" (its timing
+broken) is never drawn as a measurement, only as a red cross on the axis at its gamma; a row with any other
+flag ("contended", "noisy", "off theory") is drawn with a black ring around its point. The y axis is fitted to
+the medians and predictions, so that error bars (the rounds' range) cannot swamp the figure: a bar longer than
+the axes is cut at their edge. Gamma ticks are integers.
 """
 
 from __future__ import annotations
@@ -14,15 +20,69 @@ from typing import List, Optional, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.ticker import MaxNLocator
 
 from . import analysis
 
 SETTINGS = ["gamma", "temperature", "top_k", "top_p", "lenience"]
 _NAMES = {"gamma": "\u03b3", "temperature": "T", "top_k": "top-k", "top_p": "top-p", "lenience": "l"}
+SPEEDUP_LABEL = "speedup over plain decoding (\u00d7, wall time per token)"
+GAMMA_LABEL = "\u03b3 (draft tokens per iteration)"
+FLAGGED_LABEL = "flagged timing (contended, noisy or off theory)"
+IMPOSSIBLE_LABEL = "impossible timing (not drawn as a measurement)"
 
 
 def _axes(ax: Optional[Axes]) -> Axes:
-    return plt.subplots(layout="constrained")[1] if ax is None else ax  # constrained: room for outside legends
+    """``ax``, or a new figure's (constrained layout: room for outside legends), in the plots' one style."""
+    ax = plt.subplots(layout="constrained")[1] if ax is None else ax
+    ax.grid(True, color="0.9", linewidth=0.8)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return ax
+
+
+def _flags(rows) -> np.ndarray:
+    """Each row's flag text ("" without a flag column or for a row without a flag)."""
+    if "flag" not in rows.columns:
+        return np.full(len(rows), "", dtype=object)
+    return np.array([f if isinstance(f, str) else "" for f in rows.flag], dtype=object)
+
+
+def _impossible(rows) -> np.ndarray:
+    return np.array(["impossible" in f for f in _flags(rows)], dtype=bool)
+
+
+def _mark_flags(ax: Axes, x, rows) -> None:
+    """A black ring around each drawn point whose row carries a flag (one legend entry for all of them)."""
+    flagged = np.array([bool(f) for f in _flags(rows)], dtype=bool)
+    if flagged.any():
+        label = "_" + FLAGGED_LABEL if _has_label(ax, FLAGGED_LABEL) else FLAGGED_LABEL
+        ax.plot(np.asarray(x)[flagged], rows.speedup.to_numpy(float)[flagged], "o", markersize=13,
+                markerfacecolor="none", markeredgecolor="black", markeredgewidth=1.2, label=label)
+
+
+def _mark_impossible(ax: Axes, x) -> None:
+    """Red crosses on the x axis at the positions of rows whose timing was impossible."""
+    if len(x):
+        label = "_" + IMPOSSIBLE_LABEL if _has_label(ax, IMPOSSIBLE_LABEL) else IMPOSSIBLE_LABEL
+        ax.plot(x, np.full(len(x), 0.03), "x", color="red", markersize=9, markeredgewidth=2,
+                transform=ax.get_xaxis_transform(), clip_on=False, label=label)
+
+
+def _has_label(ax: Axes, label: str) -> bool:
+    return any(line.get_label() == label for line in ax.get_lines())
+
+
+def _fit_y(ax: Axes, values) -> None:
+    """The y axis over the central values (medians, predictions, 1 = plain decoding), with a margin: error bars
+    beyond it are cut at the axes' edge instead of setting its scale."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if values.size:
+        low, high = min(values.min(), 1.0), max(values.max(), 1.0)
+        pad = 0.15 * (high - low) or 0.1 * high
+        ax.set_ylim(max(0.0, low - pad), high + pad)
 
 
 def _groups(frame, x: str, by: Optional[Sequence[str]]) -> List[tuple]:
@@ -72,30 +132,54 @@ def speedup_vs_gamma(frame, *, by: Optional[Sequence[str]] = None, predicted: bo
                      ax: Optional[Axes] = None) -> Axes:
     """Measured speedup over plain decoding against gamma (solid, one line per setting, e.g. per temperature,
     with error bars over the sweep's timed rounds) and, with ``predicted``, Theorem 3.8's prediction from the
-    measured alpha and c (dashed, same colour)."""
+    measured alpha and c (dashed, same colour). Flagged rows as the module docstring says."""
     ax = _axes(ax)
     chains, trees = _split(frame)
+    central = []
     for label, rows in (_groups(chains, "gamma", by) if len(chains) else []):
-        (line,) = ax.plot(rows.gamma, rows.speedup, "o-", label=label or "measured")
-        _spread(ax, rows.gamma, rows, line.get_color())
+        bad = _impossible(rows)
+        kept = rows[~bad]
+        (line,) = ax.plot(kept.gamma, kept.speedup, "o-", label=label or "measured")
+        _spread(ax, kept.gamma, kept, line.get_color())
+        _mark_flags(ax, kept.gamma, kept)
+        _mark_impossible(ax, rows.gamma[bad])
+        central += kept.speedup.tolist()
         if predicted:
             ax.plot(rows.gamma, rows.predicted_speedup, "--", color=line.get_color(),
                     label=f"{label}: Theorem 3.8" if label else "Theorem 3.8")
+            central += rows.predicted_speedup.tolist()
+    central += _tree_points(ax, trees, by, predicted)
+    ax.axhline(1.0, color="grey", linewidth=0.8, label="_plain decoding")
+    ax.set(xlabel=GAMMA_LABEL, ylabel=SPEEDUP_LABEL, title="Speedup vs \u03b3")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _fit_y(ax, central)
+    _legend(ax)
+    return ax
+
+
+def _tree_points(ax: Axes, trees, by, predicted: bool) -> list:
+    """speedup_vs_gamma's token trees: one marker per tree at its depth, its prediction hollow beside it.
+    Returns the central values drawn."""
     several = "siblings" in trees.columns and trees.siblings.nunique() > 1  # name the way when it varies
+    central = []
     for label, rows in (_groups(trees, "gamma", by) if len(trees) else []):
-        for _, row in rows.iterrows():  # one marker per tree, at its depth; its prediction hollow beside it
+        for index, row in rows.iterrows():
             name = (f"tree {_shape(row.tree)}" + (f" {row.siblings}" if several else "")
                     + (" + sibling draft" if row.get("sibling_draft") is True else "")
                     + (f", {label}" if label else ""))
-            (point,) = ax.plot([row.gamma], [row.speedup], "s", label=name)
-            _spread(ax, [row.gamma], rows.loc[[row.name]], point.get_color())
+            one = rows.loc[[index]]
+            if _impossible(one).any():
+                _mark_impossible(ax, [row.gamma])
+            else:
+                (point,) = ax.plot([row.gamma], [row.speedup], "s", label=name)
+                _spread(ax, [row.gamma], one, point.get_color())
+                _mark_flags(ax, [row.gamma], one)
+                central.append(row.speedup)
             if predicted:
                 ax.plot([row.gamma], [row.predicted_speedup], "s", markerfacecolor="none",
-                        color=point.get_color(), label=f"{name}: tree theory")
-    ax.axhline(1.0, color="grey", linewidth=0.8, label="_plain decoding")
-    ax.set(xlabel="\u03b3 (draft length)", ylabel="speedup over plain decoding", title="Speedup vs \u03b3")
-    _legend(ax)
-    return ax
+                        color=ax.get_lines()[-1].get_color(), label=f"{name}: tree theory")
+                central.append(row.predicted_speedup)
+    return central
 
 
 def alpha_vs_lenience(frame, *, by: Optional[Sequence[str]] = None, ax: Optional[Axes] = None) -> Axes:
@@ -109,7 +193,8 @@ def alpha_vs_lenience(frame, *, by: Optional[Sequence[str]] = None, ax: Optional
     for label, rows in _groups(frame, "lenience", by):
         mean = rows.groupby("lenience", sort=True).acceptance.mean()
         ax.plot(mean.index, mean.to_numpy(), "o-", label=label)
-    ax.set(xlabel="lenience l", ylabel="acceptance rate (\u03b1 at l = 1)", title="Acceptance rate vs lenience (A.5)")
+    ax.set(xlabel="lenience l (1 = exact; below 1 the output law moves, A.5)",
+           ylabel="acceptance rate (\u03b1 at l = 1)", title="Acceptance rate vs lenience (A.5)")
     ax.invert_xaxis()  # from exact (l = 1) to most lenient, as Table 5 reads
     _legend(ax)
     return ax
@@ -123,12 +208,15 @@ def predicted_vs_measured(frame, *, by: Optional[Sequence[str]] = None, ax: Opti
     ax = _axes(ax)
     if by is None:
         by = [c for c in SETTINGS if c != "gamma" and c in frame.columns and frame[c].nunique() > 1]
-    chains, trees = _split(frame)
+    bad = _impossible(frame)
+    _mark_impossible(ax, frame.predicted_speedup[bad])
+    chains, trees = _split(frame[~bad])
     for label, rows in (_groups(chains, "predicted_speedup", by) if len(chains) else []):
         (handle,) = ax.plot(rows.predicted_speedup, rows.speedup, "o", markersize=14, alpha=0.25,
                             label=label or "measured")
         color = handle.get_color()
         _spread(ax, rows.predicted_speedup, rows, color)
+        _mark_flags(ax, rows.predicted_speedup, rows)
         if "gamma" in rows.columns:
             for gamma, points in rows.groupby("gamma", sort=True):
                 ax.plot(points.predicted_speedup, points.speedup, linestyle="none", marker=f"${gamma}$",
@@ -136,11 +224,15 @@ def predicted_vs_measured(frame, *, by: Optional[Sequence[str]] = None, ax: Opti
     for label, rows in (_groups(trees, "predicted_speedup", by) if len(trees) else []):
         (handle,) = ax.plot(rows.predicted_speedup, rows.speedup, "s", label=f"trees, {label}" if label else "trees")
         _spread(ax, rows.predicted_speedup, rows, handle.get_color())
-    values = np.concatenate([frame.predicted_speedup.to_numpy(float), frame.speedup.to_numpy(float)])
+        _mark_flags(ax, rows.predicted_speedup, rows)
+    drawn = frame[~bad]
+    values = np.concatenate([drawn.predicted_speedup.to_numpy(float), drawn.speedup.to_numpy(float)])
     values = values[np.isfinite(values)]
     low, high = (values.min(), values.max()) if values.size else (0.0, 1.0)
     ax.plot([low, high], [low, high], color="grey", linewidth=0.8, label="measured = predicted")
-    ax.set(xlabel="predicted speedup (Theorem 3.8)", ylabel="measured speedup", title="Predicted vs measured")
+    ax.set(xlabel="predicted speedup (\u00d7, Theorem 3.8)", ylabel="measured " + SPEEDUP_LABEL,
+           title="Predicted vs measured")
+    _fit_y(ax, values)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small",
               title="points: \u03b3" if "gamma" in frame.columns else None, title_fontsize="small")
     return ax
@@ -153,7 +245,7 @@ def expected_tokens_vs_alpha(gammas: Sequence[int] = (1, 2, 3, 5, 7, 10), *,
     alphas = np.linspace(0.0, 1.0, 101) if alphas is None else np.asarray(alphas)
     for gamma in gammas:
         ax.plot(alphas, analysis.expected_tokens(alphas, gamma), label=f"\u03b3 = {gamma}")
-    ax.set(xlabel="\u03b1", ylabel="expected tokens per iteration", title="Equation (1) (Figure 2)")
+    ax.set(xlabel="\u03b1", ylabel="expected tokens per iteration (per target call)", title="Equation (1) (Figure 2)")
     _legend(ax)
     return ax
 
@@ -166,6 +258,8 @@ def optimal_gamma_vs_alpha(costs: Sequence[float] = (0.01, 0.02, 0.05, 0.1), *,
     alphas = np.linspace(0.0, 0.95, 96) if alphas is None else np.asarray(alphas)
     for c in costs:
         ax.plot(alphas, analysis.optimal_gamma(alphas, c, max_gamma), drawstyle="steps-post", label=f"c = {c}")
-    ax.set(xlabel="\u03b1", ylabel="optimal \u03b3", title="Optimal \u03b3 (\u00a73.5, Figure 3)")
+    ax.set(xlabel="\u03b1", ylabel="optimal \u03b3 (draft tokens per iteration)",
+           title="Optimal \u03b3 (\u00a73.5, Figure 3)")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     _legend(ax)
     return ax

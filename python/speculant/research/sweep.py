@@ -44,16 +44,18 @@ def _grid(values: Grid, name: str) -> List:
 
 def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mapping[str, Any]], *,
                 max_new_tokens: int, seed: int, repeats: int, spread_threshold: float,
-                batch_size: int = 1, sibling_draft: Optional[Model] = None) -> Dict[str, Any]:
+                batch_size: int = 1, sibling_draft: Optional[Model] = None,
+                threads: Optional[int] = 1) -> Dict[str, Any]:
     """One row of a sweep: speculative decoding at ``setting`` (the ``SETTING`` columns) timed against plain
     decoding of the target at the same sampling settings (``timing.timed_rounds``), then ``timing.summarize``.
     calls: one dict of ``generate`` keyword arguments per prompt (``analysis.generation_kwargs``); sibling_draft:
-    the model of a setting whose ``sibling_draft`` is True (its calls then count as draft calls)."""
+    the model of a setting whose ``sibling_draft`` is True (its calls then count as draft calls); threads: torch's
+    threads for the timed runs (``timing.timed_rounds``)."""
     decoder = SpeculativeDecoder(target, _level(draft, setting), **_options(setting, sibling_draft))
     baseline = functools.partial(generate, target, temperature=setting["temperature"], top_k=setting["top_k"],
                                  top_p=setting["top_p"])
     rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=max_new_tokens, seed=seed,
-                                 repeats=repeats, batch_size=batch_size)
+                                 repeats=repeats, batch_size=batch_size, threads=threads, device=target.device)
     return {**setting, **timing.summarize(rounds, gamma=setting["gamma"], lenience=setting["lenience"],
                                           spread_threshold=spread_threshold, tree=setting["tree"],
                                           sibling=setting["sibling_draft"])}
@@ -161,7 +163,7 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
           max_new_tokens: int = 64, seed: int = 0, repeats: int = 3,
           spread_threshold: float = timing.SPREAD_THRESHOLD, progress: bool = True,
           generate_kwargs: Optional[Mapping[str, Any]] = None, executor=None, batch_size: int = 1,
-          sibling_draft=None):
+          sibling_draft=None, threads: Optional[int] = 1):
     """Runs speculative decoding for every combination of the grids and returns a ``pandas.DataFrame``, one row
     per setting (columns in ``COLUMNS``).
 
@@ -180,6 +182,15 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     ``speedup_max`` and ``spread`` = (max - min) / median. A row whose spread exceeds ``spread_threshold``, or
     whose speedup lies outside a factor timing.THEORY_FACTOR = 2 of Theorem 3.8's prediction, is flagged in
     ``flag`` ("noisy", "off theory"), with one RuntimeWarning for the sweep.
+
+    threads: torch's intra-op threads while the settings are timed (default 1; torch's setting is restored
+    after; None keeps it). On a machine shared with other work a second thread waits for a core and the timings
+    fall apart; the models a sweep times are small enough that one thread is their fastest setting. Column
+    ``threads`` says what each row ran with. On the CPU each round's process CPU time is measured beside its wall
+    time: a row whose process got less than timing.CONTENDED_SHARE = 0.8 of a core in any round is flagged
+    "contended" (column ``cpu_share``: the least it got). A row with a round faster than its tokens per target
+    call allow at its measured call costs (column ``speedup_bound``, ``timing.speedup_bound``) is flagged
+    "impossible": its timing is broken, and ``plots`` do not draw it as a measurement.
 
     batch_size: prompts per generate call, speculative and plain alike (a batch, ``SpeculativeDecoder.generate``):
     row r of a batch keeps its prompt's seed, so the tokens, alpha and counts do not depend on it, while the
@@ -240,18 +251,19 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
 
     repeats, spread_threshold, batch_size = _checked(generate_kwargs, seed, executor, repeats, spread_threshold,
                                                      batch_size)
+    threads = timing.check_threads(threads)
     settings = _settings(gammas, trees, siblings, temperatures, lenience, top_k, top_p, sibling_draft)
     target, draft, sibling_draft = _loaded(target, draft, sibling_draft, settings)
     calls = analysis.generation_kwargs(prompts, generate_kwargs)
     options = {"max_new_tokens": max_new_tokens, "seed": seed, "repeats": repeats,
-               "spread_threshold": spread_threshold, "batch_size": batch_size}
+               "spread_threshold": spread_threshold, "batch_size": batch_size, "threads": threads}
     specs = _specs(executor, target, draft, sibling_draft)
     results, failures, interrupted = _run_all(executor, specs, target, draft, sibling_draft, settings, calls,
                                               options, progress)
     frame = pd.DataFrame([results[i] for i in sorted(results)], columns=COLUMNS)
     return _recorded(frame, failures, settings, interrupted=interrupted, prompts=len(calls),
                      max_new_tokens=max_new_tokens, seed=seed, repeats=repeats, batch_size=batch_size,
-                     spread_threshold=spread_threshold)
+                     spread_threshold=spread_threshold, threads=threads)
 
 
 def _checked(generate_kwargs, seed, executor, repeats, spread_threshold, batch_size) -> tuple:
@@ -348,21 +360,39 @@ def _run_all(executor, specs, target, draft, sibling_draft, settings: List[Dict[
 
 
 def _recorded(frame, failures: Dict[int, str], settings: List[Dict[str, Any]], *, interrupted: bool, prompts: int,
-              max_new_tokens: int, seed: int, repeats: int, batch_size: int, spread_threshold: float):
+              max_new_tokens: int, seed: int, repeats: int, batch_size: int, spread_threshold: float,
+              threads: Optional[int]):
     """The frame with the run's options and its failed settings in its attrs. Warns once for the failed settings
     and once for the flagged rows."""
     failed = [{**settings[i], "error": failures[i]} for i in sorted(failures)]
     frame.attrs.update(interrupted=interrupted, failed=failed, prompts=prompts, max_new_tokens=max_new_tokens,
-                       seed=seed, repeats=repeats, batch_size=batch_size)
+                       seed=seed, repeats=repeats, batch_size=batch_size, threads=threads)
     if failed:
         warnings.warn(f"{len(failed)} of {len(settings)} settings failed and are missing from the frame "
                       "(frame.attrs['failed'] holds their errors): " +
                       "; ".join(f"{_describe(f)} ({f['error']})" for f in failed), RuntimeWarning, stacklevel=3)
     flagged = frame[frame.flag != ""]
     if len(flagged):
-        warnings.warn(f"{len(flagged)} of {len(frame)} settings are flagged (column 'flag'): a spread of the "
-                      f"speedup over {repeats} rounds above {spread_threshold:.0%} ('noisy': the machine "
-                      f"was busy, or the runs are too short) or a speedup outside a factor {timing.THEORY_FACTOR:g} "
-                      "of Theorem 3.8's prediction ('off theory'); read those rows with care", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(flag_warning(flagged, len(frame), repeats, spread_threshold), RuntimeWarning, stacklevel=3)
     return frame
+
+
+FLAG_MEANINGS = {
+    "contended": "the process got less than {share:.0%} of a core in a round: other work held the cores",
+    "impossible": "a round was faster than its tokens per target call allow (column speedup_bound): its timing "
+                  "is broken",
+    "noisy": "the speedup spread over more than {spread:.0%} across the {repeats} rounds",
+    "off theory": "the speedup lies outside a factor {theory:g} of Theorem 3.8's prediction",
+}
+
+
+def flag_warning(flagged, rows: int, repeats: int, spread_threshold: float) -> str:
+    """The sweep's one warning for its flagged rows: how many carry each flag, what each means, and how to
+    time on a shared machine."""
+    counts = {name: int(flagged.flag.str.contains(name).sum()) for name in FLAG_MEANINGS}
+    meanings = "; ".join(f"{count} {name} (" + FLAG_MEANINGS[name].format(
+        share=timing.CONTENDED_SHARE, spread=spread_threshold, repeats=repeats, theory=timing.THEORY_FACTOR) + ")"
+        for name, count in counts.items() if count)
+    return (f"{len(flagged)} of {rows} settings are flagged (column 'flag'): {meanings}. Read those rows with "
+            "care; on a shared machine time with one thread and nothing else running (docs/research.md, "
+            "'Timing on a shared machine')")

@@ -20,6 +20,10 @@ large vocabulary. So at most k * samples / 5 target calls are made, and a large 
 small one. A sample that takes a token the target gives probability 0 after an
 expanded prefix (outside top-k or top-p, a masked token) fails the check outright (p-value 0).
 
+The report names each cell by its tokens (``NOTATION``, which it states): ``[5, 2]`` is token 5 then token 2,
+``[5, *] * in {7, 9, ... 3 more}`` is 5 then a token of that bin, and a pooled cell lists the cells it joins; with
+a tokenizer each sequence's text follows its ids.
+
 Under a correct engine and exact reference logits the check fails with probability ``significance`` (the
 false-failure rate; with a fixed seed the outcome is deterministic). Its power grows with ``samples``. The
 reference logits come from a full forward pass while the engine uses the model's cache; a token sitting exactly
@@ -46,12 +50,13 @@ from ..decoding.decoder import SpeculativeDecoder, bound_target
 from ..decoding.drafters import Drafter
 from ..models.model import Model, load
 from ..models.sequence_logits import SequenceLogits, sequence_logits  # both public here too, as before
-from ..decoding.trace import decode_function
+from ..decoding.trace import decoded_piece, decode_function
 
 MIN_EXPECTED = 5.0  # Pearson's rule of thumb: cells expected fewer times than this are pooled
 Logits = Callable[[List[int]], torch.Tensor]  # token ids -> next-token logits [V]
 ModelLike = Union[Model, str, os.PathLike, torch.jit.ScriptModule, torch.nn.Module]  # what speculant.load takes
-Cell = Tuple[Any, ...]  # token ids; a trailing ("*", b): bin b of the continuations not given their own cell
+Cell = Tuple[Any, ...]  # token ids; a trailing ("*", b): bin b of the continuations not given their own cell;
+# ("pooled", i): pooled cell i (DistributionCheck.pooled[i] says which)
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,13 @@ class DistributionCheck:
 
     statistic: Pearson's chi-square; dof: its degrees of freedom (cells - 1); p_value: its upper tail (0 when a
     sample was impossible); passed: p_value >= significance; impossible: samples with a token of target
-    probability 0; cells: (cell, observed, expected) rows the statistic sums over, pooled cells as ("pooled", i)
-    ; report: all of it, readable (also ``str(check)``). test: "chi-square" (the law is the target's), or with
-    lenience < 1 "lenience bound" (statistic: the largest observed / bound ratio, dof: the cells tested, p_value:
-    Bonferroni's) or "argmax rule" at temperature 0 (statistic: the samples breaking it).
+    probability 0; cells: (cell, observed, expected) rows the statistic sums over, most expected first (a cell is
+    k token ids, or prefix ids + ("*", b): bin b of that prefix's unlikely continuations, or ("pooled", i));
+    bins: (bin cell, its tokens most likely first) for every bin, pooled or not; pooled: the cells pooled into
+    ("pooled", i), at index i, most expected first; report: all of it, readable (also ``str(check)``), the cells
+    written as in ``NOTATION``. test: "chi-square" (the law is the target's), or with lenience < 1 "lenience
+    bound" (statistic: the largest observed / bound ratio, dof: the cells tested, p_value: Bonferroni's) or
+    "argmax rule" at temperature 0 (statistic: the samples breaking it).
     """
 
     statistic: float
@@ -75,6 +83,8 @@ class DistributionCheck:
     cells: Tuple[Tuple[Cell, int, float], ...]
     report: str
     test: str = "chi-square"
+    bins: Tuple[Tuple[Cell, Tuple[int, ...]], ...] = ()
+    pooled: Tuple[Tuple[Cell, ...], ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -197,20 +207,34 @@ def pool_cells(expected: np.ndarray, observed: np.ndarray) -> Tuple[np.ndarray, 
                                                                                 minlength=cells), group)
 
 
-def _pooled(rows: List[Tuple[Cell, int, float]]) -> List[Tuple[Cell, int, float]]:
-    """pool_cells over (cell, observed, expected) rows; a cell that is kept keeps its name, the others become
-    ("pooled", i)."""
+def _pooled(rows: List[Tuple[Cell, int, float]]) -> Tuple[List[Tuple[Cell, int, float]], List[Tuple[Cell, ...]]]:
+    """pool_cells over (cell, observed, expected) rows: the pooled rows, most expected first, where a cell that is
+    kept keeps its name and the others become ("pooled", i); and the cells ("pooled", i) holds, at index i, most
+    expected first."""
     expected, observed, group = pool_cells([row[2] for row in rows], [row[1] for row in rows])
-    members: Dict[int, List[Cell]] = {}
+    members: Dict[int, List[Tuple[Cell, float]]] = {}
     for row, g in zip(rows, group.tolist()):
-        members.setdefault(g, []).append(row[0])
-    out, pooled_index = [], 0
+        members.setdefault(g, []).append((row[0], row[2]))
+    out, pooled = [], []
     for g in sorted(members, key=lambda g: -expected[g]):
         if len(members[g]) == 1:
-            name = members[g][0]
+            name = members[g][0][0]
         else:
-            name, pooled_index = ("pooled", pooled_index), pooled_index + 1
+            name = ("pooled", len(pooled))
+            pooled.append(tuple(cell for cell, _ in sorted(members[g], key=lambda member: -member[1])))
         out.append((name, int(round(observed[g])), float(expected[g])))
+    return out, pooled
+
+
+def _bin_tokens(law: Dict[Cell, float], expanded: Dict[Tuple[int, ...], Tuple[np.ndarray, np.ndarray]]
+                ) -> Dict[Cell, Tuple[int, ...]]:
+    """The tokens each bin cell prefix + ("*", b) of the partition groups, most likely first."""
+    out = {}
+    for cell in law:
+        if _is_bin(cell):
+            probs, bins = expanded[cell[:-2]]
+            tokens = np.nonzero(bins == cell[-1])[0]
+            out[cell] = tuple(tokens[np.argsort(-probs[tokens], kind="stable")].tolist())
     return out
 
 
@@ -245,8 +269,9 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     temperature 0 the promise is A.5's argmax rule: every token drawn has p(x) >= l max p given its prefix, p the
     target's softmax of its raw logits.
 
-    ``tokenizer`` (anything ``Trace.with_tokenizer`` takes) adds each cell's text to the report. ``progress``
-    shows a progress bar of the generations (done, left, time left).
+    ``tokenizer`` (anything ``Trace.with_tokenizer`` takes: a transformers tokenizer, an object with ``decode``, a
+    callable ids -> str) adds each cell's text to the report, decoded after the prompt. ``progress`` shows a
+    progress bar of the generations (done, left, time left).
     """
     decode = decode_function(tokenizer)
     k = integer(k, "k", 1)
@@ -281,7 +306,8 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
                      f"lenience={lenience}")
     lenience = settings.lenience
     if lenience < 1.0 and settings.temperature == 0.0:
-        return _argmax_rule(logits, prompt, drawn, lenience, significance, samples, k, seed, settings_text, decode)
+        return _argmax_rule(logits, prompt, drawn, lenience, significance, samples, k, seed, settings_text,
+                            _Labels(decode, prompt))
     law, expanded = _partition(logits, prompt, k, MIN_EXPECTED / samples, settings)
 
     observed: Dict[Cell, int] = dict.fromkeys(law, 0)
@@ -293,7 +319,9 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
         else:
             observed[cell] += 1
 
-    rows = _pooled([(cell, observed[cell], law[cell] * samples) for cell in law])
+    rows, pooled = _pooled([(cell, observed[cell], law[cell] * samples) for cell in law])
+    bins = _bin_tokens(law, expanded)
+    label = _Labels(decode, prompt, bins, pooled)
     statistic = float(sum((o - e) ** 2 / e for _, o, e in rows))
     dof = len(rows) - 1
     if impossible:
@@ -304,16 +332,16 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
         p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
                                                 torch.tensor(statistic / 2, dtype=torch.float64)))
     report = _report(statistic, dof, p_value, significance, samples, k, len(prompt), seed, settings_text, rows,
-                     impossible, len(expanded), decode)
+                     impossible, len(expanded), label)
     test = "chi-square"
     if lenience < 1.0:  # the law moved on purpose: the verdict is the bound's, the chi-square says by how much
         test = "lenience bound"
         bound_p, worst = _bound_test(rows, samples, lenience ** k) if not impossible else (0.0, None)
-        report = _bound_report(report, bound_p, worst, significance, lenience, k, len(rows))
+        report = _bound_report(report, bound_p, worst, significance, lenience, k, len(rows), label)
         statistic, dof, p_value = (worst[1] / worst[2] if worst else float("inf")), len(rows), bound_p
     return DistributionCheck(statistic=statistic, dof=dof, p_value=p_value, significance=float(significance),
                              samples=samples, impossible=sum(impossible.values()), cells=tuple(rows),
-                             report=report, test=test)
+                             report=report, test=test, bins=tuple(bins.items()), pooled=tuple(pooled))
 
 
 def _upper_tail(observed: int, n: int, probability: float) -> float:
@@ -341,7 +369,7 @@ def _bound_test(rows: List[Tuple[Cell, int, float]], samples: int, scale: float)
 
 
 def _bound_report(chi_square_report: str, p_value: float, worst, significance: float, lenience: float, k: int,
-                  cells: int) -> str:
+                  cells: int, label: "_Labels") -> str:
     verdict = "passed" if p_value >= significance else "FAILED"
     lines = [f"speculant lenience check {verdict} at significance {significance:g}",
              f"  lenience {lenience:g} < 1 changes the output law by design (Appendix A.5): what it promises is "
@@ -350,14 +378,15 @@ def _bound_report(chi_square_report: str, p_value: float, worst, significance: f
              f"  one-sided binomial tests of that bound on {cells} cells, Bonferroni p-value = {p_value:.4g}"]
     if worst is not None:
         cell, observed, bound = worst
-        lines.append(f"  closest to the bound: {cell} observed {observed} times, at most {bound:.1f} expected")
+        lines.append(f"  closest to the bound: {label(cell)}, observed {observed} times, at most {bound:.1f} "
+                     "expected")
     lines.append("  how far the law moved from the target's (information, not the verdict):")
     lines += ["  " + line for line in chi_square_report.splitlines()[1:]]
     return "\n".join(lines)
 
 
 def _argmax_rule(logits: Logits, prompt: List[int], drawn: List[List[int]], lenience: float, significance: float,
-                 samples: int, k: int, seed: int, settings_text: str, decode) -> DistributionCheck:
+                 samples: int, k: int, seed: int, settings_text: str, label: "_Labels") -> DistributionCheck:
     """Temperature 0 with lenience l < 1 (A.5): every token drawn must have p(x) >= l max p given its prefix, p
     the softmax of the target's raw logits. Deterministic: passes (p-value 1) or fails (0)."""
     counts: Dict[Tuple[int, ...], int] = {}
@@ -377,24 +406,55 @@ def _argmax_rule(logits: Logits, prompt: List[int], drawn: List[List[int]], leni
              f"(seeds {seed}..{seed + samples - 1}); lenience {lenience:g} < 1 at temperature 0 changes the output "
              "by design (Appendix A.5): every token drawn must have p(x) >= l max p given its prefix",
              f"  {len(counts)} distinct sequence(s), {sum(broken.values())} sample(s) breaking the rule"]
-    lines += [f"    {_label(tokens, decode)} x{count}" for tokens, count in sorted(broken.items())[:8]]
+    lines += [f"    {label(tokens)} x{count}" for tokens, count in sorted(broken.items())[:8]]
     cells = tuple((tokens, count, float(count)) for tokens, count in sorted(counts.items()))
     return DistributionCheck(statistic=float(sum(broken.values())), dof=0, p_value=p_value,
                              significance=float(significance), samples=samples, impossible=sum(broken.values()),
                              cells=cells, report="\n".join(lines), test="argmax rule")
 
 
-def _label(cell: Cell, decode) -> str:
-    if cell[0] == "pooled":
-        return f"pooled {cell[1]}"
-    ids = list(cell[:-2]) if "*" in cell else list(cell)
-    # a bin of unlikely tokens after the prefix ids: "[* (bin 0)]" first, "[12, * (bin 3)]" after token 12
-    label = "[" + ", ".join([*map(str, ids), *([f"* (bin {cell[-1]})"] if "*" in cell else [])]) + "]"
-    return f"{label} {decode(ids)!r}" if decode is not None and ids else label
+NOTATION = ("[5, 2] is token 5 then token 2; [5, *] * in {7, 9, ... 3 more} is token 5 then token 7, 9 or one of 3 "
+            "less likely ones",
+            "(a bin of the continuations too unlikely for cells of their own, most likely first); 'pooled' joins "
+            f"cells expected fewer than {MIN_EXPECTED:g} times each")
+
+
+def _is_bin(cell: Cell) -> bool:
+    return len(cell) >= 2 and cell[-2] == "*"
+
+
+class _Labels:
+    """Cells written for the report, as NOTATION says: token ids in brackets, each sequence's text beside it (decoded
+    after the prompt, as a trace decodes a piece after the text before it) when there is a decode function; a bin's
+    tokens and a pooled cell's members listed, the first ``tokens`` / ``members`` of them and a count of the rest."""
+
+    def __init__(self, decode, prompt: List[int], bins: Optional[Dict[Cell, Tuple[int, ...]]] = None,
+                 pooled: Sequence[Tuple[Cell, ...]] = (), tokens: int = 4, members: int = 3):
+        self.decode, self.prompt, self.bins, self.pooled = decode, list(prompt), bins or {}, pooled
+        self.tokens, self.members = tokens, members
+
+    def text(self, context: List[int], ids: List[int]) -> str:
+        """The text ``ids`` add after the prompt and ``context``, quoted after a space; "" without a decode
+        function."""
+        return f" {decoded_piece(self.decode, self.prompt + context, ids)!r}" if self.decode is not None and ids else ""
+
+    def __call__(self, cell: Cell, tokens: Optional[int] = None) -> str:
+        tokens = self.tokens if tokens is None else tokens
+        if cell[0] == "pooled":
+            members = self.pooled[cell[1]]
+            listed = "; ".join(self(member, tokens=2) for member in members[:self.members])
+            more = f"; ... {len(members) - self.members} more" if len(members) > self.members else ""
+            return f"pooled, {len(members)} cells: {listed}{more}"
+        if not _is_bin(cell):
+            return f"[{', '.join(map(str, cell))}]{self.text([], list(cell))}"
+        prefix, members = list(cell[:-2]), self.bins.get(cell, ())
+        listed = ", ".join(f"{t}{self.text(prefix, [t])}" for t in members[:tokens])
+        more = f", ... {len(members) - tokens} more" if len(members) > tokens else ""
+        return f"[{', '.join([*map(str, prefix), '*'])}]{self.text([], prefix)} * in {{{listed}{more}}}"
 
 
 def _report(statistic, dof, p_value, significance, samples, k, prompt_length, seed, settings, rows, impossible,
-            target_calls, decode, shown: int = 8) -> str:
+            target_calls, label: _Labels, shown: int = 8) -> str:
     verdict = "passed" if p_value >= significance else "FAILED"
     lines = [
         f"speculant distribution check {verdict} at significance {significance:g}",
@@ -403,14 +463,20 @@ def _report(statistic, dof, p_value, significance, samples, k, prompt_length, se
         f"  Pearson chi-square = {statistic:.4g} on {dof} degrees of freedom, p-value = {p_value:.4g} "
         f"({len(rows)} cells; the target's law from {target_calls} target call(s))",
     ]
+    pooled = [len(members) for members in label.pooled]
+    if pooled:
+        lines.append(f"  {sum(pooled)} cells expected fewer than {MIN_EXPECTED:g} times each are pooled into "
+                     f"{len(pooled)}")
     if impossible:
-        listed = ", ".join(f"{_label(tokens, decode)} x{count}" for tokens, count in sorted(impossible.items())[:shown])
+        listed = ", ".join(f"{label(tokens)} x{count}" for tokens, count in sorted(impossible.items())[:shown])
         lines.append(f"  {sum(impossible.values())} sample(s) took a token of target probability 0: {listed}")
     worst = sorted(rows, key=lambda row: -(row[1] - row[2]) ** 2 / row[2])[:shown]
     if worst and dof > 0:
-        lines.append(f"  largest contributions:\n    {'cell':<32}{'observed':>10}{'expected':>12}{'(O-E)^2/E':>12}")
+        text = "; text decoded after the prompt" if label.decode is not None else ""
+        lines += [f"  cells: {NOTATION[0]}", f"  {NOTATION[1]}{text}"]
+        lines.append(f"  largest contributions:\n    {'observed':>8}{'expected':>10}{'(O-E)^2/E':>11}  cell")
         for cell, o, e in worst:
-            lines.append(f"    {_label(cell, decode):<32}{o:>10}{e:>12.1f}{(o - e) ** 2 / e:>12.2f}")
+            lines.append(f"    {o:>8}{e:>10.1f}{(o - e) ** 2 / e:>11.2f}  {label(cell)}")
     return "\n".join(lines)
 
 

@@ -7,6 +7,13 @@ interleaved ABBA (the order flips every round), so that a drift of the machine's
 medians over the rounds, each with its range; the speedup is the median of the rounds' speedups, and Theorem
 3.8 predicts it from the measured alpha and c. ``speculant.sweep`` and the demo time this way.
 
+A shared machine breaks timings, so each row says when it was broken. The timed runs use one torch thread
+(``threads=1``; ``None`` keeps torch's setting): the engine's models are small, and a second intra-op thread
+waits for a core that other work holds. Each round measures the process's CPU time beside its wall time; on
+the CPU a round that got less than ``CONTENDED_SHARE`` of a core was waiting for one, and its row is flagged
+"contended". A round whose speedup exceeds what the row's tokens per target call allow at its measured call
+costs (``speedup_bound``) was timed wrongly, and its row is flagged "impossible".
+
 Prompts may run in batches (``batch_size``): each batch is one ``generate`` call whose row r has the seed the
 prompt would have alone, so the tokens do not depend on the batch size. A round's time is the wall time of its
 calls, which for batches is what a researcher waits (a row's own times count the whole batch's calls).
@@ -20,25 +27,40 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
+import torch
 
 from . import analysis
 from ..decoding.trees import Tree
 
 THEORY_FACTOR = 2.0  # a measured speedup outside [predicted / 2, predicted * 2] is flagged "off theory"
 SPREAD_THRESHOLD = 0.25  # a (max - min) / median of the rounds' speedups above this is flagged "noisy"
+# A CPU round whose process ran less than this share of one core while it was timed waited for a core: flagged
+# "contended". One core, whatever the threads: the engine's calls run on the calling thread, and a small model's
+# operations often leave torch's other threads idle. An idle machine gives 0.95-1.0.
+CONTENDED_SHARE = 0.8
+# A round's speedup above speedup_bound by more than this factor is flagged "impossible" (the factor covers the
+# noise of the call costs the bound is made of).
+BOUND_MARGIN = 1.1
 COLUMNS = [
     "alpha", "acceptance", "tokens_per_target_call", "expected_tokens",
     "new_tokens", "target_calls", "draft_calls", "seconds", "plain_seconds", "c", "speedup", "speedup_min",
-    "speedup_max", "spread", "predicted_speedup", "cost_model_speedup", "flag", "levels",
+    "speedup_max", "spread", "speedup_bound", "threads", "cpu_share", "predicted_speedup", "cost_model_speedup",
+    "flag", "levels",
 ]
 
 
 class Round(NamedTuple):
-    """One timed round: the results, one per prompt, and the wall seconds of all their generate calls."""
+    """One timed round: the results, one per prompt, the wall seconds of all their generate calls, the process's
+    CPU seconds over the same calls, the torch threads it ran with, and whether its models ran on the CPU (on a
+    device the host waits for the device, so its CPU time says nothing of contention)."""
     speculative: List[Any]
     plain: List[Any]
     speculative_seconds: float
     plain_seconds: float
+    speculative_cpu_seconds: float = math.nan
+    plain_cpu_seconds: float = math.nan
+    threads: Optional[int] = None
+    on_cpu: bool = False
 
 
 def check_repeats(repeats) -> int:
@@ -60,33 +82,53 @@ def check_batch_size(batch_size) -> int:
     return int(batch_size)
 
 
+def check_threads(threads) -> Optional[int]:
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, numbers.Integral)
+                                or threads < 1):
+        raise ValueError(f"threads must be an integer >= 1 (torch's intra-op threads for the timed runs) or None "
+                         f"(torch's own setting), got {threads!r}")
+    return None if threads is None else int(threads)
+
+
 def timed_rounds(speculative: Callable, plain: Callable, calls: Sequence[Mapping[str, Any]], *,
-                 max_new_tokens: int, seed: int, repeats: int, batch_size: int = 1) -> List[Round]:
+                 max_new_tokens: int, seed: int, repeats: int, batch_size: int = 1, threads: Optional[int] = 1,
+                 device="cpu") -> List[Round]:
     """An untimed warm-up of both, then ``repeats`` rounds interleaved ABBA (module docstring).
 
     speculative, plain: ``generate``-like callables (a decoder's ``generate``; ``speculant.generate`` bound to
     the target and the same sampling settings); calls: the keyword arguments per prompt
     (``analysis.generation_kwargs``), prompt i generated with seed ``seed + i``, ``batch_size`` prompts per
-    call (``analysis.batch_kwargs``)."""
+    call (``analysis.batch_kwargs``). threads: torch's intra-op threads while they run (torch's setting is
+    restored after); None keeps torch's setting. device: where the models run; on the CPU the rounds' CPU time
+    is checked for contention (``summarize``)."""
     repeats = check_repeats(repeats)
     batch_size = check_batch_size(batch_size)
+    threads = check_threads(threads)
     batches = [(first, analysis.batch_kwargs(calls[first:first + batch_size]))
                for first in range(0, len(calls), batch_size)]
 
-    def run(generate_one) -> Tuple[list, float]:
-        results, start = [], time.perf_counter()
+    def run(generate_one) -> Tuple[list, float, float]:
+        results, start, cpu = [], time.perf_counter(), time.process_time()
         for first, (kwargs, batched) in batches:
             out = generate_one(**kwargs, max_new_tokens=max_new_tokens, seed=seed + first)
             results.extend(out if batched else [out])
-        return results, time.perf_counter() - start
+        return results, time.perf_counter() - start, time.process_time() - cpu
 
-    pair = (speculative, plain)
-    for generate_one in pair:  # untimed: every shape the timed rounds will use
-        run(generate_one)
-    rounds = []
-    for r in range(repeats):
-        done = {i: run(pair[i]) for i in ((0, 1) if r % 2 == 0 else (1, 0))}  # ABBA
-        rounds.append(Round(done[0][0], done[1][0], done[0][1], done[1][1]))
+    before = torch.get_num_threads()
+    used = before if threads is None else threads
+    on_cpu = torch.device(device).type == "cpu"
+    torch.set_num_threads(used)
+    try:
+        pair = (speculative, plain)
+        for generate_one in pair:  # untimed: every shape the timed rounds will use
+            run(generate_one)
+        rounds = []
+        for r in range(repeats):
+            done = {i: run(pair[i]) for i in ((0, 1) if r % 2 == 0 else (1, 0))}  # ABBA
+            rounds.append(Round(done[0][0], done[1][0], done[0][1], done[1][1], done[0][2], done[1][2], used,
+                                on_cpu))
+    finally:
+        torch.set_num_threads(before)
     return rounds
 
 
@@ -311,6 +353,61 @@ def cost_model(rounds: Sequence[Round], *, acceptance: float, gamma: int, tree=N
         verify_costs=wide + [None], overheads=[overhead, costs["level_overhead"]], plain_overhead=plain)
 
 
+def round_speedup(round_: Round) -> float:
+    """A round's speedup: plain wall seconds per token over speculative wall seconds per token."""
+    return (_per_token(round_.plain_seconds, totals(round_.plain))
+            / _per_token(round_.speculative_seconds, totals(round_.speculative)))
+
+
+def median_round(rounds: Sequence[Round]) -> int:
+    """The index of the round whose speedup is the median of the rounds' (the nearer one for an even count), so
+    that a table of one round's times agrees with the median speedup reported beside it."""
+    speedups = [round_speedup(r) for r in rounds]
+    middle = float(np.median(speedups))
+    return min(range(len(rounds)), key=lambda i: abs(speedups[i] - middle))
+
+
+def speedup_bound(round_: Round) -> float:
+    """The most speedup a round's counts allow at its measured call costs. A speculative iteration costs at
+    least one plain target call t (a verification call reads what a one-token call reads, and more), the
+    draft's time D per iteration, and the engine's own time per plain token o (it does at least that per
+    iteration). Plain decoding pays t + o per token; speculative decoding (t + D + o) per tau tokens, tau being
+    the tokens per target call. So the speedup is at most tau (t + o) / (t + D + o), and at most tau where the
+    costs are unknown."""
+    spec, plain = totals(round_.speculative), totals(round_.plain)
+    if not spec["target_calls"]:
+        return math.nan
+    tau = spec["new_tokens"] / spec["target_calls"]
+    if not (plain["target_calls"] and plain["new_tokens"]):
+        return tau
+    t = plain["target_seconds"] / plain["target_calls"]
+    o = plain["other_seconds"] / plain["new_tokens"]
+    d = spec["draft_seconds"] / spec["target_calls"]
+    return tau * (t + o) / (t + d + o) if t + d + o > 0 else tau
+
+
+def timing_checks(rounds: Sequence[Round], speedups: Sequence[float]) -> Dict[str, Any]:
+    """What says whether the rounds' timings can be trusted: ``speedup_bound`` (the median over the rounds of
+    ``speedup_bound``), ``threads`` (torch's threads in the rounds), ``cpu_share`` (the least CPU seconds per
+    wall second of the process over any round's speculative or plain runs; NaN when the models ran on a
+    device) and ``flags``: "contended" when cpu_share < CONTENDED_SHARE (the process waited for a core: other
+    work shared the machine), "impossible" when a round's speedup exceeds its bound by more than BOUND_MARGIN
+    (no exact decoding is that fast: the timing, not the decoding, was measured)."""
+    bounds = [speedup_bound(r) for r in rounds]
+    on_cpu = all(r.on_cpu for r in rounds)
+    shares = [cpu / wall for r in rounds
+              for cpu, wall in ((r.speculative_cpu_seconds, r.speculative_seconds),
+                                (r.plain_cpu_seconds, r.plain_seconds)) if wall > 0]
+    share = float(min(shares)) if on_cpu and shares else math.nan
+    flags = []
+    if share < CONTENDED_SHARE:
+        flags.append("contended")
+    if any(s > b * BOUND_MARGIN for s, b in zip(speedups, bounds) if not math.isnan(b)):
+        flags.append("impossible")
+    return {"speedup_bound": float(np.median(bounds)), "threads": rounds[0].threads, "cpu_share": share,
+            "flags": flags}
+
+
 def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
               spread_threshold: float = SPREAD_THRESHOLD, tree: Optional[Sequence[int]] = None,
               sibling: bool = False) -> Dict[str, Any]:
@@ -356,23 +453,24 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     # lookup, Python code) its time per drafted token, the cost Theorem 3.8's c stands for
     per = spec["draft_calls"] or spec["drafted_tokens"]
     speedups, costs, seconds, plain_seconds = [], [], [], []
-    for speculative_results, plain_results, wall, plain_wall in rounds:
-        timed, plain = totals(speculative_results), totals(plain_results)
-        speedups.append(_per_token(plain_wall, plain) / _per_token(wall, timed))
+    for round_ in rounds:
+        timed, plain = totals(round_.speculative), totals(round_.plain)
+        speedups.append(round_speedup(round_))
         draft_call = timed["draft_seconds"] / per if per else nan
         target_call = plain["target_seconds"] / plain["target_calls"] if plain["target_calls"] else nan
         costs.append(draft_call / target_call if target_call > 0 else nan)
-        seconds.append(wall)
-        plain_seconds.append(plain_wall)
+        seconds.append(round_.speculative_seconds)
+        plain_seconds.append(round_.plain_seconds)
     speedup, speedup_min, speedup_max = median_range(speedups)
     c = float(np.median(costs))
     spread = (speedup_max - speedup_min) / speedup
+    checks = timing_checks(rounds, speedups)
     known = not (math.isnan(acceptance) or math.isnan(c))
     expected = analysis.expected_tokens(acceptance, gamma) if verified else nan
     predicted = analysis.walltime_improvement(acceptance, gamma, c) if known else nan
     plain_calls = []
-    for _, plain_results, _, _ in rounds:
-        plain = totals(plain_results)
+    for round_ in rounds:
+        plain = totals(round_.plain)
         plain_calls.append(_per_call(plain["target_seconds"], plain["target_calls"]))
     levels = level_table(rounds, plain_calls)
     if levels:  # Theorem 3.8 composed over the levels (analysis.hierarchical_improvement)
@@ -386,7 +484,7 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
         expected, predicted = tree_prediction(results, tree, c, sibling=sibling)
         known = not (math.isnan(expected) or math.isnan(c))
         predicted = predicted if known else nan
-    flags = []
+    flags = checks.pop("flags")
     if spread > spread_threshold:
         flags.append("noisy")
     if known and not predicted / THEORY_FACTOR <= speedup <= predicted * THEORY_FACTOR:
@@ -397,7 +495,7 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
         "expected_tokens": expected,
         "new_tokens": spec["new_tokens"], "target_calls": spec["target_calls"], "draft_calls": spec["draft_calls"],
         "seconds": float(np.median(seconds)), "plain_seconds": float(np.median(plain_seconds)), "c": c,
-        "speedup": speedup, "speedup_min": speedup_min, "speedup_max": speedup_max, "spread": spread,
+        "speedup": speedup, "speedup_min": speedup_min, "speedup_max": speedup_max, "spread": spread, **checks,
         "predicted_speedup": predicted, "cost_model_speedup": modelled, "flag": ", ".join(flags),
         "levels": levels or None,
     }
