@@ -13,7 +13,6 @@ import distill as bench  # noqa: E402
 from speculant import demo_pair  # noqa: E402
 
 
-@pytest.mark.filterwarnings("ignore:.*settings are flagged:RuntimeWarning")
 def test_distill_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo_pair, "default_pair", lambda *args, **kwargs: smoke_pair)
     out = tmp_path / "distill.json"
@@ -28,7 +27,6 @@ def test_distill_benchmark_runs(smoke_pair, tmp_path, monkeypatch, capsys):
     assert "held-out alpha (T = 1)" in capsys.readouterr().out
 
 
-@pytest.mark.filterwarnings("ignore:.*settings are flagged:RuntimeWarning")
 def test_distill_benchmark_runs_on_the_gpt2_pair(tmp_path, monkeypatch, capsys):
     """--pair gpt2 on the smoke recipe's GPT-2 pair: a save_pretrained draft distilled, exported for the sweep,
     and both written files removed afterwards."""

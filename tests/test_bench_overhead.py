@@ -42,4 +42,4 @@ def test_trees_on_both_paths(batch, graphs, capsys):
             assert min(phases[:3]) > 0
     for name in ("chain gamma = 2", "tree 2,1 coupled"):  # the host kernels run a row's math as one operation
         assert 0 < operations[name, "host kernels"] < operations[name, "tensor path"]
-    assert _core._set_host_kernels(True)  # the host kernels are back after the tensor path's block
+    assert _core.set_host_kernels(True)  # the host kernels are back after the tensor path's block

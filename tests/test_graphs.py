@@ -55,6 +55,7 @@ from engine_checks import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, MarkovRows, assert
                            tiny_models)
 from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples, check_no_top_p_boundary
 from speculant import graphs, tiny_gpt
+from speculant.decoding.decoder import KEPT_PLAIN
 from speculant.testing import tensor_path
 
 # Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
@@ -309,7 +310,7 @@ def test_fixed_chain_verification_on_the_accelerators_path_equals_dynamic(pair, 
 
 
 def test_plain_decoding_keeps_its_decoder(tiny):
-    """speculant.generate keeps its decoder on the model handle, per settings, so that the verification's buffers
+    """speculant.generate keeps its decoder for the model handle, per settings, so that the verification's buffers
     (and graphs, on CUDA) serve every call rather than being captured anew at each; a call while another thread
     decodes with the kept one gets a decoder of its own, and both finish with the tokens they get alone."""
     target = tiny[0]
@@ -321,12 +322,12 @@ def test_plain_decoding_keeps_its_decoder(tiny):
 
     with tensor_path():
         want = [run(seed=s) for s in (1, 2)]
-        kept = dict(target._plain_decoders)
+        kept = dict(KEPT_PLAIN[target])
         assert_same([run(seed=s) for s in (1, 2)], want, "again")
-        assert target._plain_decoders == kept and any(d.verification_graphs[0] >= 1 for d, _ in kept.values())
+        assert KEPT_PLAIN[target] == kept and any(d.verification_graphs[0] >= 1 for d, _ in kept.values())
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             assert_same(list(pool.map(lambda s: run(seed=s), (1, 2))), want, "two threads")
-    assert all(not lock.locked() for _, lock in target._plain_decoders.values())
+    assert all(not lock.locked() for _, lock in KEPT_PLAIN[target].values())
 
 
 def test_fixed_chain_verification_with_varying_drafts(tiny):
@@ -542,7 +543,7 @@ def test_a_failed_capture_is_told_once():
         graph_failure = "capturing the 4-token call failed: operation not permitted when stream is capturing"
 
     class Handle:
-        _core = Core()
+        engine = Core()
         source = "target.pt"
 
     handle = Handle()

@@ -366,7 +366,6 @@ def test_composed_cost_matches_a_simulation_of_the_draft_level():
         simulated, rel=0.01)
 
 
-@pytest.mark.filterwarnings("ignore:.*settings are flagged:RuntimeWarning")
 def test_sweep_takes_a_hierarchical_draft():
     target, middle, small = loaded(tables(77))
     level = speculant.SpeculativeDecoder(middle, small, gamma=2)

@@ -81,12 +81,6 @@ def run_blocks(blocks, namespace: dict) -> None:
         print(f"{page.name} block at line {line}: {time.perf_counter() - start:.1f} s")
 
 
-# The sweep's timings of a few tokens on a shared machine are expected to be flagged; that warning is tested in
-# test_sweep.py.
-SWEEP_FLAGS = pytest.mark.filterwarnings("ignore:.*settings are flagged:RuntimeWarning")
-
-
-@SWEEP_FLAGS
 def test_readme_python_blocks_run(docs_session, tmp_path):
     blocks = [(page, line, source) for page in pages() for line, source in python_blocks(page.read_text())]
     assert len(blocks) >= 5
@@ -96,7 +90,6 @@ def test_readme_python_blocks_run(docs_session, tmp_path):
     assert (tmp_path / "target.pt").is_file()
 
 
-@SWEEP_FLAGS
 @pytest.mark.parametrize("page", [page for page in pages() if python_blocks(page.read_text())],
                          ids=lambda page: page.name)
 def test_each_page_runs_alone(page, docs_session):

@@ -18,9 +18,6 @@ sweep_module = importlib.import_module("speculant.sweep")  # the module; specula
 PROMPTS = [[1, 2], [3], [0, 1, 2]]
 TIMES = ["seconds", "plain_seconds", "c", "speedup", "speedup_min", "speedup_max", "spread", "predicted_speedup",
          "cost_model_speedup", "flag", "speedup_bound", "cpu_share"]
-# Timings of table models over a few tokens are noise-dominated: their flag warnings are expected here, and
-# the flags themselves are tested below.
-pytestmark = pytest.mark.filterwarnings("ignore:.*settings are flagged:RuntimeWarning")
 
 
 @pytest.fixture(scope="module")
@@ -141,31 +138,67 @@ def test_sweep_takes_a_drafter_and_measures_its_cost():
     assert (frame.c >= 0).all() and frame.c.notna().all() and frame.predicted_speedup.notna().all()
 
 
-def slow_drafter(vocab: int, delays: dict):
-    """A Python drafter that proposes nothing and sleeps delays[call] seconds at the given calls (0-based)."""
+def slow_drafter(vocab: int, delays: dict, sleep=time.sleep):
+    """A Python drafter that proposes nothing and sleeps delays[call] seconds at the given calls (0-based), by
+    ``sleep`` (a FakeClock's advances the clock instead)."""
     from speculant import drafters
 
     calls = [0]
 
     def propose(context, gamma):
-        time.sleep(delays.get(calls[0], 0.0))
+        sleep(delays.get(calls[0], 0.0))
         calls[0] += 1
         return [], None
 
     return drafters.PythonDrafter(propose, vocab), calls
 
 
-def test_a_slow_first_call_is_not_timed():
+class FakeClock:
+    """speculant.timing's clock, set by the test: perf_counter and process_time read ``now``, which only
+    ``sleep`` advances. Installed as timing's ``time`` module, it makes a timed round last exactly the fake
+    seconds of the calls made inside it."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    process_time = perf_counter  # a full core: no round is flagged "contended"
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_slow_first_call_is_not_timed(monkeypatch):
     """The untimed round absorbs a first call that costs 3 s (as TorchScript's first calls of a shape do): no
-    timed round contains it, so the reported speedup does not move."""
+    timed round contains it, so the reported speedup does not move. The seconds are a FakeClock's: each drafter
+    call costs 0.01 s, the first 3 s more, and each plain generate 0.1 s; so every timed round lasts exactly
+    its drafter calls' 0.01 s, which a loaded machine cannot change, and a timed round that held the first call
+    (no untimed round, or one that skipped the speculative decoder) would last over 3 s, which speedup_min
+    shows even where the median round does not."""
+    timing = importlib.import_module("speculant.research.timing")
+    clock = FakeClock()
+    monkeypatch.setattr(timing, "time", clock)
+    plain = sweep_module.generate
+
+    def timed_plain(*args, **kwargs):
+        clock.sleep(0.1)
+        return plain(*args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "generate", timed_plain)
     torch.manual_seed(0)
     target = speculant.load(script_cached(TinyGPT(TinyGPTConfig(16, 1, 2, 16, 64))))
-    drafter, calls = slow_drafter(16, {0: 3.0})
+    drafter, calls = slow_drafter(16, {0: 3.0}, sleep=lambda seconds: clock.sleep(0.01 + seconds))
     frame = speculant.sweep(target, drafter, [[1, 2, 3]], gammas=[2], temperatures=[0.0], max_new_tokens=8,
                             progress=False)
     assert calls[0] > 8  # the untimed round and the timed ones all drafted
-    # a timed round holding the 3 s call would take at least 3 s; without it a round of 8 tokens of this model takes
-    # milliseconds, so the bound (half the call) leaves a loaded machine a margin of about a hundredfold
+    per_round = calls[0] // (1 + frame.attrs["repeats"])  # the same calls in every round (same seed, greedy)
+    assert calls[0] == per_round * (1 + frame.attrs["repeats"])
+    # the median round and the slowest (plain seconds over the least speedup: the plain rounds all last 0.1 s)
+    assert frame.plain_seconds.item() == pytest.approx(0.1)
+    assert frame.seconds.item() == pytest.approx(0.01 * per_round)
+    assert frame.plain_seconds.item() / frame.speedup_min.item() == pytest.approx(0.01 * per_round)
     assert frame.seconds.item() < 1.5 and frame.plain_seconds.item() / frame.speedup_min.item() < 1.5
 
 

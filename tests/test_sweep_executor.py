@@ -21,8 +21,6 @@ PROMPTS = [[1, 2], [3], [0, 1, 2]]
 TIMES = ["seconds", "plain_seconds", "c", "speedup", "speedup_min", "speedup_max", "spread", "predicted_speedup",
          "cost_model_speedup", "flag", "speedup_bound", "cpu_share"]
 EXACT = [c for c in sweep_module.COLUMNS if c not in TIMES]  # the setting, alpha, counts: fixed by the seed
-# Timings of table models over a few tokens are noise-dominated: their flag warnings are expected here.
-pytestmark = pytest.mark.filterwarnings("ignore:.*settings are flagged:RuntimeWarning")
 
 
 def one_hot(tokens):

@@ -12,6 +12,8 @@ import speculant
 from engine_checks import same_seed_outputs
 from speculant import drafters, tiny_gpt
 
+pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")
+
 
 def tiny(seed: int) -> speculant.Model:
     torch.manual_seed(seed)

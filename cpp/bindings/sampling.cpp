@@ -66,7 +66,7 @@ void bind_sampling(py::module_& m) {
 
   // The step kernels (step.h, cpu_kernels.h) for tests: the tensor path on CPU, and the host kernel with given
   // uniforms (so that a test can place them and know exactly which n and t must come out).
-  m.def("_set_host_kernels", &cpu::set_host_kernels, py::arg("on"),
+  m.def("set_host_kernels", &cpu::set_host_kernels, py::arg("on"),
         "CPU tensors run the host kernels (True, the default) or the accelerators' tensor path; returns the previous "
         "setting (process-wide: speculant.testing.tensor_path)");
   m.def("_standardize_generic",

@@ -57,10 +57,7 @@ class ModelDraftRows final : public DraftRows {
   ModelDraftRows(std::unique_ptr<ModelRows> rows, at::Device device, int64_t vocab, bool trees,
                  std::unique_ptr<ModelRows> sibling = nullptr, double stop_below = 0.0)
       : rows_(std::move(rows)), sibling_(std::move(sibling)), device_(device), vocab_(vocab), trees_(trees),
-        stop_below_(stop_below),
-        pending_(rows_->count()), last_(rows_->count()), proposed_(rows_->count(), 0), tree_(rows_->count()),
-        fed_(rows_->count()), tentative_(rows_->count(), 0), sibling_pending_(rows_->count()),
-        sibling_tentative_(rows_->count(), 0), sibling_ran_(rows_->count(), false) {}
+        stop_below_(stop_below), row_(rows_->count()) {}
 
   void begin(const std::vector<at::Tensor>& sources, const std::vector<at::Tensor>& prompts,
              const std::vector<std::vector<int64_t>>&) override {
@@ -72,8 +69,8 @@ class ModelDraftRows final : public DraftRows {
     for (size_t r = 0; r < prompts.size(); ++r) {
       const int64_t length = prompts[r].numel();
       cached[r] = prompts[r].narrow(0, 0, length - 1);
-      pending_[r] = prompts[r].narrow(0, length - 1, 1);
-      sibling_pending_[r] = pending_[r];
+      row_[r].pending = prompts[r].narrow(0, length - 1, 1);
+      row_[r].sibling_pending = row_[r].pending;
     }
     rows_->reset(cached);
     if (sibling_) sibling_->reset(cached);
@@ -83,107 +80,15 @@ class ModelDraftRows final : public DraftRows {
                                 std::vector<at::Generator>& generators, bool profile) override {
     const size_t count = gammas.size();
     std::vector<Proposal> out(count);
-    std::vector<std::vector<at::Tensor>> x_rows(count), q_rows(count), maxima(count);
-    std::vector<at::Tensor> feed(count);
-    std::vector<int64_t> limit = gammas;  // the drafts each row makes: gammas, or fewer where the confidence stops
+    ChainSteps found(gammas);
+    const ChainPlan plan = chain_plan(gammas, config, generators, profile);
     const int64_t steps = count > 0 ? *std::max_element(gammas.begin(), gammas.end()) : 0;
-    const bool sync = profile && device_.is_cuda();
-    // On the accelerators' path a row's uniforms for the whole proposal come in one operation, already scaled
-    // for the inverse CDF (where a draw per step took two operations per step): a row's draws still depend on its
-    // generator alone, as when alone.
-    const bool tensor_path = count > 0 && !cpu::host_kernels(pending_[0]);
-    std::vector<at::Tensor> uniforms(count);
-    if (!config.greedy() && tensor_path) {
-      for (size_t r = 0; r < count; ++r) {
-        if (gammas[r] > 0) uniforms[r] = scaled_uniforms({gammas[r], 1}, generators[r], pending_[r].device());
-      }
-    }
-    // Rows drafting the same gamma on that path: each step's draws kept as the batch's tensors and stacked once at
-    // the end (three operations, where joining each row's took three per row)
-    const bool together = tensor_path && steps > 0 && stop_below_ == 0.0 &&
-                          std::all_of(gammas.begin(), gammas.end(), [&](int64_t g) { return g == steps; });
-    std::vector<at::Tensor> step_q, step_tokens, step_maxima;
-    // Rows with fixed shapes on that path: each step's draws inside its call (fused_draws.h)
-    const std::optional<FusedSteps> fused = tensor_path && stop_below_ == 0.0
-                                                ? FusedSteps::plan(*rows_, gammas, config, uniforms, vocab_, device_)
-                                                : std::nullopt;
     for (int64_t i = 0; i < steps; ++i) {
-      if (std::none_of(limit.begin(), limit.end(), [i](int64_t k) { return i < k; })) break;
+      if (std::none_of(found.limit.begin(), found.limit.end(), [i](int64_t k) { return i < k; })) break;
       if (i > 0) check_interrupt();  // the decoder checked before the first
-      for (size_t r = 0; r < count; ++r) {
-        feed[r] = i < limit[r] ? (i == 0 ? pending_[r] : x_rows[r].back()) : at::Tensor();
-      }
-      const auto start = Clock::now();
-      std::vector<at::Tensor> logits;  // [k_r, V] for the rows still drafting
-      DraftBatch batch;                // fused: every row's draws
-      if (fused) {
-        batch = fused->run(*rows_, i, feed);
-      } else {
-        logits = rows_->extend(feed);
-      }
-      if (sync) torch::cuda::synchronize();
-      const double seconds = seconds_since(start);
-      std::vector<size_t> drafting;
-      std::vector<at::Tensor> last;  // each drafting row's distribution after its last fed token
-      std::vector<at::Generator*> drawing;
-      std::vector<at::Tensor> drawn;  // the drafting rows' uniforms of this step, where drawn above
-      for (size_t r = 0; r < count; ++r) {
-        if (i >= limit[r]) continue;
-        out[r].seconds += seconds;  // a batched call takes this long for each row in it
-        drafting.push_back(r);
-        if (fused) continue;
-        last.push_back(logits[r].narrow(0, logits[r].size(0) - 1, 1));
-        drawing.push_back(&generators[r]);
-        if (uniforms[r].defined()) drawn.push_back(uniforms[r].narrow(0, i, 1));
-      }
-      std::vector<DraftDraw> draws;
-      if (fused) {  // every row's, of which the drafting rows' are read
-        for (const size_t r : drafting) {
-          const auto row = static_cast<int64_t>(r);
-          draws.push_back({batch.q.narrow(0, row, 1), batch.tokens.narrow(0, row, 1),
-                           batch.maximum.narrow(0, row, 1), true});
-        }
-      } else {
-        draws = draft_steps(last, config, drawing, drawn, together ? &batch : nullptr);
-      }
-      if (together) {
-        step_q.push_back(batch.q);
-        step_tokens.push_back(batch.tokens);
-        if (batch.maximum.defined()) step_maxima.push_back(batch.maximum);
-      }
-      for (size_t j = 0; j < drafting.size(); ++j) {
-        const size_t r = drafting[j];
-        x_rows[r].push_back(draws[j].token);  // the next step's input
-        if (!together) {
-          q_rows[r].push_back(draws[j].q);
-          if (draws[j].maximum.defined()) maxima[r].push_back(draws[j].maximum);
-        }
-        out[r].finite = out[r].finite && draws[j].finite;
-      }
-      if (stop_below_ > 0.0) {  // the confidence stop: it reads the draft's own draws only, so the law stays exact
-        const std::vector<double> probability = drawn_probabilities(draws, last, config.greedy());
-        for (size_t j = 0; j < drafting.size(); ++j) {
-          if (probability[j] < stop_below_) limit[drafting[j]] = i + 1;
-        }
-      }
+      chain_step(i, plan, config, generators, found, out);
     }
-    at::Tensor all_tokens, all_q, all_maxima;  // together: [R, gamma], [R, gamma, V], [R, gamma]
-    if (together) {
-      all_tokens = at::stack(step_tokens, 1);
-      all_q = at::stack(step_q, 1);
-      if (!step_maxima.empty()) all_maxima = at::stack(step_maxima, 1);
-    }
-    for (size_t r = 0; r < count; ++r) {
-      proposed_[r] = limit[r];
-      if (limit[r] == 0) continue;
-      const auto row = static_cast<int64_t>(r);
-      out[r].calls = limit[r];
-      out[r].tokens = together ? all_tokens.select(0, row) : at::cat(x_rows[r], 0);
-      out[r].q = together ? all_q.select(0, row) : at::cat(q_rows[r], 0);
-      if (together && all_maxima.defined()) out[r].maxima = all_maxima.select(0, row);
-      if (!together && !maxima[r].empty()) out[r].maxima = at::cat(maxima[r], 0);
-      last_[r] = out[r].tokens;
-    }
+    finish_chains(plan.together, found, out);
     return out;
   }
 
@@ -197,12 +102,12 @@ class ModelDraftRows final : public DraftRows {
     TreeLevels found(count);
     std::vector<int64_t> sibling_until(count, -1);  // the deepest level the sibling runs at, per row
     for (size_t r = 0; r < count; ++r) {
-      tree_[r].reset();
-      fed_[r].clear();
-      tentative_[r] = 0;
-      sibling_tentative_[r] = 0;
-      sibling_ran_[r] = false;
-      if (drafts[r]) found.tokens[r].push_back(pending_[r].narrow(0, pending_[r].numel() - 1, 1));
+      row_[r].tree.reset();
+      row_[r].fed.clear();
+      row_[r].tentative = 0;
+      row_[r].sibling_tentative = 0;
+      row_[r].sibling_ran = false;
+      if (drafts[r]) found.tokens[r].push_back(row_[r].pending.narrow(0, row_[r].pending.numel() - 1, 1));
       if (drafts[r] && sibling_) sibling_until[r] = drafts[r]->last_branching_depth();
     }
     const bool sync = profile && device_.is_cuda();
@@ -218,12 +123,12 @@ class ModelDraftRows final : public DraftRows {
       bool sibling_any = false;
       for (size_t r = 0; r < count && sibling_; ++r) {
         if (!feed[r].defined() || (first ? 0 : drafts[r]->depth(drafts[r]->expand()[0])) > sibling_until[r]) continue;
-        sibling_feed[r] = first ? sibling_pending_[r] : feed[r];
+        sibling_feed[r] = first ? row_[r].sibling_pending : feed[r];
         if (!first) sibling_nodes[r] = nodes[r];
         sibling_any = true;
       }
       std::optional<FusedLevel> fused =
-          sibling_ || cpu::host_kernels(pending_[0])  // (a sibling's draws need its call too)
+          sibling_ || cpu::host_kernels(row_[0].pending)  // (a sibling's draws need its call too)
               ? std::nullopt
               : FusedLevel::plan(*rows_, drafts, feed, config, siblings, generators, vocab_, device_);
       const auto start = Clock::now();
@@ -242,10 +147,10 @@ class ModelDraftRows final : public DraftRows {
         if (!feed[r].defined()) continue;
         found.seconds[r] += seconds;
         found.calls[r] += sibling_feed[r].defined() ? 2 : 1;
-        if (!first) tentative_[r] += feed[r].numel();
+        if (!first) row_[r].tentative += feed[r].numel();
         if (!sibling_feed[r].defined()) continue;
-        if (first) sibling_ran_[r] = true;
-        else sibling_tentative_[r] += feed[r].numel();
+        if (first) row_[r].sibling_ran = true;
+        else row_[r].sibling_tentative += feed[r].numel();
       }
       if (fused) {  // every fed row's level from the call's draws
         keep_fused_level(drafts, feed, *fused, found);
@@ -258,8 +163,8 @@ class ModelDraftRows final : public DraftRows {
 
   void commit(int64_t row, const Commit& commit) override {
     if (commit.keep >= 0) {
-      if (sibling_) sibling_pending_[row] = restart_row(*sibling_, row, sibling_pending_[row], commit.keep, commit.t);
-      pending_[row] = restart_row(*rows_, row, pending_[row], commit.keep, commit.t);
+      if (sibling_) row_[row].sibling_pending = restart_row(*sibling_, row, row_[row].sibling_pending, commit.keep, commit.t);
+      row_[row].pending = restart_row(*rows_, row, row_[row].pending, commit.keep, commit.t);
     } else if (trees_) {
       keep_path(row, commit.path, commit.t);
     } else {
@@ -268,13 +173,140 @@ class ModelDraftRows final : public DraftRows {
   }
 
  private:
+  // How a chain proposal runs, fixed for its steps.
+  struct ChainPlan {
+    bool sync = false;  // profiling on CUDA: each call's time waits for the device
+    // On the accelerators' path a row's uniforms for the whole proposal come in one operation, already scaled
+    // for the inverse CDF (where a draw per step took two operations per step): a row's draws still depend on
+    // its generator alone, as when alone.
+    std::vector<at::Tensor> uniforms;
+    // Rows drafting the same gamma on that path: each step's draws kept as the batch's tensors and stacked once
+    // at the end (three operations, where joining each row's took three per row)
+    bool together = false;
+    std::optional<FusedSteps> fused;  // rows with fixed shapes on that path: each step's draws inside its call
+  };
+
+  // What a chain proposal gathers, step by step: the drafts each row makes (gammas, or fewer where the
+  // confidence stops), each row's tokens, laws and finiteness witnesses, or (together) each step's for the batch.
+  struct ChainSteps {
+    explicit ChainSteps(const std::vector<int64_t>& gammas)
+        : limit(gammas), x(gammas.size()), q(gammas.size()), maxima(gammas.size()) {}
+    std::vector<int64_t> limit;
+    std::vector<std::vector<at::Tensor>> x, q, maxima;
+    std::vector<at::Tensor> step_q, step_tokens, step_maxima;
+  };
+
+  ChainPlan chain_plan(const std::vector<int64_t>& gammas, const SamplingConfig& config,
+                       std::vector<at::Generator>& generators, bool profile) const {
+    const size_t count = gammas.size();
+    ChainPlan plan;
+    plan.sync = profile && device_.is_cuda();
+    const bool tensor_path = count > 0 && !cpu::host_kernels(row_[0].pending);
+    plan.uniforms.resize(count);
+    if (!config.greedy() && tensor_path) {
+      for (size_t r = 0; r < count; ++r) {
+        if (gammas[r] > 0) plan.uniforms[r] = scaled_uniforms({gammas[r], 1}, generators[r], row_[r].pending.device());
+      }
+    }
+    const int64_t steps = count > 0 ? *std::max_element(gammas.begin(), gammas.end()) : 0;
+    plan.together = tensor_path && steps > 0 && stop_below_ == 0.0 &&
+                    std::all_of(gammas.begin(), gammas.end(), [&](int64_t g) { return g == steps; });
+    if (tensor_path && stop_below_ == 0.0) {
+      plan.fused = FusedSteps::plan(*rows_, gammas, config, plan.uniforms, vocab_, device_);
+    }
+    return plan;
+  }
+
+  // Step i of a chain proposal: one call for every row still drafting, and its draws.
+  void chain_step(int64_t i, const ChainPlan& plan, const SamplingConfig& config,
+                  std::vector<at::Generator>& generators, ChainSteps& found, std::vector<Proposal>& out) {
+    const size_t count = out.size();
+    std::vector<at::Tensor> feed(count);
+    for (size_t r = 0; r < count; ++r) {
+      feed[r] = i < found.limit[r] ? (i == 0 ? row_[r].pending : found.x[r].back()) : at::Tensor();
+    }
+    const auto start = Clock::now();
+    std::vector<at::Tensor> logits;  // [k_r, V] for the rows still drafting
+    DraftBatch batch;                // fused: every row's draws
+    if (plan.fused) {
+      batch = plan.fused->run(*rows_, i, feed);
+    } else {
+      logits = rows_->extend(feed);
+    }
+    if (plan.sync) torch::cuda::synchronize();
+    const double seconds = seconds_since(start);
+    std::vector<size_t> drafting;
+    std::vector<at::Tensor> last;  // each drafting row's distribution after its last fed token
+    std::vector<at::Generator*> drawing;
+    std::vector<at::Tensor> drawn;  // the drafting rows' uniforms of this step, where drawn in the plan
+    for (size_t r = 0; r < count; ++r) {
+      if (i >= found.limit[r]) continue;
+      out[r].seconds += seconds;  // a batched call takes this long for each row in it
+      drafting.push_back(r);
+      if (plan.fused) continue;
+      last.push_back(logits[r].narrow(0, logits[r].size(0) - 1, 1));
+      drawing.push_back(&generators[r]);
+      if (plan.uniforms[r].defined()) drawn.push_back(plan.uniforms[r].narrow(0, i, 1));
+    }
+    std::vector<DraftDraw> draws;
+    if (plan.fused) {  // every row's, of which the drafting rows' are read
+      for (const size_t r : drafting) {
+        const auto row = static_cast<int64_t>(r);
+        draws.push_back({batch.q.narrow(0, row, 1), batch.tokens.narrow(0, row, 1), batch.maximum.narrow(0, row, 1),
+                         true});
+      }
+    } else {
+      draws = draft_steps(last, config, drawing, drawn, plan.together ? &batch : nullptr);
+    }
+    if (plan.together) {
+      found.step_q.push_back(batch.q);
+      found.step_tokens.push_back(batch.tokens);
+      if (batch.maximum.defined()) found.step_maxima.push_back(batch.maximum);
+    }
+    for (size_t j = 0; j < drafting.size(); ++j) {
+      const size_t r = drafting[j];
+      found.x[r].push_back(draws[j].token);  // the next step's input
+      if (!plan.together) {
+        found.q[r].push_back(draws[j].q);
+        if (draws[j].maximum.defined()) found.maxima[r].push_back(draws[j].maximum);
+      }
+      out[r].finite = out[r].finite && draws[j].finite;
+    }
+    if (stop_below_ > 0.0) {  // the confidence stop: it reads the draft's own draws only, so the law stays exact
+      const std::vector<double> probability = drawn_probabilities(draws, last, config.greedy());
+      for (size_t j = 0; j < drafting.size(); ++j) {
+        if (probability[j] < stop_below_) found.limit[drafting[j]] = i + 1;
+      }
+    }
+  }
+
+  // The proposals from what the steps gathered; each row remembers its chain for the commit.
+  void finish_chains(bool together, ChainSteps& found, std::vector<Proposal>& out) {
+    at::Tensor all_tokens, all_q, all_maxima;  // together: [R, gamma], [R, gamma, V], [R, gamma]
+    if (together) {
+      all_tokens = at::stack(found.step_tokens, 1);
+      all_q = at::stack(found.step_q, 1);
+      if (!found.step_maxima.empty()) all_maxima = at::stack(found.step_maxima, 1);
+    }
+    for (size_t r = 0; r < out.size(); ++r) {
+      row_[r].proposed = found.limit[r];
+      if (found.limit[r] == 0) continue;
+      const auto row = static_cast<int64_t>(r);
+      out[r].calls = found.limit[r];
+      out[r].tokens = together ? all_tokens.select(0, row) : at::cat(found.x[r], 0);
+      out[r].q = together ? all_q.select(0, row) : at::cat(found.q[r], 0);
+      if (together && all_maxima.defined()) out[r].maxima = all_maxima.select(0, row);
+      if (!together && !found.maxima[r].empty()) out[r].maxima = at::cat(found.maxima[r], 0);
+      row_[r].last = out[r].tokens;
+    }
+  }
   // Row r's target kept the tree nodes `path` of its last tree and appended t.
   void keep_path(int64_t row, const std::vector<int64_t>& path, const at::Tensor& t) {
-    const std::optional<Tree> tree = std::move(tree_[row]);
-    tree_[row].reset();
+    const std::optional<Tree> tree = std::move(row_[row].tree);
+    row_[row].tree.reset();
     if (!tree || tree->size() == 1) {  // the model ran on nothing: the old pending tokens and t next time
-      pending_[row] = at::cat({pending_[row], t});
-      if (sibling_) sibling_pending_[row] = at::cat({sibling_pending_[row], t});
+      row_[row].pending = at::cat({row_[row].pending, t});
+      if (sibling_) row_[row].sibling_pending = at::cat({row_[row].sibling_pending, t});
       return;
     }
     // It ran on the pending tokens and on every expanded node: keep the fed part of the path (all of it but
@@ -283,37 +315,37 @@ class ModelDraftRows final : public DraftRows {
     // tokens where it did not run on them.
     std::vector<int64_t> fed, sibling_fed;
     std::vector<at::Tensor> behind;
-    if (sibling_ && !sibling_ran_[row]) behind.push_back(sibling_pending_[row]);
+    if (sibling_ && !row_[row].sibling_ran) behind.push_back(row_[row].sibling_pending);
     for (const int64_t v : path) {
-      if (fed_[row][v] >= 0) fed.push_back(fed_[row][v]);
+      if (row_[row].fed[v] >= 0) fed.push_back(row_[row].fed[v]);
       if (!sibling_) continue;
-      if (fed_[row][v] >= 0 && fed_[row][v] < sibling_tentative_[row]) {
-        sibling_fed.push_back(fed_[row][v]);
+      if (row_[row].fed[v] >= 0 && row_[row].fed[v] < row_[row].sibling_tentative) {
+        sibling_fed.push_back(row_[row].fed[v]);
       } else {
-        behind.push_back(last_[row].narrow(0, v, 1));
+        behind.push_back(row_[row].last.narrow(0, v, 1));
       }
     }
     rows_->commit({row}, {fed});
     if (sibling_) {
-      if (sibling_ran_[row]) sibling_->commit({row}, {sibling_fed});
+      if (row_[row].sibling_ran) sibling_->commit({row}, {sibling_fed});
       behind.push_back(t);
-      sibling_pending_[row] = at::cat(behind);
+      row_[row].sibling_pending = at::cat(behind);
     }
-    const bool leaf = !path.empty() && fed_[row][path.back()] < 0;
-    pending_[row] = leaf ? at::cat({last_[row].narrow(0, path.back(), 1), t}) : t;
+    const bool leaf = !path.empty() && row_[row].fed[path.back()] < 0;
+    row_[row].pending = leaf ? at::cat({row_[row].last.narrow(0, path.back(), 1), t}) : t;
   }
 
   // Row r's target kept the first `accepted` tokens of its last chain and appended t.
   void keep_chain(int64_t row, int64_t accepted, const at::Tensor& t) {
-    const int64_t proposed = proposed_[row];
+    const int64_t proposed = row_[row].proposed;
     if (proposed == 0) {  // the model ran on nothing: it is fed the old pending tokens and t next time
-      pending_[row] = at::cat({pending_[row], t});
+      row_[row].pending = at::cat({row_[row].pending, t});
     } else if (accepted < proposed) {
       // it ran on pending + x_1 .. x_{k-1}: keep what precedes the rejected token, t becomes pending
       rows_->truncate(row, rows_->length(row) - (proposed - 1 - accepted));
-      pending_[row] = t;
+      row_[row].pending = t;
     } else {  // all kept: it never ran on x_k
-      pending_[row] = at::cat({last_[row].narrow(0, proposed - 1, 1), t});
+      row_[row].pending = at::cat({row_[row].last.narrow(0, proposed - 1, 1), t});
     }
   }
 
@@ -337,7 +369,7 @@ class ModelDraftRows final : public DraftRows {
       if (!drafts[r] || drafts[r]->expand().empty()) continue;
       any = true;
       if (first) {
-        feed[r] = pending_[r];
+        feed[r] = row_[r].pending;
         continue;
       }
       // the nodes expanded are of the newest depth: all of it, or some of its nodes
@@ -348,8 +380,8 @@ class ModelDraftRows final : public DraftRows {
         picked.push_back(v - first_node);
         nodes[r].offsets.push_back(drafts[r]->depth(v) - 1);
         const int64_t parent = drafts[r]->parent(v);
-        nodes[r].parents.push_back(parent == 0 ? -1 : fed_[r][parent]);
-        fed_[r][v] = static_cast<int64_t>(nodes[r].parents.size()) - 1 + tentative_[r];
+        nodes[r].parents.push_back(parent == 0 ? -1 : row_[r].fed[parent]);
+        row_[r].fed[v] = static_cast<int64_t>(nodes[r].parents.size()) - 1 + row_[r].tentative;
       }
       feed[r] = static_cast<int64_t>(picked.size()) == newest.numel()
                     ? newest  // expand() ascends: all of the depth, in order
@@ -371,7 +403,7 @@ class ModelDraftRows final : public DraftRows {
       for (int64_t i = 0; i < n; ++i) found.q[r][draft.expand()[i]] = fused.q.narrow(0, row * n + i, 1);
       found.tokens[r].push_back(fused.tokens.narrow(0, row * n * k, n * k));
       drafts[r]->grow(std::vector<int64_t>(n * k, -1), {});
-      fed_[r].resize(draft.size(), -1);
+      row_[r].fed.resize(draft.size(), -1);
     }
   }
 
@@ -452,7 +484,7 @@ class ModelDraftRows final : public DraftRows {
         log_q.assign(h + children.numel() + child, h + children.numel() + child + k);
       }
       draft.grow(ids, log_q);
-      fed_[r].resize(draft.size(), -1);
+      row_[r].fed.resize(draft.size(), -1);
     }
   }
 
@@ -465,7 +497,7 @@ class ModelDraftRows final : public DraftRows {
       out[r].calls = found.calls[r];
       if (!drafts[r]) continue;
       out[r].tree = drafts[r]->tree();
-      tree_[r] = out[r].tree;
+      row_[r].tree = out[r].tree;
       out[r].tokens = at::cat(found.tokens[r]);  // breadth-first: depth by depth
       if (out[r].tree.size() == 1) continue;
       found.q[r].resize(out[r].tree.size());
@@ -482,7 +514,7 @@ class ModelDraftRows final : public DraftRows {
         out[r].sibling_q = at::cat(found.sibling_q[r]);
       }
       if (!found.maxima[r].empty()) out[r].maxima = at::cat(found.maxima[r]);
-      last_[r] = out[r].tokens;
+      row_[r].last = out[r].tokens;
     }
     return out;
   }
@@ -492,15 +524,19 @@ class ModelDraftRows final : public DraftRows {
   int64_t vocab_;
   bool trees_;  // the rows draft token trees (else chains)
   double stop_below_;  // chains: the confidence stop (0: none)
-  std::vector<at::Tensor> pending_;  // [m] int64 on the device, per row
-  std::vector<at::Tensor> last_;     // [k] the row's last proposal (a tree's: [N + 1], by node)
-  std::vector<int64_t> proposed_;    // its length (chains)
-  std::vector<std::optional<Tree>> tree_;   // the row's last tree (none: a chain, or no tree)
-  std::vector<std::vector<int64_t>> fed_;   // per node of that tree: its tentative node, -1 if never fed
-  std::vector<int64_t> tentative_;          // tentative nodes fed so far in the row's current tree
-  std::vector<at::Tensor> sibling_pending_;  // the sibling's pending tokens, as pending_ (its own: it may lag)
-  std::vector<int64_t> sibling_tentative_;   // tentative nodes fed to the sibling in the current tree
-  std::vector<char> sibling_ran_;            // whether the sibling ran on the current tree's root
+  // One row's state between iterations (the class comment's invariant).
+  struct Row {
+    at::Tensor pending;             // [m] int64 on the device: fed first in the next proposal
+    at::Tensor last;                // [k] the row's last proposal (a tree's: [N + 1], by node)
+    int64_t proposed = 0;           // its length (chains)
+    std::optional<Tree> tree;       // the row's last tree (none: a chain, or no tree)
+    std::vector<int64_t> fed;       // per node of that tree: its tentative node, -1 if never fed
+    int64_t tentative = 0;          // tentative nodes fed so far in the row's current tree
+    at::Tensor sibling_pending;     // the sibling's pending tokens, as pending (its own: it may lag)
+    int64_t sibling_tentative = 0;  // tentative nodes fed to the sibling in the current tree
+    bool sibling_ran = false;       // whether the sibling ran on the current tree's root
+  };
+  std::vector<Row> row_;
 };
 
 // The facts of a draft model (with its sibling's limits and lock where it has one).

@@ -283,6 +283,78 @@ void check_config(const BeamConfig& config, const Model& target, const Model* dr
           draft->device().str(), target.device().str());
 }
 
+// The draft's beam search from the running beams (each node once, at its best score), `levels` levels deep: the
+// nodes it reached, level by level, u per level at most.
+std::vector<int64_t> draft_tree(NodeCache& drafter, Nodes& nodes, const Search& search,
+                                const std::vector<int64_t>& running, int64_t levels, int64_t u, int64_t vocab,
+                                const at::Tensor& eos) {
+  std::vector<int64_t> tree, frontier, first;
+  for (size_t i = 0; i < running.size(); ++i) {
+    if (std::find(frontier.begin(), frontier.end(), running[i]) != frontier.end()) continue;
+    frontier.push_back(running[i]);
+    first.push_back(static_cast<int64_t>(i));
+  }
+  const at::Tensor all = search.running_scores();
+  at::Tensor scores = all.index_select(1, upload(first, all.device())).view({-1, 1});
+  for (int64_t level = 1; level <= levels; ++level) {
+    drafter.run(drafter.missing(frontier, nodes), nodes);
+    std::vector<at::Tensor> rows;
+    for (int64_t node : frontier) rows.push_back(drafter.logits(node));
+    at::Tensor candidates = at::log_softmax(at::stack(rows).to(at::kFloat), -1) + scores;  // [n, V]
+    if (eos.defined()) candidates.index_fill_(1, eos, -std::numeric_limits<float>::infinity());
+    const auto n = static_cast<int64_t>(frontier.size());
+    auto [best, index] = at::topk(candidates.reshape({1, n * vocab}), std::min(u, n * vocab));
+    const at::Tensor host_best = best.to(at::kCPU), host_index = index.to(at::kCPU);
+    std::vector<int64_t> next, kept;
+    for (int64_t c = 0; c < host_index.numel(); ++c) {
+      if (!std::isfinite(host_best.data_ptr<float>()[c])) break;  // sorted: the rest are EOS or impossible
+      const int64_t flat = host_index.data_ptr<int64_t>()[c];
+      next.push_back(nodes.child(frontier[flat / vocab], flat % vocab));
+      kept.push_back(c);
+    }
+    if (next.empty()) break;
+    tree.insert(tree.end(), next.begin(), next.end());
+    frontier = std::move(next);
+    scores = best.index_select(1, upload(kept, best.device())).view({-1, 1});
+  }
+  return tree;
+}
+
+// The target's own beam search steps while its running beams stay within what it ran: how many it took.
+int64_t target_steps(const NodeCache& verifier, Nodes& nodes, Search& search, std::vector<int64_t>& running) {
+  int64_t steps = 0;
+  for (bool inside = true; inside && !search.done();) {
+    std::vector<at::Tensor> rows;
+    for (int64_t node : running) rows.push_back(verifier.logits(node));
+    const std::vector<Search::Next> next = search.step(at::stack(rows));
+    steps += 1;
+    std::vector<int64_t> moved(running.size());
+    for (size_t i = 0; i < running.size(); ++i) {
+      moved[i] = nodes.child(running[next[i].beam], next[i].token);
+      inside = inside && verifier.has(moved[i]);
+    }
+    running = std::move(moved);
+  }
+  return steps;
+}
+
+// Keeps the running beams' ancestors in both caches and the node table, drops every other node.
+void keep_ancestors(const std::vector<int64_t>& running, Nodes& nodes, NodeCache& verifier, NodeCache* drafter) {
+  std::vector<char> keep(nodes.size(), 0);
+  for (int64_t node : running) {
+    for (int64_t up = node; up >= 0 && !keep[up]; up = nodes.parent(up)) keep[up] = 1;
+  }
+  verifier.prune(keep);
+  if (drafter) drafter->prune(keep);
+  nodes.forget_outside(keep);
+}
+
+void check_tokens(const std::vector<int64_t>& tokens, const char* name, int64_t vocab) {
+  for (int64_t token : tokens) {
+    require(token >= 0 && token < vocab, "{} holds token {}, outside the vocabulary [0, {})", name, token, vocab);
+  }
+}
+
 }  // namespace
 
 BeamSearch beam_search(Model& target, Model* draft, const std::vector<int64_t>& prompt,
@@ -295,13 +367,8 @@ BeamSearch beam_search(Model& target, Model* draft, const std::vector<int64_t>& 
   c10::InferenceMode inference_mode;
 
   const int64_t w = config.beams, u = config.draft_beams > 0 ? config.draft_beams : w, vocab = target.vocab_size();
-  for (int64_t token : prompt) {
-    require(token >= 0 && token < vocab, "prompt_ids holds token {}, outside the vocabulary [0, {})", token, vocab);
-  }
-  for (int64_t token : source) {
-    require(token >= 0 && token < vocab, "encoder_input_ids holds token {}, outside the vocabulary [0, {})", token,
-            vocab);
-  }
+  check_tokens(prompt, "prompt_ids", vocab);
+  check_tokens(source, "encoder_input_ids", vocab);
   const at::Tensor encoded = source.empty() ? at::Tensor() : at::tensor(source, at::kLong);
   Nodes nodes(prompt.back());
   NodeCache verifier(target, "target", prompt, encoded);
@@ -314,69 +381,17 @@ BeamSearch beam_search(Model& target, Model* draft, const std::vector<int64_t>& 
   at::Tensor eos;
   if (!config.eos_token_ids.empty()) eos = at::tensor(config.eos_token_ids, at::kLong).to(target.device());
   while (!search.done()) {
-    // The draft's beam search from the running beams (each node once, at its best score), level by level.
-    std::vector<int64_t> tree;
     const int64_t levels = config.gamma > 0 ? std::min(config.gamma, search.steps_left() - 1) : 0;
-    std::vector<int64_t> frontier, first;
-    for (int64_t i = 0; i < w; ++i) {
-      if (std::find(frontier.begin(), frontier.end(), running[i]) != frontier.end()) continue;
-      frontier.push_back(running[i]);
-      first.push_back(i);
-    }
-    at::Tensor scores = search.running_scores().index_select(
-        1, upload(first, target.device())).view({-1, 1});
-    for (int64_t level = 1; level <= levels; ++level) {
-      drafter->run(drafter->missing(frontier, nodes), nodes);
-      std::vector<at::Tensor> rows;
-      for (int64_t node : frontier) rows.push_back(drafter->logits(node));
-      at::Tensor candidates = at::log_softmax(at::stack(rows).to(at::kFloat), -1) + scores;  // [n, V]
-      if (eos.defined()) candidates.index_fill_(1, eos, -std::numeric_limits<float>::infinity());
-      const auto n = static_cast<int64_t>(frontier.size());
-      auto [best, index] = at::topk(candidates.reshape({1, n * vocab}), std::min(u, n * vocab));
-      const at::Tensor host_best = best.to(at::kCPU), host_index = index.to(at::kCPU);
-      std::vector<int64_t> next, kept;
-      for (int64_t c = 0; c < host_index.numel(); ++c) {
-        if (!std::isfinite(host_best.data_ptr<float>()[c])) break;  // sorted: the rest are EOS or impossible
-        const int64_t flat = host_index.data_ptr<int64_t>()[c];
-        next.push_back(nodes.child(frontier[flat / vocab], flat % vocab));
-        kept.push_back(c);
-      }
-      if (next.empty()) break;
-      tree.insert(tree.end(), next.begin(), next.end());
-      frontier = std::move(next);
-      scores = best.index_select(1, upload(kept, best.device())).view({-1, 1});
-    }
-
+    const std::vector<int64_t> tree =
+        levels > 0 ? draft_tree(*drafter, nodes, search, running, levels, u, vocab, eos) : std::vector<int64_t>();
     // One target call for the running beams it has not run and the draft's tree.
     std::vector<int64_t> call = verifier.missing(running, nodes);
     call.insert(call.end(), tree.begin(), tree.end());
     verifier.run(call, nodes);
-
-    // The target's own beam search steps while its running beams stay within what it ran.
-    int64_t steps = 0;
-    for (bool inside = true; inside && !search.done();) {
-      std::vector<at::Tensor> rows;
-      for (int64_t node : running) rows.push_back(verifier.logits(node));
-      const std::vector<Search::Next> next = search.step(at::stack(rows));
-      steps += 1;
-      std::vector<int64_t> moved(w);
-      for (int64_t i = 0; i < w; ++i) {
-        moved[i] = nodes.child(running[next[i].beam], next[i].token);
-        inside = inside && verifier.has(moved[i]);
-      }
-      running = std::move(moved);
-    }
+    const int64_t steps = target_steps(verifier, nodes, search, running);
     out.steps += steps;
     out.steps_per_call.push_back(steps);
-
-    // Keep the running beams' ancestors, drop every other node.
-    std::vector<char> keep(nodes.size(), 0);
-    for (int64_t node : running) {
-      for (int64_t up = node; up >= 0 && !keep[up]; up = nodes.parent(up)) keep[up] = 1;
-    }
-    verifier.prune(keep);
-    if (drafter) drafter->prune(keep);
-    nodes.forget_outside(keep);
+    keep_ancestors(running, nodes, verifier, drafter.get());
   }
   search.results(out, config.return_sequences);
   out.target_calls = verifier.calls;

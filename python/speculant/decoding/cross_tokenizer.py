@@ -96,7 +96,7 @@ class CrossTokenizer(PythonDrafter):
         self._generator = torch.Generator().manual_seed(seed)
         self._paired = None  # (draft ids [m], target ids [m], the draft id of each paired target id), at first use
         self._draft_logits = None
-        self._greedy = _core.GreedyContinuation(self.draft._core)
+        self._greedy = _core.GreedyContinuation(self.draft.engine)
         super().__init__(self._propose, vocab_size, device)
 
     def continuation(self, text: str, count: int) -> str:

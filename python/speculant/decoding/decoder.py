@@ -6,6 +6,7 @@ from __future__ import annotations
 import numbers
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple, Union
@@ -15,13 +16,13 @@ import torch
 
 from .. import _core
 from . import beams, graphs
-from .arguments import INT64_MAX, flag, integer, real
+from ..arguments import INT64_MAX, flag, integer, real
 from .cross_tokenizer import CrossTokenizer
 from .drafters import Drafter
 from ..models.early_exit import EarlyExitDraft
 from ..models.feature_draft import FeatureDraft
 from ..models.model import Model, as_model, second_load
-from .sampling import SamplingSettings
+from .sampling import SamplingSettings, overridden
 from .trace import Trace
 from .trees import TreeChoice, TreeSpeedup, tree_depth, tree_parents
 
@@ -129,8 +130,8 @@ def _drafter(value: Union[Model, Drafter, "SpeculativeDecoder"], sibling: Option
     if isinstance(value, SpeculativeDecoder):
         return value._core.as_draft(**value._schedule)
     if isinstance(value, Drafter):
-        return value._core
-    return _core.model_drafter(value._core, sibling._core if sibling is not None else None, confidence)
+        return value.engine
+    return _core.model_drafter(value.engine, sibling.engine if sibling is not None else None, confidence)
 
 
 def bound_target(target, draft):
@@ -519,7 +520,7 @@ def _beam_search(target: Model, draft: Optional[Model], gamma: int, beam: dict, 
     tokenizer = checked_tokenizer(tokenizer)
     prompts, sources, batch = _prompts_and_sources(target, prompt_ids, encoder_input_ids, tokenizer, attention_mask)
     max_new_tokens = _new_tokens(max_new_tokens, max_length, max(len(p) for p in prompts), 1)
-    return beams.search(target._core, None if draft is None else draft._core, gamma, prompts, sources or None,
+    return beams.search(target.engine, None if draft is None else draft.engine, gamma, prompts, sources or None,
                         batch, max_new_tokens, _eos_ids(eos_token_id), tokenizer, beam)
 
 
@@ -538,10 +539,12 @@ class SpeculativeDecoder:
     directory, a .pt / .pt2 file, a speculant.Model); draft may also be a drafter from speculant.drafters.
     ``device`` / ``dtype`` are passed to ``speculant.load`` for those not loaded yet.
 
-    One sampling configuration standardizes both models (§2.2): temperature (0 = argmax), top_k (0 = off),
-    top_p (1 = off); ``generate`` may override it per call. lenience in (0, 1] (A.5): 1 is exact; below 1 no
-    token is sampled with probability above p(x) / lenience (argmax: a draft token is kept when
-    p(x) >= lenience * max p). gamma defaults to DEFAULT_GAMMA = 4.
+    One sampling configuration standardizes both models (§2.2): temperature (0 = argmax; default 1.0), top_k
+    (0 = off, the default), top_p (1 = off, the default); ``generate`` may override it per call. lenience in
+    (0, 1] (A.5): 1 (the default) is exact; below 1 no token is sampled with probability above p(x) / lenience
+    (argmax: a draft token is kept when p(x) >= lenience * max p). gamma defaults to DEFAULT_GAMMA = 4.
+    ``sampling``: the four as one speculant.SamplingSettings, as transformers takes a generation_config; a keyword
+    given explicitly overrides its field (``SpeculativeDecoder(t, d, sampling=s, top_k=5)`` is s with top_k 5).
 
     ``tree=[k_1, ..., k_d]`` drafts a token tree instead of a chain (cpp/math/tree.h): each node of depth i gets k_i
     children from the draft's q there, by ``siblings``: "coupled" (the default: independent draws, each
@@ -615,11 +618,12 @@ class SpeculativeDecoder:
     """
 
     def __init__(self, target, draft, *, gamma: Optional[int] = None, tree: Optional[Sequence[int]] = None,
-                 siblings: str = "coupled", temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, lenience: float = 1.0, device=None, dtype=None, cuda_graphs: str = "off",
-                 draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
+                 siblings: str = "coupled", temperature: Optional[float] = None, top_k: Optional[int] = None,
+                 top_p: Optional[float] = None, lenience: Optional[float] = None, device=None, dtype=None,
+                 cuda_graphs: str = "off", draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
                  max_gamma: Optional[int] = None, cost: Optional[float] = None, sibling_draft=None,
-                 draft_confidence: Optional[float] = None):
+                 draft_confidence: Optional[float] = None, sampling: Optional[SamplingSettings] = None):
+        # temperature, top_k, top_p, lenience: None is "not given" (sampling's field, else 1.0, 0, 1.0, 1.0)
         self.target = as_model(bound_target(target, draft), "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
         self._schedule = _schedule(gamma_policy, max_gamma, cost)
@@ -637,7 +641,7 @@ class SpeculativeDecoder:
         gamma = tree_gamma(self._tree) if self._tree else DEFAULT_GAMMA if gamma is None else gamma
         self._gamma = integer(gamma, "gamma", 1)
         self._siblings = _siblings(siblings)
-        self._settings = SamplingSettings(temperature, top_k, top_p, lenience)
+        self._settings = overridden(sampling, temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
         if isinstance(self.draft, SpeculativeDecoder):
             _check_level(self.draft, self._settings)
         self.sibling_draft = _sibling_draft(sibling_draft, self.draft, self._tree, self._siblings, device, dtype)
@@ -645,10 +649,10 @@ class SpeculativeDecoder:
         self._drafter = _drafter(self.draft, self.sibling_draft, self._draft_confidence)
         mode = self._mode = graphs.check_mode(cuda_graphs)
         self._models = [self.target] + ([self.draft] if isinstance(self.draft, Model) else [])
-        chosen = [graphs.shapes(model._core, mode, role) for model, role in zip(self._models, ("target", "draft"))]
+        chosen = [graphs.shapes(model.engine, mode, role) for model, role in zip(self._models, ("target", "draft"))]
         warnings = [why for _, why in chosen]
         if self.sibling_draft is not None:  # it runs with the draft's shapes
-            shape, why = graphs.shapes(self.sibling_draft._core, mode, "sibling draft")
+            shape, why = graphs.shapes(self.sibling_draft.engine, mode, "sibling draft")
             if shape != chosen[1][0]:
                 raise ValueError(f"sibling_draft: with cuda_graphs={mode!r} its calls would run {shape}, the "
                                  f"draft's {chosen[1][0]}: both run with the same shapes"
@@ -664,7 +668,7 @@ class SpeculativeDecoder:
 
     def _decoder(self, settings: SamplingSettings) -> _core.Decoder:
         grown = self._tree if isinstance(self._tree, DynamicTree) else None
-        return _core.Decoder(self.target._core, self._drafter, self._gamma, settings.temperature, settings.top_k,
+        return _core.Decoder(self.target.engine, self._drafter, self._gamma, settings.temperature, settings.top_k,
                              settings.top_p, settings.lenience, *self._shapes,
                              tree=[] if grown else self._tree, siblings=self._siblings,
                              growth=(grown.budget, grown.depth, grown.children, grown.width) if grown else None)
@@ -676,8 +680,8 @@ class SpeculativeDecoder:
         draft = self.draft.with_sampling(temperature, top_k, top_p) if isinstance(self.draft, SpeculativeDecoder) \
             else self.draft
         return SpeculativeDecoder(self.target, draft, gamma=self._gamma, tree=self._tree or None,
-                                  siblings=self._siblings, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  lenience=self._settings.lenience, cuda_graphs=self._mode,
+                                  siblings=self._siblings, sampling=SamplingSettings(
+                                      temperature, top_k, top_p, self._settings.lenience), cuda_graphs=self._mode,
                                   sibling_draft=self.sibling_draft, draft_confidence=self._draft_confidence or None,
                                   **self._schedule)
 
@@ -706,9 +710,9 @@ class SpeculativeDecoder:
                  top_k: Optional[int] = None, top_p: Optional[float] = None, tokenizer: Any = None,
                  attention_mask: Optional[PromptIds] = None, num_beams: Optional[int] = None,
                  draft_beams: Optional[int] = None, length_penalty: float = 1.0,
-                 early_stopping: Union[bool, str] = False,
-                 num_return_sequences: int = 1) -> Union[Result, List[Result], beams.BeamResult,
-                                                         List[beams.BeamResult]]:
+                 early_stopping: Union[bool, str] = False, num_return_sequences: int = 1,
+                 sampling: Optional[SamplingSettings] = None) -> Union[Result, List[Result], beams.BeamResult,
+                                                                       List[beams.BeamResult]]:
         """Generates up to ``max_new_tokens`` tokens after ``prompt_ids``, stopping after ``eos_token_id`` (one
         id, or several: a row stops just after any of them, as with Llama 3's several end tokens). Or
         ``max_length``, as transformers names it: the total length with the prompt (a batch's longest prompt;
@@ -736,6 +740,8 @@ class SpeculativeDecoder:
 
         ``do_sample``, ``temperature``, ``top_k``, ``top_p`` override the decoder's settings for this call
         (do_sample=False is argmax); both models are standardized with the same settings, as always.
+        ``sampling`` (a speculant.SamplingSettings, as transformers' generation_config) replaces the decoder's
+        settings for this call, all four (lenience too); those keywords, given, override its fields.
 
         Encoder-decoder pairs (T5) take the source as ``encoder_input_ids``, encoded once per model and
         generation; ``prompt_ids`` is then the decoder's start and defaults to the target's
@@ -766,7 +772,8 @@ class SpeculativeDecoder:
         beam = _beam_options(num_beams, draft_beams, length_penalty, early_stopping, num_return_sequences)
         if beam is not None:
             for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed),
-                                ("gamma_policy", gamma_policy), ("max_gamma", max_gamma), ("cost", cost)):
+                                ("gamma_policy", gamma_policy), ("max_gamma", max_gamma), ("cost", cost),
+                                ("sampling", sampling)):
                 beams.refuse(name, value)
             beams.refuse("do_sample", do_sample, allowed=False)
             beams.refuse("profile", profile, allowed=False)
@@ -780,8 +787,8 @@ class SpeculativeDecoder:
                                 encoder_input_ids, max_new_tokens, eos_token_id, tokenizer, attention_mask,
                                 max_length)
         overrides = (do_sample, temperature, top_k, top_p)
-        core = self._core if all(v is None for v in overrides) else self._decoder(
-            _sampling(self._settings, *overrides))
+        core = self._core if sampling is None and all(v is None for v in overrides) else self._decoder(
+            _sampling(self._settings if sampling is None else overridden(sampling), *overrides))
         try:
             schedule = self._schedule if gamma_policy is None and max_gamma is None and cost is None else _schedule(
                 self._schedule["gamma_policy"] if gamma_policy is None else gamma_policy,
@@ -798,16 +805,20 @@ class SpeculativeDecoder:
 def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: Optional[int] = None,
              max_length: Optional[int] = None,
              input_ids: Optional[PromptIds] = None, encoder_input_ids: Optional[PromptIds] = None,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, do_sample: Optional[bool] = None,
+             temperature: Optional[float] = None, top_k: Optional[int] = None, top_p: Optional[float] = None,
+             do_sample: Optional[bool] = None,
              eos_token_id: Union[int, Sequence[int], None] = None, seed: Optional[int] = None, profile: bool = False,
              tokenizer: Any = None, attention_mask: Optional[PromptIds] = None,
              cuda_graphs: str = "off", num_beams: Optional[int] = None, length_penalty: float = 1.0,
-             early_stopping: Union[bool, str] = False,
-             num_return_sequences: int = 1) -> Union[Result, List[Result], beams.BeamResult, List[beams.BeamResult]]:
+             early_stopping: Union[bool, str] = False, num_return_sequences: int = 1,
+             sampling: Optional[SamplingSettings] = None) -> Union[Result, List[Result], beams.BeamResult,
+                                                                   List[beams.BeamResult]]:
     """Plain autoregressive decoding of ``target`` through the same engine (gamma = 0): the baseline.
-    Arguments as in SpeculativeDecoder.generate, and ``cuda_graphs`` as in SpeculativeDecoder. ``num_beams``
-    >= 2 runs the target's beam search alone (one target call per step), the baseline of speculative beam
-    search."""
+    Arguments as in SpeculativeDecoder.generate (temperature 1.0, top_k 0, top_p 1.0 by default), and
+    ``cuda_graphs`` as in SpeculativeDecoder. ``sampling``: those settings as one speculant.SamplingSettings
+    (its lenience does not apply: plain decoding verifies nothing); temperature, top_k and top_p, given,
+    override its fields. ``num_beams`` >= 2 runs the target's beam search alone (one target call per step), the
+    baseline of speculative beam search."""
     target = as_model(target, "target")
     beam = _beam_options(num_beams, None, length_penalty, early_stopping, num_return_sequences)
     if beam is not None:
@@ -816,13 +827,16 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
         beams.refuse("profile", profile, allowed=False)
         beams.refuse("cuda_graphs", cuda_graphs, allowed="off")
         for name, value, default in (("temperature", temperature, 1.0), ("top_k", top_k, 0), ("top_p", top_p, 1.0)):
-            beams.refuse(name, None if value == default else value)
+            beams.refuse(name, None if value is None or value == default else value)
+        beams.refuse("sampling", None if sampling is None or overridden(sampling).standardization() ==
+                     SamplingSettings().standardization() else sampling)
         return _beam_search(target, None, 0, beam, _prompt(prompt_ids, input_ids), encoder_input_ids,
                             max_new_tokens, eos_token_id, tokenizer, attention_mask, max_length)
-    sampling = _sampling(SamplingSettings(temperature, top_k, top_p), do_sample, None, None, None)
-    shapes, why = graphs.shapes(target._core, graphs.check_mode(cuda_graphs), "target")
+    settings = _sampling(overridden(sampling, temperature=temperature, top_k=top_k, top_p=top_p), do_sample,
+                         None, None, None)
+    shapes, why = graphs.shapes(target.engine, graphs.check_mode(cuda_graphs), "target")
     graphs.warn([why])
-    decoder, lock = _plain_decoder(target, sampling, shapes)
+    decoder, lock = _plain_decoder(target, settings, shapes)
     try:
         return _run(decoder, target, _prompt(prompt_ids, input_ids), encoder_input_ids, max_new_tokens,
                     eos_token_id, seed, profile, tokenizer=tokenizer, attention_mask=attention_mask,
@@ -835,21 +849,23 @@ def generate(target, prompt_ids: Optional[PromptIds] = None, *, max_new_tokens: 
 
 
 PLAIN_DECODERS = 8  # plain decoders kept per model, by settings
+# the kept plain decoders of each model handle, by settings: {(temperature, top_k, top_p, shapes): (decoder, lock)}
+KEPT_PLAIN: "weakref.WeakKeyDictionary[Model, dict]" = weakref.WeakKeyDictionary()
 
 
 def _plain_decoder(target: Model, sampling: SamplingSettings,
                    shapes: str) -> Tuple[_core.Decoder, Optional[threading.Lock]]:
-    """The plain decoder of `target` at these settings, kept on the model handle so that its verification's buffers
-    and graphs (cpp/device/verification_graphs.h) serve every call, with its lock held (release it after the call); a
-    fresh decoder, without a lock, while another thread decodes with the kept one."""
-    kept = target.__dict__.setdefault("_plain_decoders", {})
+    """The plain decoder of `target` at these settings, kept for the model handle (KEPT_PLAIN) so that its
+    verification's buffers and graphs (cpp/device/verification_graphs.h) serve every call, with its lock held
+    (release it after the call); a fresh decoder, without a lock, while another thread decodes with the kept one."""
+    kept = KEPT_PLAIN.setdefault(target, {})
     key = (*sampling.standardization(), shapes)
     if key not in kept:
         if len(kept) >= PLAIN_DECODERS:
             kept.pop(next(iter(kept)))
-        kept[key] = (_core.Decoder(target._core, None, 0, *sampling.standardization(), 1.0, shapes),
+        kept[key] = (_core.Decoder(target.engine, None, 0, *sampling.standardization(), 1.0, shapes),
                      threading.Lock())
     decoder, lock = kept[key]
     if lock.acquire(blocking=False):
         return decoder, lock
-    return _core.Decoder(target._core, None, 0, *sampling.standardization(), 1.0, shapes), None
+    return _core.Decoder(target.engine, None, 0, *sampling.standardization(), 1.0, shapes), None

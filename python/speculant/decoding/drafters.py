@@ -75,6 +75,11 @@ class Drafter:
         self._core = core
 
     @property
+    def engine(self) -> _core.Drafter:
+        """The engine's handle of this drafter (speculant._core.Drafter), which decoders are built on."""
+        return self._core
+
+    @property
     def vocab_size(self) -> int:
         return self._core.vocab_size
 

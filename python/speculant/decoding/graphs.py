@@ -29,9 +29,15 @@ run other kernels than dynamic shapes, so seeded tokens may differ from uncaptur
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import Iterable, Optional, Tuple
 
 from .. import _core
+
+# what was told already: the decoders (or models, for plain decoding) whose verification capture failed, and the
+# models whose own capture failed
+_TOLD_VERIFICATION: "weakref.WeakSet" = weakref.WeakSet()
+_TOLD_MODEL: "weakref.WeakSet" = weakref.WeakSet()
 
 CUDA_GRAPHS = ("auto", "on", "off", "fixed")
 
@@ -77,8 +83,8 @@ def warn_verification_failure(core, decoder) -> None:
     """Warns once per SpeculativeDecoder (or model, for plain decoding) whose verification's capture has failed
     (cpp/device/verification_graphs.h): it runs uncaptured from then on."""
     failure = core.verification_graphs[2]
-    if failure and not getattr(decoder, "_verification_failure_told", False):
-        decoder._verification_failure_told = True
+    if failure and decoder not in _TOLD_VERIFICATION:
+        _TOLD_VERIFICATION.add(decoder)
         warnings.warn(f"CUDA graphs are off for the verification from now on: {failure}", RuntimeWarning,
                       stacklevel=4)
 
@@ -86,8 +92,8 @@ def warn_verification_failure(core, decoder) -> None:
 def warn_failures(models: Iterable) -> None:
     """Warns once per model handle (speculant.Model) whose capture has failed."""
     for model in models:
-        failure = model._core.graph_failure
-        if failure and not getattr(model, "_graph_failure_told", False):
-            model._graph_failure_told = True
+        failure = model.engine.graph_failure
+        if failure and model not in _TOLD_MODEL:
+            _TOLD_MODEL.add(model)
             warnings.warn(f"CUDA graphs are off for {model.source} from now on: {failure}", RuntimeWarning,
                           stacklevel=4)

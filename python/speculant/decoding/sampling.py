@@ -17,16 +17,19 @@
   q(x))): the library's one Python computation of it.
 * ``SamplingSettings(temperature=1.0, top_k=0, top_p=1.0, lenience=1.0)`` — one decoding's settings, frozen,
   checked once when made (ValueError naming a bad one); the decoder, ``distill``, ``sweep`` and
-  ``check_distribution`` all take their settings through it.
+  ``check_distribution`` all take their settings through it. ``SpeculativeDecoder(...)``, its ``generate``,
+  ``speculant.generate``, ``sweep`` and ``check_distribution`` take one as ``sampling=`` beside their keyword
+  arguments, as transformers' generate takes a generation_config: a keyword given explicitly overrides its field
+  (``overridden``).
 """
 
 import dataclasses
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from .._core import acceptance_probability, check_sampling, residual, sample, standardize, verify
-from .arguments import integer, real
+from ..arguments import integer, real
 
 __all__ = ["SamplingSettings", "acceptance_probability", "beta", "residual", "sample", "standardize", "verify"]
 
@@ -60,6 +63,19 @@ class SamplingSettings:
     def replace(self, **changes) -> "SamplingSettings":
         """These settings with `changes`, checked as new ones are."""
         return dataclasses.replace(self, **changes)
+
+
+def overridden(sampling: Optional[SamplingSettings], **explicit) -> SamplingSettings:
+    """``sampling`` (None: SamplingSettings()) with each of ``explicit`` (temperature, top_k, top_p, lenience)
+    that is not None in place of its field, as transformers' keyword arguments override generation_config.
+    ValueError naming ``sampling`` when it is not a SamplingSettings."""
+    if sampling is None:
+        sampling = SamplingSettings()
+    elif not isinstance(sampling, SamplingSettings):
+        raise ValueError("sampling must be a speculant.SamplingSettings (or None: the keyword arguments alone), "
+                         f"got {type(sampling).__name__}")
+    changes = {name: value for name, value in explicit.items() if value is not None}
+    return sampling.replace(**changes) if changes else sampling
 
 
 def beta(p: torch.Tensor, q: torch.Tensor, lenience: float = 1.0) -> torch.Tensor:

@@ -165,7 +165,7 @@ class CompiledLiveModel(live.LiveModel):
         # check does not): dynamo guards on the kind and would compile again for the other
         with torch.inference_mode():
             if self._static is None:
-                transformers = live._transformers()
+                transformers = live.require_transformers()
                 self._static = transformers.StaticCache(config=self.model.config,
                                                         max_cache_len=self._static_length)
                 # fills the layers in eagerly: a compiled call must find their tensors
@@ -209,7 +209,7 @@ class CompiledLiveModel(live.LiveModel):
                 out = self._compiled(self.model, self._cache, ids, at, attention)
                 if self._graphs:
                     out = out.clone()  # the graphs' output memory is reused by the next replay
-        return self._finish(out if logits else None, start + k)
+        return self.end_call(out if logits else None, start + k)
 
     def _tree_mask(self, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """A tree call's mask over the static cache: bool [k, S] (S = the kept entries + k) -> the model's
@@ -217,4 +217,4 @@ class CompiledLiveModel(live.LiveModel):
         k, size = mask.shape
         full = torch.zeros(k, self._static_length, dtype=torch.bool, device=mask.device)
         full[:, :size] = mask
-        return layer_masks.attention_mask(full, None, positions, self._layers, self._attention, self.model.dtype)
+        return self.attention_mask(full, positions)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..decoding.arguments import integer
+from ..arguments import integer
 from .feature_draft import FeatureDraft, FeatureRows, feature_source, parents_from_mask, target_shapes
 
 

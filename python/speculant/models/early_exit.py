@@ -21,7 +21,7 @@ import weakref
 from typing import Optional
 
 from .. import _core
-from ..decoding.arguments import flag
+from ..arguments import flag
 from . import live, shared_exit
 from .features import decoder_layers, with_layers
 from .model import Model, load
@@ -86,10 +86,10 @@ def _sharing(handle: Model, view, exit_layer: int, source: str, compile: bool) -
     if handle.form != "live":
         raise ValueError(f"EarlyExitDraft: share_cache=True needs the eager live target (speculant.load(model)); "
                          f"{handle.source} is of the {handle.form} form (or pass share_cache=False)")
-    if impl._share is not None:  # one draft shares a target's cache: the newest (the older one refuses calls)
-        impl._share.hub.close()
+    if impl.sharing is not None:  # one draft shares a target's cache: the newest (the older one refuses calls)
+        impl.sharing.hub.close()
     why = impl.tree_obstacle()  # its verification calls take 4-D masks as tree calls do
-    if not why and impl._patterned:
+    if not why and impl.patterned:
         why = "its layers have sliding windows or chunks"
     draft = shared_exit.SharingDraft(view, vocab_size=handle.vocab_size, name=source)
     why = why or draft.tree_obstacle()  # probed now, on its own cache

@@ -41,7 +41,7 @@ class ExportedFeatures:
     encoder_decoder = False
 
     def __init__(self, handle):
-        core = handle._core
+        core = handle.engine
         obstacle = core.features_obstacle
         if obstacle:
             raise ValueError(f"feature drafts: target {handle.source} cannot hand its hidden states over: {obstacle}")

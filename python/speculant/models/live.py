@@ -39,7 +39,8 @@ def is_transformers_model(value) -> bool:
     return False
 
 
-def _transformers():
+def require_transformers():
+    """The transformers package, or ImportError saying which version to install."""
     try:
         import transformers
     except ImportError:
@@ -49,7 +50,7 @@ def _transformers():
 
 def pretrained(directory: str, dtype: Optional[torch.dtype]):
     """The causal or sequence-to-sequence LM in a local save_pretrained directory (no downloads), in eval mode."""
-    transformers = _transformers()
+    transformers = require_transformers()
     config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
     auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
     from safetensors import SafetensorError  # a dependency of transformers
@@ -135,7 +136,7 @@ def describe(model, *, max_length: Optional[int], max_source_length: Optional[in
         **{key: getattr(text, key, None) for key in ("hidden_size", "num_hidden_layers", "num_attention_heads")},
         "decoder_start_token_id": decoder_start_token_id,
         "dtype": str(model.dtype).removeprefix("torch."),
-        "transformers_version": _transformers().__version__,
+        "transformers_version": require_transformers().__version__,
     }
 
 
@@ -156,7 +157,7 @@ class LiveModel:
     tree_layer = "DynamicLayer"  # the cache layers whose entries keep() can select (transformers' class name)
 
     def __init__(self, model, *, vocab_size: Optional[int] = None, name: str = ""):
-        transformers = _transformers()
+        transformers = require_transformers()
         self.name = name or type(model).__name__
         config = model.config
         text = config.get_text_config()  # the config itself, or a multimodal model's language part
@@ -395,7 +396,7 @@ class LiveModel:
         after = self._run(ids([x]), logits=True)
         worst = 0.0
         for got, path in ((logits[1], [a, b, c, d]), (logits[2], [a, b, c, e]), (after[0], [a, b, c, e, x])):
-            reference = self._uncached(path).float()
+            reference = self.uncached_logits(path).float()
             worst = max(worst, (got.float()[:reference.numel()] - reference).abs().max().item()
                         / max(1.0, reference.abs().max().item()))
         return worst, logits.dtype
@@ -418,26 +419,58 @@ class LiveModel:
                     "its tree calls are not built")
         return ""
 
-    # -- internals ---------------------------------------------------------------------------------------------
-    def _new_cache(self):
-        if self.encoder_decoder:
-            return self._pair_class(self._cache_class(), self._cache_class())
-        return self._cache_class()
+    # -- what shares its cache (shared_exit.py, early_exit.py) ------------------------------------------------------
+    # An early-exit draft may keep its first layers' entries in this model's cache; this model's calls then go
+    # through that draft's records of them (shared_exit.SharedRows.run), which run the forward themselves where they
+    # reuse the draft's work. What they read and call is here; subclasses override the hooks _run, _new_cache and
+    # _probe (compiled_live.py, shared_exit.SharingDraft).
+    @property
+    def length(self) -> int:
+        """The entries in its cache: the sequence's, then a tree call's nodes until keep()."""
+        return self._length
 
-    def _grow(self, needed: int) -> None:
-        size = max(needed, 2 * self._positions.numel(), 64)
-        self._positions = torch.arange(size, device=self._positions.device)  # [size]
-        self._ones = torch.ones(1, size, dtype=torch.long, device=self._ones.device)  # [1, size]
+    @property
+    def cache(self):
+        """The transformers cache its calls run in (None before the first reset or encode)."""
+        return self._cache
 
-    def _run(self, tokens: torch.Tensor, logits: bool, positions: Optional[torch.Tensor] = None,
-             mask: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-        if self._share is not None:  # shared_exit.py: reuses what a sharing draft computed where it can
-            return self._share.run(self, tokens, logits, positions, mask)
-        return self._forward(tokens, logits, positions, mask)
+    @property
+    def patterned(self) -> bool:
+        """Whether some of its layers' attention pattern reads positions (sliding windows, chunks)."""
+        return self._patterned
 
-    def _forward(self, tokens: torch.Tensor, logits: bool, positions: Optional[torch.Tensor] = None,
-                 mask: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-        """The model's own forward over `tokens` appended to the cache (the contract's calls, unshared)."""
+    @property
+    def records_features(self) -> bool:
+        """Whether it records hidden states for a feature draft (tap): their hooks want each whole forward."""
+        return self._features is not None
+
+    @property
+    def sharing(self):
+        """The records of an early-exit draft sharing its cache (shared_exit.SharedRows), or None."""
+        return self._share
+
+    def start_sharing(self, rows) -> None:
+        """From now on its calls go through `rows` (shared_exit.SharedRows), this row's records of a sharing
+        draft's entries."""
+        self._share = rows
+
+    def stop_sharing(self) -> None:
+        """Keeps its cache alone again: the entries a sharing draft left past its own are dropped."""
+        if self._share is not None:
+            self._share.crop_cache(self._cache, self._length)
+            self._share = None
+
+    def attention_mask(self, visible: torch.Tensor, positions: torch.Tensor,
+                       keys: Optional[torch.Tensor] = None):
+        """The attention_mask its forward takes for a call of k tokens at `positions` [k] attending where `visible`
+        (bool [k, S]); `keys`: the S entries' positions, read where patterned (layer_masks.attention_mask)."""
+        return layer_masks.attention_mask(visible, keys, positions, self._layers, self._attention, self.model.dtype)
+
+    def own_forward(self, tokens: torch.Tensor, logits: bool, positions: Optional[torch.Tensor] = None,
+                    mask: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """The model's own forward over `tokens` appended to its cache (at `positions` attending where `mask`, as
+        extend_masked; None: a chain's) -> logits [k, V], or None where not `logits`. The contract's calls come
+        here, or through a sharing draft's records, which call it where they reuse nothing of the draft's."""
         k, start = tokens.numel(), self._length
         if self.pad_to is not None:
             # ids past the model's own vocabulary (its padding) reach it only as another model's tokens; any
@@ -456,7 +489,7 @@ class LiveModel:
             with torch.inference_mode():
                 tree = relative_trees.t5_tree_logits(self.model, ids, positions, mask, self._encoder_outputs[0],
                                                      self._cache)
-            return self._finish(tree, start + k)
+            return self.end_call(tree, start + k)
         if self.encoder_decoder:
             kwargs.update(decoder_input_ids=ids, encoder_outputs=self._encoder_outputs,
                           attention_mask=self._source_mask)
@@ -464,8 +497,7 @@ class LiveModel:
             kwargs["input_ids"] = ids
             if mask is not None:  # a tree call: the mask and positions the engine gives
                 keys = self._entry_positions if self._patterned else None
-                kwargs["attention_mask"] = layer_masks.attention_mask(
-                    mask, keys, positions, self._layers, self._attention, self.model.dtype)
+                kwargs["attention_mask"] = self.attention_mask(mask, positions, keys)
             elif self._mask_needed:
                 kwargs["attention_mask"] = self._ones[:, :start + k]
             if "position_ids" in self._params:
@@ -483,10 +515,11 @@ class LiveModel:
         finally:
             if recording is not None:
                 recording.arm(False)
-        return self._finish(out.logits if logits else None, start + k)
+        return self.end_call(out.logits if logits else None, start + k)
 
-    def _finish(self, logits: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:
-        """logits [1, k, V] of a call that left `length` cache entries (None: not wanted) -> [k, V], padded."""
+    def end_call(self, logits: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:
+        """Ends a call that left `length` cache entries: its logits [1, k, V] (None: not wanted) -> [k, V], padded
+        to vocab_size (own_forward's end, and that of a sharing draft's records' own forward)."""
         self._length = length
         if logits is None:
             return None
@@ -495,8 +528,8 @@ class LiveModel:
             result = F.pad(result, (0, self.pad_to - result.size(-1)), value=float("-inf"))
         return result
 
-    def _uncached(self, tokens: list[int]) -> torch.Tensor:
-        """The last position's logits [V] of a forward over `tokens` with no cache (the probe's reference)."""
+    def uncached_logits(self, tokens: list[int]) -> torch.Tensor:
+        """The last position's logits [V] of a forward over `tokens` with no cache (the probes' reference)."""
         ids = torch.tensor([tokens], device=self.model.device)
         with torch.inference_mode():
             if self.encoder_decoder:
@@ -505,6 +538,23 @@ class LiveModel:
             else:
                 out = self.model(input_ids=ids, use_cache=False)
         return out.logits[0, -1]
+
+    # -- internals ---------------------------------------------------------------------------------------------
+    def _new_cache(self):
+        if self.encoder_decoder:
+            return self._pair_class(self._cache_class(), self._cache_class())
+        return self._cache_class()
+
+    def _grow(self, needed: int) -> None:
+        size = max(needed, 2 * self._positions.numel(), 64)
+        self._positions = torch.arange(size, device=self._positions.device)  # [size]
+        self._ones = torch.ones(1, size, dtype=torch.long, device=self._ones.device)  # [1, size]
+
+    def _run(self, tokens: torch.Tensor, logits: bool, positions: Optional[torch.Tensor] = None,
+             mask: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        if self._share is not None:  # shared_exit.py: reuses what a sharing draft computed where it can
+            return self._share.run(self, tokens, logits, positions, mask)
+        return self.own_forward(tokens, logits, positions, mask)
 
     def _probe(self) -> int:
         """Runs 3 tokens, rolls back to 1 and runs 2 others; checks the result against an uncached forward.
@@ -528,7 +578,7 @@ class LiveModel:
         if self._cache.get_seq_length() != 3:
             raise ValueError(f"model {self.name}: its cache holds {self._cache.get_seq_length()} positions after "
                              "a crop to 1 and 2 new tokens, not 3: it cannot be rolled back")
-        reference = self._uncached([a, d, e]).float()
+        reference = self.uncached_logits([a, d, e]).float()
         scale = max(1.0, reference.abs().max().item())
         error = (second[-1].float() - reference).abs().max().item() / scale
         tolerance = layer_masks.TOLERANCE.get(second.dtype, 1e-2)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..decoding.arguments import integer
+from ..arguments import integer
 from .feature_draft import FeatureDraft, FeatureRows, feature_source, target_shapes
 
 

@@ -52,6 +52,11 @@ class Model:
             raise ValueError(f"model {source}: its speculant.json metadata must be a JSON object")
 
     @property
+    def engine(self) -> _core.Model:
+        """The engine's handle of this model (speculant._core.Model), which decoders and drafters are built on."""
+        return self._core
+
+    @property
     def vocab_size(self) -> int:
         return self._core.vocab_size
 

@@ -201,12 +201,8 @@ class SharedRows:
             yield taken
             taken.append(torch.zeros(0, hub.hidden, dtype=hub.dtype, device=hub.device))
             return
-        hub.taken = None
-        hook = hub.layer.register_forward_hook(hub._take)  # for this forward only: the model keeps no hook of ours
-        try:
+        with hub.hooked():
             yield taken
-        finally:
-            hook.remove()
         states, hub.taken = hub.taken, None
         if states is None or states.shape[-2] != count:
             raise RuntimeError(f"EarlyExitDraft: layer {hub.exit_layer} gave no hidden states for the {count} "
@@ -225,44 +221,44 @@ class SharedRows:
             mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """The target's call (live.py's _run): the draft's entries reused where they are the call's chain, or
         nodes of the call's tree."""
-        start, k = target._length, tokens.numel()
+        start, k = target.length, tokens.numel()
         if self.length < start:
             raise RuntimeError(f"{target.name}: {self.length} entries of its first {self.hub.exit_layer} layers' "
                                f"cache are left, fewer than its {start}: its sharing EarlyExitDraft ran on another "
                                "sequence (decode with the target the draft was built on)")
         where = target.positions(start, k) if positions is None else positions
-        if target._features is not None:  # its hooks want the whole forward
+        if target.records_features:  # its hooks want the whole forward
             reused = 0
         elif mask is not None:
             return self.run_tree(target, tokens, logits, where, mask)
         else:
             reused = self.matching(start, tokens, where, target)
-        crop_layers(target._cache, start + reused, self.hub.exit_layer)
+        crop_layers(target.cache, start + reused, self.hub.exit_layer)
         self.crop(start + reused)
         if reused == 0:
             with self.recording(tokens, where, target, mask):
-                return target._forward(tokens, logits, positions, mask)
+                return target.own_forward(tokens, logits, positions, mask)
         with self.recording(tokens[reused:], where[reused:], target, None):
             out = self.hub.resumed(target, self.hub.upper, tokens, where, start, self.exits[start:start + reused])
-        return target._finish(out if logits else None, start + k)
+        return target.end_call(out if logits else None, start + k)
 
     def run_tree(self, target: LiveModel, tokens: torch.Tensor, logits: bool, positions: torch.Tensor,
                  mask: torch.Tensor) -> Optional[torch.Tensor]:
         """The target's tree call: the nodes whose entries the draft left (tree_nodes) run first, in one forward
         that starts them above layer l; the cache entries and the logits are then put back in the call's order."""
-        start, k = target._length, tokens.numel()
+        start, k = target.length, tokens.numel()
         found = tree_nodes(self, start, tokens, positions, mask)
         kept = [i for i in range(k) if found[i] >= 0]
         if not kept:
-            crop_layers(target._cache, start, self.hub.exit_layer)
+            crop_layers(target.cache, start, self.hub.exit_layer)
             self.crop(start)
             with self.recording(tokens, positions, target, mask):
-                return target._forward(tokens, logits, positions, mask)
+                return target.own_forward(tokens, logits, positions, mask)
         order = kept + [i for i in range(k) if found[i] < 0]  # a tree order still: a node's ancestors are kept
         device = tokens.device
         sources = torch.tensor([found[i] for i in kept], device=device)
         exits = self.exits.index_select(0, sources)
-        gather_layers(target._cache, start, sources, self.hub.exit_layer)
+        gather_layers(target.cache, start, sources, self.hub.exit_layer)
         self.crop(start)
         moved = order != list(range(k))
         if moved:
@@ -277,10 +273,10 @@ class SharedRows:
         if moved:
             back = torch.empty_like(into)
             back[into] = torch.arange(k, device=device)
-            reorder_tail(target._cache, start, back)
+            reorder_tail(target.cache, start, back)
             out, exits = out[:, back], exits[back]
         self.append(tokens, positions, exits, target, mask)
-        return target._finish(out if logits else None, start + k)
+        return target.end_call(out if logits else None, start + k)
 
 
 def tree_nodes(rows: SharedRows, start: int, tokens: torch.Tensor, positions: torch.Tensor,
@@ -372,10 +368,21 @@ class ExitShare:
         self.closed = False
         self.root = target.row(0)
         for member in target.family():
-            member._share = SharedRows(self)
+            member.start_sharing(SharedRows(self))
 
     def _take(self, module, args, output) -> None:
         self.taken = output if isinstance(output, torch.Tensor) else output[0]
+
+    @contextlib.contextmanager
+    def hooked(self):
+        """Around a forward: `taken` then holds layer l's output hidden states, or None where it did not run. The hook
+        is registered for this forward only: the model keeps no hook of ours."""
+        self.taken = None
+        hook = self.layer.register_forward_hook(self._take)
+        try:
+            yield
+        finally:
+            hook.remove()
 
     def close(self) -> None:
         """The draft is gone, or a newer one shares the target's cache: the target keeps it alone again."""
@@ -383,10 +390,8 @@ class ExitShare:
             return
         self.closed = True
         for member in self.root.family():
-            if member._share is not None and member._share.hub is self:
-                if member._cache is not None:
-                    crop_layers(member._cache, member._length)
-                member._share = None
+            if member.sharing is not None and member.sharing.hub is self:
+                member.stop_sharing()
 
     def resumed(self, model: LiveModel, view, tokens: torch.Tensor, positions: torch.Tensor, start: int,
                 kept: torch.Tensor, visible: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -397,13 +402,12 @@ class ExitShare:
         k = tokens.numel()
         if visible is None:
             visible = torch.ones(k, start + k, dtype=torch.bool, device=tokens.device).tril(start)
-        mask = layer_masks.attention_mask(visible, None, positions, model._layers, model._attention,
-                                          model.model.dtype)
+        mask = model.attention_mask(visible, positions)
         self.resuming.value = kept.unsqueeze(0)
         try:
             with torch.inference_mode():
                 return view(input_ids=tokens.view(1, k), position_ids=positions.view(1, k), attention_mask=mask,
-                            past_key_values=model._cache, use_cache=True).logits
+                            past_key_values=model.cache, use_cache=True).logits
         finally:
             self.resuming.value = None
 
@@ -468,10 +472,10 @@ class SharingDraft(LiveModel):
             raise ValueError(f"{self.name}: a newer EarlyExitDraft shares its target's cache now (one draft per "
                              "target does); build this one again, or with share_cache=False to keep both")
         target = self._root.row(self._index)
-        if target._cache is None:
+        if target.cache is None:
             target.reset(tokens[:0])
-        rows = target._share
-        self._cache = target._cache
+        rows = target.sharing
+        self._cache = target.cache
         held, k = self._length, tokens.numel()
         where = self.positions(held, k) if positions is None else positions
         chain = mask is None  # a chain's new tokens may be found too; a tree's are always run
@@ -484,10 +488,10 @@ class SharingDraft(LiveModel):
         rows.crop(held + reused)
         with rows.recording(tokens[reused:], where[reused:], self, mask):
             if reused:
-                out = self._finish(self._hub.resumed(self, self._hub.exit, tokens, where, held,
+                out = self.end_call(self._hub.resumed(self, self._hub.exit, tokens, where, held,
                                                      rows.exits[held:held + reused]), held + k)
             else:
-                out = self._forward(tokens, logits, positions, mask)
+                out = self.own_forward(tokens, logits, positions, mask)
         self._tokens, self._places = torch.cat([self._tokens, tokens]), torch.cat([self._places, where])
         self._length = held + k
         return out
@@ -502,7 +506,7 @@ class SharingDraft(LiveModel):
         rows.crop(found)
         self._length = found
         with rows.recording(self._tokens[found:held], self._places[found:held], self, None):
-            self._forward(self._tokens[found:held], False)
+            self.own_forward(self._tokens[found:held], False)
         self._length = held
 
 
@@ -517,8 +521,9 @@ def probe(draft: SharingDraft, target: LiveModel) -> str:
         drafted = draft.extend(ids(c))
         verified = target.extend(ids(c, d))
         worst = 0.0
-        for got, reference in ((drafted[0], draft._uncached([a, b, c])), (verified[0], target._uncached([a, b, c])),
-                               (verified[1], target._uncached([a, b, c, d]))):
+        for got, reference in ((drafted[0], draft.uncached_logits([a, b, c])),
+                               (verified[0], target.uncached_logits([a, b, c])),
+                               (verified[1], target.uncached_logits([a, b, c, d]))):
             reference = reference.float()
             worst = max(worst, (got.float()[:reference.numel()] - reference).abs().max().item()
                         / max(1.0, reference.abs().max().item()))

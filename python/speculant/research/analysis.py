@@ -410,7 +410,7 @@ def _nonnegative(value, name: str) -> float:
     return float(value)
 
 
-def _verify_cost(verify_cost) -> Callable[[int], float]:
+def verify_cost_function(verify_cost) -> Callable[[int], float]:
     """verify_cost as a function of the width, each value checked when asked for."""
     if verify_cost is None:
         return lambda width: 1.0
@@ -500,7 +500,7 @@ def tree_speedup(tree: TreeLike, acceptance: AcceptanceLike, c: float, verify_co
     t = Tree(tree)
     tokens = tree_expected_tokens(tree, acceptance)
     calls = t.depth if draft_calls is None else _nonnegative(draft_calls, "draft_calls")
-    return float(tokens) / (calls * _nonnegative(c, "c") + _verify_cost(verify_cost)(t.size + 1))
+    return float(tokens) / (calls * _nonnegative(c, "c") + verify_cost_function(verify_cost)(t.size + 1))
 
 
 def _budget_and_depth(budget, acc: _Acceptance, max_depth, minimum: int = 0) -> Tuple[int, int]:
@@ -603,7 +603,7 @@ def optimal_tree(budget: int, acceptance: AcceptanceLike, c: float, verify_cost=
     acc = _Acceptance(acceptance)
     budget, depth = _budget_and_depth(budget, acc, max_depth)
     c = _nonnegative(c, "c")
-    cost = _verify_cost(verify_cost)
+    cost = verify_cost_function(verify_cost)
     widths = np.array([cost(w) for w in range(1, budget + 2)])  # [budget + 1]: width n + 1 for n drafts
     best_speedup, best_at = 1.0 / widths[0], None
     shared = acc.depths() is None  # the same row at every depth: one program gives every depth limit
@@ -760,11 +760,11 @@ def _production_costs(levels: List[Tuple[float, int, float]], tokens: int,
 
 def _widths(verify_costs, levels: int) -> List[Callable[[int], float]]:
     if verify_costs is None:
-        return [_verify_cost(None)] * levels
+        return [verify_cost_function(None)] * levels
     verify_costs = list(verify_costs)
     if len(verify_costs) != levels:
         raise ValueError(f"verify_costs needs one entry per level ({levels}), got {len(verify_costs)}")
-    return [_verify_cost(v) for v in verify_costs]
+    return [verify_cost_function(v) for v in verify_costs]
 
 
 def _overheads(overheads, levels: int) -> List[float]:

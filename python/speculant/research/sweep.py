@@ -19,6 +19,7 @@ import numpy as np
 
 from . import analysis, timing, workers
 from ..decoding.decoder import SIBLINGS, DynamicTree, SpeculativeDecoder, generate, tree_gamma
+from ..decoding.sampling import SamplingSettings, overridden
 from ..models.model import Model
 
 Grid = Union[float, Sequence[float]]
@@ -27,7 +28,9 @@ Grid = Union[float, Sequence[float]]
 # sibling draft)
 SETTING = ["gamma", "tree", "siblings", "sibling_draft", "temperature", "top_k", "top_p", "lenience"]
 COLUMNS = [*SETTING, *timing.COLUMNS]
-_RESERVED = {"prompt_ids", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "gamma", "tree", "lenience"}
+_RESERVED = {"prompt_ids", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "gamma", "tree", "lenience",
+             "sampling"}
+GRIDS = {"temperatures": "temperature", "top_k": "top_k", "top_p": "top_p", "lenience": "lenience"}  # grid: field
 
 
 def _grid(values: Grid, name: str) -> List:
@@ -52,8 +55,7 @@ def run_setting(target, draft, setting: Mapping[str, Any], calls: Sequence[Mappi
     the model of a setting whose ``sibling_draft`` is True (its calls then count as draft calls); threads: torch's
     threads for the timed runs (``timing.timed_rounds``)."""
     decoder = SpeculativeDecoder(target, _level(draft, setting), **_options(setting, sibling_draft))
-    baseline = functools.partial(generate, target, temperature=setting["temperature"], top_k=setting["top_k"],
-                                 top_p=setting["top_p"])
+    baseline = functools.partial(generate, target, sampling=_sampling(setting))
     rounds = timing.timed_rounds(decoder.generate, baseline, calls, max_new_tokens=max_new_tokens, seed=seed,
                                  repeats=repeats, batch_size=batch_size, threads=threads, device=target.device)
     return {**setting, **timing.summarize(rounds, gamma=setting["gamma"], lenience=setting["lenience"],
@@ -65,8 +67,13 @@ def _level(draft, setting: Mapping[str, Any]):
     """The draft for a setting: a hierarchical draft (a SpeculativeDecoder) at the setting's sampling settings,
     since every level samples at the top's (SpeculativeDecoder); any other draft as it is."""
     if isinstance(draft, SpeculativeDecoder):
-        return draft.with_sampling(setting["temperature"], setting["top_k"], setting["top_p"])
+        return draft.with_sampling(*_sampling(setting).standardization())
     return draft
+
+
+def _sampling(setting: Mapping[str, Any]) -> SamplingSettings:
+    """A setting's temperature, top_k, top_p and lenience, checked."""
+    return SamplingSettings(*(setting[field] for field in GRIDS.values()))
 
 
 def task(target: workers.Spec, draft: workers.Spec, setting: Dict[str, Any], calls: List[Dict[str, Any]],
@@ -95,10 +102,11 @@ def _describe(setting: Mapping[str, Any]) -> str:
 
 
 def _options(setting: Mapping[str, Any], sibling_draft=None) -> Dict[str, Any]:
-    """SpeculativeDecoder's keyword arguments for a setting (a chain's row has no siblings; sibling_draft: the
-    model a setting whose sibling_draft is True draws with)."""
-    options = {key: value for key, value in setting.items()
-               if key != "sibling_draft" and not (key == "siblings" and value is None)}
+    """SpeculativeDecoder's keyword arguments for a setting (its sampling settings as ``sampling``; a chain's row
+    has no siblings; sibling_draft: the model a setting whose sibling_draft is True draws with)."""
+    options = {key: value for key, value in setting.items() if key not in ("sibling_draft", *GRIDS.values())
+               and not (key == "siblings" and value is None)}
+    options["sampling"] = _sampling(setting)
     if setting["sibling_draft"]:
         if sibling_draft is None:
             raise ValueError(f"the setting {_describe(setting)} draws with a sibling draft: give its model")
@@ -158,12 +166,12 @@ def _trees(trees) -> list:
 
 
 def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees=None,
-          siblings: Union[str, Sequence[str]] = "coupled", temperatures: Grid = (1.0,),
-          lenience: Grid = (1.0,), top_k: Grid = (0,), top_p: Grid = (1.0,),
+          siblings: Union[str, Sequence[str]] = "coupled", temperatures: Optional[Grid] = None,
+          lenience: Optional[Grid] = None, top_k: Optional[Grid] = None, top_p: Optional[Grid] = None,
           max_new_tokens: int = 64, seed: int = 0, repeats: int = 3,
           spread_threshold: float = timing.SPREAD_THRESHOLD, progress: bool = True,
           generate_kwargs: Optional[Mapping[str, Any]] = None, executor=None, batch_size: int = 1,
-          sibling_draft=None, threads: Optional[int] = 1):
+          sibling_draft=None, threads: Optional[int] = 1, sampling: Optional[SamplingSettings] = None):
     """Runs speculative decoding for every combination of the grids and returns a ``pandas.DataFrame``, one row
     per setting (columns in ``COLUMNS``).
 
@@ -173,6 +181,11 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     ``predicted_speedup``). prompts: one prompt or a sequence of them; each is token ids, or a
     mapping of ``generate`` keyword arguments (see ``speculant.analysis.generation_kwargs``). ``generate_kwargs``
     go to every generation, speculative and plain (``eos_token_id``, ...).
+
+    The sampling grids (``temperatures``, ``top_k``, ``top_p``, ``lenience``: one value or several) default to
+    (1.0,), (0,), (1.0,), (1.0,). ``sampling`` (a speculant.SamplingSettings) supplies the fixed ones instead: a
+    grid left out is that field's one value, and a grid given overrides its field
+    (``sweep(..., sampling=SamplingSettings(temperature=0.8, top_p=0.9), lenience=[1, 0.5])``).
 
     Every setting generates ``max_new_tokens`` from every prompt, prompt i with seed ``seed + i``, so the same
     seed gives the same tokens, alpha and counts (not the same times), serial or on an executor. Each setting
@@ -252,7 +265,8 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     repeats, spread_threshold, batch_size = _checked(generate_kwargs, seed, executor, repeats, spread_threshold,
                                                      batch_size)
     threads = timing.check_threads(threads)
-    settings = _settings(gammas, trees, siblings, temperatures, lenience, top_k, top_p, sibling_draft)
+    grids = _grids(sampling, temperatures=temperatures, top_k=top_k, top_p=top_p, lenience=lenience)
+    settings = _settings(gammas, trees, siblings, *grids, sibling_draft)
     target, draft, sibling_draft = _loaded(target, draft, sibling_draft, settings)
     calls = analysis.generation_kwargs(prompts, generate_kwargs)
     options = {"max_new_tokens": max_new_tokens, "seed": seed, "repeats": repeats,
@@ -283,8 +297,14 @@ def _checked(generate_kwargs, seed, executor, repeats, spread_threshold, batch_s
             timing.check_batch_size(batch_size))
 
 
-def _settings(gammas, trees, siblings, temperatures, lenience, top_k, top_p,
-              sibling_draft) -> List[Dict[str, Any]]:
+def _grids(sampling: Optional[SamplingSettings], **given) -> list:
+    """The temperatures, top_k, top_p and lenience grids, unchecked: each given one (not None) as it is, the
+    others the field of ``sampling`` (SamplingSettings() without it) alone."""
+    fixed = overridden(sampling)
+    return [getattr(fixed, field) if given[name] is None else given[name] for name, field in GRIDS.items()]
+
+
+def _settings(gammas, trees, siblings, temperatures, top_k, top_p, lenience, sibling_draft) -> List[Dict[str, Any]]:
     """The grid, one setting per row: the chains of gammas, then each tree with each of siblings."""
     shapes = _trees(trees)
     if gammas is None and not shapes:

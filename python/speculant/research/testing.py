@@ -45,7 +45,8 @@ from tqdm.auto import tqdm
 
 from .. import _core
 from ..decoding import sampling
-from ..decoding.arguments import integer
+from ..decoding.sampling import SamplingSettings, overridden
+from ..arguments import integer
 from ..decoding.decoder import SpeculativeDecoder, bound_target
 from ..decoding.drafters import Drafter
 from ..models.model import Model, load
@@ -100,11 +101,11 @@ def tensor_path() -> Iterator[None]:
     operations with one device-to-host read per verification) instead of the CPU's host kernels: the GPU's loop,
     all of it but the CUDA graphs, checked on a machine without one. The laws are the same; the draws differ. The
     setting is process-wide: decoders running in other threads meanwhile take the same path."""
-    previous = _core._set_host_kernels(False)
+    previous = _core.set_host_kernels(False)
     try:
         yield
     finally:
-        _core._set_host_kernels(previous)
+        _core.set_host_kernels(previous)
 
 
 def _engine_model(model: ModelLike):
@@ -239,10 +240,12 @@ def _bin_tokens(law: Dict[Cell, float], expanded: Dict[Tuple[int, ...], Tuple[np
 
 
 def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, k: int = 2, gamma: int = 4,
-                       temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, lenience: float = 1.0,
+                       temperature: Optional[float] = None, top_k: Optional[int] = None,
+                       top_p: Optional[float] = None, lenience: Optional[float] = None,
                        samples: int = 2000, significance: float = 1e-3, seed: int = 0,
                        target_logits: Optional[Logits] = None, generate_kwargs: Optional[Mapping[str, Any]] = None,
-                       tokenizer=None, progress: bool = True) -> DistributionCheck:
+                       tokenizer=None, progress: bool = True,
+                       sampling: Optional[SamplingSettings] = None) -> DistributionCheck:
     """Tests at level ``significance`` that the first ``k`` tokens speculative decoding generates after
     ``prompt_ids`` follow the target's own law (see the module docstring for the test).
 
@@ -253,6 +256,10 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     Generation i uses seed ``seed + i`` and runs to max(k, gamma + 1) tokens, so the first iteration drafts the
     full gamma. ``generate_kwargs`` go to every generation: an encoder-decoder pair takes its source as
     ``encoder_input_ids`` there, and ``prompt_ids`` then defaults to the target's ``decoder_start_token_id``.
+
+    The settings: temperature (default 1.0), top_k (0), top_p (1.0) and lenience (1.0), or ``sampling``, the four
+    as one speculant.SamplingSettings, whose fields those keywords override where given (SpeculativeDecoder's
+    rule).
 
     The target's law comes from ``target_logits(ids) -> logits [V]`` (the next-token logits after the token ids
     ``ids``, prompt included) when given, which models whose logits need more than the ids require; otherwise
@@ -284,9 +291,9 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
         raise ValueError(f"generate_kwargs must not set {reserved}: check_distribution sets them (no EOS: every "
                          "sample has k tokens)")
     generate_kwargs = dict(generate_kwargs or {})
+    settings = overridden(sampling, temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
     engine_target = _engine_model(bound_target(target, draft))  # a bound draft's own target handle
-    decoder = SpeculativeDecoder(engine_target, _engine_model(draft), gamma=gamma, temperature=temperature,
-                                 top_k=top_k, top_p=top_p, lenience=lenience)
+    decoder = SpeculativeDecoder(engine_target, _engine_model(draft), gamma=gamma, sampling=settings)
     logits = target_logits if target_logits is not None else \
         _module_logits(target if isinstance(target, torch.jit.ScriptModule) else engine_target, "target",
                        generate_kwargs.get("encoder_input_ids"))
@@ -302,8 +309,7 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     prompt = [engine_target.decoder_start_token_id] if prompt_ids is None else \
         torch.as_tensor(prompt_ids).reshape(-1).tolist()
     settings = decoder.sampling
-    settings_text = (f"gamma={gamma}, temperature={temperature}, top_k={top_k}, top_p={top_p}, "
-                     f"lenience={lenience}")
+    settings_text = f"gamma={gamma}, " + ", ".join(f"{name}={value}" for name, value in settings.as_dict().items())
     lenience = settings.lenience
     if lenience < 1.0 and settings.temperature == 0.0:
         return _argmax_rule(logits, prompt, drawn, lenience, significance, samples, k, seed, settings_text,

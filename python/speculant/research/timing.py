@@ -228,7 +228,7 @@ def tree_prediction(results, tree, c: float, verify_cost=None, sibling: bool = F
     if not all(_covers(table, t) for t in drafted):
         return nan, nan
     tokens = float(np.mean([float(analysis.tree_expected_tokens(t, table)) for t in drafted]))
-    width = analysis._verify_cost(verify_cost)
+    width = analysis.verify_cost_function(verify_cost)
     cost = float(np.mean([analysis.tree_draft_calls(t, sibling) * c + width(len(t)) for t in drafted]))
     return tokens, tokens / cost
 
