@@ -32,7 +32,7 @@ failure), give the same tokens as the fixed-shape calls they capture run uncaptu
 captured, a decoder-only .pt2 package among them (its decoding steps), reproduce with a seed within a process
 and across processes, and keep the exact laws of every sampling mode. The laws: greedy exactly, and temperature
 1, top-k, top-p and lenience 0.5 by the chi-square test at 1e-3 (4 configurations x 2 windows), plus the device
-sampling path (_sample_generic) against its probabilities at 1e-3: 9 tests, at most 0.9% family-wise false
+sampling path (_sample_as_tensors) against its probabilities at 1e-3: 9 tests, at most 0.9% family-wise false
 failures. Tree calls captured (a shape, a given tree and grown ones, each way of drawing siblings) give the
 tokens of the same calls uncaptured on every backend, and three tree laws by the chi-square test at 1e-3, 2
 windows each (6 more tests: at most 1.5% family-wise).
@@ -760,13 +760,13 @@ def test_cuda_graphs_greedy_is_the_enumerated_argmax():
 
 @pytest.mark.cuda
 def test_device_sampling_path_law():
-    """_sample_generic (the tensor path the engine samples with on a GPU) draws row i from probs[i]: 20,000 rows
+    """_sample_as_tensors (the tensor path the engine samples with on a GPU) draws row i from probs[i]: 20,000 rows
     of one distribution against it."""
     probs = torch.tensor([0.05, 0.3, 0.0, 0.15, 0.25, 0.0, 0.2, 0.05], device="cuda")
-    draws = speculant._core._sample_generic(probs.expand(20000, -1).contiguous(), 11).cpu().numpy()
+    draws = speculant._core._sample_as_tensors(probs.expand(20000, -1).contiguous(), 11).cpu().numpy()
     assert not np.isin(draws, [2, 5]).any()  # zero-probability tokens never come
     pvalue = chi_square_pvalue(probs.double().cpu(), draws.reshape(-1, 1))
-    assert pvalue > SIGNIFICANCE, f"_sample_generic on CUDA rejects its probabilities, p = {pvalue:.3g}"
+    assert pvalue > SIGNIFICANCE, f"_sample_as_tensors on CUDA rejects its probabilities, p = {pvalue:.3g}"
 
 
 def attended_slots(run) -> set:

@@ -62,7 +62,7 @@ def draft_rows(gamma: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.T
 def test_standardize_host_kernel_equals_tensor_path_and_reference(dtype, temperature, top_k, top_p):
     x = logits_case(5, 8, seed=3, dtype=dtype)
     host = _core.standardize(x, temperature, top_k, top_p)
-    tensor_path = _core._standardize_generic(x, temperature, top_k, top_p)
+    tensor_path = _core._standardize_as_tensors(x, temperature, top_k, top_p)
     expected = reference.standardize(x, temperature, top_k, top_p)
     atol = 1e-12 if dtype == F64 else 2e-6
     assert host.dtype == tensor_path.dtype
@@ -137,9 +137,9 @@ def exact_law(logits, q, tokens, config) -> np.ndarray:
     return law.numpy()
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["host", "tensor"])
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["host", "tensor"])
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] > 0], ids=str)
-def test_seeded_verification_law_is_exact(generic, config):
+def test_seeded_verification_law_is_exact(as_tensors, config):
     """Chi-square at significance 1e-3 (false-failure rate 1e-3 per case; seeds fixed, so deterministic)."""
     gamma, vocab, draws = 2, 5, 3000
     logits = logits_case(gamma + 1, vocab, seed=11) * 0.3  # flat enough that top-p keeps several tokens
@@ -149,7 +149,7 @@ def test_seeded_verification_law_is_exact(generic, config):
     counts = np.zeros_like(law)
     # one batch of `draws` rows, row i seeded with i: what verifying the rows one by one gives (tested below)
     for n, t, _, finite in _core._verify_rows_seeded([(logits, q, tokens)] * draws, *config, seeds=list(range(draws)),
-                                                     generic=generic):
+                                                     as_tensors=as_tensors):
         assert finite
         counts[n * vocab + t] += 1
     assert counts[law == 0].sum() == 0, "an outcome of probability zero was drawn"
@@ -157,8 +157,8 @@ def test_seeded_verification_law_is_exact(generic, config):
     assert scipy.stats.chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
 
 
-def verify_one(logits, q, tokens, config, seed, generic):
-    return _core._verify_rows_seeded([(logits, q, tokens)], *config, seeds=[seed], generic=generic)[0]
+def verify_one(logits, q, tokens, config, seed, as_tensors):
+    return _core._verify_rows_seeded([(logits, q, tokens)], *config, seeds=[seed], as_tensors=as_tensors)[0]
 
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == 0], ids=str)
@@ -175,7 +175,7 @@ def test_greedy_verification_is_the_same_on_both_paths(config):
         anything = torch.randint(0, vocab, (gamma,), generator=gen)
         tokens = torch.where(choice == 0, ranked[:gamma, 0], torch.where(choice == 1, ranked[:gamma, 1], anything))
         q = torch.nn.functional.one_hot(tokens, vocab).float()  # the draft's greedy q: the point mass at its token
-        host, tensor = (verify_one(logits, q, tokens, config, case, generic) for generic in (False, True))
+        host, tensor = (verify_one(logits, q, tokens, config, case, as_tensors) for as_tensors in (False, True))
         assert tensor[:2] == host[:2], f"case {case}: tensor path (n, t) {tensor[:2]} != host kernel's {host[:2]}"
 
 
@@ -186,16 +186,16 @@ def test_seeded_verification_flags_non_finite_target_rows():
     clean = logits_case(2, 5, seed=3)
     q1, tokens1 = draft_rows(1, 5, seed=4)
     config = (1.0, 0, 1.0, 1.0)
-    for generic in (False, True):
-        assert verify_one(logits, q, tokens, config, 0, generic)[3] is False
+    for as_tensors in (False, True):
+        assert verify_one(logits, q, tokens, config, 0, as_tensors)[3] is False
         batch = _core._verify_rows_seeded([(clean, q1, tokens1), (logits, q, tokens)], *config, seeds=[0, 1],
-                                          generic=generic)
+                                          as_tensors=as_tensors)
         assert [v[3] for v in batch] == [True, False], "only the row with the NaN is flagged"
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["host", "tensor"])
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["host", "tensor"])
 @pytest.mark.parametrize("config", CONFIGS, ids=str)
-def test_a_batch_verifies_each_row_as_alone(generic, config):
+def test_a_batch_verifies_each_row_as_alone(as_tensors, config):
     """Rows of different gamma (0 to 3) in one batched verification: each gets exactly the verdict it gets alone
     with its seed (the tensor path pads the rows to the longest draft and reads them back at once)."""
     vocab = 7
@@ -205,9 +205,9 @@ def test_a_batch_verifies_each_row_as_alone(generic, config):
         rows.append((logits_case(gamma + 1, vocab, seed=40 + i) * 0.5, q, tokens))
     for draw in range(20):
         seeds = [1000 * draw + i for i in range(len(rows))]
-        batch = _core._verify_rows_seeded(rows, *config, seeds=seeds, generic=generic)
+        batch = _core._verify_rows_seeded(rows, *config, seeds=seeds, as_tensors=as_tensors)
         for row, seed, got in zip(rows, seeds, batch):
-            n, t, betas, finite = verify_one(*row, config, seed, generic)
+            n, t, betas, finite = verify_one(*row, config, seed, as_tensors)
             assert got[:2] == (n, t) and got[3] == finite
             np.testing.assert_array_equal(got[2], betas)
 
@@ -221,8 +221,8 @@ def test_inverse_cdf_never_returns_a_zero_probability_token():
         assert n == 0 and t in (1, 3) and betas == [0.0]
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["host", "tensor"])
-def test_a_draft_its_law_gives_no_mass_is_kept_as_algorithm_1_keeps_it(generic):
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["host", "tensor"])
+def test_a_draft_its_law_gives_no_mass_is_kept_as_algorithm_1_keeps_it(as_tensors):
     """The chain's test is min(1, p(x) / q(x)), 1 where q(x) = 0 < p(x) (reference.acceptance_probability), on
     both paths: the host verifies a chain as the tree [1] * gamma, whose later children alone (a tree's fillers)
     are never kept where their law gives them no mass."""
@@ -230,6 +230,6 @@ def test_a_draft_its_law_gives_no_mass_is_kept_as_algorithm_1_keeps_it(generic):
     q = torch.tensor([[0.0, 1.0, 0.0, 0.0]])  # the draft token 2 has q = 0 < p
     row = (logits, q, torch.tensor([2]))
     for seed in range(5):
-        n, _, _, _ = _core._verify_rows_seeded([row], 1.0, 0, 1.0, 1.0, seeds=[seed], generic=generic)[0]
+        n, _, _, _ = _core._verify_rows_seeded([row], 1.0, 0, 1.0, 1.0, seeds=[seed], as_tensors=as_tensors)[0]
         assert n == 1
     assert reference.acceptance_probability(torch.tensor(1 / 3), torch.tensor(0.0)).item() == 1.0

@@ -1,8 +1,8 @@
 """The accelerators' code path, end to end on the CPU (``speculant.testing.tensor_path``).
 
 On CUDA tensors the engine draws, verifies and walks token trees with tensor operations and one device-to-host
-read per verification (cpp/math/step.cpp, cpp/math/tree.cpp: the *_generic functions); on CPU tensors it runs host kernels
-(cpp/math/cpu_kernels.cpp). tests/test_step.py and tests/test_tree.py check each generic function alone; here whole
+read per verification (cpp/math/step.cpp, cpp/math/tree.cpp: the *_as_tensors functions); on CPU tensors it runs host kernels
+(cpp/math/cpu_kernels.cpp). tests/test_step.py and tests/test_tree.py check each as_tensors function alone; here whole
 decodes take that path, batches, level-wide draws, tree verification and rollback included, so the loop a GPU
 runs (all of it but the CUDA graphs) is checked on every machine:
 
@@ -13,6 +13,8 @@ runs (all of it but the CUDA graphs) is checked on every machine:
   most 1.8% family-wise false failures for a fresh choice of seeds (Bonferroni);
 * greedy decoding token for token the pure-torch greedy loop (tests/decoding_references.py), chains and trees, one
   prompt and a batch; sampled rows of a batch equal to each row decoded alone with its seed;
+* one device -> host read per iteration (the verification's read-back, counted by ``_core._host_reads``), chains and
+  trees of every sibling rule, sampled and greedy; none on the host kernels;
 * that the switch switches: sampled tokens differ from the host kernels' under the same seed (other draws of the
   same law), and the host kernels are back after the block, an exception included.
 """
@@ -23,6 +25,7 @@ import pytest
 
 import markov
 import speculant
+from speculant import _core
 from chisquare import SIGNIFICANCE, chi_square_pvalue
 from decoding_references import GIVEN, NEW, PROMPTS, TARGET, perturbed, torch_greedy
 from engine_checks import SETTINGS, check_rows, markov_model, poisoned_table, table_model
@@ -135,6 +138,28 @@ def test_tensor_path_names_the_row_with_non_finite_logits(options, role, path):
             other = markov_model(markov.random_table(3, 6), "native")
             speculant.SpeculativeDecoder(good, other, sibling_draft=bad, **options).generate(prompts[:2],
                                                                                              max_new_tokens=2, seed=0)
+
+
+@pytest.mark.parametrize("options", [dict(gamma=4), dict(tree=[2, 2]), dict(tree=[2, 2], siblings="coupled"),
+                                     dict(tree=[3, 1], siblings="without_replacement"),
+                                     dict(tree=[2, 2], siblings="top")], ids=str)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_tensor_path_reads_the_device_once_per_iteration(models, options, temperature):
+    """The accelerators' path reads the device once per iteration: the verification's one read-back, which holds which
+    children the tests kept, each position's candidate t, the betas and the finiteness witnesses. Every child's coin and test
+    and the residual draw run as tensor work before it (cpp/math/tree_verification.cpp); no draft level and no
+    child reads anything (a draft model on fixed shapes keeps its tokens on the device). The host kernels read
+    nothing (CPU tensors are already on the host)."""
+    target, draft, _ = models
+    decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, **options)
+    with tensor_path():
+        before = _core._host_reads()[0]
+        result = decoder.generate(PROMPTS[1], max_new_tokens=NEW, seed=3)
+        reads = _core._host_reads()[0] - before
+    assert reads == len(result.trace) > 1
+    before = _core._host_reads()[0]
+    decoder.generate(PROMPTS[1], max_new_tokens=NEW, seed=3)
+    assert _core._host_reads()[0] == before
 
 
 def test_tensor_path_switches_and_switches_back(models):

@@ -258,16 +258,16 @@ def test_shapes():
         _core._verify_tree_seeded([-1, 0], q[:2], q[:2], tokens[:2], 1.0, 0, 1.0, 1.0, "sorted", [0])
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
-def test_children_without_replacement_are_distinct_and_within_the_support(generic):
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
+def test_children_without_replacement_are_distinct_and_within_the_support(as_tensors):
     """Also the second child's law: q without the first, renormalized (chi-square at SIGNIFICANCE: 2 more tests
     per path, 4 in all, beside the 16 of test_cpp_samples_the_exact_law: at most 2% family-wise)."""
     q = torch.tensor([0.0, 0.5, 0.3, 0.2, 0.0], dtype=F64)
     for seed in range(200):
         children = _core._draw_children(q, 3, "without_replacement", greedy=False, seed=seed,
-                                        generic=generic).tolist()
+                                        as_tensors=as_tensors).tolist()
         assert sorted(children) == [1, 2, 3]
-    pairs = [tuple(_core._draw_children(q, 2, "without_replacement", False, seed=s, generic=generic).tolist())
+    pairs = [tuple(_core._draw_children(q, 2, "without_replacement", False, seed=s, as_tensors=as_tensors).tolist())
              for s in range(4000)]
     counts = np.bincount([first for first, _ in pairs], minlength=VOCAB)
     assert counts[0] == counts[4] == 0
@@ -275,7 +275,7 @@ def test_children_without_replacement_are_distinct_and_within_the_support(generi
     assert scipy.stats.chisquare(counts[1:4], expected).pvalue > SIGNIFICANCE
     second = np.bincount([b for a, b in pairs if a == 1], minlength=VOCAB)[2:4]  # after 1: q(2), q(3) renormalized
     assert scipy.stats.chisquare(second, second.sum() * np.array([0.6, 0.4])).pvalue > SIGNIFICANCE
-    assert _core._draw_children(q, 4, "without_replacement", False, seed=0, generic=generic).tolist()[:3] != [0, 0, 0]
+    assert _core._draw_children(q, 4, "without_replacement", False, seed=0, as_tensors=as_tensors).tolist()[:3] != [0, 0, 0]
     assert _core._draw_children(torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1]), 3, "with_replacement", greedy=True,
                                 seed=0).tolist() == [1, 2, 3]  # the top 3, the first index on ties
 
@@ -296,26 +296,26 @@ def test_greedy_children_are_the_top_scores_first_index_on_ties(path, dtype):
                 assert got == want, (row.tolist(), k)
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
-def test_top_children_are_the_top_then_one_draw(generic):
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
+def test_top_children_are_the_top_then_one_draw(as_tensors):
     """siblings="top": q's k - 1 most probable tokens (the first index on ties), then one draw from q without them
     (chi-square at SIGNIFICANCE: one more test per path, counted in the module's family)."""
     q = torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1], dtype=F64)
     last = []
     for seed in range(3000):
-        children = _core._draw_children(q, 3, "top", greedy=False, seed=seed, generic=generic).tolist()
+        children = _core._draw_children(q, 3, "top", greedy=False, seed=seed, as_tensors=as_tensors).tolist()
         assert children[:2] == [1, 2]
         last.append(children[2])
     counts = np.bincount(last, minlength=VOCAB)
     assert counts[1] == counts[2] == 0
     assert scipy.stats.chisquare(counts[[0, 3, 4]], 3000 * np.array([0.25, 0.5, 0.25])).pvalue > SIGNIFICANCE
     with pytest.raises(ValueError, match="top children are the draft's top 5 and one draw, but V = 5"):
-        _core._draw_children(q, 6, "top", False, seed=0, generic=generic)
+        _core._draw_children(q, 6, "top", False, seed=0, as_tensors=as_tensors)
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
 @pytest.mark.parametrize("siblings", ["with_replacement", "coupled", "without_replacement", "top"])
-def test_a_level_of_nodes_draws_each_nodes_children_from_its_own_row(siblings, generic):
+def test_a_level_of_nodes_draws_each_nodes_children_from_its_own_row(siblings, as_tensors):
     """The drafter draws a whole depth at once: rows of disjoint supports and counts 2, 1, 3 (a grown tree's level)
     and 2, 2, 2 (a fixed shape's). Each node's children come from its own row, in node order, distinct without
     replacement, the row's top tokens first for top; greedy: each row's top tokens. The rows of a batch's rows
@@ -326,7 +326,7 @@ def test_a_level_of_nodes_draws_each_nodes_children_from_its_own_row(siblings, g
     q[2, 6:9] = torch.tensor([0.3, 0.3, 0.4])
     for counts in ([2, 1, 3], [2, 2, 2]):
         for seed in range(50):
-            drawn = _core._draw_children(q, counts, siblings, False, seed, generic).tolist()
+            drawn = _core._draw_children(q, counts, siblings, False, seed, as_tensors).tolist()
             assert len(drawn) == sum(counts)
             start = 0
             for row, k in enumerate(counts):
@@ -338,21 +338,21 @@ def test_a_level_of_nodes_draws_each_nodes_children_from_its_own_row(siblings, g
                 if siblings == "top":
                     assert children[:k - 1] == q[row].argsort(descending=True, stable=True)[:k - 1].tolist()
         top = {(2, 1, 3): [0, 1, 4, 8, 6, 7], (2, 2, 2): [0, 1, 4, 3, 8, 6]}[tuple(counts)]  # first index on ties
-        assert _core._draw_children(q, counts, siblings, True, 0, generic).tolist() == top
+        assert _core._draw_children(q, counts, siblings, True, 0, as_tensors).tolist() == top
         for seed in range(20):  # a batch's rows: group g of the rows draws from its own generator, as alone
-            together = _core._draw_children(q, counts, siblings, False, seed, generic, groups=[1, 2]).tolist()
-            first = _core._draw_children(q[:1], counts[:1], siblings, False, seed, generic).tolist()
-            rest = _core._draw_children(q[1:], counts[1:], siblings, False, seed + 1, generic).tolist()
+            together = _core._draw_children(q, counts, siblings, False, seed, as_tensors, groups=[1, 2]).tolist()
+            first = _core._draw_children(q[:1], counts[:1], siblings, False, seed, as_tensors).tolist()
+            rest = _core._draw_children(q[1:], counts[1:], siblings, False, seed + 1, as_tensors).tolist()
             assert together == first + rest, (counts, seed)
     with pytest.raises(ValueError, match="one row per count, got 3 rows for 2 counts"):
-        _core._draw_children(q, [1, 1], siblings, False, 0, generic)
+        _core._draw_children(q, [1, 1], siblings, False, 0, as_tensors)
     with pytest.raises(ValueError, match="every node's count must be >= 1, got 0"):
-        _core._draw_children(q, [1, 0, 1], siblings, False, 0, generic)
+        _core._draw_children(q, [1, 0, 1], siblings, False, 0, as_tensors)
     with pytest.raises(ValueError, match="the groups hold 2 rows of q's 3"):
-        _core._draw_children(q, [1, 1, 1], siblings, False, 0, generic, groups=[1, 1])
+        _core._draw_children(q, [1, 1, 1], siblings, False, 0, as_tensors, groups=[1, 1])
 
 
-def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, generic=False, s_table=None):
+def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, as_tensors=False, s_table=None):
     """Node tokens drawn as the decoder's drafter draws them: each internal node's children from q at its token
     (with a sibling table s_table, of the same kind as q_table / draft_scores: children 1 .. from its row)."""
     tokens = [root] * len(parents)
@@ -363,13 +363,13 @@ def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, gene
         if children[node]:
             scores = draft_scores[tokens[node]] if greedy else q_table[tokens[node]]
             drawn = _core._draw_children(scores, len(children[node]), siblings, greedy, seed * 1000 + node,
-                                         generic, sibling_q=None if s_table is None else s_table[tokens[node]])
+                                         as_tensors, sibling_q=None if s_table is None else s_table[tokens[node]])
             for child, token in zip(children[node], drawn.tolist()):
                 tokens[child] = token
     return torch.tensor(tokens)
 
 
-def run_tree(shape, target, draft, config, siblings, draws, generic, greedy=False, root=1, dtype=F64, sibling=None):
+def run_tree(shape, target, draft, config, siblings, draws, as_tensors, greedy=False, root=1, dtype=F64, sibling=None):
     """Emitted sequences of `draws` iterations, each with a freshly drawn tree (seed i); the verifier is given
     the target's logits and q in `dtype`. `sibling`: a sibling draft's logits table (tree.h's sibling drafts)."""
     parents = _core._tree_parents(shape)
@@ -378,11 +378,11 @@ def run_tree(shape, target, draft, config, siblings, draws, generic, greedy=Fals
     s_table = None if sibling is None else standardized(sibling, config)
     out = []
     for seed in range(draws):
-        tokens = draw_tree(parents, q_table, draft, root, siblings, greedy, seed, generic,
+        tokens = draw_tree(parents, q_table, draft, root, siblings, greedy, seed, as_tensors,
                            None if sibling is None else sibling if greedy else s_table)
         path, path_tokens, t, ranks, finite = _core._verify_tree_seeded(
             parents, target[tokens].to(dtype), q_table[tokens].to(dtype), tokens, temperature, top_k, top_p, 1.0,
-            siblings, [seed], generic, sibling_q=None if sibling is None else s_table[tokens].to(dtype))[0]
+            siblings, [seed], as_tensors, sibling_q=None if sibling is None else s_table[tokens].to(dtype))[0]
         assert finite and len(ranks) == len(path) + 1
         assert path_tokens == tokens[path].tolist()
         assert [parents[node] for node in path] == ([0] + path)[:len(path)], "the path goes down the tree"
@@ -410,10 +410,10 @@ STAT_CASES = [  # shape, config, siblings, table seed
 ]
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
 @pytest.mark.parametrize("case", STAT_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
-def test_cpp_samples_the_exact_law(case, generic):
-    check_law(case, generic, F64)
+def test_cpp_samples_the_exact_law(case, as_tensors):
+    check_law(case, as_tensors, F64)
 
 
 def test_tensor_path_in_float32_samples_the_exact_law():
@@ -422,7 +422,7 @@ def test_tensor_path_in_float32_samples_the_exact_law():
     check_law(([3], (1.0, 0, 1.0), "coupled", 46), True, torch.float32)
 
 
-def check_law(case, generic, dtype, sibling=False):
+def check_law(case, as_tensors, dtype, sibling=False):
     shape, config, siblings, seed = case
     draws = 3000
     target, draft = tables(seed)
@@ -430,7 +430,7 @@ def check_law(case, generic, dtype, sibling=False):
     law = iteration_law(standardized(target, config), standardized(draft, config), 1, shape, siblings,
                         None if s_logits is None else standardized(s_logits, config))
     counts = defaultdict(int)
-    for seq in run_tree(shape, target, draft, config, siblings, draws, generic, dtype=dtype, sibling=s_logits):
+    for seq in run_tree(shape, target, draft, config, siblings, draws, as_tensors, dtype=dtype, sibling=s_logits):
         counts[seq] += 1
     impossible = [seq for seq in counts if law.get(seq, 0.0) == 0.0]
     assert not impossible, f"sequences of probability zero were emitted: {impossible}"
@@ -487,8 +487,8 @@ def test_a_sibling_close_to_the_residual_is_accepted_more_and_its_share_has_a_cl
         assert shares["oracle"] > shares["q"] + 1e-3
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
-def test_sibling_children_come_from_the_sibling_row(generic):
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
+def test_sibling_children_come_from_the_sibling_row(as_tensors):
     """Disjoint supports: child 0 from q's row, children 1 .. from the sibling's (independent draws; the tensor path
     and the host kernel alike); at temperature 0 the draft's argmax then the sibling's top tokens; rules that do
     not draw independently are refused by name."""
@@ -496,21 +496,21 @@ def test_sibling_children_come_from_the_sibling_row(generic):
     s = torch.tensor([[0.0, 0.0, 0.3, 0.3, 0.4], [0.2, 0.0, 0.8, 0.0, 0.0]], dtype=F64)
     for siblings in ("with_replacement", "coupled"):
         for seed in range(40):
-            drawn = _core._draw_children(q, [3, 2], siblings, False, seed, generic, sibling_q=s).tolist()
+            drawn = _core._draw_children(q, [3, 2], siblings, False, seed, as_tensors, sibling_q=s).tolist()
             assert drawn[0] in (0, 1) and all(x in (2, 3, 4) for x in drawn[1:3])
             assert drawn[3] == 3 and drawn[4] in (0, 2)
-        assert _core._draw_children(q, [3, 2], siblings, True, 0, generic, sibling_q=s).tolist() == [0, 4, 2, 3, 2]
+        assert _core._draw_children(q, [3, 2], siblings, True, 0, as_tensors, sibling_q=s).tolist() == [0, 4, 2, 3, 2]
     for siblings in ("without_replacement", "top"):
         with pytest.raises(ValueError, match="a sibling draft's children are independent draws"):
-            _core._draw_children(q, [2, 2], siblings, False, 0, generic, sibling_q=s)
+            _core._draw_children(q, [2, 2], siblings, False, 0, as_tensors, sibling_q=s)
         with pytest.raises(ValueError, match="a sibling draft's children are independent draws"):
             _core._verify_tree_seeded([-1, 0, 0], q[[0, 0, 1]], q[[0, 0, 1]], torch.tensor([0, 1, 3]), 1.0, 0, 1.0,
-                                      1.0, siblings, [0], generic, sibling_q=s[[0, 0, 1]])
+                                      1.0, siblings, [0], as_tensors, sibling_q=s[[0, 0, 1]])
     with pytest.raises(ValueError, match="the siblings' law must be shaped as q"):
-        _core._draw_children(q, [2, 2], "coupled", False, 0, generic, sibling_q=s[:1])
+        _core._draw_children(q, [2, 2], "coupled", False, 0, as_tensors, sibling_q=s[:1])
     with pytest.raises(ValueError, match="sibling_q must be shaped as q"):
         _core._verify_tree_seeded([-1, 0, 0], q[[0, 0, 1]], q[[0, 0, 1]], torch.tensor([0, 1, 3]), 1.0, 0, 1.0, 1.0,
-                                  "coupled", [0], generic, sibling_q=s)
+                                  "coupled", [0], as_tensors, sibling_q=s)
 
 
 SIBLING_CASES = [  # shape, config, siblings, table seed
@@ -520,10 +520,10 @@ SIBLING_CASES = [  # shape, config, siblings, table seed
 ]
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
 @pytest.mark.parametrize("case", SIBLING_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
-def test_cpp_samples_the_exact_law_with_a_sibling_draft(case, generic):
-    check_law(case, generic, F64, sibling=True)
+def test_cpp_samples_the_exact_law_with_a_sibling_draft(case, as_tensors):
+    check_law(case, as_tensors, F64, sibling=True)
 
 
 def degenerate_tables() -> dict:
@@ -548,10 +548,10 @@ def degenerate_tables() -> dict:
             "target-sure": (peaked, torch.zeros(VOCAB, VOCAB, dtype=F64)), "holes": (holes, draft_holes)}
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
 @pytest.mark.parametrize("siblings", ["with_replacement", "without_replacement", "top", "coupled"])
 @pytest.mark.parametrize("name", list(degenerate_tables()))
-def test_degenerate_laws_emit_only_what_the_target_can(name, siblings, generic):
+def test_degenerate_laws_emit_only_what_the_target_can(name, siblings, as_tensors):
     """At the edges every rule returns a finite verdict whose emitted tokens all have target probability > 0
     given their prefix; with the draft equal to the target every sampled first child is accepted (a fixed "top"
     child only with its probability), and under a target sure of one token only that token is emitted."""
@@ -560,7 +560,7 @@ def test_degenerate_laws_emit_only_what_the_target_can(name, siblings, generic):
     for shape in ([2, 2], [3, 1], [4]):
         for seed in range(40):
             root = seed % VOCAB
-            (path, path_tokens, t, ranks, finite), = run_one(shape, target, draft, siblings, root, seed, generic)
+            (path, path_tokens, t, ranks, finite), = run_one(shape, target, draft, siblings, root, seed, as_tensors)
             assert finite
             emitted, previous = path_tokens + [t], root
             for token in emitted:
@@ -572,19 +572,19 @@ def test_degenerate_laws_emit_only_what_the_target_can(name, siblings, generic):
                 assert set(emitted) == {3}
 
 
-def run_one(shape, target, draft, siblings, root, seed, generic):
+def run_one(shape, target, draft, siblings, root, seed, as_tensors):
     parents = _core._tree_parents(shape)
     q_table = standardized(draft, (1.0, 0, 1.0))
-    tokens = draw_tree(parents, q_table, draft, root, siblings, False, seed, generic)
+    tokens = draw_tree(parents, q_table, draft, root, siblings, False, seed, as_tensors)
     return _core._verify_tree_seeded(parents, target[tokens], q_table[tokens], tokens, 1.0, 0, 1.0, 1.0, siblings,
-                                     [seed], generic)
+                                     [seed], as_tensors)
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 @pytest.mark.parametrize("siblings", ["with_replacement", "without_replacement", "top", "coupled"])
-def test_a_batch_of_trees_gives_each_its_verdict_alone(siblings, temperature, generic):
-    """verify_trees: trees of other shapes (widest 3, 2, 1, the root alone) in one batch, on the tensor path one
+def test_a_batch_of_trees_gives_each_its_verdict_alone(siblings, temperature, as_tensors):
+    """verify_drafts: trees of other shapes (widest 3, 2, 1, the root alone) in one batch, on the tensor path one
     pass and one read for all of them; each row's verdict is the one it gets alone with its seed, and a row whose
     target logits hold a NaN is the only one flagged."""
     target, draft = tables(seed=43)
@@ -597,28 +597,28 @@ def test_a_batch_of_trees_gives_each_its_verdict_alone(siblings, temperature, ge
         seeds.append(100 + i)
     for rounds in range(20):
         seeds = [seed + 1000 for seed in seeds]
-        together = _core._verify_trees_seeded(trees, temperature, 0, 1.0, 1.0, siblings, seeds, generic)
-        alone = [_core._verify_trees_seeded([tree], temperature, 0, 1.0, 1.0, siblings, [seed], generic)[0]
+        together = _core._verify_trees_seeded(trees, temperature, 0, 1.0, 1.0, siblings, seeds, as_tensors)
+        alone = [_core._verify_trees_seeded([tree], temperature, 0, 1.0, 1.0, siblings, [seed], as_tensors)[0]
                  for tree, seed in zip(trees, seeds)]
         assert together == alone
     parents, logits, q, tokens = trees[1]
     logits = logits.clone()
     logits[2, 3] = float("nan")
     flagged = _core._verify_trees_seeded([trees[0], (parents, logits, q, tokens), trees[2]], temperature, 0, 1.0,
-                                         1.0, siblings, [1, 2, 3], generic)
+                                         1.0, siblings, [1, 2, 3], as_tensors)
     assert [verdict[-1] for verdict in flagged] == [True, False, True]
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
 @pytest.mark.parametrize("shape", [[2, 2], [3, 1], [1, 1, 1], [4, 2]], ids=str)
-def test_greedy_is_the_longest_argmax_agreement(shape, generic):
+def test_greedy_is_the_longest_argmax_agreement(shape, as_tensors):
     target, draft = tables(seed=41, masked=False)
     for root in range(VOCAB):
         parents = _core._tree_parents(shape)
         tokens = draw_tree(parents, None, draft, root, "top", True, seed=0)
         (path, path_tokens, t, ranks, _), = _core._verify_tree_seeded(
             parents, target[tokens], standardized(draft, (0.0, 0, 1.0))[tokens], tokens, 0.0, 0, 1.0, 1.0, "top",
-            [0], generic)
+            [0], as_tensors)
         want, node = [], 0
         children = defaultdict(list)
         for n, parent in enumerate(parents[1:], start=1):
@@ -633,16 +633,16 @@ def test_greedy_is_the_longest_argmax_agreement(shape, generic):
         assert path_tokens == want and t == int(target[tokens[node]].argmax())
 
 
-@pytest.mark.parametrize("generic", [False, True], ids=["cpu-kernel", "tensor-path"])
-def test_lenience_is_refused_and_non_finite_logits_are_flagged(generic):
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
+def test_lenience_is_refused_and_non_finite_logits_are_flagged(as_tensors):
     parents = _core._tree_parents([2])
     target, draft = tables(seed=5)
     tokens = torch.tensor([1, 2, 3])
     q = standardized(draft, (1.0, 0, 1.0))[tokens]
     with pytest.raises(ValueError, match="lenience must be 1 with a tree"):
         _core._verify_tree_seeded(parents, target[tokens], q, tokens, 1.0, 0, 1.0, 0.5, "with_replacement", [0],
-                                  generic)
+                                  as_tensors)
     logits = target[tokens].clone()
     logits[2, 1] = float("nan")  # a leaf's row: never read unless reached, still checked
     assert _core._verify_tree_seeded(parents, logits, q, tokens, 1.0, 0, 1.0, 1.0, "top", [0],
-                                     generic)[0][4] is False
+                                     as_tensors)[0][4] is False

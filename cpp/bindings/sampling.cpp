@@ -1,6 +1,7 @@
 // Python bindings: Standardized and speculative sampling, and the step kernels the tests drive directly.
 #include "bindings/bindings.h"
 
+#include "device/read_back.h"
 #include "math/cpu_kernels.h"
 #include "math/sampling.h"
 #include "math/speculative.h"
@@ -57,10 +58,10 @@ void bind_sampling(py::module_& m) {
           return sample(probs, generator);
         },
         py::arg("probs"), py::arg("seed"));
-  m.def("_sample_generic",
+  m.def("_sample_as_tensors",
         [](const at::Tensor& probs, uint64_t seed) {
           at::Generator generator = make_generator(probs.device(), seed);
-          return sample_generic(probs, generator);
+          return sample_as_tensors(probs, generator);
         },
         py::arg("probs"), py::arg("seed"));
 
@@ -69,9 +70,15 @@ void bind_sampling(py::module_& m) {
   m.def("set_host_kernels", &cpu::set_host_kernels, py::arg("on"),
         "CPU tensors run the host kernels (True, the default) or the accelerators' tensor path; returns the previous "
         "setting (process-wide: speculant.testing.tensor_path)");
-  m.def("_standardize_generic",
+  m.def("_host_reads", [] {
+          const HostReads reads = host_reads();
+          return py::make_tuple(reads.reads, reads.values);
+        },
+        "(reads, values): the device -> host reads of the decoding loop and its drafters since the process started, "
+        "and the elements they copied (read_back.h)");
+  m.def("_standardize_as_tensors",
         [](const at::Tensor& logits, double temperature, int64_t top_k, double top_p) {
-          return standardize_generic(logits, make_config(temperature, top_k, top_p, 1.0));
+          return standardize_as_tensors(logits, make_config(temperature, top_k, top_p, 1.0));
         },
         py::arg("logits"), py::arg("temperature") = 1.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0);
   m.def("_verify_step",
@@ -95,30 +102,6 @@ void bind_sampling(py::module_& m) {
         },
         py::arg("target_logits"), py::arg("q"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"),
         py::arg("top_p"), py::arg("lenience"), py::arg("uniforms"));
-  // Rows of (target_logits, q, draft_tokens), row i drawing from a generator seeded with seeds[i]: verify_rows, or
-  // with generic=true its tensor path (what accelerators run) on any device. -> [(n, t, betas, finite)] per row.
-  m.def("_verify_rows_seeded",
-        [](const std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>>& rows, double temperature, int64_t top_k,
-           double top_p, double lenience, const std::vector<uint64_t>& seeds, bool generic) {
-          require(seeds.size() == rows.size(), "seeds: one per row ({}), got {}", rows.size(), seeds.size());
-          const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
-          std::vector<VerifyInput> inputs;
-          std::vector<at::Generator> generators;
-          for (size_t i = 0; i < rows.size(); ++i) {
-            const auto& [target_logits, q, draft_tokens] = rows[i];
-            inputs.push_back({target_logits, q, draft_tokens.to(at::kLong), at::Tensor(), true});
-            generators.push_back(make_generator(target_logits.device(), seeds[i]));
-          }
-          std::vector<at::Generator*> pointers;
-          for (at::Generator& generator : generators) pointers.push_back(&generator);
-          std::vector<Verdict> verdicts = generic ? verify_rows_generic(inputs, config, pointers)
-                                                  : verify_rows(inputs, config, pointers);
-          py::list out;
-          for (const Verdict& v : verdicts) out.append(py::make_tuple(v.accepted(), v.host_token, v.betas, v.finite));
-          return out;
-        },
-        py::arg("rows"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("lenience"),
-        py::arg("seeds"), py::arg("generic"));
 }
 
 }  // namespace speculant::bindings

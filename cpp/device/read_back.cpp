@@ -1,11 +1,25 @@
 #include "device/read_back.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "errors.h"
 #include "device/join.h"
 
 namespace speculant {
+namespace {
+
+std::atomic<int64_t> reads{0}, values{0};
+
+}  // namespace
+
+at::Tensor to_host(const at::Tensor& t) {
+  reads.fetch_add(1, std::memory_order_relaxed);
+  values.fetch_add(t.numel(), std::memory_order_relaxed);
+  return t.cpu();
+}
+
+HostReads host_reads() { return {reads.load(std::memory_order_relaxed), values.load(std::memory_order_relaxed)}; }
 
 size_t ReadBack::add(const at::Tensor& part) {
   require(host_.defined() == false, "ReadBack::add after read()");
@@ -42,7 +56,7 @@ at::Tensor ReadBack::pack() {
 
 void ReadBack::load(const at::Tensor& packed) {
   require(packed.dim() == 1 && packed.scalar_type() == at::kDouble, "ReadBack::load: a pack()'s float64 [size]");
-  host_ = packed.cpu();
+  host_ = to_host(packed);
 }
 
 }  // namespace speculant

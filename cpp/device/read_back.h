@@ -11,6 +11,14 @@
 
 namespace speculant {
 
+// t copied to the host (a synchronization on an accelerator), counted: every device -> host read of the decoding
+// loop and its drafters goes through here, so that tests on the tensor path count them (host_reads).
+at::Tensor to_host(const at::Tensor& t);
+struct HostReads {
+  int64_t reads = 0, values = 0;  // since the process started: the reads, and the elements they copied
+};
+HostReads host_reads();
+
 class ReadBack {
  public:
   ReadBack() = default;

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "errors.h"
+#include "device/read_back.h"
 
 namespace speculant {
 
@@ -14,9 +15,13 @@ Commit Commit::accepted(std::vector<int64_t> path, std::vector<int64_t> tokens, 
 
 Commit Commit::restart(int64_t keep, at::Tensor t, int64_t t_host) { return {keep, {}, {}, std::move(t), t_host}; }
 
-std::vector<TreeProposal> DraftRows::propose_tree(const std::vector<TreeDraft*>&, const SamplingConfig&, Siblings,
-                                                  std::vector<at::Generator>&, bool) {
-  fail("these draft rows propose chains only");
+std::vector<Proposal> DraftRows::propose(const std::vector<Layout>& layouts, const SamplingConfig& config,
+                                         Siblings siblings, std::vector<at::Generator>& generators, DraftMode mode) {
+  std::vector<Proposal> out = draw(layouts, config, siblings, generators, mode);
+  for (size_t r = 0; r < out.size(); ++r) {
+    if (!layouts[r].tree) out[r].tree = Tree::from_shape(std::vector<int64_t>(out[r].size(), 1));
+  }
+  return out;
 }
 
 std::unique_ptr<DraftRows> Drafter::rows(int64_t count, Shapes shapes, bool trees) {
@@ -38,7 +43,7 @@ using Clock = std::chrono::steady_clock;
 
 // The tree `draft` lays out after `context`, level by level, each node's children drawn by draw_children from the
 // drafter's law there.
-TreeProposal draw_tree(SequenceDrafter& drafter, const std::vector<int64_t>& context, TreeDraft& draft,
+Proposal draw_tree(SequenceDrafter& drafter, const std::vector<int64_t>& context, TreeDraft& draft,
                        const SamplingConfig& config, Siblings siblings, at::Generator& generator) {
   std::vector<std::vector<int64_t>> paths{{}};  // each node's tokens after the root
   std::vector<at::Tensor> qs{at::Tensor()};
@@ -50,11 +55,11 @@ TreeProposal draw_tree(SequenceDrafter& drafter, const std::vector<int64_t>& con
     for (size_t i = 0; i < draft.expand().size(); ++i) qs[draft.expand()[i]] = q.narrow(0, static_cast<int64_t>(i), 1);
     const at::Tensor drawn = draw_children(config.greedy() ? scores : q, draft.counts(), siblings, config.greedy(),
                                            {{&generator, q.size(0)}});
-    const at::Tensor children = drawn.to(at::kCPU);  // host ids: the next level's paths need them
+    const at::Tensor children = to_host(drawn);  // host ids: the next level's paths need them
     std::vector<int64_t> ids(children.data_ptr<int64_t>(), children.data_ptr<int64_t>() + children.numel());
     std::vector<double> log_q;
     if (draft.values()) {
-      const at::Tensor host = child_log_values(q, scores, drawn, draft.counts(), config.greedy()).to(at::kCPU);
+      const at::Tensor host = to_host(child_log_values(q, scores, drawn, draft.counts(), config.greedy()));
       log_q.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
     }
     const int64_t first = draft.size();
@@ -65,9 +70,9 @@ TreeProposal draw_tree(SequenceDrafter& drafter, const std::vector<int64_t>& con
       qs.emplace_back();
     }
   }
-  TreeProposal out;
+  Proposal out;
   out.tree = draft.tree();
-  std::vector<int64_t> tokens{context.back()};
+  std::vector<int64_t> tokens;
   for (int64_t v = 1; v < draft.size(); ++v) tokens.push_back(draft.token(v));
   out.tokens = at::tensor(tokens, at::TensorOptions(drafter.device()).dtype(at::kLong));
   if (draft.size() == 1) return out;
@@ -88,24 +93,18 @@ class SequenceRows final : public DraftRows {
              const std::vector<std::vector<int64_t>>& host_prompts) override {
     contexts_ = host_prompts;
   }
-  std::vector<Proposal> propose(const std::vector<int64_t>& gammas, const SamplingConfig& config,
-                                std::vector<at::Generator>& generators, bool) override {
+  std::vector<Proposal> draw(const std::vector<Layout>& layouts, const SamplingConfig& config, Siblings siblings,
+                             std::vector<at::Generator>& generators, DraftMode) override {
     std::vector<Proposal> out(contexts_.size());
     for (size_t r = 0; r < contexts_.size(); ++r) {
-      if (gammas[r] > 0) out[r] = drafter_.propose(contexts_[r], gammas[r], config, generators[r]);
-    }
-    return out;
-  }
-  std::vector<TreeProposal> propose_tree(const std::vector<TreeDraft*>& drafts, const SamplingConfig& config,
-                                         Siblings siblings, std::vector<at::Generator>& generators,
-                                         bool) override {
-    std::vector<TreeProposal> out(contexts_.size());
-    for (size_t r = 0; r < contexts_.size(); ++r) {
-      if (!drafts[r]) continue;
-      const auto start = Clock::now();
-      out[r] = draw_tree(drafter_, contexts_[r], *drafts[r], config, siblings, generators[r]);
-      // a drafter without a model: its time per drafted token is c
-      out[r].seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      if (layouts[r].tree) {
+        const auto start = Clock::now();
+        out[r] = draw_tree(drafter_, contexts_[r], *layouts[r].tree, config, siblings, generators[r]);
+        // a drafter without a model: its time per drafted token is c
+        out[r].seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      } else if (layouts[r].gamma > 0) {
+        out[r] = drafter_.propose(contexts_[r], layouts[r].gamma, config, generators[r]);
+      }
     }
     return out;
   }

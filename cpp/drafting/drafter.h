@@ -3,12 +3,12 @@
 // neural (a draft Model with its own cache), negligible-cost tables (unigram / bigram, the paper's Table 3),
 // copies from the context (prompt lookup, §3.6: q is the point mass on the proposed token) or Python code.
 //
-// Two protocols, one per kind of state. A drafter over one sequence (SequenceDrafter) writes propose(context,
-// gamma) -> k <= gamma tokens with their q, and, to draft token trees, laws(context, paths): the engine keeps
-// the contexts, serves a batch's rows one by one and draws trees from the laws. A drafter with state on the
-// device (a draft model's caches, a hierarchical draft's batch) writes DraftRows over a batch's rows: begin,
-// propose or propose_tree, and commit (what the target kept, or a restart). A drafter may propose fewer than
-// gamma tokens (k = 0: the iteration runs the target alone), for example when prompt lookup finds no match.
+// Two protocols, one per kind of state. A drafter over one sequence (SequenceDrafter) writes propose(context, gamma) ->
+// k <= gamma tokens with their q, and, to draft token trees, laws(context, paths): the engine keeps the contexts,
+// serves a batch's rows one by one and draws trees from the laws. A drafter with state on the device (a draft model's
+// caches, a hierarchical draft's batch) writes DraftRows over a batch's rows: begin, draw (a chain or a tree for each
+// row, as its Layout says), and commit (what the target kept, or a restart). A drafter may propose fewer than gamma
+// tokens (k = 0: the iteration runs the target alone), for example when prompt lookup finds no match.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,27 +30,39 @@
 
 namespace speculant {
 
+// What one row drafts in an iteration (DraftRows::propose): a chain of at most `gamma` drafts (the tree [1] * k,
+// k <= gamma: a chain drafter may stop early), or the tree a TreeDraft lays out level by level (tree_growth.h).
+struct Layout {
+  int64_t gamma = 0;          // a chain's most drafts (0 and no tree: the row drafts nothing)
+  TreeDraft* tree = nullptr;  // a tree's plan, or null for a chain
+  bool drafts() const { return tree != nullptr || gamma > 0; }
+};
+
+// How a generation's drafts run, chosen by the loop once per generation (Batch): on the tensor path (accelerators,
+// or a CPU under speculant.testing.tensor_path) a drafter may draw a proposal's uniforms at once, run rows of one
+// gamma together and fuse its draws into fixed-shape model calls; on the host kernels it does none of these. profile:
+// the time of each model call waits for the device.
+struct DraftMode {
+  bool tensors = false;
+  bool profile = false;
+};
+
+// One row's drafts for one iteration, chains and trees alike: a chain of k drafts is the tree [1] * k (tree.h).
 struct Proposal {
-  at::Tensor tokens;  // int64 [k] on the device
-  at::Tensor q;       // [k, V] the distributions the tokens were drawn from (rows sum to 1), on the device
-  at::Tensor maxima;  // [k'] row maxima of raw logits still to check for NaN / +inf (may be undefined)
-  bool finite = true;  // the raw logits checked on the host were finite
+  Tree tree;          // the tree drafted (the root alone when the row drafted nothing)
+  at::Tensor tokens;  // int64 [N] on the device: node i's token at i - 1 (node 0, the root, is the row's last token)
+  at::Tensor q;       // [n, V] on the device, rows summing to 1: row i the law node i's children were drawn from. A
+                      // chain gives N rows (its leaf has none), a tree N + 1 (its leaves' rows are not read).
+  at::Tensor sibling_q;  // as q, the law children 1 .. k - 1 were drawn from: a sibling draft's (tree.h; undefined
+                         // without one)
+  at::Tensor maxima;  // finiteness witnesses of the raw logits still to check (row maxima or draw masses; may be
+                      // undefined)
+  bool finite = true;    // the raw logits checked on the host were finite
   double seconds = 0.0;  // time inside model calls (the rest of propose counts as the engine's)
   int64_t calls = 0;     // draft model calls made
   std::vector<Iteration> inner;  // a hierarchical draft's iterations that made these tokens (hierarchy.h)
-};
 
-// A tree of drafts for one row (tree.h).
-struct TreeProposal {
-  Tree tree;          // the tree drafted (the root alone when the row drafted nothing)
-  at::Tensor tokens;  // int64 [N + 1] on the device: node i's token; node 0 is the root, the row's last token
-  at::Tensor q;       // [N + 1, V] row i: the standardized law node i's children were drawn from (leaves: not read)
-  at::Tensor maxima;  // finiteness witnesses of the raw logits still to check (row maxima or draw masses; may be
-                      // undefined)
-  at::Tensor sibling_q;  // [N + 1, V] as q, the law children 1 .. k - 1 were drawn from: a sibling draft's (tree.h;
-                         // undefined without one)
-  double seconds = 0.0;
-  int64_t calls = 0;
+  int64_t size() const { return tokens.defined() ? tokens.numel() : 0; }  // N
 };
 
 // What row r's target kept of its drafter's last proposal, or a restart: DraftRows::commit.
@@ -69,8 +81,8 @@ struct Commit {
   static Commit restart(int64_t keep, at::Tensor t, int64_t t_host);
 };
 
-// The drafter state of a batch's rows for one generation (rows.h): begin, then per iteration propose (chains)
-// or propose_tree (token trees: rows made with trees), then commit for every row.
+// The drafter state of a batch's rows for one generation (rows.h): begin, then per iteration propose, then commit
+// for every row.
 class DraftRows {
  public:
   virtual ~DraftRows() = default;
@@ -78,21 +90,23 @@ class DraftRows {
   // on the device, and its host copy.
   virtual void begin(const std::vector<at::Tensor>& sources, const std::vector<at::Tensor>& prompts,
                      const std::vector<std::vector<int64_t>>& host_prompts) = 0;
-  // Up to gammas[r] tokens for each row (0: that row drafts nothing), row r drawing with generators[r].
-  virtual std::vector<Proposal> propose(const std::vector<int64_t>& gammas, const SamplingConfig& config,
-                                        std::vector<at::Generator>& generators, bool profile) = 0;
-  // For each row the tree drafts[r] lays out, level by level (tree_growth.h; nullptr: the row drafts nothing),
-  // each node's children drawn from the draft's q at it by draw_children (greedy: the top k of its raw logits),
-  // row r with generators[r]. Only rows made for trees (Drafter::rows) draft trees.
-  virtual std::vector<TreeProposal> propose_tree(const std::vector<TreeDraft*>& drafts, const SamplingConfig& config,
-                                                 Siblings siblings, std::vector<at::Generator>& generators,
-                                                 bool profile);
+  // Each row's drafts as layouts[r] has them, row r drawing with generators[r]: a chain of up to gamma tokens, or
+  // the tree the row's TreeDraft lays out, each node's children drawn from the draft's q there by draw_children
+  // (greedy: the top k of its raw logits) the way `siblings` says. Only rows made for trees (Drafter::rows) draft
+  // trees. Every proposal's tree is set: a chain's from its tokens.
+  std::vector<Proposal> propose(const std::vector<Layout>& layouts, const SamplingConfig& config, Siblings siblings,
+                                std::vector<at::Generator>& generators, DraftMode mode);
   virtual void commit(int64_t row, const Commit& commit) = 0;
   // A hierarchical draft's statistics of row r at each level below (hierarchy.h); empty for other drafters.
   virtual std::vector<Stats> levels(int64_t row) const {
     (void)row;
     return {};
   }
+
+ protected:
+  // propose's drafts; propose sets a chain's tree.
+  virtual std::vector<Proposal> draw(const std::vector<Layout>& layouts, const SamplingConfig& config,
+                                     Siblings siblings, std::vector<at::Generator>& generators, DraftMode mode) = 0;
 };
 
 // What the decoder checks a drafter by, fixed when the drafter is made.

@@ -79,7 +79,7 @@ std::optional<FusedLevel> FusedLevel::plan(const ModelRows& rows, const std::vec
     // the finiteness witnesses as draft steps take them (step.cpp): the maxima, or at T >= 1 the draws' masses
     const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0;
     at::Tensor maximum;
-    const at::Tensor q = standardize_generic(raw, config, witness_is_mass ? nullptr : &maximum);
+    const at::Tensor q = standardize_as_tensors(raw, config, witness_is_mass ? nullptr : &maximum);
     const at::Tensor children =
         config.greedy() ? top_tokens(raw, k)
                         : draw_children_with(q, std::vector<int64_t>(raw.size(0), k), siblings, in[0],

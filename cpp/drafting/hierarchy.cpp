@@ -42,12 +42,17 @@ class HierarchyRows final : public DraftRows {
     batch_.prefill(host_prompts, host_sources);
   }
 
-  std::vector<Proposal> propose(const std::vector<int64_t>& gammas, const SamplingConfig& config,
-                                std::vector<at::Generator>& generators, bool profile) override {
+  std::vector<Proposal> draw(const std::vector<Layout>& layouts, const SamplingConfig& config, Siblings,
+                             std::vector<at::Generator>& generators, DraftMode mode) override {
+    std::vector<int64_t> gammas;
+    for (const Layout& layout : layouts) {
+      require(!layout.tree, "a hierarchical draft's rows draft chains, not token trees");
+      gammas.push_back(layout.gamma);
+    }
     Batch::Setup& setup = batch_.setup();
     setup.config = config;
     setup.config.lenience = 1.0;  // this level's output law must be its model's own (hierarchy.h)
-    setup.profile = profile;
+    setup.profile = mode.profile;
     std::vector<double> before(rows_.size());
     std::vector<size_t> traced(rows_.size());
     for (size_t r = 0; r < rows_.size(); ++r) {
@@ -63,7 +68,7 @@ class HierarchyRows final : public DraftRows {
     }
     const auto start = Clock::now();
     while (batch_.running()) batch_.iterate();
-    if (profile && device_.is_cuda()) torch::cuda::synchronize();
+    if (mode.profile && device_.is_cuda()) torch::cuda::synchronize();
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     std::vector<Proposal> out(rows_.size());
     for (size_t r = 0; r < rows_.size(); ++r) {

@@ -14,8 +14,8 @@
 #include "device/upload.h"
 #include "drafting/fused_draws.h"
 #include "errors.h"
+#include "device/read_back.h"
 #include "loop/interrupt.h"
-#include "math/cpu_kernels.h"
 #include "math/step.h"
 
 namespace speculant {
@@ -37,7 +37,7 @@ std::vector<double> drawn_probabilities(const std::vector<DraftDraw>& draws, con
     const at::Tensor law = greedy ? at::softmax(logits[j].to(at::kFloat), -1) : draws[j].q;
     at_token.push_back(law.gather(1, draws[j].token.view({1, 1})).view({1}));
   }
-  const at::Tensor host = joined(at_token).to(at::kCPU, at::kDouble).contiguous();
+  const at::Tensor host = to_host(joined(at_token).to(at::kDouble)).contiguous();
   return {host.const_data_ptr<double>(), host.const_data_ptr<double>() + host.numel()};
 }
 
@@ -48,7 +48,7 @@ std::vector<double> drawn_probabilities(const std::vector<DraftDraw>& draws, con
 // With `sibling` (token trees: tree.h's sibling drafts), a second model's rows whose laws at the expanded nodes
 // draw the children after the first. It is fed as the draft is, level by level, but only up to the deepest level
 // with a node of two or more children (TreeDraft::last_branching_depth): deeper, every node has one child, drawn
-// from the draft's law, so the sibling's law there is never read (its rows in TreeProposal::sibling_q are the
+// from the draft's law, so the sibling's law there is never read (its rows in Proposal::sibling_q are the
 // draft's). The accepted nodes it was not fed it is fed with the next tree's root (its own pending tokens).
 // With `stop_below` > 0 (chains) a row ends its proposal after a token its q gave less than that probability
 // (model_drafter.h).
@@ -76,12 +76,39 @@ class ModelDraftRows final : public DraftRows {
     if (sibling_) sibling_->reset(cached);
   }
 
-  std::vector<Proposal> propose(const std::vector<int64_t>& gammas, const SamplingConfig& config,
-                                std::vector<at::Generator>& generators, bool profile) override {
+  void commit(int64_t row, const Commit& commit) override {
+    if (commit.keep >= 0) {
+      if (sibling_) row_[row].sibling_pending = restart_row(*sibling_, row, row_[row].sibling_pending, commit.keep, commit.t);
+      row_[row].pending = restart_row(*rows_, row, row_[row].pending, commit.keep, commit.t);
+    } else if (trees_) {
+      keep_path(row, commit.path, commit.t);
+    } else {
+      keep_chain(row, static_cast<int64_t>(commit.path.size()), commit.t);
+    }
+  }
+
+ protected:
+  // Rows made for trees draft the trees their layouts lay out; the others chains.
+  std::vector<Proposal> draw(const std::vector<Layout>& layouts, const SamplingConfig& config, Siblings siblings,
+                             std::vector<at::Generator>& generators, DraftMode mode) override {
+    mode_ = mode;
+    std::vector<int64_t> gammas;
+    std::vector<TreeDraft*> trees;
+    for (const Layout& layout : layouts) {
+      gammas.push_back(layout.gamma);
+      trees.push_back(layout.tree);
+      require(trees_ || !layout.tree, "these draft rows were made for chains, not token trees");
+    }
+    return trees_ ? draw_trees(trees, config, siblings, generators) : draw_chains(gammas, config, generators);
+  }
+
+ private:
+  std::vector<Proposal> draw_chains(const std::vector<int64_t>& gammas, const SamplingConfig& config,
+                                    std::vector<at::Generator>& generators) {
     const size_t count = gammas.size();
     std::vector<Proposal> out(count);
     ChainSteps found(gammas);
-    const ChainPlan plan = chain_plan(gammas, config, generators, profile);
+    const ChainPlan plan = chain_plan(gammas, config, generators);
     const int64_t steps = count > 0 ? *std::max_element(gammas.begin(), gammas.end()) : 0;
     for (int64_t i = 0; i < steps; ++i) {
       if (std::none_of(found.limit.begin(), found.limit.end(), [i](int64_t k) { return i < k; })) break;
@@ -95,9 +122,8 @@ class ModelDraftRows final : public DraftRows {
   // Level 0 feeds each row's pending tokens (they join the cache) and expands the root; each later level feeds
   // the nodes its draft expands as tentative nodes (rows.h: extend_tree, numbered in the order they are fed) and
   // draws their children. Nodes that are never expanded (leaves) are never fed.
-  std::vector<TreeProposal> propose_tree(const std::vector<TreeDraft*>& drafts, const SamplingConfig& config,
-                                         Siblings siblings, std::vector<at::Generator>& generators,
-                                         bool profile) override {
+  std::vector<Proposal> draw_trees(const std::vector<TreeDraft*>& drafts, const SamplingConfig& config,
+                                   Siblings siblings, std::vector<at::Generator>& generators) {
     const size_t count = drafts.size();
     TreeLevels found(count);
     std::vector<int64_t> sibling_until(count, -1);  // the deepest level the sibling runs at, per row
@@ -110,7 +136,7 @@ class ModelDraftRows final : public DraftRows {
       if (drafts[r]) found.tokens[r].push_back(row_[r].pending.narrow(0, row_[r].pending.numel() - 1, 1));
       if (drafts[r] && sibling_) sibling_until[r] = drafts[r]->last_branching_depth();
     }
-    const bool sync = profile && device_.is_cuda();
+    const bool sync = mode_.profile && device_.is_cuda();
     for (bool first = true;; first = false) {
       std::vector<at::Tensor> feed(count);
       std::vector<ModelRows::TreeNodes> nodes(count);
@@ -128,7 +154,7 @@ class ModelDraftRows final : public DraftRows {
         sibling_any = true;
       }
       std::optional<FusedLevel> fused =
-          sibling_ || cpu::host_kernels(row_[0].pending)  // (a sibling's draws need its call too)
+          sibling_ || !mode_.tensors  // (a sibling's draws need its call too)
               ? std::nullopt
               : FusedLevel::plan(*rows_, drafts, feed, config, siblings, generators, vocab_, device_);
       const auto start = Clock::now();
@@ -161,18 +187,6 @@ class ModelDraftRows final : public DraftRows {
     return finish_trees(drafts, found);
   }
 
-  void commit(int64_t row, const Commit& commit) override {
-    if (commit.keep >= 0) {
-      if (sibling_) row_[row].sibling_pending = restart_row(*sibling_, row, row_[row].sibling_pending, commit.keep, commit.t);
-      row_[row].pending = restart_row(*rows_, row, row_[row].pending, commit.keep, commit.t);
-    } else if (trees_) {
-      keep_path(row, commit.path, commit.t);
-    } else {
-      keep_chain(row, static_cast<int64_t>(commit.path.size()), commit.t);
-    }
-  }
-
- private:
   // How a chain proposal runs, fixed for its steps.
   struct ChainPlan {
     bool sync = false;  // profiling on CUDA: each call's time waits for the device
@@ -197,11 +211,11 @@ class ModelDraftRows final : public DraftRows {
   };
 
   ChainPlan chain_plan(const std::vector<int64_t>& gammas, const SamplingConfig& config,
-                       std::vector<at::Generator>& generators, bool profile) const {
+                       std::vector<at::Generator>& generators) const {
     const size_t count = gammas.size();
     ChainPlan plan;
-    plan.sync = profile && device_.is_cuda();
-    const bool tensor_path = count > 0 && !cpu::host_kernels(row_[0].pending);
+    plan.sync = mode_.profile && device_.is_cuda();
+    const bool tensor_path = count > 0 && mode_.tensors;
     plan.uniforms.resize(count);
     if (!config.greedy() && tensor_path) {
       for (size_t r = 0; r < count; ++r) {
@@ -442,7 +456,7 @@ class ModelDraftRows final : public DraftRows {
     const at::Tensor raw = joined(raws);  // [nodes, V]
     // The raw rows' finiteness witnesses: their maxima, or on the accelerators' path when sampling at T >= 1 the
     // draws' masses (standardizing needs no row maximum there: step.cpp's draft steps do the same)
-    const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0 && !cpu::host_kernels(raw);
+    const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0 && mode_.tensors;
     at::Tensor maximum, sibling_maximum, sibling_raw, sibling_q;
     const at::Tensor q = standardize(raw, config, witness_is_mass ? nullptr : &maximum);
     if (sibling_any) {
@@ -459,7 +473,7 @@ class ModelDraftRows final : public DraftRows {
     at::Tensor host;
     if (grown) {
       const at::Tensor values = child_log_values(q, raw, children, counts, config.greedy());
-      host = at::cat({children.to(at::kDouble), values}).to(at::kCPU);
+      host = to_host(at::cat({children.to(at::kDouble), values}));
     }
     for (size_t j = 0, node = 0, child = 0; j < level.size(); node += groups[j].rows, child += sizes[j], ++j) {
       const size_t r = level[j];
@@ -489,19 +503,20 @@ class ModelDraftRows final : public DraftRows {
   }
 
   // The proposals: each row's tree, its tokens breadth-first, and the laws every node's row holds.
-  std::vector<TreeProposal> finish_trees(const std::vector<TreeDraft*>& drafts, TreeLevels& found) {
+  std::vector<Proposal> finish_trees(const std::vector<TreeDraft*>& drafts, TreeLevels& found) {
     const size_t count = drafts.size();
-    std::vector<TreeProposal> out(count);
+    std::vector<Proposal> out(count);
     for (size_t r = 0; r < count; ++r) {
       out[r].seconds = found.seconds[r];
       out[r].calls = found.calls[r];
       if (!drafts[r]) continue;
       out[r].tree = drafts[r]->tree();
       row_[r].tree = out[r].tree;
-      out[r].tokens = at::cat(found.tokens[r]);  // breadth-first: depth by depth
+      row_[r].last = at::cat(found.tokens[r]);  // breadth-first: depth by depth, the root first
+      out[r].tokens = row_[r].last.narrow(0, 1, out[r].tree.size() - 1);
       if (out[r].tree.size() == 1) continue;
       found.q[r].resize(out[r].tree.size());
-      for (auto& q : found.q[r]) {  // leaves: a row nothing reads (TreeProposal), the root's (it always has
+      for (auto& q : found.q[r]) {  // leaves: a row nothing reads (Proposal), the root's (it always has
         if (!q.defined()) q = found.q[r][0];  // children here)
       }
       out[r].q = at::cat(found.q[r]);
@@ -514,7 +529,6 @@ class ModelDraftRows final : public DraftRows {
         out[r].sibling_q = at::cat(found.sibling_q[r]);
       }
       if (!found.maxima[r].empty()) out[r].maxima = at::cat(found.maxima[r]);
-      row_[r].last = out[r].tokens;
     }
     return out;
   }
@@ -523,6 +537,7 @@ class ModelDraftRows final : public DraftRows {
   at::Device device_;
   int64_t vocab_;
   bool trees_;  // the rows draft token trees (else chains)
+  DraftMode mode_;  // the current proposal's (draw)
   double stop_below_;  // chains: the confidence stop (0: none)
   // One row's state between iterations (the class comment's invariant).
   struct Row {

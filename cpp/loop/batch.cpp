@@ -9,7 +9,7 @@
 
 #include "errors.h"
 #include "loop/interrupt.h"
-#include "math/step.h"
+#include "math/cpu_kernels.h"
 
 namespace speculant {
 namespace {
@@ -63,7 +63,10 @@ Row make_row(bool drafting, int64_t gamma, const GammaSchedule& schedule, int64_
 Batch::Batch(Setup setup, std::vector<Row>& rows, std::unique_ptr<ModelRows> target_rows,
              std::unique_ptr<DraftRows> draft_rows)
     : s_(std::move(setup)), rows_(rows), target_rows_(std::move(target_rows)), draft_rows_(std::move(draft_rows)),
-      device_(s_.target.device()), clock_(device_, s_.profile), start_(Clock::now()) {}
+      device_(s_.target.device()), tensor_path_(!cpu::runs_on_host(device_)), clock_(device_, s_.profile),
+      start_(Clock::now()) {
+  if (!s_.trees) s_.siblings = Siblings::with_replacement;  // one child per node: every rule is Algorithm 1's step
+}
 
 void Batch::start(const std::vector<std::vector<int64_t>>& prompts) {
   const auto long_options = at::TensorOptions(device_).dtype(at::kLong);
@@ -112,46 +115,62 @@ void Batch::iterate() {
   std::vector<Verdict> verdicts;
   {
     RECORD_USER_SCOPE("speculant::verify");
-    verdicts = s_.trees ? verify_trees() : verify();
+    verdicts = verify();
   }
   RECORD_USER_SCOPE("speculant::accept");
   accept(verdicts);
 }
 
-// Draft: up to gamma tokens for each running row, from the row's gamma policy. A longer draft than the
-// tokens still wanted would be wasted work (any gamma keeps the law exact); limit 0 only in a row's last
-// iteration (one token still wanted): nothing to draft.
-void Batch::draft() {
-  std::vector<int64_t> limits(rows_.size());
-  bool drafting = false;
+// What each row drafts: up to gamma tokens from its gamma policy, a chain, or (trees) the tree of that depth the plan
+// lays out, built into `trees`. A longer draft than the tokens still wanted would be wasted work (any gamma keeps the
+// law exact); limit 0 only in a row's last iteration (one token still wanted) and for rows that stopped. Every node
+// of a tree takes a cache slot until the accepted path is kept, so near max_length a row's tree shrinks until its
+// nodes fit beside the cached tokens (any tree chosen before drawing keeps the law exact); the root alone always
+// fits (Decoder::check_inputs).
+std::vector<Layout> Batch::layouts(std::vector<std::optional<TreeDraft>>& trees) const {
+  std::vector<Layout> out(rows_.size());
   for (size_t r = 0; r < rows_.size(); ++r) {
-    Row& row = rows_[r];
+    const Row& row = rows_[r];
+    if (row.limit == 0) continue;
+    if (!s_.trees) {
+      out[r].gamma = row.limit;
+      continue;
+    }
+    trees[r].emplace(s_.trees->draft(row.limit, room(row)));
+    out[r].tree = &*trees[r];
+  }
+  return out;
+}
+
+// Draft: each running row's proposal, every row's from one call of the drafter.
+void Batch::draft() {
+  bool drafting = false;
+  for (Row& row : rows_) {
     const int64_t wanted = row.running && row.policy ? row.policy->next() : 0;
     row.limit = row.running ? std::min<int64_t>(wanted, row.stop_at - row.out.stats.new_tokens - 1) : 0;
     row.proposal = Proposal{};
-    limits[r] = row.limit;
     drafting = drafting || row.limit > 0;
   }
-  if (s_.trees) {
-    draft_trees();
-    return;
-  }
-  if (draft_rows_) {  // even when no row drafts: the drafter learns that none did (advance follows)
+  if (draft_rows_) {  // even when no row drafts: the drafter learns that none did (commit follows)
+    std::vector<std::optional<TreeDraft>> trees(rows_.size());
+    const std::vector<Layout> layouts = this->layouts(trees);
     if (drafting) check_interrupt();  // the drafter checks again before each of its own model calls
     std::vector<at::Generator> generators;
     for (Row& row : rows_) generators.push_back(row.generator);  // handles: the rows' own generators
     const auto draft_start = Clock::now();
     clock_.begin();
-    std::vector<Proposal> proposals = draft_rows_->propose(limits, s_.config, generators, s_.profile);
+    std::vector<Proposal> proposals = draft_rows_->propose(layouts, s_.config, s_.siblings, generators,
+                                                           DraftMode{tensor_path_, s_.profile});
     const double draft_total = seconds_since(draft_start);
     std::vector<size_t> drafted;
     for (size_t r = 0; r < rows_.size(); ++r) {
       Row& row = rows_[r];
-      if (row.limit == 0) continue;
+      if (!layouts[r].drafts()) continue;
       row.proposal = std::move(proposals[r]);
       drafted.push_back(r);
-      if (!clock_.active()) {  // a table's drafter calls no model: its whole time
-        row.out.stats.draft_seconds += row.proposal.calls > 0 ? row.proposal.seconds : draft_total;
+      if (!clock_.active()) {  // a drafter that calls no model and times nothing itself: the whole call's time
+        const bool timed = row.proposal.calls > 0 || row.proposal.seconds > 0.0;
+        row.out.stats.draft_seconds += timed ? row.proposal.seconds : draft_total;
       }
       row.out.stats.draft_calls += row.proposal.calls;
     }
@@ -159,24 +178,21 @@ void Batch::draft() {
   }
   const auto long_options = at::TensorOptions(device_).dtype(at::kLong);
   for (Row& row : rows_) {
-    const bool proposed = row.proposal.tokens.defined() && row.proposal.tokens.numel() > 0;
-    row.drafted = proposed ? row.proposal.tokens : at::empty({0}, long_options);  // [gamma]
+    if (!row.proposal.tokens.defined()) row.proposal.tokens = at::empty({0}, long_options);  // [N]
   }
 }
 
-// Verify: Algorithm 1 runs M_p on prefix + [x_1 .. x_gamma] in parallel (one call for every running row),
-// then every running row's n leading acceptances and t ~ residual(p_{n+1}, q_{n+1}) at once (step.h), each
-// row with its own generator. Returns the verdicts of the running rows, in row order.
-std::vector<Verdict> Batch::verify() {
-  // Each running row's input, [pending, x_1 .. x_gamma]: where every row's has the same shape (the usual case) the
-  // batch's are joined in three operations, else row by row.
+// Each running row's target input, [pending, its drafts] (a tree's nodes breadth-first): where every row's has the
+// same shape (the usual case) the batch's are joined in three operations, else row by row. Undefined for the rows
+// not running.
+std::vector<at::Tensor> Batch::target_inputs() const {
   std::vector<at::Tensor> inputs(rows_.size()), pending, drafted;
   std::vector<size_t> running;
   for (size_t r = 0; r < rows_.size(); ++r) {
     if (!rows_[r].running) continue;
     running.push_back(r);
     pending.push_back(rows_[r].pending);
-    drafted.push_back(rows_[r].drafted);
+    drafted.push_back(rows_[r].proposal.tokens);
   }
   const auto same = [](const std::vector<at::Tensor>& tensors) {
     const int64_t size = tensors.empty() ? 0 : tensors[0].numel();
@@ -188,63 +204,64 @@ std::vector<Verdict> Batch::verify() {
   } else {
     for (size_t i = 0; i < running.size(); ++i) inputs[running[i]] = at::cat({pending[i], drafted[i]});
   }
-  check_interrupt();
-  std::vector<at::Tensor> logits;
-  timed(&Stats::target_seconds, [&] { logits = target_rows_->extend(inputs); });  // [pending + gamma, V]
-  std::vector<VerifyInput> checks;
-  std::vector<at::Generator*> generators;
-  for (size_t r = 0; r < rows_.size(); ++r) {
-    Row& row = rows_[r];
-    if (!row.running) continue;
-    const int64_t gamma = row.drafted.numel();
-    const at::Tensor verified = logits[r].narrow(0, logits[r].size(0) - gamma - 1, gamma + 1);
-    if (s_.laws) row.logits = verified;
-    checks.push_back({verified, row.proposal.q, row.drafted, row.proposal.maxima, row.proposal.finite});
-    generators.push_back(&row.generator);
-  }
-  return verify_rows(checks, s_.config, generators, s_.verify_graphs);
+  return inputs;
 }
 
-// Token trees (tree.h): one target call for every running row's tree, then each row's multi-draft
-// verification. Returns the verdicts of the running rows, in row order.
-std::vector<Verdict> Batch::verify_trees() {
-  std::vector<at::Tensor> inputs(rows_.size());
+// The target's one call for every running row: a chain's drafts appended to its cache (extend, which every backend
+// has), a tree's as tentative nodes (extend_tree: the root's pending token, then each node after its parent),
+// which accept() keeps the accepted path of. Returns each running row's logits [pending + N, V].
+std::vector<at::Tensor> Batch::target_call(const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> logits;
+  if (!s_.trees) {
+    timed(&Stats::target_seconds, [&] { logits = target_rows_->extend(inputs); });
+    return logits;
+  }
   std::vector<ModelRows::TreeNodes> nodes(rows_.size());
   for (size_t r = 0; r < rows_.size(); ++r) {
-    Row& row = rows_[r];
-    if (!row.running) continue;
-    const Tree& tree = row.tree_proposal.tree;
-    const int64_t size = tree.size();
-    inputs[r] = size > 1 ? at::cat({row.pending, row.tree_proposal.tokens.narrow(0, 1, size - 1)}) : row.pending;
-    for (int64_t v = 0; v < size; ++v) {
+    if (!rows_[r].running) continue;
+    const Tree& tree = rows_[r].proposal.tree;
+    for (int64_t v = 0; v < tree.size(); ++v) {
       nodes[r].offsets.push_back(tree.depth(v));
       nodes[r].parents.push_back(tree.parent(v));
     }
   }
+  timed(&Stats::target_seconds, [&] { logits = target_rows_->extend_tree(inputs, nodes); });
+  return logits;
+}
+
+// Verify: Algorithm 1 runs M_p on prefix + the drafts in parallel (one call for every running row), then every
+// running row's verification at once (tree.h: verify_drafts, the one verifier of chains and trees), each row with its
+// own generator. A chain comes in its own form (tree.h: TreeInput), a tree with the root's token and a law for each
+// node. Returns the verdicts of the running rows, in row order.
+std::vector<Verdict> Batch::verify() {
+  const std::vector<at::Tensor> inputs = target_inputs();
   check_interrupt();
-  std::vector<at::Tensor> logits;
-  timed(&Stats::target_seconds, [&] { logits = target_rows_->extend_tree(inputs, nodes); });  // [N + 1, V]
-  // a row that drafted nothing (the root alone) has no laws: rows nothing reads, the sibling's too where the batch
-  // has a sibling draft (the verification takes every row's or none)
+  const std::vector<at::Tensor> logits = target_call(inputs);
+  // a tree row that drafted nothing (the root alone) has no laws: rows nothing reads, the sibling's too where the
+  // batch has a sibling draft (the verification takes every row's or none)
   const bool sibling_law = std::any_of(rows_.begin(), rows_.end(), [](const Row& row) {
-    return row.running && row.tree_proposal.sibling_q.defined();
+    return row.running && row.proposal.sibling_q.defined();
   });
-  std::vector<TreeInput> trees;
+  std::vector<TreeInput> checks;
   for (size_t r = 0; r < rows_.size(); ++r) {
     Row& row = rows_[r];
     if (!row.running) continue;
-    const at::Tensor q = row.tree_proposal.q.defined() ? row.tree_proposal.q : at::zeros_like(logits[r]);
-    const at::Tensor sibling_q = row.tree_proposal.sibling_q.defined() || !sibling_law ? row.tree_proposal.sibling_q
-                                                                                         : at::zeros_like(q);
-    trees.push_back({&row.tree_proposal.tree, logits[r], q, inputs[r], row.tree_proposal.maxima, &row.generator,
-                     sibling_q});
+    const Proposal& proposal = row.proposal;
+    const int64_t nodes = proposal.tree.size();
+    const at::Tensor verified = logits[r].narrow(0, logits[r].size(0) - nodes, nodes);  // [N + 1, V]
+    if (s_.laws) row.logits = verified;
+    at::Tensor q = proposal.q, sibling_q = proposal.sibling_q;
+    if (!q.defined()) q = s_.trees ? at::zeros_like(verified) : verified.narrow(0, 0, 0);
+    if (!sibling_q.defined() && sibling_law) sibling_q = at::zeros_like(q);
+    checks.push_back({&proposal.tree, verified, q, s_.trees ? inputs[r] : proposal.tokens, proposal.maxima,
+                      &row.generator, sibling_q, proposal.finite});
   }
-  return speculant::verify_trees(trees, s_.config, s_.siblings, s_.verify_graphs);
+  return verify_drafts(checks, s_.config, s_.siblings, s_.verify_graphs);
 }
 
-// Accept and emit, then roll back, for each running row (verdicts in row order, as verify and verify_trees return
-// them). The target ran on pending and the drafts: it keeps the accepted path, and t becomes pending. The draft's
-// rollback is bookkeeping: counted in other_seconds, not in c's draft time.
+// Accept and emit, then roll back, for each running row (verdicts in row order, as verify returns them). The target ran
+// on pending and the drafts: it keeps the accepted path, and t becomes pending. The draft's rollback is bookkeeping:
+// counted in other_seconds, not in c's draft time.
 void Batch::accept(std::vector<Verdict>& verdicts) {
   size_t next = 0;
   std::vector<int64_t> committing;
@@ -254,11 +271,12 @@ void Batch::accept(std::vector<Verdict>& verdicts) {
     if (!row.running) continue;
     Verdict& verdict = verdicts[next++];
     require_finite(row, r, verdict.finite);
-    Iteration it = s_.trees ? record_tree(row, verdict) : record(row, verdict);
+    Iteration it = record(row, verdict);
     const bool stopped = emit(row, it);
     if (s_.laws) {  // a hierarchical draft's level (chains): what it emitted and its model's laws there
-      row.emitted.push_back(it.emitted > it.accepted ? at::cat({row.drafted.narrow(0, 0, it.accepted), verdict.token})
-                                                     : row.drafted.narrow(0, 0, it.emitted));
+      const at::Tensor& drafted = row.proposal.tokens;
+      row.emitted.push_back(it.emitted > it.accepted ? at::cat({drafted.narrow(0, 0, it.accepted), verdict.token})
+                                                     : drafted.narrow(0, 0, it.emitted));
       row.laws.push_back(standardize(row.logits.narrow(0, 0, it.emitted), s_.config));
     }
     const auto index = static_cast<int64_t>(r);
@@ -319,66 +337,47 @@ void Batch::timed(double Stats::*field, const Phase& phase) {
   }
 }
 
-// The iteration's statistics: drafted and accepted per position, the betas (Theorem 3.5), the gamma policy.
+// The iteration's statistics: drafted and accepted per position, the betas (Theorem 3.5), the gamma policy, and for a
+// tree the depths and ranks of its acceptances. A chain's trace lists every draft, a tree's its accepted path.
 Iteration Batch::record(Row& row, Verdict& verdict) {
   Stats& stats = row.out.stats;
-  const int64_t gamma = row.drafted.numel(), accepted = verdict.accepted();
+  const Tree& tree = row.proposal.tree;
+  const int64_t depth = tree.depth(), accepted = verdict.accepted();
   Iteration it;
-  it.drafted = std::move(verdict.drafted);
+  it.drafted = s_.trees ? verdict.path_tokens : std::move(verdict.drafted);
   it.accepted = accepted;
   it.token = verdict.host_token;
-  it.bonus = accepted == gamma;
+  it.bonus = accepted == depth;
+  if (s_.trees) it.tree = tree.parents();
   it.inner = std::move(row.proposal.inner);
   stats.target_calls += 1;
   stats.iterations += 1;
-  stats.drafted_tokens += gamma;
+  stats.drafted_tokens += tree.size() - 1;
   stats.accepted_tokens += accepted;
-  for (int64_t i = 0; i < gamma; ++i) {
+  for (int64_t i = 0; i < depth; ++i) {
     stats.drafted_per_position[i] += 1;
     stats.accepted_per_position[i] += i < accepted;
   }
-  const auto verified = static_cast<int64_t>(verdict.betas.size());  // min(accepted + 1, gamma)
+  if (s_.trees) record_tree_ranks(stats, tree, verdict);
+  const auto verified = static_cast<int64_t>(verdict.betas.size());
   double beta_sum = 0.0;
   for (const double beta : verdict.betas) beta_sum += beta;
   stats.beta_sum += beta_sum;
   stats.beta_count += verified;
-  if (row.policy && row.limit > 0) row.policy->observe(gamma, accepted, beta_sum, verified);
+  if (row.policy && row.limit > 0) row.policy->observe(depth, accepted, beta_sum, verified);
   return it;
 }
 
-// Token trees: each running row's tree (at most `limit` deep), drafted level by level for all rows at once.
-// Every node of a tree takes a cache slot until the accepted path is kept, so near max_length a row's tree
-// shrinks until its nodes fit beside the cached tokens (any tree chosen before drawing keeps the law exact);
-// the root alone always fits (Decoder::check_inputs).
-void Batch::draft_trees() {
-  std::vector<std::optional<TreeDraft>> drafts(rows_.size());
-  std::vector<TreeDraft*> drafting(rows_.size(), nullptr);
-  bool any = false;
-  for (size_t r = 0; r < rows_.size(); ++r) {
-    Row& row = rows_[r];
-    row.tree_proposal = TreeProposal{};
-    if (!row.running || row.limit == 0) continue;
-    drafts[r].emplace(s_.trees->draft(row.limit, room(row)));
-    drafting[r] = &*drafts[r];
-    any = true;
+// Stats::tree_visits / tree_offered / tree_accepted: at each node of the accepted path with children (the root
+// included), the ranks offered and the one accepted (Stats sizes them for the generation's trees).
+void Batch::record_tree_ranks(Stats& stats, const Tree& tree, const Verdict& verdict) const {
+  for (size_t i = 0; i < verdict.accepted_rank.size(); ++i) {
+    const int64_t node = i == 0 ? 0 : verdict.path[i - 1];
+    if (tree.children(node) == 0) continue;
+    stats.tree_visits[i] += 1;
+    for (int64_t j = 0; j < tree.children(node); ++j) stats.tree_offered[i][j] += 1;
+    if (verdict.accepted_rank[i] >= 0) stats.tree_accepted[i][verdict.accepted_rank[i]] += 1;
   }
-  if (!any) return;
-  check_interrupt();
-  std::vector<at::Generator> generators;
-  for (Row& row : rows_) generators.push_back(row.generator);
-  clock_.begin();
-  std::vector<TreeProposal> proposals = draft_rows_->propose_tree(drafting, s_.config, s_.siblings, generators,
-                                                                  s_.profile);
-  std::vector<size_t> drafted;
-  for (size_t r = 0; r < rows_.size(); ++r) {
-    if (!drafting[r]) continue;
-    Row& row = rows_[r];
-    row.tree_proposal = std::move(proposals[r]);
-    drafted.push_back(r);
-    if (!clock_.active()) row.out.stats.draft_seconds += row.tree_proposal.seconds;
-    row.out.stats.draft_calls += row.tree_proposal.calls;
-  }
-  clock_.end(&Stats::draft_seconds, std::move(drafted));
 }
 
 // How many tree nodes (the root included) both models' caches hold beside the row's cached tokens.
@@ -389,38 +388,6 @@ int64_t Batch::room(const Row& row) const {
     if (limit) most = std::min(most, *limit - (row.sequence_length - 1));
   }
   return most;
-}
-
-// A tree iteration's statistics: the path as the accepted drafts, every node as drafted, the depths and
-// ranks of the acceptances (Stats::tree_visits / tree_accepted), the betas of the path's nodes.
-Iteration Batch::record_tree(Row& row, Verdict& verdict) {
-  Stats& stats = row.out.stats;
-  const Tree& tree = row.tree_proposal.tree;
-  const auto accepted = static_cast<int64_t>(verdict.path.size());
-  Iteration it;
-  it.drafted = verdict.path_tokens;
-  it.accepted = accepted;
-  it.token = verdict.host_token;
-  it.bonus = accepted == tree.depth() && tree.depth() > 0;
-  it.tree = tree.parents();
-  stats.target_calls += 1;
-  stats.iterations += 1;
-  stats.drafted_tokens += tree.size() - 1;
-  stats.accepted_tokens += accepted;
-  for (int64_t i = 0; i < tree.depth(); ++i) {
-    stats.drafted_per_position[i] += 1;
-    stats.accepted_per_position[i] += i < accepted;
-  }
-  for (size_t i = 0; i < verdict.accepted_rank.size(); ++i) {
-    const int64_t node = i == 0 ? 0 : verdict.path[i - 1];
-    if (tree.children(node) == 0) continue;
-    stats.tree_visits[i] += 1;
-    for (int64_t j = 0; j < tree.children(node); ++j) stats.tree_offered[i][j] += 1;
-    if (verdict.accepted_rank[i] >= 0) stats.tree_accepted[i][verdict.accepted_rank[i]] += 1;
-  }
-  for (const double beta : verdict.betas) stats.beta_sum += beta;
-  stats.beta_count += static_cast<int64_t>(verdict.betas.size());
-  return it;
 }
 
 // ValueError unless the verification of row r saw finite logits.

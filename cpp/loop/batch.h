@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "device/device_clock.h"
@@ -16,7 +17,6 @@
 #include "models/model.h"
 #include "math/sampling.h"
 #include "loop/stats.h"
-#include "math/step.h"
 #include "math/tree.h"
 #include "drafting/tree_growth.h"
 
@@ -46,10 +46,8 @@ struct Row {
   std::vector<at::Tensor> emitted, laws;
   // the current iteration
   int64_t limit = 0;            // most tokens to draft (a tree's depth)
-  Proposal proposal;
-  at::Tensor drafted;           // int64 [gamma] on the device
+  Proposal proposal;            // its drafts: a chain, or a tree
   at::Tensor logits;            // Setup::laws: the target's logits at the verified positions [gamma + 1, V]
-  TreeProposal tree_proposal;   // token trees: this iteration's tree and its drafts
 };
 
 // A row's gamma policy (none without a drafter), statistics sized for it and for `tree_shape`, and generator.
@@ -93,16 +91,17 @@ class Batch {
  private:
   using Clock = std::chrono::steady_clock;
 
+  std::vector<Layout> layouts(std::vector<std::optional<TreeDraft>>& trees) const;
   void draft();
-  void draft_trees();
+  std::vector<at::Tensor> target_inputs() const;
+  std::vector<at::Tensor> target_call(const std::vector<at::Tensor>& inputs);
   std::vector<Verdict> verify();
-  std::vector<Verdict> verify_trees();
   void accept(std::vector<Verdict>& verdicts);
 
   template <typename Phase>
   void timed(double Stats::*field, const Phase& phase);
   Iteration record(Row& row, Verdict& verdict);
-  Iteration record_tree(Row& row, Verdict& verdict);
+  void record_tree_ranks(Stats& stats, const Tree& tree, const Verdict& verdict) const;
   int64_t room(const Row& row) const;
   void require_finite(const Row& row, size_t r, bool finite) const;
   bool emit(Row& row, Iteration& it);
@@ -114,6 +113,7 @@ class Batch {
   std::unique_ptr<ModelRows> target_rows_;
   std::unique_ptr<DraftRows> draft_rows_;
   at::Device device_;
+  bool tensor_path_;   // the drafts run on the tensor path (drafter.h: DraftMode), for the whole generation
   DeviceClock clock_;  // the phases' device time on a GPU (device_clock.h)
   Clock::time_point start_;
 };

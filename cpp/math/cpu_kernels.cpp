@@ -305,7 +305,10 @@ Verdict walk(const Walk<acc_t>& in) {
 
 }  // namespace
 
-bool host_kernels(const at::Tensor& t) { return t.is_cpu() && host_kernels_on.load(std::memory_order_relaxed); }
+bool runs_on_host(const at::Device& device) {
+  return device.is_cpu() && host_kernels_on.load(std::memory_order_relaxed);
+}
+bool runs_on_host(const at::Tensor& t) { return runs_on_host(t.device()); }
 
 bool set_host_kernels(bool on) { return host_kernels_on.exchange(on); }
 

@@ -22,10 +22,11 @@
 
 namespace speculant::cpu {
 
-// Whether CPU tensors run these host kernels (the default) or the tensor path that accelerators run. Tests and
-// benchmarks turn them off process-wide (speculant.testing.tensor_path) to run the accelerators' sampling and
-// verification code, all of it but the CUDA graphs, on a CPU.
-bool host_kernels(const at::Tensor& t);
+// Whether t's math runs these host kernels: a CPU tensor, unless they are off, where it takes the tensor path that
+// accelerators run. Tests and benchmarks turn them off process-wide (speculant.testing.tensor_path) to run the
+// accelerators' sampling and verification code, all of it but the CUDA graphs, on a CPU.
+bool runs_on_host(const at::Tensor& t);
+bool runs_on_host(const at::Device& device);  // a tensor on `device`'s
 bool set_host_kernels(bool on);  // returns the previous setting
 
 // Whether a CPU tensor of raw row maxima holds no NaN and no +inf (read on the host; undefined: true).

@@ -38,12 +38,12 @@ at::ScalarType working_type(const at::Tensor& t) {
 
 at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima) {
   check_matrix(logits, "logits");
-  if (!cpu::host_kernels(logits)) return standardize_generic(logits, config, maxima);
+  if (!cpu::runs_on_host(logits)) return standardize_as_tensors(logits, config, maxima);
   if (maxima) *maxima = row_maxima(logits);
   return cpu::standardize(logits, config, nullptr);
 }
 
-at::Tensor standardize_generic(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima) {
+at::Tensor standardize_as_tensors(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima) {
   check_matrix(logits, "logits");
   const auto vocab = logits.size(1);
   at::Tensor x = logits.to(working_type(logits));  // [n, V]
@@ -87,7 +87,7 @@ void check_finite(const at::Tensor& logits, const char* what) {
           "{} contain NaN or +inf, or a row that is entirely -inf", what);
 }
 
-at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator) {
+at::Tensor sample_as_tensors(const at::Tensor& probs, at::Generator& generator) {
   check_matrix(probs, "probs");
   return sample_inverse_cdf(probs, at::rand({probs.size(0), 1}, generator, probs.options().dtype(at::kDouble)));
 }
@@ -114,7 +114,7 @@ at::Tensor scaled_uniforms(at::IntArrayRef shape, at::Generator& generator, cons
 
 at::Tensor sample(const at::Tensor& probs, at::Generator& generator) {
   check_matrix(probs, "probs");
-  return cpu::host_kernels(probs) ? cpu::sample(probs, generator) : sample_generic(probs, generator);
+  return cpu::runs_on_host(probs) ? cpu::sample(probs, generator) : sample_as_tensors(probs, generator);
 }
 
 at::Generator make_generator(const at::Device& device, uint64_t seed) {

@@ -34,10 +34,10 @@ struct SamplingConfig {
 // float64, else float32. Order: temperature, top-k, top-p, renormalize. Greedy: one-hot at the argmax
 // (first index on ties). Does not check finiteness; when `maxima` is given it receives row_maxima(logits),
 // which standardize computes anyway, so that callers can check finiteness without a second reduction.
-// CPU logits run the host kernel of cpu_kernels.h; standardize_generic is the tensor-op implementation that
+// CPU logits run the host kernel of cpu_kernels.h; standardize_as_tensors is the tensor-op implementation that
 // accelerators run, exposed so that tests check it too.
 at::Tensor standardize(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima = nullptr);
-at::Tensor standardize_generic(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima = nullptr);
+at::Tensor standardize_as_tensors(const at::Tensor& logits, const SamplingConfig& config, at::Tensor* maxima = nullptr);
 
 // logits [n, V] -> row maxima [n] (float64 for float64 logits, else float32), which are finite exactly when a row has no NaN and no +inf and is
 // not entirely -inf (-inf alone is a masked token and is allowed). One reduction per call, no host sync: the
@@ -51,10 +51,10 @@ void check_finite(const at::Tensor& logits, const char* what);
 // int64 [n], by inverse CDF in float64 with one uniform per row from `generator`. A zero-probability
 // token is never returned.
 at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
-// The device-generic implementation (tensor ops; what accelerators run). sample() takes the host kernel of
+// The tensor path (tensor operations on any device; what accelerators run). sample() takes the host kernel of
 // cpu_kernels.h on CPU, with the same law; this one is exposed so that tests check it too.
-at::Tensor sample_generic(const at::Tensor& probs, at::Generator& generator);
-// What sample_generic does with its uniforms: uniforms float64 [n, m] in [0, 1), drawn by the caller; m draws
+at::Tensor sample_as_tensors(const at::Tensor& probs, at::Generator& generator);
+// What sample_as_tensors does with its uniforms: uniforms float64 [n, m] in [0, 1), drawn by the caller; m draws
 // from each row: int64 [n] for m = 1, else [n, m].
 at::Tensor sample_inverse_cdf(const at::Tensor& probs, const at::Tensor& uniforms);
 // The same with the uniforms already multiplied by kBelowOne (a caller that draws several at once scales them in

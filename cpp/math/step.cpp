@@ -6,7 +6,6 @@
 #include "math/cpu_kernels.h"
 #include "device/join.h"
 #include "math/speculative.h"
-#include "math/tree.h"
 
 namespace speculant {
 namespace {
@@ -17,7 +16,7 @@ namespace {
 DraftBatch draw_rows(const at::Tensor& rows, const SamplingConfig& config, const at::Tensor& scaled) {
   DraftBatch out;
   const bool witness_is_mass = !config.greedy() && config.temperature >= 1.0;
-  out.q = standardize_generic(rows, config, witness_is_mass ? nullptr : &out.maximum);
+  out.q = standardize_as_tensors(rows, config, witness_is_mass ? nullptr : &out.maximum);
   if (config.greedy()) {
     out.tokens = out.q.argmax(-1);
   } else {
@@ -43,7 +42,7 @@ DraftBatch unpack_draft_draws(const at::Tensor& packed) {
   return {packed.narrow(1, 0, vocab), packed.select(1, vocab).to(at::kLong), packed.select(1, vocab + 1)};
 }
 
-std::vector<DraftDraw> draft_steps_generic(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
+std::vector<DraftDraw> draft_steps_as_tensors(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
                                            const std::vector<at::Generator*>& generators,
                                            const std::vector<at::Tensor>& scaled, DraftBatch* batch) {
   if (logits.empty()) return {};
@@ -66,20 +65,20 @@ std::vector<DraftDraw> draft_steps_generic(const std::vector<at::Tensor>& logits
 std::vector<DraftDraw> draft_steps(const std::vector<at::Tensor>& logits, const SamplingConfig& config,
                                    const std::vector<at::Generator*>& generators,
                                    const std::vector<at::Tensor>& scaled, DraftBatch* batch) {
-  if (logits.empty() || !cpu::host_kernels(logits.front())) {
-    return draft_steps_generic(logits, config, generators, scaled, batch);
+  if (logits.empty() || !cpu::runs_on_host(logits.front())) {
+    return draft_steps_as_tensors(logits, config, generators, scaled, batch);
   }
   std::vector<DraftDraw> out;
   for (size_t r = 0; r < logits.size(); ++r) out.push_back(draft_step(logits[r], config, *generators[r]));
   return out;
 }
 
-DraftDraw draft_step_generic(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator) {
-  return draft_steps_generic({logits}, config, {&generator})[0];
+DraftDraw draft_step_as_tensors(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator) {
+  return draft_steps_as_tensors({logits}, config, {&generator})[0];
 }
 
 DraftDraw draft_step(const at::Tensor& logits, const SamplingConfig& config, at::Generator& generator) {
-  if (!cpu::host_kernels(logits)) return draft_step_generic(logits, config, generator);
+  if (!cpu::runs_on_host(logits)) return draft_step_as_tensors(logits, config, generator);
   DraftDraw out;
   std::vector<uint8_t> finite;
   out.q = cpu::standardize(logits, config, &finite);  // [1, V]
@@ -87,40 +86,6 @@ DraftDraw draft_step(const at::Tensor& logits, const SamplingConfig& config, at:
   cpu::GeneratorUniform uniform(generator);
   out.token = cpu::token_tensor(cpu::draw(out.q, 0, config.greedy(), [&uniform] { return uniform(); }));
   return out;
-}
-
-namespace {
-
-// The rows as chains in their own form (tree.h: TreeInput), the tree [1] * gamma each (`chains` keeps the trees).
-std::vector<TreeInput> as_trees(const std::vector<VerifyInput>& rows, const std::vector<at::Generator*>& generators,
-                                std::vector<Tree>& chains) {
-  chains.reserve(rows.size());
-  std::vector<TreeInput> out;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const VerifyInput& row = rows[i];
-    const bool drafts = row.drafted.defined() && row.drafted.numel() > 0;
-    const int64_t gamma = drafts ? row.drafted.numel() : 0;
-    chains.push_back(Tree::from_shape(std::vector<int64_t>(gamma, 1)));
-    const at::Tensor& logits = row.target_logits;
-    out.push_back({&chains.back(), logits, drafts ? row.q : at::empty({0, logits.size(1)}, logits.options()),
-                   drafts ? row.drafted : at::empty({0}, logits.options().dtype(at::kLong)), row.draft_maxima,
-                   generators[i], at::Tensor(), row.draft_finite});
-  }
-  return out;
-}
-
-}  // namespace
-
-std::vector<Verdict> verify_rows_generic(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
-                                         const std::vector<at::Generator*>& generators, VerificationGraphs* graphs) {
-  std::vector<Tree> chains;
-  return verify_trees_generic(as_trees(rows, generators, chains), config, Siblings::with_replacement, graphs);
-}
-
-std::vector<Verdict> verify_rows(const std::vector<VerifyInput>& rows, const SamplingConfig& config,
-                                 const std::vector<at::Generator*>& generators, VerificationGraphs* graphs) {
-  std::vector<Tree> chains;
-  return verify_trees(as_trees(rows, generators, chains), config, Siblings::with_replacement, graphs);
 }
 
 }  // namespace speculant

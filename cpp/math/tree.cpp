@@ -98,7 +98,7 @@ at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts
     if (!sibling_q.defined() || widest == 1) return leading_columns(top_tokens(q, widest), counts);
     return leading_columns(at::cat({top_tokens(q, 1), top_tokens(sibling_q, widest - 1)}, 1), counts);
   }
-  if (!cpu::host_kernels(q)) return draw_children_generic(q, counts, siblings, groups, mass, sibling_q);
+  if (!cpu::runs_on_host(q)) return draw_children_as_tensors(q, counts, siblings, groups, mass, sibling_q);
   std::vector<at::Tensor> drawn;
   int64_t i = 0;
   for (const DrawGroup& group : groups) {
@@ -114,7 +114,7 @@ at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts
 at::Tensor top_tokens(const at::Tensor& q, int64_t k) {
   // each row's k highest scores, the first index on ties: on the host a partial sort, else argmax for one (one
   // pass), else a stable descending sort (BENCHMARKS.md: what the sort cost a greedy tree on the host)
-  if (cpu::host_kernels(q)) return cpu::top_tokens(q, k);
+  if (cpu::runs_on_host(q)) return cpu::top_tokens(q, k);
   if (k == 1) return q.argmax(-1, /*keepdim=*/true);
   return std::get<1>(q.sort(/*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(-1, 0, k);
 }
@@ -190,7 +190,7 @@ at::Tensor draw_children_with(const at::Tensor& q, const std::vector<int64_t>& c
   return leading_columns(at::cat(columns, 1), counts);
 }
 
-at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
+at::Tensor draw_children_as_tensors(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
                                  const std::vector<DrawGroup>& groups, at::Tensor* mass, const at::Tensor& sibling_q) {
   check_counts(q, counts, siblings, /*greedy=*/false, groups, sibling_q);
   const bool one_count = std::all_of(counts.begin(), counts.end(), [&](int64_t k) { return k == counts[0]; });
@@ -199,7 +199,7 @@ at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>
     int64_t i = 0;
     for (const DrawGroup& group : groups) {
       for (const int64_t end = i + group.rows; i < end; ++i) {
-        drawn.push_back(draw_children_generic(q.narrow(0, i, 1), {counts[i]}, siblings, {{group.generator, 1}},
+        drawn.push_back(draw_children_as_tensors(q.narrow(0, i, 1), {counts[i]}, siblings, {{group.generator, 1}},
                                               &masses[i]));
       }
     }
@@ -231,10 +231,10 @@ void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblin
   }
 }
 
-std::vector<Verdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+std::vector<Verdict> verify_drafts(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                       Siblings siblings, VerificationGraphs* graphs) {
   if (rows.empty()) return {};
-  if (!cpu::host_kernels(rows.front().target_logits)) return verify_trees_generic(rows, config, siblings, graphs);
+  if (!cpu::runs_on_host(rows.front().target_logits)) return verify_drafts_as_tensors(rows, config, siblings, graphs);
   std::vector<Verdict> out;
   for (const TreeInput& row : rows) {
     check_tree_input(row, config, siblings);

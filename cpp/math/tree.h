@@ -131,17 +131,27 @@ inline double coupled_coin(double r, bool next_in_h, double w) {
   return w < 1 ? std::min(1.0, r / (1.0 - w)) : 1.0;
 }
 
-// Child j's test at a node (above), the host's rule for both forms (cpu_kernels.cpp, tree_verification.cpp):
-// min(1, p_j(x) / (l q_j(x))) with A.5's lenience l (1 but for chains), or the coupled coin where it looks ahead
-// (coupled, a child after it: whether that child lies in H_j, whose mass under its law is w). The first child's
-// test is Algorithm 1's (acceptance(): 1 where q(x) = 0 < p(x)); a later child q_j could not have drawn (a filler
-// of draw_children) is never kept.
+// Child j's test at a node (above), in its two forms: the host's (cpu_kernels.cpp) and the tensors' (the tensor path,
+// tree_verification.cpp). min(1, p_j(x) / (l q_j(x))) with A.5's lenience l (1 but for chains), or the coupled coin
+// where it looks ahead (coupled, a child after it: whether that child lies in H_j, whose mass under its law is w).
+// The first child's test is Algorithm 1's (acceptance(): 1 where q(x) = 0 < p(x)); a later child q_j could not have
+// drawn (a filler of draw_children) is never kept.
 inline double child_acceptance(double p_x, double q_x, double lenience, bool first, bool look_ahead, bool next_in_h,
                                double w) {
   if (!first && !(q_x > 0)) return 0.0;
   const double ratio = acceptance_ratio(p_x, q_x, lenience);
   return look_ahead ? coupled_coin(ratio, next_in_h, w) : std::min(1.0, ratio);
 }
+// Child j's test at n nodes at once, the tensors' form (tree_verification.cpp), as the event that its coin u falls
+// below child_acceptance: p_x, q_x [n, 1] its token's probabilities, u [n, 1] its coin (uniform in [0, 1), times l
+// where lenience applies), written into kept (bool [n, 1]). u < min(1, p / (l q)) is u l q < p, which is 0 < p where
+// q = 0 (the first child's 1) and false where p is 0 or NaN; a later child also needs q > 0. The coupled coin's two
+// cases, for the first n' rows where next_in_h and w ([n', 1]) are given: (u w + 1 - w) q < p with the next child in
+// H_j, u (1 - w) q < p without (the coin's clamps hold: u < 1; and w > 0 where the next child lies in H_j, w < 1 where
+// it does not, since it was drawn with positive mass; where rounding makes w exactly 1 outside H_j this keeps only
+// a child of p > 0, where the host's coin of 1 keeps any).
+void child_tests(const at::Tensor& p_x, const at::Tensor& q_x, const at::Tensor& u, bool first,
+                 const at::Tensor& next_in_h, const at::Tensor& w, at::Tensor& kept);
 
 // The children of n nodes at once, counts[i] of them for node i, from q [n, V] (row i: node i's standardized
 // row; greedy: its raw scores): for each node, counts[i] independent draws (with replacement, coupled), or draws
@@ -165,11 +175,11 @@ at::Tensor draw_children(const at::Tensor& q, const std::vector<int64_t>& counts
                          const at::Tensor& sibling_q = at::Tensor());
 // The tensor path of the sampled (not greedy) draws, which accelerators run: the draws of every row of every group
 // in a few operations, not per node.
-at::Tensor draw_children_generic(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
+at::Tensor draw_children_as_tensors(const at::Tensor& q, const std::vector<int64_t>& counts, Siblings siblings,
                                  const std::vector<DrawGroup>& groups, at::Tensor* mass = nullptr,
                                  const at::Tensor& sibling_q = at::Tensor());
-// draw_children_generic in two parts, so that the draws can run inside a model call's CUDA graph (fused_draws.h): the
-// uniforms the draws take from the groups' generators, in the order they take them, as one float64 table [n, width]
+// draw_children_as_tensors in two parts, so that the draws can run inside a model call's CUDA graph (fused_draws.h):
+// the uniforms the draws take from the groups' generators, in the order they take them, as one float64 table [n, width]
 // on `device` (width: the widest count, or 1 for top), then the draws from them (top: every count the same).
 at::Tensor children_uniforms(const std::vector<int64_t>& counts, Siblings siblings,
                              const std::vector<DrawGroup>& groups, const at::Device& device);
@@ -205,12 +215,12 @@ struct TreeInput {
 void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblings siblings);
 
 // Every row's tree, chains included. CPU tensors go to the host walk row by row (cpu::verify_tree, cpu::verify for
-// chain-form rows), which evaluates only the nodes on the walk. On accelerators (verify_trees_generic,
-// tree_verification.cpp) every internal node of every row runs its steps as tensors at once (the residuals p_j and
-// the children's laws q_j over the vocabulary, every node's candidate t drawn from its last row), with one device ->
-// host read for the batch: the children's probabilities under p and q, each step's sums and the row's coins. The host
-// follows each child's token through the steps, tests it, and walks down the tree (the same law, other draws than the
-// host kernel's). A row gets the verdict it gets alone: its generator gives the same draws in the same order.
+// chain-form rows), which evaluates only the nodes on the walk. On accelerators (verify_drafts_as_tensors,
+// tree_verification.cpp) every internal node of every row runs its steps as tensors at once (the residuals p_j and the
+// children's laws q_j over the vocabulary, each child's coin and test, every node's candidate t drawn from its last
+// row), with one device -> host read for the batch: which children the tests kept, the candidates, the betas and the
+// finiteness witnesses. The host walks down each tree by the first child kept at each node (the same law, other draws
+// than the host kernel's). A row gets the verdict it gets alone: its generator gives the same draws in the same order.
 //
 // With `graphs` the accelerators' path runs its device work (everything between the inputs, joined, and the one
 // packed read-back) through fixed-shape buffers keyed by the rows' trees and the settings (verification_graphs.h):
@@ -219,9 +229,9 @@ void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblin
 // verdicts.
 class VerificationGraphs;  // verification_graphs.h
 
-std::vector<Verdict> verify_trees(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+std::vector<Verdict> verify_drafts(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                       Siblings siblings, VerificationGraphs* graphs = nullptr);
-std::vector<Verdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+std::vector<Verdict> verify_drafts_as_tensors(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                               Siblings siblings, VerificationGraphs* graphs = nullptr);
 
 }  // namespace speculant

@@ -88,7 +88,9 @@ void sampled_lists(const Nodes& nodes, Layout& layout) {
     layout.q_rows.push_back(nodes.q_row(order[i]));
     const int64_t first = nodes.first_child(order[i]);
     for (int64_t j = 0; j < nodes.widest; ++j) {
-      layout.children.push_back(nodes.token(first + (j < nodes.children(order[i]) ? j : 0)));
+      const int64_t child = j < nodes.children(order[i]) ? j : 0;
+      layout.children.push_back(nodes.token(first + child));
+      layout.coins.push_back(layout.coin_at[order[i]] + child);
     }
   }
   for (int64_t i = 0; i < nodes.size; ++i) layout.draw_of.push_back(draw_at[order[i]]);
@@ -112,7 +114,7 @@ Layout::Layout(const Nodes& nodes, const SamplingConfig& config)
 
 std::vector<const std::vector<int64_t>*> Layout::taken() const {
   if (greedy) return {&q_nodes, &drafts};
-  return {&order, &q_rows, &children, &draw_of};
+  return {&order, &q_rows, &children, &draw_of, &coins};
 }
 
 at::Tensor Layout::uniforms(const Nodes& nodes, const at::Device& device) const {

@@ -56,7 +56,8 @@ at::Tensor take_rows(const at::Tensor& from, const std::vector<int64_t>& rows, c
 // are the leading M_j rows; then the leaves. Each row's uniforms come from its own generator, as alone, in one
 // operation: a coin per (internal node in tree order, child of the row's widest node), then one per node for its
 // candidate t. Taken: the rows of p in that order, the internal nodes' q rows, their children's tokens [M, K] (past a
-// node's count: its first child again, never read), each position's candidate uniform.
+// node's count: its first child again, never read), each position's candidate uniform, the children's coins [M, K]
+// (past a node's count: its first child's, never read).
 //
 // Greedy (no uniforms): the nodes in their own order. Taken: each q row's node (where the target's argmax is read
 // under q), and with A.5's lenience each chain node's draft.
@@ -74,8 +75,9 @@ struct Layout {
   std::vector<int64_t> leading;           // M_j: the internal nodes with more than j children (j = 0 .. K)
   std::vector<int64_t> coin_at;           // an internal node's first coin in the uniforms
   std::vector<int64_t> uniform_sizes;     // each row's block of uniforms
-  // taken, sampled: the order above, q_rows [M], children [M, K], draw_of [nodes]; greedy: q_nodes, drafts
-  std::vector<int64_t> q_rows, children, draw_of, q_nodes, drafts;
+  // taken, sampled: the order above, q_rows [M], children [M, K], draw_of [nodes], coins [M, K]; greedy: q_nodes,
+  // drafts
+  std::vector<int64_t> q_rows, children, draw_of, coins, q_nodes, drafts;
   std::vector<int64_t> index;  // the taken lists joined, one upload; empty where every one is a view
 };
 

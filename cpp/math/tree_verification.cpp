@@ -1,9 +1,9 @@
-// The tensor path of verification, trees and chains (tree.h: verify_trees_generic), which accelerators run. Each kernel
-// launch costs the host microseconds whatever its size, so the work is split by what it needs: the device computes
-// what sums over the vocabulary (every internal node's residuals p_j and children's laws q_j, step by step for all
-// nodes at once, and every node's candidate t), the host everything per child from a few numbers read back once
-// (tests the children, walks down each row's tree). With VerificationGraphs (verification_graphs.h) the device's
-// part runs from fixed-shape buffers, a CUDA graph per key; what it reads back, and where, is the key's Plan.
+// The tensor path of verification, trees and chains (tree.h: verify_drafts_as_tensors), which accelerators run: every
+// internal node's residuals p_j and children's laws q_j step by step for all nodes at once, each child's coin and test,
+// each node's candidate t, all as tensor work; the host reads back once per verification what the verdicts need (which
+// children their tests kept, the candidates, the betas, the finiteness witnesses, the tokens) and walks each row's tree
+// down the first child kept at each node. With VerificationGraphs (verification_graphs.h) the device's part runs from
+// fixed-shape buffers, a CUDA graph per key; what it reads back, and where, is the key's Plan.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -60,22 +60,12 @@ bool draft_finite(const TreeInput& row, const ReadBack& read, size_t part) {
   return row.draft_finite && (part == kNone || all_finite(read.at(part), row.draft_maxima.numel()));
 }
 
-// What the device reads back for step j (ids in the read-back; kNone: not read): the residual's mass [M_j]
-// (1 - sum min(p_j, q_j), the probability that child j is rejected); q_{j+1}'s normalizer (without replacement,
-// [M_{j+1}]) or q_j's for the nodes at their last child (top, [M_j - M_{j+1}]); coupled: w = q(H_j) and q_{j+1}'s
-// weights on H_j and off it [M_{j+1}] (its normalizer is the residual's mass), and the sign of p_j - q_j at each
-// child's token [M_{j+1}, K] (whether it lies in H_j).
-struct Step {
-  size_t mass = kNone, norm = kNone, w = kNone, in = kNone, off = kNone, sign = kNone;
-};
-
 // What the device reads back (ids in the read-back). mass: each position's last row's total (sampled) or maximum
-// (greedy), NaN where the target's logits were not finite; candidates: each position's t; beta: by position (top) or
-// by q row (greedy), else 1 - the first step's mass; lenient: by q row, whether A.5's argmax variant keeps the draft.
+// (greedy), NaN where the target's logits were not finite; candidates: each position's t; beta: by position
+// (sampled) or by q row (greedy); kept (sampled): by position [M, K], whether each child's test kept it (past a
+// node's count: false); lenient (greedy): by q row, whether A.5's argmax variant keeps the draft.
 struct DeviceParts {
-  std::vector<Step> steps;
-  size_t p = kNone, q = kNone, sibling = kNone, beta = kNone, uniforms = kNone, mass = kNone, candidates = kNone,
-         lenient = kNone;
+  size_t beta = kNone, kept = kNone, mass = kNone, candidates = kNone, lenient = kNone;
   at::Tensor candidates_tensor;  // [nodes] in the layout's order, int64 on the device
 };
 
@@ -98,28 +88,45 @@ DeviceParts greedy_steps(const Layout& layout, const DeviceInputs& in, const Sam
   return out;
 }
 
+void child_tests(const at::Tensor& p_x, const at::Tensor& q_x, const at::Tensor& u, bool first,
+                 const at::Tensor& next_in_h, const at::Tensor& w, at::Tensor& kept) {
+  const int64_t n = next_in_h.defined() ? next_in_h.size(0) : 0, rest = p_x.size(0) - n;
+  if (rest > 0) {  // u < min(1, p / (l q))
+    at::Tensor out = kept.narrow(0, n, rest);
+    at::lt_out(out, u.narrow(0, n, rest) * q_x.narrow(0, n, rest), p_x.narrow(0, n, rest));
+  }
+  if (n > 0) {  // coupled_coin's two cases: u times (u w + 1 - w) in H_j, (1 - w) outside it
+    const at::Tensor u_n = u.narrow(0, 0, n), outside = at::rsub(w, 1.0);
+    const at::Tensor scale = at::where(next_in_h, u_n * w + outside, u_n * outside);  // float64: u is
+    at::Tensor out = kept.narrow(0, 0, n);
+    at::lt_out(out, scale * q_x.narrow(0, 0, n), p_x.narrow(0, 0, n));
+  }
+  if (!first) kept.logical_and_(q_x > 0);
+}
+
 // tree.h's steps for every internal node at once; P holds p_j in place (row by row, the layout's order).
 DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInputs& in, const SamplingConfig& config,
                       Siblings siblings, ReadBack& read) {
   DeviceParts out;
-  out.steps.resize(nodes.widest);
   const int64_t m = layout.internal, k = nodes.widest;
   // standardizing makes a new tensor (T > 0), which P may overwrite where the layout keeps the nodes' order
-  const at::Tensor p = standardize_generic(in.logits, config);                         // [nodes, V]
+  const at::Tensor p = standardize_as_tensors(in.logits, config);                         // [nodes, V]
   at::Tensor P = take_rows(p, layout.order, in.taken[0]);                                  // [nodes, V]
   const at::Tensor x = take_rows(in.tokens, layout.children, in.taken[2]).view({m, k});    // [M, K]
   const at::Tensor q = take_rows(in.q.to(p.scalar_type()), layout.q_rows, in.taken[1]);     // [M, V]
-  out.p = read.add(P.narrow(0, 0, m).gather(1, x));
-  out.q = read.add(q.gather(1, x));
   // the later children's law (tree.h): a sibling draft's, or q
   const at::Tensor s =
       in.sibling.defined() ? take_rows(in.sibling.to(p.scalar_type()), layout.q_rows, in.taken[1]) : q;
-  if (in.sibling.defined()) out.sibling = read.add(s.gather(1, x));
   if (siblings == Siblings::top) out.beta = read.add(beta(P.narrow(0, 0, m), q));
+  // each child's coin u [M, K] (A.5's lenience l folded in: the test is u l q < p) and whether its test keeps it
+  at::Tensor coins, kept;
+  if (m > 0) {
+    coins = take_rows(in.uniforms, layout.coins, in.taken[4]).view({m, k}) * (config.lenience / kBelowOne);
+    kept = at::zeros({m, k}, coins.options().dtype(at::kBool));
+  }
   at::Tensor q_j = q;  // the law child j was drawn from, given every rejection before it (with replacement: q)
   for (int64_t j = 0; j < k && layout.leading[j] > 0; ++j) {
     const int64_t rows_j = layout.leading[j], next = layout.leading[j + 1];
-    Step& step = out.steps[j];
     at::Tensor p_j = P.narrow(0, 0, rows_j);
     if (siblings == Siblings::top) {  // the point mass at x_j where a child follows; at the last, q without the top
       std::vector<at::Tensor> laws;
@@ -131,135 +138,53 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
         at::Tensor last = q.narrow(0, next, rows_j - next);
         if (j > 0) {
           last = last.scatter(1, x.narrow(0, next, rows_j - next).narrow(1, 0, j), 0.0);
-          const at::Tensor norm = last.sum(-1, /*keepdim=*/true);
-          step.norm = read.add(norm);
-          last = last / norm.clamp_min(kTiny);
+          last = last / last.sum(-1, /*keepdim=*/true).clamp_min(kTiny);
         }
         laws.push_back(last);
       }
       q_j = joined(laws);
     }
     const at::Tensor law = q_j.narrow(0, 0, rows_j);
+    const at::Tensor x_j = x.narrow(0, 0, rows_j).narrow(1, j, 1);
+    const at::Tensor p_x = p_j.gather(1, x_j), q_x = law.gather(1, x_j);  // [M_j, 1], before p_j turns residual
+    at::Tensor next_in_h, w;  // coupled: whether each next child lies in H_j, and q(H_j) [M_{j+1}, 1]
     const ResidualParts residual = residual_parts(p_j, law);  // [M_j, V], its mass [M_j, 1]
     const at::Tensor &excess = residual.excess, &positive = residual.positive, &mass = residual.mass;
-    step.mass = read.add(mass);
+    if (j == 0 && siblings != Siblings::top) out.beta = read.add(at::rsub(mass, 1.0));  // Theorem 3.5's beta
     if (next > 0 && siblings == Siblings::coupled) {
       // tree.h's coupled rule, in closed form for every token a of ratio r = p_j(a) / q_j(a) < 1: rejected with
       // probability min(1, (1 - r) / w) when the next child is in H_j and max(0, 1 - r / (1 - w)) when it is not
       // (w = q(H_j), the next child a draw of q); q_{j+1} = q times the rejected mass of each case, over the
-      // probability of a rejection, which the rule keeps at Algorithm 1's: the residual's mass.
+      // probability of a rejection, which the rule keeps at Algorithm 1's: the residual's mass. Child j's own coin
+      // looks at whether the next child lies in H_j.
       const at::Tensor e = excess.narrow(0, 0, next), pj = p_j.narrow(0, 0, next), qj = law.narrow(0, 0, next);
       const at::Tensor q0 = s.narrow(0, 0, next);  // the next child's law
       const at::Tensor in_h = e > 0;                                // [M_{j+1}, V]
-      const at::Tensor w = (q0 * in_h).sum(-1, /*keepdim=*/true);   // [M_{j+1}, 1]
+      w = (q0 * in_h).sum(-1, /*keepdim=*/true);                     // [M_{j+1}, 1]
       const at::Tensor below = positive.narrow(0, 0, next) - e;      // (q_j - p_j)^+
       const at::Tensor in = at::minimum(qj, below / w.clamp_min(kTiny)).sum(-1, /*keepdim=*/true);
       const at::Tensor off = (qj - pj / at::rsub(w, 1.0).clamp_min(kTiny)).clamp_min(0.0).sum(-1, /*keepdim=*/true);
-      step.w = read.add(w);
-      step.in = read.add(in);
-      step.off = read.add(off);
-      step.sign = read.add(e.gather(1, x.narrow(0, 0, next)));
+      next_in_h = in_h.gather(1, x.narrow(0, 0, next).narrow(1, j + 1, 1));
       q_j = q0 * at::where(in_h, in, off) / mass.narrow(0, 0, next).clamp_min(kTiny);
     } else if (next > 0 && siblings == Siblings::without_replacement) {
       const at::Tensor left = law.narrow(0, 0, next).scatter(1, x.narrow(0, 0, next).narrow(1, j, 1), 0.0);
-      const at::Tensor norm = left.sum(-1, /*keepdim=*/true);
-      step.norm = read.add(norm);
-      q_j = left / norm.clamp_min(kTiny);
+      q_j = left / left.sum(-1, /*keepdim=*/true).clamp_min(kTiny);
     } else if (j == 0 && in.sibling.defined()) {  // with replacement: the later children drawn from s
       q_j = s;
     }
+    at::Tensor kept_j = kept.narrow(0, 0, rows_j).narrow(1, j, 1);
+    child_tests(p_x, q_x, coins.narrow(0, 0, rows_j).narrow(1, j, 1), j == 0, next_in_h, w, kept_j);
     // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself where that has no mass (speculative.h's residual)
     to_residual(p_j, residual);
   }
+  if (m > 0) out.kept = read.add(kept);
   at::Tensor mass;  // each node's final row's total: NaN where the target's logits were not finite
   out.candidates_tensor = sample_inverse_cdf_scaled(
       P, take_rows(in.uniforms, layout.draw_of, in.taken[3]).view({-1, 1}), &mass);  // [nodes]
-  out.uniforms = read.add(in.uniforms);
   out.mass = read.add(mass);
   out.candidates = read.add(out.candidates_tensor);
   return out;
 }
-
-// One internal node's children followed through its steps on the host, from the read-back: p_j and q_j at the token
-// of child c >= j, as the device computed their rows.
-class Children {
- public:
-  Children(const ReadBack& read, const DeviceParts& parts, const Layout& layout, Siblings siblings, int64_t widest,
-           int64_t position, int64_t count, const double* tokens)
-      : read_(read), parts_(parts), layout_(layout), siblings_(siblings), widest_(widest), i_(position), count_(count),
-        tokens_(tokens) {}
-
-  // Child j's test (tree.h's child_acceptance) at p_j(x_j) and q_j(x_j), with A.5's lenience (1 but for chains); 0
-  // also for a NaN p_j(x_j) (the verdict's finiteness says so).
-  double acceptance(int64_t j, double lenience) const {
-    if (siblings_ == Siblings::coupled && j + 1 < count_) {
-      const Step& step = parts_.steps[j];
-      return child_acceptance(p_at(j, j), q_at(j, j), 1.0, j == 0, true, read_.at(step.sign)[i_ * widest_ + j + 1] > 0,
-                              value(step.w));
-    }
-    return child_acceptance(p_at(j, j), q_at(j, j), lenience, j == 0, false, false, 0.0);
-  }
-
- private:
-  double value(size_t part, int64_t shift = 0) const { return read_.at(part)[i_ - shift]; }
-
-  // p_j(x_c): p's, then each earlier rejection's residual
-  double p_at(int64_t j, int64_t c) const {
-    double p = read_.at(parts_.p)[i_ * widest_ + c];
-    for (int64_t l = 0; l < j; ++l) {
-      const double mass = value(parts_.steps[l].mass);
-      p = residual_at(p, q_at(l, c), mass);
-    }
-    return p;
-  }
-
-  double q_at(int64_t j, int64_t c) const {
-    const double q = read_.at(parts_.q)[i_ * widest_ + c];
-    auto earlier = [&](int64_t n) {  // x_c among x_0 .. x_{n-1}
-      for (int64_t l = 0; l < n; ++l) {
-        if (tokens_[l] == tokens_[c]) return true;
-      }
-      return false;
-    };
-    // the later children's law (tree.h): a sibling draft's, or q
-    const double s = parts_.sibling != kNone ? read_.at(parts_.sibling)[i_ * widest_ + c] : q;
-    switch (siblings_) {
-      case Siblings::with_replacement:
-        return j == 0 ? q : s;
-      case Siblings::without_replacement: {  // q without the earlier children, renormalized step by step
-        double left = q;
-        for (int64_t l = 0; l < j; ++l) {
-          const double norm = value(parts_.steps[l].norm);
-          if (tokens_[l] == tokens_[c] || norm <= 0) return 0.0;
-          left /= norm;
-        }
-        return left;
-      }
-      case Siblings::top: {  // the point masses, then q without them
-        if (j < count_ - 1) return tokens_[c] == tokens_[j] ? 1.0 : 0.0;
-        if (earlier(j)) return 0.0;
-        if (j == 0) return q;
-        const double norm = value(parts_.steps[j].norm, layout_.leading[j + 1]);
-        return norm > 0 ? q / norm : 0.0;
-      }
-      case Siblings::coupled: {  // q weighted on H_{j-1} and off it, over the residual's mass
-        if (j == 0) return q;
-        const Step& before = parts_.steps[j - 1];
-        const double mass = value(before.mass);
-        const bool in_h = read_.at(before.sign)[i_ * widest_ + c] > 0;
-        return mass > 0 ? s * value(in_h ? before.in : before.off) / mass : 0.0;
-      }
-    }
-    return 0.0;
-  }
-
-  const ReadBack& read_;
-  const DeviceParts& parts_;
-  const Layout& layout_;
-  Siblings siblings_;
-  int64_t widest_, i_, count_;
-  const double* tokens_;  // the children's
-};
 
 // Whether a row gave draft witnesses (they are read back with the rest).
 bool has_witnesses(const TreeInput& row) { return row.draft_maxima.defined() && row.draft_maxima.numel() > 0; }
@@ -275,11 +200,7 @@ struct Plan {
 
   bool same_places(const Plan& other) const { return offsets == other.offsets && ids() == other.ids(); }
   std::vector<size_t> ids() const {
-    std::vector<size_t> out{parts.p,    parts.q,          parts.sibling, parts.beta, parts.uniforms,
-                            parts.mass, parts.candidates, parts.lenient, token_part};
-    for (const Step& step : parts.steps) {
-      out.insert(out.end(), {step.mass, step.norm, step.w, step.in, step.off, step.sign});
-    }
+    std::vector<size_t> out{parts.beta, parts.kept, parts.mass, parts.candidates, parts.lenient, token_part};
     out.insert(out.end(), draft_parts.begin(), draft_parts.end());
     return out;
   }
@@ -382,8 +303,7 @@ int64_t greedy_child(const Nodes& nodes, const ReadBack& read, const DeviceParts
 }
 
 // Each row's walk down its tree on the host, from the read-back.
-std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const SamplingConfig& config,
-                               Siblings siblings, const DeviceRun& run) {
+std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const DeviceRun& run) {
   ReadBack read(run.plan->offsets);
   read.load(run.packed);
   const DeviceParts& parts = run.plan->parts;
@@ -397,17 +317,15 @@ std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const S
       verdict.finite = verdict.finite && std::isfinite(read.at(parts.mass)[layout.position[base + node]]);
     }
     auto choose = [&](int64_t node) {
-      const int64_t i = layout.position[base + node], count = nodes.children(base + node);
       if (layout.greedy) {
         verdict.betas.push_back(read.at(parts.beta)[nodes.q_row(base + node)]);
         return greedy_child(nodes, read, parts, token, base + node);
       }
-      verdict.betas.push_back(parts.beta != kNone ? read.at(parts.beta)[i] : 1.0 - read.at(parts.steps[0].mass)[i]);
-      const Children children(read, parts, layout, siblings, nodes.widest, i, count,
-                              token + nodes.token(nodes.first_child(base + node)));
-      const double* coin = read.at(parts.uniforms) + layout.coin_at[base + node];
-      for (int64_t j = 0; j < count; ++j) {
-        if (coin[j] / kBelowOne < children.acceptance(j, config.lenience)) return j;
+      const int64_t i = layout.position[base + node];
+      verdict.betas.push_back(read.at(parts.beta)[i]);
+      const double* kept = read.at(parts.kept) + i * nodes.widest;  // the first child kept, in rank order
+      for (int64_t j = 0; j < nodes.children(base + node); ++j) {
+        if (kept[j] != 0) return j;
       }
       return int64_t{-1};
     };
@@ -424,7 +342,7 @@ std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const S
 
 }  // namespace
 
-std::vector<Verdict> verify_trees_generic(const std::vector<TreeInput>& rows, const SamplingConfig& config,
+std::vector<Verdict> verify_drafts_as_tensors(const std::vector<TreeInput>& rows, const SamplingConfig& config,
                                           Siblings siblings, VerificationGraphs* graphs) {
   if (rows.empty()) return {};
   for (const TreeInput& row : rows) check_tree_input(row, config, siblings);
@@ -432,7 +350,7 @@ std::vector<Verdict> verify_trees_generic(const std::vector<TreeInput>& rows, co
   const Layout layout(nodes, config);
   DeviceRun run;
   run_device(nodes, layout, config, siblings, graphs, run);
-  return walk_rows(nodes, layout, config, siblings, run);
+  return walk_rows(nodes, layout, run);
 }
 
 }  // namespace speculant

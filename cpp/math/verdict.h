@@ -16,8 +16,8 @@ struct Verdict {
                                      // of the next iteration)
   int64_t host_token = 0;            // t
   std::vector<int64_t> drafted;      // a chain's drafts x_1 .. x_gamma (trees: empty; their nodes are the tree's)
-  // Trees: for each node on the path, the root included, the rank of the child accepted there (-1: none, or a
-  // leaf). Chains: empty.
+  // For each node on the path, the root included, the rank of the child accepted there (-1: none, or a leaf); a
+  // chain's are 0 but the last.
   std::vector<int64_t> accepted_rank;
   std::vector<double> betas;  // beta = sum_x min(p, q) at each position verified (Theorem 3.5): a chain's
                               // min(n + 1, gamma) positions, a tree's internal nodes on the path
