@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py and tests/markov.py
+sys.path.insert(0, os.path.dirname(__file__))  # the shared helpers: `from support.laws import ...` (tests/support/)
 
-import hf_families  # noqa: E402
+from support import hf_families  # noqa: E402
 import speculant  # noqa: E402
 
 # `torch.jit.script`, `torch.jit.trace`, `torch.jit.save`, `torch.jit.load`, `...script_method`, ...
@@ -40,24 +40,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-
-PT2_FAMILIES = ("gpt2", "llama", "qwen2", "t5")
-PT2_MAX_LENGTH = 64
-PT2_MAX_SOURCE_LENGTH = 24
-
-
 @pytest.fixture(scope="session")
 def pt2_zoo(tmp_path_factory):
-    """family -> (transformers model, .pt2 path): tests/hf_families.py models (seed 10) exported by speculant.export(format="pt2") on first use and kept for the
-    session, since AOTInductor compiles C++ for about 20 s per model on this CPU."""
+    """family -> (transformers model, .pt2 path): tests/support/hf_families.py models (seed 10) exported by
+    speculant.export(format="pt2") on first use (hf_families.PT2_* sizes) and kept for the session, since
+    AOTInductor compiles C++ for about 20 s per model on this CPU."""
     built = {}
 
     def get(family: str):
         if family not in built:
             model = hf_families.make(family, seed=10)
             path = tmp_path_factory.mktemp("pt2") / f"{family}.pt2"
-            extra = {"max_source_length": PT2_MAX_SOURCE_LENGTH} if hf_families.is_encoder_decoder(family) else {}
-            speculant.export(model, path, max_length=PT2_MAX_LENGTH, **extra)
+            encoder_decoder = hf_families.is_encoder_decoder(family)
+            extra = {"max_source_length": hf_families.PT2_MAX_SOURCE_LENGTH} if encoder_decoder else {}
+            speculant.export(model, path, max_length=hf_families.PT2_MAX_LENGTH, **extra)
             built[family] = model, path
         return built[family]
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
 from speculant import analysis
 

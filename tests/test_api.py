@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-import hf_families
+from support import hf_families
 import speculant
 
 PROMPT = [1, 5, 9]

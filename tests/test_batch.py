@@ -10,8 +10,8 @@ matmul may round differently in the last bits; table models are compared bit for
   target (row replicas), live transformers GPT-2 target and draft, Llama and GPT-2 exports (native), a .pt2
   GPT-2 (conftest.pt2_zoo; replicas reload the package), a T5 export with a live T5 draft (encoder-decoder:
   sources of different lengths, no prompt / one decoder start for all / one prompt per source / padded sources),
-  and table models (tests/markov.py's, deep-copied replicas, and tests/engine_checks.py's MarkovRows: the same
-  tables with the native batched methods, so that the exact laws also cover the native path).
+  and table models (tests/support/markov.py's, deep-copied replicas, and tests/support/engine_checks.py's MarkovRows:
+  the same tables with the native batched methods, so that the exact laws also cover the native path).
 * Every drafter (model, unigram, bigram, prompt lookup, Python drafters), every gamma policy, EOS stopping rows
   at different iterations, max_new_tokens 0 and 1, seed None and seeds that wrap at 2^64.
 * Inputs: right- and left-padded [B, T] tensors and arrays with attention_mask, tokenizer-style mappings and
@@ -20,9 +20,9 @@ matmul may round differently in the last bits; table models are compared bit for
 * Bad inputs raise ValueError naming the row or the parameter.
 * Replicas and batch caches kept across calls: batches of 3, 5 and 2 rows, then batch 1, on the same decoder.
 * Exact laws: batches of N identical prompts (seeds seed .. seed + N - 1, a few big batches) against the target's
-  exact law enumerated by tests/markov.py (temperature 1, lenience 1), the exact lenient law (lenience 0.5,
+  exact law enumerated by tests/support/markov.py (temperature 1, lenience 1), the exact lenient law (lenience 0.5,
   markov.speculative_law), and a batch whose rows have different prompts, each row against its own prompt's law.
-  Pearson chi-square (tests/chisquare.py, cells expected < 5 pooled, zero-probability cells never observed) at
+  Pearson chi-square (tests/support/chisquare.py, cells expected < 5 pooled, zero-probability cells never observed) at
   SIGNIFICANCE = 1e-3 per test, test_distribution.py's level and windows (tokens 1-3 and 4-6): 4 (one prompt,
   replica and native rows) + 2 (lenient) + 12 (three prompts, replica and native) = 18 tests that a correct engine
   fails by chance with probability at most 1.8% (Bonferroni) for a fresh draw of seeds; the seeds are fixed, so
@@ -34,16 +34,17 @@ import pytest
 import torch
 import transformers
 
-import hf_families
-import hf_models
-import markov
+from support import hf_families
+from support import hf_models
+from support import markov
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue
-from drafter_sets import every_drafter
-from engine_checks import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, TINY_MAX_LENGTH, TINY_VOCAB, assert_same_result,
-                           check_rows, check_stats, load_pair, markov_model, poisoned_table, tiny_models)
-from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, WINDOWS, assert_law, batched_samples
-from speculant import drafters, tiny_gpt
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.drafter_sets import every_drafter
+from support.engine_checks import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, TINY_MAX_LENGTH, TINY_VOCAB,
+                                   assert_same_result, check_rows, check_stats, load_pair, loaded_tiny_models,
+                                   markov_model, poisoned_table)
+from support.laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, WINDOWS, assert_law, batched_samples
+from speculant import drafters
 
 # Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
 # prefix at every call is tested in test_files.py.
@@ -75,9 +76,7 @@ def plain(target):
 @pytest.fixture(scope="module")
 def tiny():
     """(target, draft, plain-form target): TinyGPT script_cached pair (native batched) and script_plain."""
-    target, draft = tiny_models()
-    return (speculant.load(tiny_gpt.script_cached(target)), speculant.load(tiny_gpt.script_cached(draft)),
-            speculant.load(tiny_gpt.script_plain(target)))
+    return loaded_tiny_models(plain=True)
 
 
 # ------------------------------------------------------------------------------------------------

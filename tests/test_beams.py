@@ -15,10 +15,10 @@ import itertools
 
 import pytest
 
-import hf_families
-import hf_models
+from support import hf_families
+from support import hf_models
 import speculant
-from decoding_references import MAX_NEW, OPTIONS, TARGET, assert_equal_beams, run, transformers_beams
+from support.decoding_references import MAX_NEW, OPTIONS, TARGET, assert_equal_beams, run, transformers_beams
 from speculant.tiny_gpt import script_plain
 
 # Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the

@@ -64,11 +64,11 @@ def test_the_probe_table_stops_above_depths_never_verified(smoke_pair, capsys):
 
 def test_node_bounds_rejection_sampling_is_unbiased():
     """benchmarks/node_bounds.py's Monte Carlo of one node of k children against the node's exact acceptance
-    (tests/tree_laws.py's iteration_law, enumerated), with and without replacement: 40,000 draws of one node,
+    (tests/support/tree_laws.py's iteration_law, enumerated), with and without replacement: 40,000 draws of one node,
     within 5 standard errors (a correct estimator fails by chance with probability below 1e-6; fixed seed)."""
     import torch
     import node_bounds
-    from tree_laws import iteration_law, standardized, tables
+    from support.tree_laws import iteration_law, standardized, tables
 
     target, draft = tables(seed=5)
     p_table, q_table = standardized(target, (1.0, 0, 1.0)), standardized(draft, (1.0, 0, 1.0))
@@ -85,12 +85,12 @@ def test_node_bounds_rejection_sampling_is_unbiased():
 
 
 def test_node_bounds_coupled_is_the_enumerated_rule():
-    """node_bounds.coupled's closed form against tests/tree_laws.py's enumeration of siblings="coupled" at every
+    """node_bounds.coupled's closed form against tests/support/tree_laws.py's enumeration of siblings="coupled" at every
     node of a table, k = 1 .. 4: its shares sum to the node's exact acceptance, the first is sum min(p, q) (the
     first child keeps Algorithm 1's chance), and k = 1 is that alone."""
     import node_bounds
     import torch
-    from tree_laws import VOCAB, iteration_law, standardized, tables
+    from support.tree_laws import VOCAB, iteration_law, standardized, tables
 
     target, draft = tables(seed=5)
     p_table, q_table = standardized(target, (1.0, 0, 1.0)), standardized(draft, (1.0, 0, 1.0))
@@ -107,11 +107,11 @@ def test_node_bounds_coupled_is_the_enumerated_rule():
 
 def test_node_bounds_sibling_draft_is_the_enumerated_rule():
     """node_bounds.sibling_draft (--sibling): the coupled shares with the later children from a sibling table sum to
-    the node's exact acceptance under tests/tree_laws.py's enumeration of that rule (k = 2, 3 and 8), the second
+    the node's exact acceptance under tests/support/tree_laws.py's enumeration of that rule (k = 2, 3 and 8), the second
     child's share with independent coins is the enumerated with-replacement one, and s = q gives the draft's rows."""
     import node_bounds
     import torch
-    from tree_laws import VOCAB, iteration_law, sibling_table, standardized, tables
+    from support.tree_laws import VOCAB, iteration_law, sibling_table, standardized, tables
 
     config = (1.0, 0, 1.0)
     target, draft = tables(seed=5, masked=False)
@@ -143,7 +143,7 @@ def test_node_bounds_coupled_with_siblings_of_another_law_is_exact():
     standard errors, fixed seed."""
     import node_bounds
     import torch
-    from chisquare import chi_square_pvalue
+    from support.chisquare import chi_square_pvalue
 
     generator = torch.Generator().manual_seed(3)
     p, q, s = (torch.softmax(2 * torch.randn(1, 6, generator=generator, dtype=torch.float64), -1) for _ in range(3))
@@ -179,7 +179,7 @@ def test_node_bounds_lookahead_three_is_exact():
     as often as its shares say (within 4.5 standard errors). Fixed seed."""
     import node_bounds
     import torch
-    from chisquare import chi_square_pvalue
+    from support.chisquare import chi_square_pvalue
 
     generator = torch.Generator().manual_seed(4)
     p, q = (torch.softmax(2 * torch.randn(1, 6, generator=generator, dtype=torch.float64), -1) for _ in range(2))
@@ -297,7 +297,7 @@ def test_node_bounds_ratio_selection_is_the_law_of_the_kept_child():
     import torch
     import node_bounds
     from speculant import analysis
-    from tree_laws import VOCAB, standardized, tables
+    from support.tree_laws import VOCAB, standardized, tables
 
     target, draft = tables(seed=2)
     p_table, q_table = standardized(target, (1.0, 0, 1.0)), standardized(draft, (1.0, 0, 1.0))

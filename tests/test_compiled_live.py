@@ -30,26 +30,15 @@ import numpy as np
 import pytest
 import torch
 
-import hf_families
+from support import hf_families
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue
-from live_reference import two_token_law
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.live_reference import MAX_NEW, PROMPT, hf_greedy, two_token_law
 from speculant.compiled_live import CompiledLiveModel
 
-PROMPT = [1, 5, 9]
-MAX_NEW = 20
 N_SAMPLES = 1000
 FAMILIES = ["llama", "gpt2", "bloom"]
 OPTIONS = {"bloom": {"max_length": 64}}  # Bloom states no context length
-
-
-def hf_greedy(model, prompt) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=MAX_NEW, eos_token_id=None, pad_token_id=0, top_k=None, top_p=None,
-                             temperature=None)
-    return out[0, ids.size(1):].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +79,7 @@ def test_calls_with_rollbacks_equal_uncached_forwards(zoo):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_equals_transformers(zoo, family):
     model, _, target, draft = zoo[family]
-    expected = hf_greedy(model, PROMPT)
+    expected = hf_greedy(model, family)
     assert len(set(expected)) > 3  # a varied continuation
     assert speculant.generate(target, PROMPT, max_new_tokens=MAX_NEW, temperature=0).tokens == expected
     accepted = drafted = 0
@@ -109,7 +98,7 @@ def test_batch_rows_equal_transformers(zoo):
     prompts = [PROMPT, [7, 2, 30, 11, 4], [60]]
     results = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0).generate(
         prompts, max_new_tokens=MAX_NEW)
-    assert [result.tokens for result in results] == [hf_greedy(model, prompt) for prompt in prompts]
+    assert [result.tokens for result in results] == [hf_greedy(model, "llama", prompt=prompt) for prompt in prompts]
 
 
 def test_padded_vocabulary(zoo):
@@ -121,7 +110,7 @@ def test_padded_vocabulary(zoo):
     assert target.vocab_size == padded
     result = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0).generate(PROMPT,
                                                                                           max_new_tokens=MAX_NEW)
-    assert result.tokens == hf_greedy(model, PROMPT)
+    assert result.tokens == hf_greedy(model, "gpt2")
 
 
 def test_two_token_law_matches_transformers(zoo):
@@ -209,11 +198,11 @@ def test_greedy_trees_and_beams_equal_transformers(zoo, family):
     """tree= drafts (one row and a batch) give transformers' greedy tokens, beam search its beams; the tree
     probe (a tree call and a kept path against uncached forwards, on first use) passed. Bloom takes no
     position_ids, which a tree's nodes need: refused by name, as on the eager route."""
-    from decoding_references import OPTIONS, assert_equal_beams, run, transformers_beams
+    from support.decoding_references import OPTIONS, assert_equal_beams, run, transformers_beams
 
     model, _, target, draft = zoo[family]
     assert target.tree_obstacle == draft.tree_obstacle == ""
-    expected = hf_greedy(model, PROMPT)
+    expected = hf_greedy(model, family)
     for shape in ([2, 2], [3, 1, 1], [4, 2, 1, 1]):
         result = speculant.SpeculativeDecoder(target, draft, tree=shape, temperature=0).generate(
             PROMPT, max_new_tokens=MAX_NEW)
@@ -222,7 +211,7 @@ def test_greedy_trees_and_beams_equal_transformers(zoo, family):
     prompts = [PROMPT, [7, 2, 30, 11, 4]]
     batch = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], temperature=0).generate(
         prompts, max_new_tokens=MAX_NEW)
-    assert [r.tokens for r in batch] == [hf_greedy(model, prompt) for prompt in prompts]
+    assert [r.tokens for r in batch] == [hf_greedy(model, family, prompt=prompt) for prompt in prompts]
     length_penalty, early_stopping, eos = OPTIONS[0]
     beams = transformers_beams(model, PROMPT, 3, length_penalty, early_stopping, eos)
     assert_equal_beams(run(target, draft, PROMPT, 3, 4, 2, length_penalty, early_stopping, eos), beams, eos,

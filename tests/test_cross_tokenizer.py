@@ -3,7 +3,7 @@ output law at temperature 1 (chi-square), proposals that are accepted when the d
 refusals by name.
 
 Two byte-level BPE tokenizers trained here on different standard-library modules with different vocabulary
-sizes (so their merges differ), random GPT-2s over each vocabulary (tests/hf_models.py's initialization)."""
+sizes (so their merges differ), random GPT-2s over each vocabulary (tests/support/hf_models.py's initialization)."""
 import inspect
 import string
 import textwrap
@@ -14,10 +14,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-import hf_models  # noqa: E402
+from support import hf_models  # noqa: E402
 import speculant  # noqa: E402
 from speculant import testing  # noqa: E402
 from speculant.cross_tokenizer import CrossTokenizer  # noqa: E402
+from support.live_reference import hf_greedy  # noqa: E402
 
 TEXTS = ["def __init__(self, width=70):", "    return text.strip()\n", "import os\nimport sys\n"]
 NEW = 20
@@ -64,14 +65,6 @@ def bytes_pair(pair):
     return target, draft, ascii_bytes(), draft_tokenizer
 
 
-def greedy(target, prompt):
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW,
-                              pad_token_id=0, num_beams=1, top_k=None, top_p=None, temperature=None)
-    return out[0, ids.size(1):].tolist()
-
-
 def test_greedy_equals_the_targets_generate(pair):
     target, draft, target_tokenizer, draft_tokenizer = pair
     decoder = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=0.0, draft_tokenizer=draft_tokenizer,
@@ -79,7 +72,7 @@ def test_greedy_equals_the_targets_generate(pair):
     for text in TEXTS:
         prompt = target_tokenizer.encode(text).ids
         result = decoder.generate(prompt, max_new_tokens=NEW)
-        assert result.tokens == greedy(target, prompt), text
+        assert result.tokens == hf_greedy(target, "gpt2", prompt=prompt, max_new=NEW), text
         assert result.stats.draft_calls == 0 and result.stats.target_calls >= 1  # the drafter calls the draft
 
 
@@ -90,7 +83,7 @@ def test_a_draft_that_writes_the_targets_text_is_accepted(bytes_pair):
     target, draft, target_tokenizer, draft_tokenizer = bytes_pair
     for text in TEXTS:
         prompt = target_tokenizer.encode(text).ids
-        expected = greedy(target, prompt)
+        expected = hf_greedy(target, "gpt2", prompt=prompt, max_new=NEW)
         whole = target_tokenizer.decode(prompt + expected)
         drafter = CrossTokenizer(draft, draft_tokenizer, target_tokenizer, target.config.vocab_size)
         drafter.continuation = lambda context, count: whole[len(context):len(context) + 4 * count] \

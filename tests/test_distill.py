@@ -8,7 +8,7 @@ drafts at their initialisation (near uniform), so α starts low and has room to 
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
 from speculant import distillation
 from speculant.tiny_gpt import TinyGPT, TinyGPTConfig
@@ -21,7 +21,7 @@ SETTINGS = [(1.0, 0, 1.0), (0.7, 3, 1.0), (1.3, 0, 0.8), (0.8, 4, 0.7)]
 
 @pytest.fixture(scope="module")
 def target_path(tmp_path_factory):
-    """A first-order Markov target (tests/markov.py's table, one row per previous token) with peaked rows
+    """A first-order Markov target (tests/support/markov.py's table, one row per previous token) with peaked rows
     (Dirichlet concentration 0.3): what a 1-layer draft learns in a few dozen steps."""
     path = tmp_path_factory.mktemp("distill") / "target.pt"
     rows = markov.random_table(VOCAB, 11, concentration=0.3)[0, VOCAB]  # [V, V]: logits after each token
@@ -231,7 +231,7 @@ def test_encoder_decoder_pairs(tmp_path):
     """A T5 pair: the sources are the prompts, each continued from the decoder start; α over the decoder
     positions rises, from the TorchScript export and from the transformers model alike, and the distilled draft
     decodes in the engine. Mixed pairs and corpus windows are refused by name."""
-    import hf_models
+    from support import hf_models
     target = hf_models.make("t5", seed=10)
     path = tmp_path / "t5.pt"
     speculant.export(target, path)

@@ -3,9 +3,9 @@
 Notation (paper §2): p = target, q = draft, γ = draft length, l = lenience.
 
 Each test runs N_SAMPLES generations of MAX_NEW_TOKENS tokens with fixed seeds (seed = base + i), from a
-fixed prompt, on Markov table models (tests/markov.py: second order, position-parity dependent, so a stale
+fixed prompt, on Markov table models (tests/support/markov.py: second order, position-parity dependent, so a stale
 cache or a wrong rollback shows in later tokens), and compares the empirical joint law of a window of
-generated tokens with the exact law enumerated by tests/markov.py:
+generated tokens with the exact law enumerated by tests/support/markov.py:
 
 * a cell whose exact probability is zero must never be observed (asserted exactly);
 * cells with expected count < 5 are pooled; Pearson's chi-square goodness-of-fit test must not reject at
@@ -27,10 +27,10 @@ import pytest
 import scipy.stats
 import torch
 
-import markov
+from support import markov
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue, pooled
-from laws import WINDOWS, assert_law, check_no_top_p_boundary
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue, pooled
+from support.laws import WINDOWS, assert_law, check_no_top_p_boundary
 
 # Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
 # prefix at every call is tested in test_files.py.
@@ -43,7 +43,7 @@ PROMPT = [2, 1, 3]
 
 
 # ------------------------------------------------------------------------------------------------
-# The test statistic (tests/chisquare.py) and its power
+# The test statistic (tests/support/chisquare.py) and its power
 # ------------------------------------------------------------------------------------------------
 
 
@@ -184,7 +184,7 @@ def test_plain_decoding_law_equals_target_law(config):
 def test_lenient_law_is_detected():
     """Negative control (power): lenience l = 0.3 with an unrelated draft changes the output law; the same
     chi-square test must reject the target law, while the exact lenient law (enumerated with
-    tests/reference.py) is not rejected, and the first token respects P(x) <= p(x) / l (A.5)."""
+    tests/support/reference.py) is not rejected, and the first token respects P(x) <= p(x) / l (A.5)."""
     lenience, gamma, temperature = 0.3, 2, 1.0
     target, draft = markov.target_and_draft(VOCAB, 21, independent_draft=True, concentration=0.5)
     law = markov.continuation_law(target, PROMPT, MAX_NEW_TOKENS, temperature)

@@ -1,10 +1,10 @@
 """The confidence stop (``draft_confidence=``, cpp/drafting/model_drafter.h): a draft model's chain ends after a
 token its q gave less than the threshold, so gamma is the most an iteration drafts.
 
-- Exactness: the output law is the target's. Pearson chi-square on tests/laws.py's two windows against the enumerated
-  law of 4-token Markov tables, 4,000 rows per case at SIGNIFICANCE = 1e-3 per window, fixed seeds: 4 cases (T = 1
-  and T = 0.7 with top-k, on the host kernels and on the accelerators' tensor path), so at most 0.8% family-wise
-  false failures.
+- Exactness: the output law is the target's. Pearson chi-square on tests/support/laws.py's two windows against the
+  enumerated law of 4-token Markov tables, 4,000 rows per case at SIGNIFICANCE = 1e-3 per window, fixed seeds: 4
+  cases (T = 1 and T = 0.7 with top-k, on the host kernels and on the accelerators' tensor path), so at most 0.8%
+  family-wise false failures.
 - Greedy: the target's own greedy tokens.
 - What stops: every iteration's drafts are exactly the draws up to the first one under the threshold (read from the
   trace), a threshold of 1 drafts one token per iteration, and a batch's rows are the rows alone.
@@ -12,10 +12,10 @@ token its q gave less than the threshold, so gamma is the most an iteration draf
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
-from engine_checks import table_model
-from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples, check_no_top_p_boundary
+from support.engine_checks import table_model
+from support.laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples, check_no_top_p_boundary
 from speculant.testing import tensor_path
 
 LAWS = [  # id, sampling, path, table seed

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
-from drafter_sets import VOCAB, every_drafter
+from support.drafter_sets import VOCAB, every_drafter
 from speculant import drafters
 from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
 

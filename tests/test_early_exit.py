@@ -29,10 +29,11 @@ import numpy as np
 import pytest
 import torch
 
-import hf_models
+from support import hf_models
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue
-from hf_models import MAX_NEW, PROMPTS, hf_greedy, two_token_law
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.hf_models import MAX_NEW, PROMPTS, hf_greedy
+from support.live_reference import two_token_law
 
 LAYERS = 4
 
@@ -314,7 +315,7 @@ def test_two_token_law_is_the_targets(arch, temperature, top_k, tree):
     decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, top_k=top_k, **shape)
     samples = np.array([r.tokens[:2] for b in range(SAMPLES // BATCH)
                         for r in decoder.generate([PROMPTS[0]] * BATCH, max_new_tokens=3, seed=7000 + b * BATCH)])
-    law = two_token_law(model, arch, PROMPTS[0], [], temperature, top_k, 1.0)
+    law = two_token_law(model, arch, PROMPTS[0], temperature, top_k)
     pvalue = chi_square_pvalue(law, samples)
     assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
 

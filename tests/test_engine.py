@@ -1,7 +1,7 @@
 """The engine's contract: determinism, statistics, stopping, model loading and every error the spec names.
 
 Notation (paper §2): p = target, q = draft, γ = draft length, α = E[Σ min(p, q)] (Corollary 3.6).
-Models are Markov tables (tests/markov.py) unless stated otherwise.
+Models are Markov tables (tests/support/markov.py) unless stated otherwise.
 """
 
 import math
@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
-from engine_checks import VOCAB, check_stats, load_pair, poisoned_table, vars_of
+from support.engine_checks import VOCAB, check_stats, load_pair, poisoned_table, vars_of
 from speculant import tiny_gpt
 
 # Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the

@@ -10,8 +10,9 @@ import itertools
 import pytest
 import torch
 
-import markov
-import reference
+from support import markov
+from support import reference
+from support.reference import one_hot
 from speculant import sampling
 
 F64 = torch.float64
@@ -21,10 +22,6 @@ ATOL = 1e-6
 def dirichlet(vocab: int, concentration: float, gen: torch.Generator) -> torch.Tensor:
     g = torch._standard_gamma(torch.full((vocab,), concentration, dtype=F64), gen)
     return g / g.sum()
-
-
-def one_hot(i: int, vocab: int) -> torch.Tensor:
-    return torch.nn.functional.one_hot(torch.tensor(i), vocab).to(F64)
 
 
 def on_support(values: dict[int, float], vocab: int) -> torch.Tensor:

@@ -15,9 +15,10 @@ import pytest
 import torch
 import transformers
 
-import hf_models
+from support import hf_models
 import speculant
 from speculant.export import METADATA_FILE
+from support.live_reference import hf_logits
 
 TOLERANCE = 1e-4
 
@@ -35,13 +36,6 @@ VARIANTS = [
     ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                    "original_max_position_embeddings": 32}}),
 ]
-
-
-def hf_logits(model, ids: torch.Tensor, source: torch.Tensor | None = None) -> torch.Tensor:
-    with torch.no_grad():
-        if source is None:
-            return model(ids).logits
-        return model(input_ids=source, decoder_input_ids=ids).logits
 
 
 def check_cached_module(module, model, ids: torch.Tensor, source: torch.Tensor | None = None) -> None:
@@ -164,7 +158,7 @@ def test_unsupported_architecture_is_refused_naming_the_supported_ones(tmp_path)
 def test_torchscript_refusal_points_to_pt2(tmp_path):
     """Issue 25: Qwen2 (and any architecture without a TorchScript module of ours) is refused naming the format
     that exports it: pt2 (tests/test_pt2_decoding.py decodes Qwen2 packages), or running it live."""
-    import hf_families
+    from support import hf_families
 
     qwen2 = hf_families.make("qwen2")
     hint = r"format='pt2' \(an out_path ending in \.pt2; on the command line --format pt2\).*speculant\.load"

@@ -12,6 +12,8 @@ from transformers import T5Config, T5ForConditionalGeneration  # noqa: E402
 from transformers.models.t5.modeling_t5 import T5Attention  # noqa: E402
 
 from speculant.export import t5  # noqa: E402
+from support.hf_families import random_ids  # noqa: E402
+from support.live_reference import hf_logits  # noqa: E402
 
 ATOL = 1e-4
 
@@ -53,15 +55,6 @@ def pair(request):
     return model, t5.script(model, max_length=48, max_source_length=16)
 
 
-def ids(n: int, vocab: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))  # [1, n]
-
-
-def hf_logits(model, src: torch.Tensor, dec: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return model(input_ids=src, decoder_input_ids=dec, use_cache=False).logits  # [1, T, V]
-
-
 def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert actual.shape == expected.shape and actual.dtype == expected.dtype
     diff = (actual - expected).abs().max().item()
@@ -71,7 +64,7 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 def test_reference_is_not_trivial(pair):
     model, _ = pair
     V = model.config.vocab_size
-    logits = hf_logits(model, ids(9, V, 1), ids(9, V, 2))
+    logits = hf_logits(model, random_ids(9, V, 2), random_ids(9, V, 1))
     assert logits.std(-1).min() > 0.5  # agreement below would mean little on near-constant logits
 
 
@@ -92,26 +85,26 @@ def test_contract_attributes(pair):
 def test_stateless_forward(pair, S, T):
     model, scripted = pair
     V = model.config.vocab_size
-    src, dec = ids(S, V, S), ids(T, V, 100 + T)
-    close(scripted(src, dec), hf_logits(model, src, dec))
+    src, dec = random_ids(S, V, S), random_ids(T, V, 100 + T)
+    close(scripted(src, dec), hf_logits(model, dec, src))
 
 
 @pytest.mark.parametrize("T", [1, 3, 9])
 def test_prefill(pair, T):
     model, scripted = pair
     V = model.config.vocab_size
-    src, dec = ids(7, V, 1), ids(T, V, 2)
+    src, dec = random_ids(7, V, 1), random_ids(T, V, 2)
     scripted.encode(src)
     assert scripted.cache_length() == 0
-    close(scripted.prefill(dec), hf_logits(model, src, dec))
+    close(scripted.prefill(dec), hf_logits(model, dec, src))
     assert scripted.cache_length() == T
 
 
 def test_extend_steps_of_one_and_three(pair):
     model, scripted = pair
     V = model.config.vocab_size
-    src, dec = ids(11, V, 3), ids(24, V, 4)
-    expected = hf_logits(model, src, dec)  # [1, 24, V]
+    src, dec = random_ids(11, V, 3), random_ids(24, V, 4)
+    expected = hf_logits(model, dec, src)  # [1, 24, V]
     scripted.encode(src)
     close(scripted.prefill(dec[:, :2]), expected[:, :2])
     t = 2
@@ -125,13 +118,13 @@ def test_extend_steps_of_one_and_three(pair):
 def test_truncate_then_extend_other_tokens(pair):
     model, scripted = pair
     V = model.config.vocab_size
-    src, dec, other = ids(6, V, 5), ids(9, V, 6), ids(4, V, 7)
+    src, dec, other = random_ids(6, V, 5), random_ids(9, V, 6), random_ids(4, V, 7)
     scripted.encode(src)
     scripted.prefill(dec)
     scripted.truncate(4)  # roll back 5 rejected positions
     assert scripted.cache_length() == 4
     rolled = torch.cat([dec[:, :4], other], dim=1)  # [1, 8]
-    expected = hf_logits(model, src, rolled)
+    expected = hf_logits(model, rolled, src)
     close(scripted.extend(other[:, :3]), expected[:, 4:7])
     close(scripted.extend(other[:, 3:]), expected[:, 7:8])
     scripted.truncate(0)
@@ -141,12 +134,12 @@ def test_truncate_then_extend_other_tokens(pair):
 def test_second_encode_replaces_the_source(pair):
     model, scripted = pair
     V = model.config.vocab_size
-    dec = ids(5, V, 8)
+    dec = random_ids(5, V, 8)
     for S in (7, 16, 2):  # longer, then shorter than before: the cross K/V follow the new source
-        src = ids(S, V, 200 + S)
+        src = random_ids(S, V, 200 + S)
         scripted.encode(src)
         assert scripted.cache_length() == 0
-        expected = hf_logits(model, src, dec)
+        expected = hf_logits(model, dec, src)
         close(scripted.prefill(dec[:, :3]), expected[:, :3])
         close(scripted.extend(dec[:, 3:]), expected[:, 3:])
 
@@ -154,11 +147,11 @@ def test_second_encode_replaces_the_source(pair):
 def test_stateless_forward_leaves_the_caches_alone(pair):
     model, scripted = pair
     V = model.config.vocab_size
-    src, dec = ids(8, V, 9), ids(6, V, 10)
-    expected = hf_logits(model, src, dec)
+    src, dec = random_ids(8, V, 9), random_ids(6, V, 10)
+    expected = hf_logits(model, dec, src)
     scripted.encode(src)
     scripted.prefill(dec[:, :4])
-    scripted(ids(12, V, 11), ids(10, V, 12))  # another source and decoder, no cache
+    scripted(random_ids(12, V, 11), random_ids(10, V, 12))  # another source and decoder, no cache
     assert scripted.cache_length() == 4
     close(scripted.extend(dec[:, 4:]), expected[:, 4:])
 
@@ -181,8 +174,8 @@ def test_long_decoder_reaches_the_far_buckets():
     model = build(seed=1, **fields)
     scripted = t5.script(model, max_length=40, max_source_length=40)
     V = fields["vocab_size"]
-    src, dec = ids(33, V, 13), ids(40, V, 14)
-    expected = hf_logits(model, src, dec)
+    src, dec = random_ids(33, V, 13), random_ids(40, V, 14)
+    expected = hf_logits(model, dec, src)
     close(scripted(src, dec), expected)
     scripted.encode(src)
     close(scripted.prefill(dec[:, :17]), expected[:, :17])
@@ -196,8 +189,8 @@ def test_other_activations(proj):
     model = build(seed=2, vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
                   feed_forward_proj=proj)
     scripted = t5.script(model, max_length=8, max_source_length=8)
-    src, dec = ids(5, 64, 15), ids(4, 64, 16)
-    expected = hf_logits(model, src, dec)
+    src, dec = random_ids(5, 64, 15), random_ids(4, 64, 16)
+    expected = hf_logits(model, dec, src)
     scripted.encode(src)
     close(scripted.prefill(dec[:, :3]), expected[:, :3])
     close(scripted.extend(dec[:, 3:]), expected[:, 3:])
@@ -211,9 +204,9 @@ def test_half_precision_keeps_dtype_and_hf_accuracy(dtype):
     model = build(seed=3, untie=True, **fields).to(dtype)
     scripted = t5.script(model, max_length=16, max_source_length=16)
     V = fields["vocab_size"]
-    src, dec = ids(9, V, 17), ids(12, V, 18)
-    exact = hf_logits(model32, src, dec)
-    hf_error = (hf_logits(model, src, dec).float() - exact).abs().max().item()
+    src, dec = random_ids(9, V, 17), random_ids(12, V, 18)
+    exact = hf_logits(model32, dec, src)
+    hf_error = (hf_logits(model, dec, src).float() - exact).abs().max().item()
     scripted.encode(src)
     ours = torch.cat([scripted.prefill(dec[:, :5]), scripted.extend(dec[:, 5:6]), scripted.extend(dec[:, 6:])], 1)
     assert ours.dtype == dtype
@@ -229,8 +222,8 @@ def test_save_load_roundtrip(tmp_path):
     loaded = torch.jit.load(str(path))
     assert (loaded.vocab_size, loaded.max_length, loaded.max_source_length) == (fields["vocab_size"], 12, 10)
     V = fields["vocab_size"]
-    src, dec = ids(10, V, 19), ids(12, V, 20)
-    expected = hf_logits(model, src, dec)
+    src, dec = random_ids(10, V, 19), random_ids(12, V, 20)
+    expected = hf_logits(model, dec, src)
     close(loaded(src, dec), expected)
     loaded.encode(src)
     close(loaded.prefill(dec[:, :1]), expected[:, :1])
@@ -246,14 +239,14 @@ def test_tree_calls_of_one_row_equal_each_nodes_path(pair):
     positions (past the exact buckets) reach the log-spaced relative buckets."""
     model, scripted = pair
     vocab = model.config.vocab_size
-    src, prefix = ids(9, vocab, 30), ids(20, vocab, 31)  # [1, 9], [1, 20]
-    c, d, e, f, x = ids(5, vocab, 32)[0].tolist()
+    src, prefix = random_ids(9, vocab, 30), random_ids(20, vocab, 31)  # [1, 9], [1, 20]
+    c, d, e, f, x = random_ids(5, vocab, 32)[0].tolist()
     scripted.encode(src)
     scripted.start_rows(1)
     row = torch.zeros(1, dtype=torch.long)
     n = prefix.size(1)
     at = torch.arange(n)[None]
-    close(scripted.extend_rows(prefix, row, at, at, n), hf_logits(model, src, prefix))
+    close(scripted.extend_rows(prefix, row, at, at, n), hf_logits(model, prefix, src))
     tree = torch.tensor([[c, d, e, f]])
     positions = torch.tensor([[n, n + 1, n + 1, n + 2]])
     slots = torch.arange(n, n + 4)[None]
@@ -263,11 +256,11 @@ def test_tree_calls_of_one_row_equal_each_nodes_path(pair):
         mask[0, node, [n + p for p in path]] = True
     logits = scripted.extend_rows_masked(tree, row, positions, slots, mask)
     for node, path in enumerate([[c], [c, d], [c, e], [c, d, f]]):
-        expected = hf_logits(model, src, torch.cat([prefix, torch.tensor([path])], 1))[:, -1]
+        expected = hf_logits(model, torch.cat([prefix, torch.tensor([path])], 1), src)[:, -1]
         close(logits[:, node], expected)
     scripted.copy_slots(row, torch.tensor([[n + 2]]), torch.tensor([[n + 1]]))  # e into the slot after c
     after = scripted.extend_rows(torch.tensor([[x]]), row, torch.tensor([[n + 2]]), torch.tensor([[n + 2]]), n + 3)
-    close(after[:, 0], hf_logits(model, src, torch.cat([prefix, torch.tensor([[c, e, x]])], 1))[:, -1])
+    close(after[:, 0], hf_logits(model, torch.cat([prefix, torch.tensor([[c, e, x]])], 1), src)[:, -1])
     with pytest.raises(torch.jit.Error, match="rows share the one encoded source, so batch must be 1, got 2"):
         scripted.start_rows(2)
     two = torch.zeros(2, 1, dtype=torch.long)
@@ -306,7 +299,7 @@ def test_bad_calls_raise_clear_errors():
     with pytest.raises(torch.jit.Error, match=r"forward \(decoder_input_ids\): expected input_ids \[1, n\]"):
         scripted(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, 1, dtype=torch.long))
     assert scripted.cache_length() == 4  # refused calls change nothing
-    close(scripted.extend(dec[:, 4:]), hf_logits(model, src, dec)[:, 4:])
+    close(scripted.extend(dec[:, 4:]), hf_logits(model, dec, src)[:, 4:])
 
 
 @pytest.mark.parametrize("fields, field", [
@@ -348,8 +341,8 @@ def test_cuda_matches_hf():
     model = build(seed=7, untie=True, **fields).cuda()
     scripted = t5.script(model, max_length=16, max_source_length=16)
     V = fields["vocab_size"]
-    src, dec = ids(9, V, 21).cuda(), ids(12, V, 22).cuda()
-    expected = hf_logits(model, src, dec)
+    src, dec = random_ids(9, V, 21).cuda(), random_ids(12, V, 22).cuda()
+    expected = hf_logits(model, dec, src)
     scripted.encode(src)
     ours = torch.cat([scripted.prefill(dec[:, :5]), scripted.extend(dec[:, 5:6]), scripted.extend(dec[:, 6:])], 1)
     assert ours.device.type == "cuda"

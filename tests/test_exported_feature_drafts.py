@@ -28,10 +28,11 @@ import numpy as np
 import pytest
 import torch
 
-import hf_models
+from support import hf_models
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue
-from hf_models import MAX_NEW, PROMPTS, hf_greedy, noisy_medusa, two_token_law
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.hf_models import MAX_NEW, PROMPTS, hf_greedy, noisy_medusa
+from support.live_reference import two_token_law
 from speculant.models.features import recorded
 from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_plain
 
@@ -124,7 +125,7 @@ def test_two_token_law_of_a_tree_on_the_export(pair):
     results = [r for b in range(4)
                for r in decoder.generate([PROMPTS[0]] * 500, max_new_tokens=3, seed=8100 + 500 * b)]
     assert 0 < sum(r.stats.accepted_tokens for r in results) < sum(r.stats.drafted_tokens for r in results)
-    law = two_token_law(model, arch, PROMPTS[0], [], 0.7, 10, 1.0)
+    law = two_token_law(model, arch, PROMPTS[0], 0.7, 10)
     pvalue = chi_square_pvalue(law, np.array([r.tokens[:2] for r in results]))
     assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
 

@@ -21,9 +21,9 @@ import warnings
 import pytest
 import torch
 
-import hf_models
+from support import hf_models
 import speculant
-from hf_models import MAX_NEW, PROMPTS, hf_greedy
+from support.hf_models import MAX_NEW, PROMPTS, hf_greedy
 from speculant.models.feature_draft import FeatureRows
 from torch._dynamo.utils import counters
 

@@ -25,10 +25,11 @@ import numpy as np
 import pytest
 import torch
 
-import hf_models
+from support import hf_models
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue
-from hf_models import MAX_NEW, PROMPTS, hf_greedy, noisy_medusa, two_token_law
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.hf_models import MAX_NEW, PROMPTS, hf_greedy, noisy_medusa
+from support.live_reference import two_token_law
 from speculant.models.eagle import EagleRows
 
 
@@ -252,7 +253,7 @@ def test_two_token_law_is_the_targets(arch, kind, temperature, top_k, top_p, tre
                for r in decoder.generate([PROMPTS[0]] * BATCH, max_new_tokens=3, seed=7100 + b * BATCH)]
     accepted = sum(r.stats.accepted_tokens for r in results)
     assert 0 < accepted < sum(r.stats.drafted_tokens for r in results)
-    law = two_token_law(model, arch, PROMPTS[0], [], temperature, top_k, top_p)
+    law = two_token_law(model, arch, PROMPTS[0], temperature, top_k, top_p)
     pvalue = chi_square_pvalue(law, np.array([r.tokens[:2] for r in results]))
     assert pvalue > SIGNIFICANCE, f"p = {pvalue:.3g}"
 

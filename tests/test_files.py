@@ -18,8 +18,8 @@ from typing import Any, Dict
 import pytest
 import torch
 
-import hf_families
-import hf_models
+from support import hf_families
+from support import hf_models
 import speculant
 from speculant import drafters, tiny_gpt
 

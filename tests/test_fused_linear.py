@@ -5,7 +5,7 @@ On the CPU each is the ATen composite the exports compute without it, bit for bi
 calls of up to 8 rows) is checked on a GPU against float64 references computed on the CPU (marked cuda: skipped
 without one): every input kind and dtype, 1 to 8 rows, widths off the kernel's column tiles, strided rows, and
 the calls it leaves to ATen (more rows, widths off its 16-byte vectors, unaligned rows). The same kernel also runs
-here, emulated on CPU threads under AddressSanitizer and ThreadSanitizer (tests/emulated_kernels.py), against
+here, emulated on CPU threads under AddressSanitizer and ThreadSanitizer (tests/support/emulated_kernels.py), against
 the same references.
 """
 import warnings
@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import emulated_kernels
-from kernel_checks import TOLERANCES, relative_error
+from support import emulated_kernels
+from support.kernel_checks import TOLERANCES, relative_error
 
 OPS = torch.ops.speculant
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}

@@ -6,16 +6,16 @@ the plain one does, through every path of the engine (prefill, extend, truncate,
 rows). The CUDA kernels are checked on a GPU against float64 references computed on the CPU (marked cuda:
 skipped without one): random inputs, the cache's strided views, masked keys, every dtype and head size, the
 output poisoned first. The same kernels also run here, emulated on CPU threads under AddressSanitizer and
-ThreadSanitizer (tests/emulated_kernels.py), against the same references.
+ThreadSanitizer (tests/support/emulated_kernels.py), against the same references.
 """
 import pytest
 import torch
 import torch.nn.functional as F
 
-import emulated_kernels
-import hf_models
+from support import emulated_kernels
+from support import hf_models
 import speculant
-from kernel_checks import TOLERANCES, relative_error
+from support.kernel_checks import TOLERANCES, relative_error
 
 OPS = torch.ops.speculant
 

@@ -1,4 +1,4 @@
-"""Fuzzing with hypothesis: the sampling math against tests/reference.py, and the public API's argument checks.
+"""Fuzzing with hypothesis: the sampling math against tests/support/reference.py, and the public API's argument checks.
 
 Sampling (notation of the paper: p = target, q = draft, l = lenience): logits with -inf masks, huge magnitudes,
 argmax ties, float64 / float32 / float16 / bfloat16, vocabularies from 1, every top-k and top-p edge. Checked:
@@ -32,7 +32,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-import reference
+from support import reference
 import speculant
 from speculant import drafters, sampling, tiny_gpt
 

@@ -47,13 +47,13 @@ import pytest
 import torch
 from torch import Tensor
 
-import hf_models
-import markov
+from support import hf_models
+from support import markov
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue
-from engine_checks import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, MarkovRows, assert_same_result, markov_model,
-                           tiny_models)
-from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples, check_no_top_p_boundary
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.engine_checks import (GAMMA, MAX_NEW, PROMPTS, SETTINGS, TABLE_MAX_LENGTH, MarkovRows,
+                                   assert_same_result, loaded_tiny_models, markov_model, table_model, tiny_models)
+from support.laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples, check_no_top_p_boundary
 from speculant import graphs, tiny_gpt
 from speculant.decoding.decoder import KEPT_PLAIN
 from speculant.testing import tensor_path
@@ -62,7 +62,7 @@ from speculant.testing import tensor_path
 # prefix at every call is tested in test_files.py.
 pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")
 
-FIXED_MAX_LENGTH = 64
+FIXED_MAX_LENGTH = TABLE_MAX_LENGTH  # the table models' (engine_checks.table_model) and the exports'
 
 
 # ------------------------------------------------------------------------------------------------
@@ -153,14 +153,9 @@ class RebindingTreeCalls(CapturableRows):
         return self.masked_lookup(input_ids, rows, positions, slots, mask)
 
 
-def table_model(cls, table: Tensor, device: str = "cpu"):
-    return speculant.load(torch.jit.script(cls(table.float(), FIXED_MAX_LENGTH)), device=device)
-
-
 @pytest.fixture(scope="module")
 def tiny():
-    target, draft = tiny_models()
-    return speculant.load(tiny_gpt.script_cached(target)), speculant.load(tiny_gpt.script_cached(draft))
+    return loaded_tiny_models()
 
 
 def exported(arch: str, folder, device: str = "cpu"):
@@ -259,8 +254,8 @@ def test_batches_of_changing_size_reuse_the_models(tiny):
 
 def test_fixed_calls_cover_every_row_and_slot():
     target, draft = markov.target_and_draft(5, 45, mask_prob=0.1)
-    strict = table_model(FixedOnlyRows, target), table_model(FixedOnlyRows, draft)
-    loose = table_model(MarkovRows, target), table_model(MarkovRows, draft)
+    strict = table_model(target, FixedOnlyRows), table_model(draft, FixedOnlyRows)
+    loose = table_model(target, MarkovRows), table_model(draft, MarkovRows)
     prompts = [[4], [1, 0, 3], [3, 3, 3, 3, 3, 3, 0], [1, 2]]
     fixed = speculant.SpeculativeDecoder(*strict, gamma=GAMMA, cuda_graphs="fixed")
     dynamic = speculant.SpeculativeDecoder(*loose, gamma=GAMMA, cuda_graphs="off")
@@ -276,7 +271,7 @@ def test_fixed_shapes_refuse_a_cache_that_is_not_written_in_place():
     """A module whose calls rebind their cache (a graph would replay into the old tensor and return wrong logits)
     fails with fixed shapes, naming the tensor; with dynamic shapes it runs, as nothing is replayed."""
     target, draft = markov.target_and_draft(5, 48, mask_prob=0.1)
-    models = table_model(RebindingRows, target), table_model(RebindingRows, draft)
+    models = table_model(target, RebindingRows), table_model(draft, RebindingRows)
     with pytest.raises(ValueError, match="rebinds the module's tensor `row_tokens`.*must be written in place"):
         speculant.SpeculativeDecoder(*models, gamma=GAMMA, cuda_graphs="fixed").generate([[4], [1, 0]], seed=1,
                                                                                          max_new_tokens=MAX_NEW)
@@ -352,7 +347,7 @@ def test_fixed_chain_verification_with_varying_drafts(tiny):
 
 def test_fixed_shapes_law_equals_target_law():
     target, draft = markov.target_and_draft(LAW_VOCAB, 46, mask_prob=0.1)
-    decoder = speculant.SpeculativeDecoder(table_model(MarkovRows, target), table_model(MarkovRows, draft),
+    decoder = speculant.SpeculativeDecoder(table_model(target, MarkovRows), table_model(draft, MarkovRows),
                                            gamma=3, cuda_graphs="fixed")
     samples = batched_samples(decoder, [LAW_PROMPT], 5000, seed=46000)
     assert_law(samples, markov.continuation_law(target, LAW_PROMPT, LAW_NEW), "fixed shapes")
@@ -361,7 +356,7 @@ def test_fixed_shapes_law_equals_target_law():
 def test_fixed_shapes_lenient_law():
     lenience, gamma = 0.5, 2
     target, draft = markov.target_and_draft(LAW_VOCAB, 47, independent_draft=True, concentration=0.5)
-    decoder = speculant.SpeculativeDecoder(table_model(MarkovRows, target), table_model(MarkovRows, draft),
+    decoder = speculant.SpeculativeDecoder(table_model(target, MarkovRows), table_model(draft, MarkovRows),
                                            gamma=gamma, lenience=lenience, cuda_graphs="fixed")
     samples = batched_samples(decoder, [LAW_PROMPT], 5000, seed=47000)
     assert_law(samples, markov.speculative_law(target, draft, LAW_PROMPT, LAW_NEW, gamma, lenience=lenience),
@@ -454,8 +449,8 @@ def test_fixed_tree_calls_cover_every_row_and_slot():
     """A table model whose tree call refuses anything narrower decodes trees with fixed shapes (the tokens of
     dynamic shapes on a loose one) and fails with dynamic ones: the calls really are fixed."""
     target, draft = markov.target_and_draft(5, 49, mask_prob=0.1)
-    strict = table_model(FixedOnlyTreeCalls, target), table_model(FixedOnlyTreeCalls, draft)
-    loose = table_model(MarkovRows, target), table_model(MarkovRows, draft)
+    strict = table_model(target, FixedOnlyTreeCalls), table_model(draft, FixedOnlyTreeCalls)
+    loose = table_model(target, MarkovRows), table_model(draft, MarkovRows)
     prompts = [[4], [1, 0, 3], [3, 3, 3, 3, 3, 3, 0], [1, 2]]
     fixed = speculant.SpeculativeDecoder(*strict, tree=[2, 2, 1], cuda_graphs="fixed")
     dynamic = speculant.SpeculativeDecoder(*loose, tree=[2, 2, 1], cuda_graphs="off")
@@ -469,7 +464,7 @@ def test_fixed_tree_calls_cover_every_row_and_slot():
 
 def test_fixed_tree_calls_refuse_a_cache_that_is_not_written_in_place():
     target, draft = markov.target_and_draft(5, 57, mask_prob=0.1)
-    models = table_model(RebindingTreeCalls, target), table_model(RebindingTreeCalls, draft)
+    models = table_model(target, RebindingTreeCalls), table_model(draft, RebindingTreeCalls)
     with pytest.raises(ValueError, match="the [0-9]+-token tree call over [0-9]+ slots rebinds the module.s tensor "
                                          "`row_tokens`"):
         speculant.SpeculativeDecoder(*models, tree=[2, 1], cuda_graphs="fixed").generate([[4], [1, 0]], seed=1,
@@ -478,7 +473,7 @@ def test_fixed_tree_calls_refuse_a_cache_that_is_not_written_in_place():
 
 def test_fixed_tree_law_equals_target_law():
     target, draft = markov.target_and_draft(LAW_VOCAB, 58, mask_prob=0.1)
-    decoder = speculant.SpeculativeDecoder(table_model(MarkovRows, target), table_model(MarkovRows, draft),
+    decoder = speculant.SpeculativeDecoder(table_model(target, MarkovRows), table_model(draft, MarkovRows),
                                            tree=[2, 2], cuda_graphs="fixed")
     samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=58000)
     assert_law(samples, markov.continuation_law(target, LAW_PROMPT, LAW_NEW), "tree [2, 2], fixed shapes")
@@ -572,7 +567,7 @@ def cuda_pairs(tmp_path_factory):
 @pytest.mark.parametrize("mode", ["off", "on"])
 def test_cuda_same_seed_same_tokens_across_processes(mode):
     """tests/test_threads.py's seeded run in two processes on CUDA (cuBLAS's workspace fixed), graphs off and on."""
-    from engine_checks import same_seed_outputs
+    from support.engine_checks import same_seed_outputs
 
     outputs = same_seed_outputs((1, 1), "cuda", mode)
     assert len(outputs) == 1 and len(outputs.pop()) > 60
@@ -638,7 +633,7 @@ def test_cuda_capture_failure_falls_back_with_one_warning():
     capture fails, one warning per model names the reason, and its calls run uncaptured with the tokens of
     graphs off (table lookups: bit for bit). The allocators are left usable (empty_cache, new allocations)."""
     target, draft = markov.target_and_draft(16, 55, mask_prob=0.1)
-    models = table_model(MarkovRows, target, "cuda"), table_model(MarkovRows, draft, "cuda")
+    models = table_model(target, MarkovRows, "cuda"), table_model(draft, MarkovRows, "cuda")
     on = speculant.SpeculativeDecoder(*models, gamma=GAMMA, cuda_graphs="auto")
     assert on.shapes == ("graphed", "graphed")
     # the target's verification call, and the draft's step call with its draws inside (rows.h: extend_then)
@@ -661,7 +656,7 @@ def test_cuda_graphs_refuse_a_cache_that_is_not_written_in_place():
     """A module that rebinds its cache is not captured (the rebinding is seen in the warm-up runs): one warning per
     model names the tensor, and the calls run uncaptured with the tokens of graphs off."""
     target, draft = markov.target_and_draft(16, 56, mask_prob=0.1)
-    models = table_model(RebindingRows, target, "cuda"), table_model(RebindingRows, draft, "cuda")
+    models = table_model(target, RebindingRows, "cuda"), table_model(draft, RebindingRows, "cuda")
     on = speculant.SpeculativeDecoder(*models, gamma=GAMMA, cuda_graphs="on")
     with pytest.warns(RuntimeWarning, match="rebinds the module's tensor `row_tokens`"):
         got = on.generate(PROMPTS, seed=9, max_new_tokens=MAX_NEW)
@@ -687,8 +682,8 @@ def test_cuda_graphs_laws(config):
     target, draft = markov.target_and_draft(LAW_VOCAB, seed, mask_prob=0.1, independent_draft=independent)
     for table in (target, draft):
         check_no_top_p_boundary(table, sampling["temperature"], sampling.get("top_k", 0), sampling.get("top_p", 1.0))
-    decoder = speculant.SpeculativeDecoder(table_model(CapturableRows, target, "cuda"),
-                                           table_model(CapturableRows, draft, "cuda"), gamma=gamma,
+    decoder = speculant.SpeculativeDecoder(table_model(target, CapturableRows, "cuda"),
+                                           table_model(draft, CapturableRows, "cuda"), gamma=gamma,
                                            cuda_graphs="on", **sampling)
     samples = batched_samples(decoder, [LAW_PROMPT], 5000, seed=1000 * seed)
     assert decoder.target._core.graphs_captured >= 1 and decoder.draft._core.graphs_captured >= 1
@@ -734,8 +729,8 @@ CUDA_TREE_LAWS = [  # id, tree, siblings, sampling, table seed
 def test_cuda_graphs_tree_laws(config):
     name, tree, siblings, sampling, seed = config
     target, draft = markov.target_and_draft(LAW_VOCAB, seed, mask_prob=0.1)
-    decoder = speculant.SpeculativeDecoder(table_model(CapturableRows, target, "cuda"),
-                                           table_model(CapturableRows, draft, "cuda"), tree=tree, siblings=siblings,
+    decoder = speculant.SpeculativeDecoder(table_model(target, CapturableRows, "cuda"),
+                                           table_model(draft, CapturableRows, "cuda"), tree=tree, siblings=siblings,
                                            cuda_graphs="on", **sampling)
     samples = batched_samples(decoder, [LAW_PROMPT], 4000, seed=1000 * seed)
     assert decoder.target._core.graphs_captured >= 1 and decoder.draft._core.graphs_captured >= 1
@@ -751,8 +746,8 @@ def test_cuda_graphs_greedy_is_the_enumerated_argmax():
     law = markov.continuation_law(target, LAW_PROMPT, LAW_NEW, 0.0)
     assert law.max() == 1.0
     want = list(torch.nonzero(law == 1.0)[0].tolist())
-    decoder = speculant.SpeculativeDecoder(table_model(CapturableRows, target, "cuda"),
-                                           table_model(CapturableRows, draft, "cuda"), gamma=3, temperature=0.0,
+    decoder = speculant.SpeculativeDecoder(table_model(target, CapturableRows, "cuda"),
+                                           table_model(draft, CapturableRows, "cuda"), gamma=3, temperature=0.0,
                                            cuda_graphs="on")
     for result in decoder.generate([LAW_PROMPT] * 8, max_new_tokens=LAW_NEW, seed=3):
         assert result.tokens == want

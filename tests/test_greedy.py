@@ -14,9 +14,9 @@ import itertools
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
-from decoding_references import MAX_LENGTH, TARGET, VOCAB, perturbed, scripted, tiny_gpt, torch_greedy
+from support.decoding_references import MAX_LENGTH, TARGET, VOCAB, perturbed, scripted, tiny_gpt, torch_greedy
 from speculant.tiny_gpt import TinyGPTConfig, script_cached, script_plain
 
 # Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
@@ -166,7 +166,7 @@ def test_greedy_on_cuda(gamma, expected):
 @pytest.mark.parametrize("gamma", [1, 3, 6])
 def test_lenient_greedy_matches_enumeration(gamma, lenience, prompt):
     """Temperature 0 with lenience (A.5, argmax variant: keep draft x when p(x) >= l max p) is
-    deterministic; its tokens equal the one-hot law enumerated by tests/markov.py with the reference
+    deterministic; its tokens equal the one-hot law enumerated by tests/support/markov.py with the reference
     verify. Markov tables, V = 4; every context's ratios p(x) / max p stay 1e-4 away from l."""
     for seed in itertools.count(30 + gamma):  # the first table that keeps p(x) / max p away from l
         target, draft = markov.target_and_draft(4, seed, draft_scale=1.5)

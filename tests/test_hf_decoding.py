@@ -17,10 +17,11 @@
 import numpy as np
 import pytest
 
-import hf_models
+from support import hf_models
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue
-from hf_models import MAX_NEW, PROMPTS, SOURCES, hf_greedy, two_token_law
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.hf_models import MAX_NEW, PROMPTS, SOURCES, hf_greedy, speculant_inputs
+from support.live_reference import two_token_law
 
 N_SAMPLES = 3000
 ARCHS = ["gpt2", "llama", "t5"]
@@ -41,12 +42,6 @@ def pairs(tmp_path_factory):
     return out
 
 
-def inputs(arch: str, index: int) -> dict:
-    if arch == "t5":
-        return {"encoder_input_ids": SOURCES[index]}
-    return {"prompt_ids": PROMPTS[index]}
-
-
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("index", range(len(PROMPTS)))
 def test_greedy_equals_transformers_generate(pairs, arch, index):
@@ -57,13 +52,13 @@ def test_greedy_equals_transformers_generate(pairs, arch, index):
     eos = expected[MAX_NEW // 2]
     expected_eos = hf_greedy(model, arch, index, eos=eos)
     assert expected_eos == expected[:expected.index(eos) + 1]
-    plain = speculant.generate(target, max_new_tokens=MAX_NEW, temperature=0, **inputs(arch, index))
+    plain = speculant.generate(target, max_new_tokens=MAX_NEW, temperature=0, **speculant_inputs(arch, index))
     assert plain.tokens == expected
     for gamma in (1, 4, 8):
         decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0)
-        result = decoder.generate(max_new_tokens=MAX_NEW, **inputs(arch, index))
+        result = decoder.generate(max_new_tokens=MAX_NEW, **speculant_inputs(arch, index))
         assert result.tokens == expected, f"gamma={gamma}"
-        stopped = decoder.generate(max_new_tokens=MAX_NEW, eos_token_id=eos, **inputs(arch, index))
+        stopped = decoder.generate(max_new_tokens=MAX_NEW, eos_token_id=eos, **speculant_inputs(arch, index))
         assert stopped.tokens == expected_eos, f"gamma={gamma} with eos"
 
 
@@ -72,7 +67,7 @@ def test_drafts_are_both_accepted_and_rejected(pairs, arch):
     """The greedy tests above exercise both paths of Algorithm 1: accepted drafts and corrections."""
     _, target, draft = pairs[arch]
     decoder = speculant.SpeculativeDecoder(target, draft, gamma=4, temperature=0)
-    stats = [decoder.generate(max_new_tokens=MAX_NEW, **inputs(arch, i)).stats for i in range(len(PROMPTS))]
+    stats = [decoder.generate(max_new_tokens=MAX_NEW, **speculant_inputs(arch, i)).stats for i in range(len(PROMPTS))]
     accepted = sum(s.accepted_tokens for s in stats)
     assert 0 < accepted < sum(s.drafted_tokens for s in stats)
 
@@ -86,7 +81,7 @@ def test_two_token_law_matches_transformers(pairs, arch, temperature, top_k, top
     model, target, draft = pairs[arch]
     start = [0] if arch == "t5" else PROMPTS[0]
     source = SOURCES[0]
-    law = two_token_law(model, arch, start, source, temperature, top_k, top_p)
+    law = two_token_law(model, arch, start, temperature, top_k, top_p, source=source)
     decoder = speculant.SpeculativeDecoder(target, draft, gamma=3, temperature=temperature, top_k=top_k,
                                            top_p=top_p)
     extra = {"encoder_input_ids": source} if arch == "t5" else {}
@@ -117,7 +112,7 @@ def test_tree_two_token_law_matches_transformers(pairs, arch, siblings):
     """Three tokens are generated, so that the first iteration verifies the whole tree [3, 2]; the first two
     are tested (rows of one batch, each with its own seed)."""
     model, target, draft = pairs[arch]
-    law = two_token_law(model, arch, PROMPTS[0], SOURCES[0], 1.0, 0, 1.0)
+    law = two_token_law(model, arch, PROMPTS[0], 1.0, 0, source=SOURCES[0])
     decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], siblings=siblings, temperature=1.0)
     batch = 500
     samples = np.array([r.tokens[:2] for b in range(N_SAMPLES // batch)
@@ -136,10 +131,10 @@ def test_hierarchical_draft_is_greedy_exact_and_keeps_the_law(pairs, arch):
     decoder = speculant.SpeculativeDecoder(target, speculant.SpeculativeDecoder(draft, bigram, gamma=2,
                                                                                 temperature=0), gamma=3, temperature=0)
     for index in range(len(PROMPTS)):
-        assert decoder.generate(**inputs(arch, index), max_new_tokens=MAX_NEW).tokens == hf_greedy(
+        assert decoder.generate(**speculant_inputs(arch, index), max_new_tokens=MAX_NEW).tokens == hf_greedy(
             model, arch, index, eos=None)
     start = [0] if arch == "t5" else PROMPTS[0]
-    law = two_token_law(model, arch, start, SOURCES[0], 1.0, 0, 1.0)
+    law = two_token_law(model, arch, start, 1.0, 0, source=SOURCES[0])
     sampled = decoder.with_sampling(1.0)
     batch = 500
     extra = {"encoder_input_ids": [SOURCES[0]] * batch} if arch == "t5" else {}
@@ -155,7 +150,7 @@ def test_two_token_law_detects_a_different_model(pairs, tmp_path):
     model, _, _ = pairs["gpt2"]
     speculant.export(hf_models.drafted(model, noise=0.05, seed=12), tmp_path / "other.pt")
     other = speculant.load(tmp_path / "other.pt")
-    law = two_token_law(model, "gpt2", PROMPTS[0], [], 1.0, 0, 1.0)
+    law = two_token_law(model, "gpt2", PROMPTS[0], 1.0, 0)
     samples = np.array([speculant.generate(other, PROMPTS[0], max_new_tokens=2, seed=1000 + i).tokens
                         for i in range(N_SAMPLES)])
     assert chi_square_pvalue(law, samples) < SIGNIFICANCE

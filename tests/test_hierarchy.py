@@ -16,15 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.laws import assert_law
 from speculant import analysis, sampling
 
 N_SAMPLES = 4000
 BATCH = 100  # rows per generate call; row r of a call seeded s is what a batch of one seeded s + r gives
 MAX_NEW_TOKENS = 6
-WINDOWS = [(0, 1, 2), (3, 4, 5)]
 VOCAB = 4
 PROMPT = [2, 1, 3]
 
@@ -108,12 +107,6 @@ def samples(decoder, seed_base: int, **options) -> np.ndarray:
         results = decoder.generate([PROMPT] * BATCH, max_new_tokens=MAX_NEW_TOKENS, seed=seed_base + start, **options)
         out += [r.tokens for r in results]
     return np.asarray(out, dtype=np.int64)
-
-
-def assert_law(got: np.ndarray, law: torch.Tensor, label: str) -> None:
-    for window in WINDOWS:
-        pvalue = chi_square_pvalue(markov.marginal(law, list(window)), got[:, list(window)])
-        assert pvalue > SIGNIFICANCE, f"{label}: tokens {window} reject the exact law, p = {pvalue:.3g}"
 
 
 ENGINE = [

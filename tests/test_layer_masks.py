@@ -13,7 +13,7 @@ import torch
 import transformers
 from transformers import masking_utils
 
-import hf_families
+from support import hf_families
 from speculant import layer_masks
 
 # a tree after a prefix of 6 entries: root at 6, children at 7, grandchildren at 8 (entries in breadth-first order)

@@ -1,5 +1,5 @@
-"""Live transformers models (speculant.load(model)): every family of tests/hf_families.py decodes as transformers
-does, through the C++ engine with the model's forward called back in Python.
+"""Live transformers models (speculant.load(model)): every family of tests/support/hf_families.py decodes as
+transformers does, through the C++ engine with the model's forward called back in Python.
 
 * Greedy: plain and speculative decoding (γ ∈ {1, 4}) give transformers' own `generate(do_sample=False)` output
   token for token, and so does transformers' assisted generation with the same draft (checked here too, so that
@@ -20,10 +20,10 @@ import pytest
 import torch
 import transformers
 
-import hf_families
+from support import hf_families
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue
-from live_reference import MAX_NEW, PROMPT, SOURCE, _inputs, _start, hf_greedy, two_token_law
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.live_reference import MAX_NEW, PROMPT, SOURCE, first_tokens, hf_greedy, speculant_inputs, two_token_law
 
 TRANSFORMERS = tuple(int(part) for part in transformers.__version__.split(".")[:2])
 
@@ -67,15 +67,16 @@ def test_greedy_equals_transformers_plain_and_assisted(zoo, family):
 
     target, draft = speculant.load(model), speculant.load(draft_model)
     assert target.form == "live" and target.vocab_size == hf_families.VOCAB
-    assert speculant.generate(target, max_new_tokens=MAX_NEW, temperature=0, **_inputs(family)).tokens == expected
+    greedy = speculant.generate(target, max_new_tokens=MAX_NEW, temperature=0, **speculant_inputs(family))
+    assert greedy.tokens == expected
     accepted = drafted = 0
     for gamma in (1, 4):
         decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0)
-        result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
+        result = decoder.generate(max_new_tokens=MAX_NEW, **speculant_inputs(family))
         assert result.tokens == expected, f"gamma={gamma}"
         accepted += result.stats.accepted_tokens
         drafted += result.stats.drafted_tokens
-        stopped = decoder.generate(max_new_tokens=MAX_NEW, eos_token_id=eos, **_inputs(family))
+        stopped = decoder.generate(max_new_tokens=MAX_NEW, eos_token_id=eos, **speculant_inputs(family))
         assert stopped.tokens == expected_eos, f"gamma={gamma} with eos"
     assert 0 < accepted < drafted  # both paths of Algorithm 1: kept drafts and corrections
 
@@ -97,7 +98,7 @@ def test_greedy_trees_equal_transformers(zoo, family):
         batch = {"prompt_ids": [PROMPT, PROMPT[:1]]}
     for shape in ([2, 2], [3, 1, 1]):
         decoder = speculant.SpeculativeDecoder(target, draft, tree=shape, temperature=0)
-        result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
+        result = decoder.generate(max_new_tokens=MAX_NEW, **speculant_inputs(family))
         assert result.tokens == expected and result.stats.accepted_tokens > 0, f"tree {shape}"
         rows = decoder.generate(max_new_tokens=MAX_NEW, **batch)
         assert rows[0].tokens == expected, f"tree {shape} in a batch"
@@ -111,7 +112,7 @@ def test_tree_law_matches_transformers(zoo, family):
     model, _ = zoo[family]
     size = N_SAMPLES // 4
     if hf_families.is_encoder_decoder(family):
-        start, batch = _start(model, family), {"encoder_input_ids": [SOURCE] * size}
+        start, batch = first_tokens(model, family), {"encoder_input_ids": [SOURCE] * size}
     else:
         start = LONG_PROMPT
         batch = {"prompt_ids": [LONG_PROMPT] * size}
@@ -134,7 +135,7 @@ def test_hierarchical_draft_of_live_models_is_greedy_exact(zoo, family):
                                            hf_families.VOCAB)
     level = speculant.SpeculativeDecoder(draft_model, bigram, gamma=2, temperature=0)
     decoder = speculant.SpeculativeDecoder(model, level, gamma=3, temperature=0)
-    result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
+    result = decoder.generate(max_new_tokens=MAX_NEW, **speculant_inputs(family))
     assert result.tokens == expected and result.levels[0].target_calls > 0
 
 
@@ -146,11 +147,11 @@ def test_draft_of_another_family(zoo, target_family, draft_family):
     other, _ = zoo[draft_family]
     expected = hf_greedy(model, target_family)
     decoder = speculant.SpeculativeDecoder(model, other, gamma=3, temperature=0)
-    assert decoder.generate(max_new_tokens=MAX_NEW, **_inputs(target_family)).tokens == expected
+    assert decoder.generate(max_new_tokens=MAX_NEW, **speculant_inputs(target_family)).tokens == expected
 
 
 def _law_pvalue(model, family, target, draft, temperature=1.0, top_k=0) -> float:
-    start = _start(model, family)
+    start = first_tokens(model, family)
     law = two_token_law(model, family, start, temperature, top_k)
     decoder = speculant.SpeculativeDecoder(target, draft, gamma=2, temperature=temperature, top_k=top_k)
     extra = {"encoder_input_ids": SOURCE} if hf_families.is_encoder_decoder(family) else {}

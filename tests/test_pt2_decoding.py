@@ -1,6 +1,6 @@
-"""`.pt2` packages (torch.export + AOTInductor) decode through the C++ engine as transformers does, with no
-Python at call time: GPT-2, Llama, Qwen2 and T5 from tests/hf_families.py (and, for tree calls, Mistral, Gemma 2,
-Gemma 3, its vision-language class and Llama 4), compiled once per session (conftest.pt2_zoo).
+"""`.pt2` packages (torch.export + AOTInductor) decode through the C++ engine as transformers does, with no Python at
+call time: GPT-2, Llama, Qwen2 and T5 from tests/support/hf_families.py (and, for tree calls, Mistral, Gemma 2, Gemma
+3, its vision-language class and Llama 4), compiled once per session (conftest.pt2_zoo).
 
 * Greedy: plain and speculative decoding (γ ∈ {1, 4}; the draft is a live transformers model, so backends mix)
   give transformers' own `generate(do_sample=False)` output token for token, with and without an EOS stop.
@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 import torch
 
-import hf_families
+from support import hf_families
 import speculant
-from chisquare import SIGNIFICANCE, chi_square_pvalue
-from conftest import PT2_FAMILIES
-from live_reference import MAX_NEW, SOURCE, _inputs, _start, hf_greedy, two_token_law
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.hf_families import PT2_FAMILIES
+from support.live_reference import MAX_NEW, SOURCE, first_tokens, hf_greedy, speculant_inputs, two_token_law
 from speculant.export import pt2
 
 N_SAMPLES = 1000
@@ -42,15 +42,16 @@ def test_greedy_equals_transformers_generate(pt2_zoo, family):
     expected = hf_greedy(model, family)
     eos = expected[MAX_NEW // 2]
     expected_eos = hf_greedy(model, family, eos=eos)
-    assert speculant.generate(target, max_new_tokens=MAX_NEW, temperature=0, **_inputs(family)).tokens == expected
+    greedy = speculant.generate(target, max_new_tokens=MAX_NEW, temperature=0, **speculant_inputs(family))
+    assert greedy.tokens == expected
     draft = speculant.load(hf_families.drafted(model, noise=4 * hf_families.NOISE[family], seed=11))
     kept = 0
     for gamma in (1, 4):
         decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=0)
-        result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
+        result = decoder.generate(max_new_tokens=MAX_NEW, **speculant_inputs(family))
         assert result.tokens == expected, f"gamma={gamma}"
         kept += result.stats.accepted_tokens
-        stopped = decoder.generate(max_new_tokens=MAX_NEW, eos_token_id=eos, **_inputs(family))
+        stopped = decoder.generate(max_new_tokens=MAX_NEW, eos_token_id=eos, **speculant_inputs(family))
         assert stopped.tokens == expected_eos, f"gamma={gamma} with eos"
     assert kept > 0
 
@@ -60,10 +61,10 @@ def test_two_token_law_matches_transformers(pt2_zoo, family):
     model, path = pt2_zoo(family)
     target = speculant.load(path)
     draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE[family], seed=12))
-    start = _start(model, family)
+    start = first_tokens(model, family)
     law = two_token_law(model, family, start, 1.0, 0)
     decoder = speculant.SpeculativeDecoder(target, draft, gamma=2, temperature=1.0)
-    extra = {"encoder_input_ids": _inputs(family)["encoder_input_ids"]} if target.encoder_decoder else {}
+    extra = {"encoder_input_ids": speculant_inputs(family)["encoder_input_ids"]} if target.encoder_decoder else {}
     samples = np.array([decoder.generate(start, max_new_tokens=2, seed=3000 + i, **extra).tokens
                         for i in range(N_SAMPLES)])
     pvalue = chi_square_pvalue(law, samples)
@@ -107,8 +108,8 @@ def test_check_distribution_takes_pt2_packages(pt2_zoo, family):
     from speculant import testing
 
     model, path = pt2_zoo(family)
-    start = _start(model, family)
-    source = _inputs(family).get("encoder_input_ids")
+    start = first_tokens(model, family)
+    source = speculant_inputs(family).get("encoder_input_ids")
     ids = start + [7, 3]
     with torch.no_grad():
         if source:
@@ -116,7 +117,7 @@ def test_check_distribution_takes_pt2_packages(pt2_zoo, family):
         else:
             expected = model(input_ids=torch.tensor([ids])).logits[0, -1]
     for target in (path, str(path), speculant.load(path)):
-        got = testing._module_logits(target, "target", source)(ids)
+        got = testing.sequence_logits(target, "target", source)(ids)[-1]  # check_distribution's reference
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-4 * max(1.0, expected.abs().max().item()))
     draft = hf_families.drafted(model, noise=5 * hf_families.NOISE[family], seed=12)
     extra = {"generate_kwargs": {"encoder_input_ids": source}} if source else {}
@@ -141,7 +142,7 @@ def test_trees_and_beams_equal_transformers(pt2_zoo, family):
     (8 positions each) are applied inside the package on each slot's position, which beams, holding several
     beams' entries, tell apart from its index; T5's relative position bias on each key's rank on its query's
     path, each row over its own source."""
-    from decoding_references import assert_equal_beams, transformers_beams
+    from support.decoding_references import assert_equal_beams, transformers_beams
 
     if family == "llama4" and TORCH < (2, 15):  # seen with torch 2.11 (transformers 5.17 and 5.23); 2.15 exports it
         pytest.skip("this torch's export cannot prove its guard on Llama 4's chunked layers in the tree form "
@@ -154,16 +155,17 @@ def test_trees_and_beams_equal_transformers(pt2_zoo, family):
     for draft in (live_draft, speculant.load(path)):
         for tree in ([2, 2], [3, 1, 1], speculant.DynamicTree(budget=6, depth=3)):
             decoder = speculant.SpeculativeDecoder(target, draft, tree=tree, temperature=0)
-            result = decoder.generate(max_new_tokens=MAX_NEW, **_inputs(family))
+            result = decoder.generate(max_new_tokens=MAX_NEW, **speculant_inputs(family))
             assert result.tokens == expected, f"{draft.form} draft, tree {tree}"
             assert [r.tokens for r in decoder.generate(max_new_tokens=MAX_NEW, **_twice(model, family))] == \
                 [expected] * 2
     same = speculant.SpeculativeDecoder(target, speculant.load(path), tree=[1, 1, 1], temperature=0)
-    assert same.generate(max_new_tokens=MAX_NEW, **_inputs(family)).stats.tokens_per_target_call > 3
+    assert same.generate(max_new_tokens=MAX_NEW, **speculant_inputs(family)).stats.tokens_per_target_call > 3
     encoder_decoder = hf_families.is_encoder_decoder(family)
     for w, gamma in ((2, 0), (3, 2)):
-        beams = transformers_beams(model, SOURCE if encoder_decoder else _start(model, family), w, 1.0, False, None)
-        options = dict(max_new_tokens=12, num_beams=w, num_return_sequences=w, **_inputs(family))
+        start = SOURCE if encoder_decoder else first_tokens(model, family)
+        beams = transformers_beams(model, start, w, 1.0, False, None)
+        options = dict(max_new_tokens=12, num_beams=w, num_return_sequences=w, **speculant_inputs(family))
         got = speculant.generate(target, **options) if gamma == 0 else \
             speculant.SpeculativeDecoder(target, live_draft, gamma=gamma).generate(**options)
         assert_equal_beams(got, beams, None, f"w={w} gamma={gamma}")
@@ -173,7 +175,7 @@ def _twice(model, family: str) -> dict:
     """generate()'s arguments for a batch of two rows of the family's input."""
     if hf_families.is_encoder_decoder(family):
         return {"encoder_input_ids": [SOURCE] * 2}
-    return {"prompt_ids": [_start(model, family)] * 2}
+    return {"prompt_ids": [first_tokens(model, family)] * 2}
 
 
 @pytest.mark.parametrize("family", ["llama", "t5"])
@@ -183,7 +185,7 @@ def test_tree_law_with_a_pt2_target(pt2_zoo, family):
     model, path = pt2_zoo(family)
     target = speculant.load(path)
     draft = speculant.load(hf_families.drafted(model, noise=5 * hf_families.NOISE[family], seed=12))
-    start = _start(model, family)
+    start = first_tokens(model, family)
     law = two_token_law(model, family, start, 1.0, 0)
     decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], temperature=1.0)
     if hf_families.is_encoder_decoder(family):
@@ -206,7 +208,8 @@ def test_packages_without_tree_calls_say_why(tmp_path):
     with pytest.raises(ValueError, match="has no tree calls"):
         speculant.SpeculativeDecoder(package, speculant.load(path), tree=[2])
     expected = hf_greedy(chain, "llama")
-    assert speculant.generate(package, max_new_tokens=MAX_NEW, temperature=0, **_inputs("llama")).tokens == expected
+    assert speculant.generate(package, max_new_tokens=MAX_NEW, temperature=0,
+                              **speculant_inputs("llama")).tokens == expected
     # a config window the model never applies (Llama's masks read no sliding_window): layer_masks.follows finds
     # it, so the package keeps the model's own masks (the chain form) and decodes as the model does
     stray = hf_families.make("llama", seed=0)
@@ -214,4 +217,5 @@ def test_packages_without_tree_calls_say_why(tmp_path):
     speculant.export(stray, tmp_path / "stray.pt2", max_length=32)
     package = speculant.load(tmp_path / "stray.pt2")
     assert "has no tree calls" in package.tree_obstacle and stray.config.sliding_window == 4
-    assert speculant.generate(package, max_new_tokens=MAX_NEW, temperature=0, **_inputs("llama")).tokens == expected
+    assert speculant.generate(package, max_new_tokens=MAX_NEW, temperature=0,
+                              **speculant_inputs("llama")).tokens == expected

@@ -10,7 +10,7 @@ for a few tens of seconds per model on a CPU, so each package is built once per 
 import json
 import re
 
-import hf_families
+from support import hf_families
 import pytest
 import torch
 import transformers
@@ -19,7 +19,8 @@ from torch._inductor.package import load_package
 
 from speculant.export import pt2
 
-from conftest import PT2_MAX_LENGTH, PT2_MAX_SOURCE_LENGTH
+from support.hf_families import PT2_MAX_LENGTH, PT2_MAX_SOURCE_LENGTH, random_ids
+from support.live_reference import hf_logits
 
 TOLERANCE = 1e-4
 DECODERS = ["gpt2", "llama", "qwen2"]
@@ -43,10 +44,6 @@ def exported(pt2_zoo):
     return get
 
 
-def tokens(length, seed=1):
-    return torch.randint(0, 64, (1, length), generator=torch.Generator().manual_seed(seed))
-
-
 NO_MOVE = torch.zeros(1, dtype=torch.long)  # the tree form's moves: slot 0 to itself
 
 
@@ -57,11 +54,6 @@ def run(package, ids, start, *encoded):  # ids [1, k] at positions start .. star
         mask = slots.unsqueeze(1) >= torch.arange(int(metadata["max_length"])).unsqueeze(0)
         return package(ids, slots, slots, mask, NO_MOVE, NO_MOVE, *encoded)
     return package(ids, slots, *encoded)
-
-
-def reference(model, ids):  # transformers' logits for the whole sequence [1, T] -> [1, T, V]
-    with torch.no_grad():
-        return model(ids).logits
 
 
 def close(got, expected, tolerance=TOLERANCE):
@@ -75,15 +67,15 @@ def close(got, expected, tolerance=TOLERANCE):
 @pytest.mark.parametrize("length", [1, 5, 17])
 def test_prefill(exported, name, length):
     model, package = exported(name)
-    ids = tokens(length)
-    close(run(package, ids, 0), reference(model, ids))
+    ids = random_ids(length)
+    close(run(package, ids, 0), hf_logits(model, ids))
 
 
 @pytest.mark.parametrize("name", DECODERS)
 def test_extend(exported, name):
     model, package = exported(name)
-    ids = tokens(10)
-    expected = reference(model, ids)
+    ids = random_ids(10)
+    expected = hf_logits(model, ids)
     run(package, ids[:, :6], 0)
     close(run(package, ids[:, 6:9], 6), expected[:, 6:9])   # 3 tokens
     close(run(package, ids[:, 9:10], 9), expected[:, 9:10])  # 1 token
@@ -92,11 +84,11 @@ def test_extend(exported, name):
 @pytest.mark.parametrize("name", DECODERS)
 def test_rollback(exported, name):
     model, package = exported(name)
-    old, new = tokens(6), tokens(8, seed=2)
+    old, new = random_ids(6), random_ids(8, seed=2)
     new[:, :3] = old[:, :3]
     run(package, old, 0)
     # positions 3..5 hold stale keys of `old`: a call at start 3 overwrites or masks them
-    close(run(package, new[:, 3:], 3), reference(model, new)[:, 3:])
+    close(run(package, new[:, 3:], 3), hf_logits(model, new)[:, 3:])
 
 
 @pytest.mark.parametrize("name", DECODERS)
@@ -105,9 +97,9 @@ def test_tree_call_and_moves(exported, name):
     kept path's entries are moved into place by the next call, which sees them as a plain sequence."""
     model, package = exported(name)
     assert package.get_metadata()["tree_calls"] == "1"
-    prefix = tokens(5)
+    prefix = random_ids(5)
     run(package, prefix, 0)
-    nodes = tokens(4, seed=3)  # a, then b and c children of a, then d child of b: slots 5 .. 8
+    nodes = random_ids(4, seed=3)  # a, then b and c children of a, then d child of b: slots 5 .. 8
     parents, depths = [-1, 0, 0, 1], [0, 1, 1, 2]
     mask = torch.zeros(4, PT2_MAX_LENGTH, dtype=torch.bool)
     mask[:, :5] = True
@@ -121,12 +113,12 @@ def test_tree_call_and_moves(exported, name):
     paths = [[0], [0, 1], [0, 2], [0, 1, 3]]
     for j, path in enumerate(paths):
         ids = torch.cat([prefix, nodes[:, path]], dim=1)
-        close(logits[:, j], reference(model, ids)[:, -1])
+        close(logits[:, j], hf_logits(model, ids)[:, -1])
     # keep a, b, d: d's entry moves from slot 8 to slot 7 within the next call, a token x at slot 8
-    x = tokens(1, seed=4)
+    x = random_ids(1, seed=4)
     got = package(x, torch.tensor([8]), torch.tensor([8]), torch.arange(PT2_MAX_LENGTH).unsqueeze(0) <= 8,
                   torch.tensor([8]), torch.tensor([7]))
-    close(got, reference(model, torch.cat([prefix, nodes[:, [0, 1, 3]], x], dim=1))[:, -1:])
+    close(got, hf_logits(model, torch.cat([prefix, nodes[:, [0, 1, 3]], x], dim=1))[:, -1:])
 
 
 @pytest.mark.parametrize("name", DECODERS)
@@ -143,9 +135,9 @@ def test_half_precision_logits_are_float32(tmp_path):
     model = hf_families.make("llama", seed=0).to(torch.bfloat16)
     path = tmp_path / "llama_bf16.pt2"
     pt2.export_pt2(model, path, max_length=16, metadata_json="{}")
-    ids = tokens(7)
+    ids = random_ids(7)
     got = run(torch._inductor.aoti_load_package(str(path)), ids, 0)
-    close(got, reference(model, ids), tolerance=3e-2)  # bf16 keeps 8 bits: rounding of about 2^-8 per step
+    close(got, hf_logits(model, ids), tolerance=3e-2)  # bf16 keeps 8 bits: rounding of about 2^-8 per step
 
 
 class DataDependent(transformers.GPT2LMHeadModel):
@@ -200,10 +192,10 @@ def t5(pt2_zoo):
 @pytest.mark.parametrize("source_length", [1, 7, 24])
 def test_t5_decoder_with_cache(t5, source_length):
     model, encoder, decoder = t5
-    source = tokens(source_length, seed=3)
+    source = random_ids(source_length, seed=3)
     encoded = encoder(source)
     assert len(encoded) == 1 + 2 * 2 and encoded[1].shape == (1, 4, source_length, 12)  # 2 decoder layers
-    ids = tokens(12)
+    ids = random_ids(12)
     with torch.no_grad():
         expected = model(input_ids=source, decoder_input_ids=ids).logits
     assert decoder.get_metadata()["tree_calls"] == "1"
@@ -212,7 +204,7 @@ def test_t5_decoder_with_cache(t5, source_length):
     run(decoder, ids[:, :6], 0, *encoded)
     close(run(decoder, ids[:, 6:9], 6, *encoded), expected[:, 6:9])
     close(run(decoder, ids[:, 9:10], 9, *encoded), expected[:, 9:10])
-    new = tokens(12, seed=4)
+    new = random_ids(12, seed=4)
     new[:, :3] = ids[:, :3]
     with torch.no_grad():
         expected = model(input_ids=source, decoder_input_ids=new).logits

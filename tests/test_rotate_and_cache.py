@@ -5,7 +5,7 @@ On the CPU it is the composite the plain export runs (llama.py's rotate over hea
 bit for bit, for the batch-1 cache and a batch's rows. The CUDA kernel is checked on a GPU against float64
 references computed on the CPU (marked cuda: skipped without one): every dtype, grouped key/value heads, 1 to 16
 tokens, one table for all rows or one per row, and the cache slots it must leave alone. The same kernel also runs
-here, emulated on CPU threads under AddressSanitizer (tests/emulated_kernels.py), against the same references.
+here, emulated on CPU threads under AddressSanitizer (tests/support/emulated_kernels.py), against the same references.
 """
 import functools
 import warnings
@@ -13,9 +13,9 @@ import warnings
 import pytest
 import torch
 
-import emulated_kernels
-import kernel_checks
-from kernel_checks import relative_error
+from support import emulated_kernels
+from support import kernel_checks
+from support.kernel_checks import relative_error
 from speculant.export import cached
 from speculant.export.llama import head_tables, rotate
 

@@ -1,4 +1,4 @@
-"""speculant.sampling (C++) against the pure-torch float64 reference in tests/reference.py.
+"""speculant.sampling (C++) against the pure-torch float64 reference in tests/support/reference.py.
 
 Notation (paper §2): p = target, q = draft, l = lenience. Every C++ op is compared with the reference
 on random inputs (fixed seeds) and on hand-made edge cases with exact expected values.
@@ -10,7 +10,7 @@ import pytest
 import scipy.stats
 import torch
 
-import reference
+from support import reference
 import speculant
 from speculant import sampling
 

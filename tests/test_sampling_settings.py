@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
-from engine_checks import load_pair
+from support.engine_checks import load_pair
 from speculant import SamplingSettings, sampling, testing
 
 

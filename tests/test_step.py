@@ -1,4 +1,4 @@
-"""The engine's step kernels (cpp/math/step.h, cpp/math/cpu_kernels.h) against tests/reference.py.
+"""The engine's step kernels (cpp/math/step.h, cpp/math/cpu_kernels.h) against tests/support/reference.py.
 
 CPU tensors run fused host kernels, accelerators the tensor path; both are checked here on CPU:
 * standardize: host kernel = tensor path = reference, on edge cases (masks, ties, top-k / top-p edges,
@@ -16,8 +16,8 @@ import pytest
 import scipy.stats
 import torch
 
-import reference
-from chisquare import pooled
+from support import reference
+from support.chisquare import pooled
 from speculant import _core
 
 F64 = torch.float64

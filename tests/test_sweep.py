@@ -1,4 +1,4 @@
-"""speculant.sweep on table models (tests/markov.py): the grid, the columns' definitions, reproducibility with a
+"""speculant.sweep on table models (tests/support/markov.py): the grid, the columns' definitions, reproducibility with a
 seed, interruption, and the pass-through of generate arguments."""
 
 import importlib
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
 from speculant import analysis
 from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_cached
@@ -206,7 +206,7 @@ def test_siblings_are_an_axis_of_the_trees():
     """siblings= runs every tree once per way of drawing its children (the chains' rows have none there), the
     same seeds giving each way its own tokens; a name outside SpeculativeDecoder's is refused before anything
     runs."""
-    from engine_checks import MarkovRows
+    from support.engine_checks import MarkovRows
     target, draft = (speculant.load(torch.jit.script(MarkovRows(t.float(), 64)))
                      for t in markov.target_and_draft(6, 4, draft_scale=1.0))
     frame = speculant.sweep(target, draft, PROMPTS, gammas=[2], trees=[[3]], siblings=["without_replacement", "top"],
@@ -307,7 +307,7 @@ def test_trees_beside_chains():
     """trees= rows sit beside the chains' (tree None), at every sampling setting and lenience 1 only, with the
     tree theory's expected tokens and prediction at the acceptance table they measured (MarkovRows: tables with
     the tree calls)."""
-    from engine_checks import MarkovRows
+    from support.engine_checks import MarkovRows
     from speculant import timing
     target, draft = (speculant.load(torch.jit.script(MarkovRows(t.float(), 64)))
                      for t in markov.target_and_draft(6, 3, draft_scale=1.0))
@@ -338,7 +338,7 @@ def test_a_sibling_draft_draws_the_trees_later_children():
     SpeculativeDecoder(..., sibling_draft=) at the same seeds), leaves the chains alone, counts both models'
     calls and prices them (analysis.tree_draft_calls: the sibling's down to the deepest level that branches, [2, 1, 2]
     through its single-child level 1); it is refused by name where it cannot apply, before anything runs."""
-    from engine_checks import MarkovRows
+    from support.engine_checks import MarkovRows
     from speculant import timing
     target, draft, sibling = (speculant.load(torch.jit.script(MarkovRows(t.float(), 64)))
                               for t in (*markov.target_and_draft(6, 3, draft_scale=1.0),

@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-import markov
+from support import markov
+from support.reference import one_hot
 import speculant
 from speculant import drafters, workers
 
@@ -23,16 +24,12 @@ TIMES = ["seconds", "plain_seconds", "c", "speedup", "speedup_min", "speedup_max
 EXACT = [c for c in sweep_module.COLUMNS if c not in TIMES]  # the setting, alpha, counts: fixed by the seed
 
 
-def one_hot(tokens):
-    return torch.nn.functional.one_hot(torch.tensor(tokens, dtype=torch.long), VOCAB).double()  # [k, V]
-
-
 def short_continuations(context, gamma):
     """A Python drafter with a bug that shows only at gamma > 4: it keeps 4-token continuations and indexes
     past them (IndexError) when asked for more. Module-level, so that workers import it by name."""
     row = [(context[-1] + i + 1) % VOCAB for i in range(4)]
     tokens = [row[i] for i in range(gamma)]
-    return tokens, one_hot(tokens)
+    return tokens, one_hot(tokens, VOCAB)  # [k, V]
 
 
 def die():
@@ -89,7 +86,7 @@ def test_drafters_travel_as_their_arguments(pair, pool):
 def test_a_sibling_draft_travels_as_its_file(pool, tmp_path):
     """sweep(sibling_draft=) on a process pool: the sibling goes as its file, loaded in each worker under a role
     of its own, and the tree rows give the serial sweep's tokens, alpha and counts."""
-    from engine_checks import MarkovRows
+    from support.engine_checks import MarkovRows
     tables = (*markov.target_and_draft(VOCAB, 3, draft_scale=1.0), markov.target_and_draft(VOCAB, 103)[1])
     paths = [str(tmp_path / f"{name}.pt") for name in ("target", "draft", "sibling")]
     for table, path in zip(tables, paths):
@@ -199,7 +196,7 @@ class NoTasks:
 
 
 def test_models_without_a_file_are_refused_before_anything_runs(pair, files):
-    import hf_families
+    from support import hf_families
 
     target, draft = markov.target_and_draft(VOCAB, 3, draft_scale=1.0)
     in_memory = speculant.load(markov.cached_model(target)), speculant.load(markov.cached_model(draft))
@@ -222,7 +219,7 @@ def test_models_without_a_file_are_refused_before_anything_runs(pair, files):
 
 
 def test_a_save_pretrained_directory_travels_with_its_dtype(tmp_path):
-    import hf_families
+    from support import hf_families
 
     hf_families.make("gpt2", seed=1).save_pretrained(tmp_path / "gpt2")
     model = speculant.load(tmp_path / "gpt2", dtype="bfloat16", vocab_size=1000)

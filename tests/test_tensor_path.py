@@ -7,12 +7,12 @@ decodes take that path, batches, level-wide draws, tree verification and rollbac
 runs (all of it but the CUDA graphs) is checked on every machine:
 
 * the law: Pearson chi-square of the first LAW_NEW tokens against the target's exact law on native Markov tables
-  (tests/engine_checks.py's MarkovRows, 4,000 rows in batches of 1,000), at SIGNIFICANCE = 1e-3 per window, 2 windows
-  per case, fixed seeds: 9 cases (chains, trees of each way of drawing siblings, a grown tree whose last level has
-  unequal child counts, a tree with a sibling draft, and a chain with lenience against its own exact law, A.5), at
-  most 1.8% family-wise false failures for a fresh choice of seeds (Bonferroni);
-* greedy decoding token for token the pure-torch greedy loop (tests/decoding_references.py), chains and trees, one
-  prompt and a batch; sampled rows of a batch equal to each row decoded alone with its seed;
+  (tests/support/engine_checks.py's MarkovRows, 4,000 rows in batches of 1,000), at SIGNIFICANCE = 1e-3 per window, 2
+  windows per case, fixed seeds: 9 cases (chains, trees of each way of drawing siblings, a grown tree whose last
+  level has unequal child counts, a tree with a sibling draft, and a chain with lenience against its own exact law,
+  A.5), at most 1.8% family-wise false failures for a fresh choice of seeds (Bonferroni);
+* greedy decoding token for token the pure-torch greedy loop (tests/support/decoding_references.py), chains and
+  trees, one prompt and a batch; sampled rows of a batch equal to each row decoded alone with its seed;
 * one device -> host read per iteration (the verification's read-back, counted by ``_core._host_reads``), chains and
   trees of every sibling rule, sampled and greedy; none on the host kernels;
 * that the switch switches: sampled tokens differ from the host kernels' under the same seed (other draws of the
@@ -23,13 +23,13 @@ import contextlib
 
 import pytest
 
-import markov
+from support import markov
 import speculant
 from speculant import _core
-from chisquare import SIGNIFICANCE, chi_square_pvalue
-from decoding_references import GIVEN, NEW, PROMPTS, TARGET, perturbed, torch_greedy
-from engine_checks import SETTINGS, check_rows, markov_model, poisoned_table, table_model
-from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples
+from support.chisquare import SIGNIFICANCE, chi_square_pvalue
+from support.decoding_references import GIVEN, NEW, PROMPTS, TARGET, perturbed, torch_greedy
+from support.engine_checks import SETTINGS, check_rows, markov_model, poisoned_table, table_model
+from support.laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples
 from speculant.testing import tensor_path
 from speculant.tiny_gpt import script_cached
 
@@ -71,7 +71,7 @@ def test_tensor_path_sibling_draft_law():
 
 def test_tensor_path_lenient_law():
     """Lenience (A.5) changes the law on purpose: the samples follow the exact lenient law, enumerated with
-    tests/reference.py (one more case in the family above: at most 1.8% in all)."""
+    tests/support/reference.py (one more case in the family above: at most 1.8% in all)."""
     lenience, gamma, temperature = 0.3, 2, 1.0
     target, draft = markov.target_and_draft(LAW_VOCAB, 78, independent_draft=True, concentration=0.5)
     decoder = speculant.SpeculativeDecoder(table_model(target), table_model(draft), gamma=gamma,

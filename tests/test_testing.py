@@ -1,4 +1,4 @@
-"""speculant.testing on table models (tests/markov.py) and a small TinyGPT: the exact reference law, a correct
+"""speculant.testing on table models (tests/support/markov.py) and a small TinyGPT: the exact reference law, a correct
 pair passes, lenience and a wrong reference are caught (power), the partition stays small for a larger
 vocabulary, and the inputs it accepts."""
 
@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
 from speculant import testing
 from speculant.tiny_gpt import TinyGPT, TinyGPTConfig, script_plain
@@ -196,10 +196,10 @@ def test_larger_vocabulary_is_partitioned(tmp_path):
         draft_gpt.tok_emb.weight.copy_(target_gpt.tok_emb.weight + 0.3 * torch.randn(64, 16))
     path = tmp_path / "target.pt"
     script_plain(target_gpt).save(str(path))
-    reference = testing._module_logits(str(path), "target")
+    reference = testing.sequence_logits(str(path), "target")
     calls = []
     check = testing.check_distribution(speculant.load(path), script_plain(draft_gpt), [1, 2], k=3, gamma=2,
-                                       samples=400, target_logits=lambda ids: calls.append(ids) or reference(ids))
+                                       samples=400, target_logits=lambda ids: calls.append(ids) or reference(ids)[-1])
     assert check.passed, check.report
     assert 1 < len(calls) <= 3 * 400 / 5
     kinds = {"pooled" if cell[0] == "pooled" else "rest" if "*" in cell else "complete" for cell, _, _ in check.cells}
@@ -277,7 +277,7 @@ def test_a_thin_law_over_a_large_vocabulary_keeps_its_power():
 
 
 def hf_pair(arch):
-    import hf_models  # transformers, only for these tests
+    from support import hf_models  # transformers, only for these tests
 
     model = hf_models.make(arch, seed=0)
     return model, hf_models.drafted(model, noise=1e-4 if arch == "t5" else 0.01, seed=1)
@@ -301,8 +301,8 @@ def test_live_models_and_save_pretrained_directories(arch, tmp_path):
         else:
             expected = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, -1]
     for target in (model, tmp_path / "target", str(tmp_path / "target"), speculant.load(model)):
-        reference = testing._module_logits(target, "target", source)
-        torch.testing.assert_close(reference(prompt + [7, 3]), expected, rtol=0, atol=1e-4)
+        reference = testing.sequence_logits(target, "target", source)  # check_distribution's, row -1
+        torch.testing.assert_close(reference(prompt + [7, 3])[-1], expected, rtol=0, atol=1e-4)
     checks = [testing.check_distribution(target, d, prompt, k=2, gamma=2, samples=200, seed=1, **extra)
               for target, d in [(model, draft), (tmp_path / "target", tmp_path / "draft")]]
     for check in checks:
@@ -316,7 +316,7 @@ def test_live_models_and_save_pretrained_directories(arch, tmp_path):
 def test_live_reference_is_padded_to_the_loaded_vocabulary():
     model, draft = hf_pair("gpt2")
     target = speculant.load(model, vocab_size=80)
-    row = testing._module_logits(target, "target")([1, 5, 9])
+    row = testing.sequence_logits(target, "target")([1, 5, 9])[-1]
     assert row.shape == (80,) and bool(torch.isinf(row[64:]).all()) and bool(torch.isfinite(row[:64]).all())
     check = testing.check_distribution(target, speculant.load(draft, vocab_size=80), [1, 5, 9], k=1, gamma=2,
                                        samples=100)

@@ -7,9 +7,9 @@ import threading
 import pytest
 import torch
 
-import hf_families
+from support import hf_families
 import speculant
-from engine_checks import same_seed_outputs
+from support.engine_checks import same_seed_outputs
 from speculant import drafters, tiny_gpt
 
 pytestmark = pytest.mark.filterwarnings("ignore:model .* is in the plain form:UserWarning")

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import markov
+from support import markov
 import speculant
 from speculant.demo_pair import decode, encode
 

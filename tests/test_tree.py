@@ -9,7 +9,7 @@ child becomes the next node, and when all are rejected t is drawn from the last 
 * Exact, by enumeration (float64, no sampling): on Markov tables (each token's next-token law depends on it alone),
   the law of what one iteration emits, drafting included, completed by the target to depth + 1 tokens, equals
   the target's own law of depth + 1 tokens, for several shapes, sampling modes (temperature, top-k, top-p) and
-  the three ways of drawing children. ``iteration_law`` (tests/tree_laws.py) is the rule written out; the
+  the three ways of drawing children. ``iteration_law`` (tests/support/tree_laws.py) is the rule written out; the
   enumeration proves it exact, and the chi-square tests check that the C++ (draw_children + verify_tree) samples
   that same law.
 * Statistical: Pearson chi-square of the emitted sequences (pooled to expected counts >= 5) against
@@ -35,11 +35,11 @@ import scipy.optimize
 import scipy.stats
 import torch
 
-from chisquare import SIGNIFICANCE, pooled
+from support.chisquare import SIGNIFICANCE, pooled
 from speculant import _core
 from speculant.testing import tensor_path
-from tree_laws import (F64, VOCAB, completed, iteration_law, sibling_table, standardized, tables, target_law,
-                       top_order)
+from support.tree_laws import (F64, VOCAB, completed, iteration_law, sibling_table, standardized, tables,
+                               target_law, top_order)
 
 
 # ------------------------------------------------------------------------------------------------

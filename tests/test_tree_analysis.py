@@ -19,7 +19,7 @@ import pytest
 import scipy.stats
 
 from speculant import _core, analysis
-from chisquare import SIGNIFICANCE
+from support.chisquare import SIGNIFICANCE
 
 
 

@@ -13,9 +13,9 @@ copy_slots, on TinyGPT's cached form and on GPT-2 and Llama exports.
 import pytest
 import torch
 
-import hf_models
+from support import hf_models
 import speculant
-from decoding_references import TARGET
+from support.decoding_references import TARGET
 from speculant.tiny_gpt import script_cached
 
 # Breadth-first parents of two trees: node 0 is the root (the last decided token, fed with its drafts)

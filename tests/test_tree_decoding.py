@@ -5,12 +5,12 @@ the target verifies the pending token and every node in one call with an ancesto
 and only the accepted path's cache entries are kept, moved into place (model.h: extend_rows_masked,
 copy_slots). What is checked:
 
-* Greedy: token for token the pure-torch greedy loop of tests/decoding_references.py (no engine, no cache; every step's
-  top-2 gap at least 1e-3), for several shapes, drafts that are often right, unrelated or identical, batches of
-  ragged prompts and EOS stops. A cache entry left in the wrong slot changes later argmaxes, so this also checks
-  the cache after every iteration against a cache-free recomputation of the kept path.
+* Greedy: token for token the pure-torch greedy loop of tests/support/decoding_references.py (no engine, no cache;
+  every step's top-2 gap at least 1e-3), for several shapes, drafts that are often right, unrelated or identical,
+  batches of ragged prompts and EOS stops. A cache entry left in the wrong slot changes later argmaxes, so this also
+  checks the cache after every iteration against a cache-free recomputation of the kept path.
 * The law: Pearson chi-square of the first LAW_NEW tokens against the target's exact law on native Markov
-  tables (tests/engine_checks.py's MarkovRows, which reads each node's predecessor through the mask), at
+  tables (tests/support/engine_checks.py's MarkovRows, which reads each node's predecessor through the mask), at
   SIGNIFICANCE = 1e-3 per window, 2 windows per case, fixed seeds: 9 cases (each way of drawing siblings, given
   trees), at most 1.8% family-wise false failures for a fresh choice of seeds (Bonferroni).
 * Sibling drafts (``sibling_draft=``, cpp/math/tree.h): a second draft model for the later children. The law on
@@ -26,7 +26,7 @@ copy_slots). What is checked:
   Llama, alone and in a batch; the first two tokens' law with trees is the target's (Llama, chi-square at
   SIGNIFICANCE = 1e-3, fixed seeds); a model that ignores the mask, an encoder-decoder other than T5 (BART),
   an ALiBi model (Bloom), layer types without tree masks and a config window the model does not apply are
-  refused by name. (Every other family of tests/hf_families.py, sliding
+  refused by name. (Every other family of tests/support/hf_families.py, sliding
   windows and attention chunks included: tests/test_live.py.)
 """
 
@@ -35,12 +35,13 @@ import dataclasses
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
-from decoding_references import GIVEN, NEW, PROMPTS, TARGET, TARGET_CONFIG, perturbed, scripted, tiny_gpt, torch_greedy
-from drafter_sets import table_drafters
-from engine_checks import table_model
-from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples
+from support.decoding_references import (GIVEN, NEW, PROMPTS, TARGET, TARGET_CONFIG, perturbed, scripted, tiny_gpt,
+                                         torch_greedy)
+from support.drafter_sets import table_drafters
+from support.engine_checks import table_model
+from support.laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples
 from speculant.tiny_gpt import script_cached
 
 # Plain-form models (forward only) are loaded here on purpose: load's warning that the form recomputes the
@@ -314,7 +315,7 @@ def test_tree_obstacle_names_the_form(models):
 
 @pytest.fixture(scope="module")
 def live_pairs():
-    import hf_models
+    from support import hf_models
     out = {}
     for arch in ("gpt2", "llama"):
         model = hf_models.make(arch, seed=10)
@@ -324,7 +325,7 @@ def live_pairs():
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_live_greedy_trees_equal_transformers_generate(live_pairs, arch):
-    from hf_models import PROMPTS as HF_PROMPTS, hf_greedy
+    from support.hf_models import PROMPTS as HF_PROMPTS, hf_greedy
     model, target, draft = live_pairs[arch]
     assert target.tree_obstacle == "" and draft.tree_obstacle == ""
     expected = [hf_greedy(model, arch, i, eos=None) for i in range(len(HF_PROMPTS))]
@@ -338,10 +339,11 @@ def test_live_greedy_trees_equal_transformers_generate(live_pairs, arch):
 
 def test_live_tree_law_matches_transformers(live_pairs):
     import numpy as np
-    from chisquare import chi_square_pvalue
-    from hf_models import PROMPTS as HF_PROMPTS, SOURCES, two_token_law
+    from support.chisquare import chi_square_pvalue
+    from support.hf_models import PROMPTS as HF_PROMPTS
+    from support.live_reference import two_token_law
     model, target, draft = live_pairs["llama"]
-    law = two_token_law(model, "llama", HF_PROMPTS[0], SOURCES[0], 1.0, 0, 1.0)
+    law = two_token_law(model, "llama", HF_PROMPTS[0], 1.0, 0)
     decoder = speculant.SpeculativeDecoder(target, draft, tree=[3, 2], temperature=1.0)
     samples = np.array([r.tokens[:2] for b in range(6)
                         for r in decoder.generate([HF_PROMPTS[0]] * 500, max_new_tokens=3, seed=7000 + 500 * b)])
@@ -350,7 +352,7 @@ def test_live_tree_law_matches_transformers(live_pairs):
 
 
 def test_live_models_that_cannot_run_trees_are_refused_by_name():
-    import hf_models
+    from support import hf_models
     model = hf_models.make("gpt2", seed=3)
     forward = model.forward
 
@@ -364,7 +366,7 @@ def test_live_models_that_cannot_run_trees_are_refused_by_name():
     assert "does not honour a 4-D attention mask" in broken.tree_obstacle
     with pytest.raises(ValueError, match="does not honour a 4-D attention mask"):
         speculant.SpeculativeDecoder(broken, speculant.load(hf_models.make("gpt2", seed=4)), tree=[2])
-    import hf_families
+    from support import hf_families
     bart = speculant.load(hf_families.make("bart", seed=0))  # learned absolute positions: no tree calls built
     assert "verifies trees only with T5's decoder" in bart.tree_obstacle and bart.beam_obstacle == bart.tree_obstacle
     bloom = speculant.load(hf_families.make("bloom", seed=0))  # ALiBi: positions come from the 2-D mask

@@ -14,10 +14,10 @@ what the exactness argument in the header allows and what these tests check:
 * The engine's rule is this one: at temperature 0 (top-k children, deterministic) each iteration's tree in the
   trace (Iteration.tree) equals the Python rule's on the draft's own logits; every tree keeps the limits.
 * Statistical: Pearson chi-square of the first LAW_NEW tokens against the target's exact law on native Markov
-  tables (tests/engine_checks.py's MarkovRows) with the draft model and with a bigram drafter, at SIGNIFICANCE =
+  tables (tests/support/engine_checks.py's MarkovRows) with the draft model and with a bigram drafter, at SIGNIFICANCE =
   1e-3 per window, 2 windows per case, fixed seeds: 4 cases, at most 0.8% family-wise false failures for a fresh
   choice of seeds (Bonferroni).
-* Greedy: token for token the pure-torch greedy loop (tests/decoding_references.py), alone and in batches, and
+* Greedy: token for token the pure-torch greedy loop (tests/support/decoding_references.py), alone and in batches, and
   transformers' greedy generate on a live GPT-2.
 * The prediction from the trees the iterations drafted (speculant.timing), and the refusals by name.
 """
@@ -29,14 +29,14 @@ import numpy as np
 import pytest
 import torch
 
-import markov
+from support import markov
 import speculant
-from decoding_references import TARGET, TARGET_CONFIG, perturbed, tiny_gpt, torch_greedy
-from drafter_sets import table_drafters
-from engine_checks import table_model
-from laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples
+from support.decoding_references import TARGET, TARGET_CONFIG, perturbed, tiny_gpt, torch_greedy
+from support.drafter_sets import table_drafters
+from support.engine_checks import table_model
+from support.laws import LAW_NEW, LAW_PROMPT, LAW_VOCAB, assert_law, batched_samples
 from speculant.tiny_gpt import script_cached
-from tree_laws import completed, standardized, tables, target_law
+from support.tree_laws import completed, standardized, tables, target_law
 
 # ------------------------------------------------------------------------------------------------
 # The rule, written out (float64), and its exactness
@@ -290,8 +290,8 @@ def test_greedy_grown_trees_are_plain_greedy(greedy_models, growth):
 
 
 def test_live_greedy_grown_trees_equal_transformers_generate():
-    import hf_models
-    from hf_models import PROMPTS as HF_PROMPTS, hf_greedy
+    from support import hf_models
+    from support.hf_models import PROMPTS as HF_PROMPTS, hf_greedy
     model = hf_models.make("gpt2", seed=10)
     target, draft = speculant.load(model), speculant.load(hf_models.drafted(model, noise=0.01, seed=11))
     expected = [hf_greedy(model, "gpt2", i, eos=None) for i in range(len(HF_PROMPTS))]

@@ -13,7 +13,7 @@ import pickle
 import pytest
 import torch
 
-import hf_models
+from support import hf_models
 import speculant
 
 PROMPT = [1, 5, 9, 4]

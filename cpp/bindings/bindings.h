@@ -17,7 +17,9 @@ namespace speculant::bindings {
 
 namespace py = pybind11;
 
-SamplingConfig make_config(double temperature, int64_t top_k, double top_p, double lenience);
+SamplingConfig make_config(double temperature, int64_t top_k, double top_p, double lenience,
+                           const std::string& verification = "token");
+SamplingConfig::Verification parse_verification(const std::string& name);
 std::optional<at::Device> parse_device(const std::optional<std::string>& device);
 // Signals are delivered to Python's main thread only: elsewhere there is nothing to check (interrupt.h).
 InterruptCheck signal_check();

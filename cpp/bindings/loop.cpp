@@ -53,18 +53,19 @@ void bind_loop(py::module_& m) {
                        double temperature, int64_t top_k, double top_p, double lenience,
                        const std::string& target_shapes, const std::string& draft_shapes,
                        const std::vector<int64_t>& tree, const std::string& siblings,
-                       std::optional<std::array<int64_t, 4>> growth) {
+                       std::optional<std::array<int64_t, 4>> growth, const std::string& verification) {
              std::optional<TreeGrowth> grown;
              if (growth) grown = TreeGrowth{(*growth)[0], (*growth)[1], (*growth)[2], (*growth)[3]};
              return Decoder(std::move(target), std::move(draft), gamma,
-                            SamplingConfig{temperature, top_k, top_p, lenience},
+                            SamplingConfig{temperature, top_k, top_p, lenience, parse_verification(verification)},
                             parse_shapes(target_shapes, "target_shapes"), parse_shapes(draft_shapes, "draft_shapes"),
                             tree, parse_siblings(siblings), grown);
            }),
            py::arg("target"), py::arg("draft"), py::arg("gamma"), py::arg("temperature"), py::arg("top_k"),
            py::arg("top_p"), py::arg("lenience"), py::arg("target_shapes") = "dynamic",
            py::arg("draft_shapes") = "dynamic", py::arg("tree") = std::vector<int64_t>{},
-           py::arg("siblings") = "without_replacement", py::arg("growth") = std::nullopt)
+           py::arg("siblings") = "without_replacement", py::arg("growth") = std::nullopt,
+           py::arg("verification") = "token")
       .def(
           "generate_batch",
           [](const Decoder& decoder, const std::vector<std::vector<int64_t>>& prompts,

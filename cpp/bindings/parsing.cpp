@@ -3,10 +3,18 @@
 
 namespace speculant::bindings {
 
-SamplingConfig make_config(double temperature, int64_t top_k, double top_p, double lenience) {
-  SamplingConfig config{temperature, top_k, top_p, lenience};
+SamplingConfig make_config(double temperature, int64_t top_k, double top_p, double lenience,
+                           const std::string& verification) {
+  SamplingConfig config{temperature, top_k, top_p, lenience, parse_verification(verification)};
   config.validate();
   return config;
+}
+
+// How a chain is verified (sampling.h); python/speculant/decoding/decoder.py checks the name first.
+SamplingConfig::Verification parse_verification(const std::string& name) {
+  if (name == "token") return SamplingConfig::Verification::token;
+  if (name == "block") return SamplingConfig::Verification::block;
+  fail("verification must be 'token' or 'block', got '{}'", name);
 }
 
 std::optional<at::Device> parse_device(const std::optional<std::string>& device) {

@@ -10,12 +10,14 @@ namespace {
 void bind_chain_verification(py::module_& m) {
   // Rows of (target_logits, q, draft_tokens), row i drawing from a generator seeded with seeds[i]: each row the
   // chain [1] * gamma in its own form (tree.h: TreeInput) through verify_drafts, or with as_tensors=true its tensor
-  // path (what accelerators run) on any device. -> [(n, t, betas, finite)] per row.
+  // path (what accelerators run) on any device, by the rule `verification` names ('token' or 'block').
+  // -> [(n, t, betas, finite)] per row.
   m.def("_verify_rows_seeded",
         [](const std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>>& rows, double temperature, int64_t top_k,
-           double top_p, double lenience, const std::vector<uint64_t>& seeds, bool as_tensors) {
+           double top_p, double lenience, const std::vector<uint64_t>& seeds, bool as_tensors,
+           const std::string& verification) {
           require(seeds.size() == rows.size(), "seeds: one per row ({}), got {}", rows.size(), seeds.size());
-          const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
+          const SamplingConfig config = make_config(temperature, top_k, top_p, lenience, verification);
           std::vector<Tree> chains;
           std::vector<at::Generator> generators;
           chains.reserve(rows.size());
@@ -36,7 +38,7 @@ void bind_chain_verification(py::module_& m) {
           return out;
         },
         py::arg("rows"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("lenience"),
-        py::arg("seeds"), py::arg("as_tensors"));
+        py::arg("seeds"), py::arg("as_tensors"), py::arg("verification") = "token");
 }
 
 }  // namespace

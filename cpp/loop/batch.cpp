@@ -209,7 +209,7 @@ std::vector<at::Tensor> Batch::target_inputs() const {
 
 // The target's one call for every running row: a chain's drafts appended to its cache (extend, which every backend
 // has), a tree's as tentative nodes (extend_tree: the root's pending token, then each node after its parent),
-// which accept() keeps the accepted path of. Returns each running row's logits [pending + N, V].
+// whose accepted paths keep_paths keeps. Returns each running row's logits [pending + N, V].
 std::vector<at::Tensor> Batch::target_call(const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> logits;
   if (!s_.trees) {
@@ -265,7 +265,7 @@ std::vector<Verdict> Batch::verify() {
 void Batch::accept(std::vector<Verdict>& verdicts) {
   size_t next = 0;
   std::vector<int64_t> committing;
-  std::vector<std::vector<int64_t>> kept;  // trees: each row's root (the pending token) and accepted path
+  std::vector<std::vector<int64_t>> kept;  // each row's root (the pending token) and accepted path
   for (size_t r = 0; r < rows_.size(); ++r) {
     Row& row = rows_[r];
     if (!row.running) continue;
@@ -280,13 +280,9 @@ void Batch::accept(std::vector<Verdict>& verdicts) {
       row.laws.push_back(standardize(row.logits.narrow(0, 0, it.emitted), s_.config));
     }
     const auto index = static_cast<int64_t>(r);
-    if (s_.trees) {
-      committing.push_back(index);
-      kept.push_back({0});
-      kept.back().insert(kept.back().end(), verdict.path.begin(), verdict.path.end());
-    } else {
-      target_rows_->truncate(index, row.sequence_length + it.accepted);
-    }
+    committing.push_back(index);
+    kept.push_back({0});
+    kept.back().insert(kept.back().end(), verdict.path.begin(), verdict.path.end());
     if (draft_rows_) {
       draft_rows_->commit(index, Commit::accepted(verdict.path, verdict.path_tokens, verdict.token,
                                                   verdict.host_token));
@@ -295,7 +291,18 @@ void Batch::accept(std::vector<Verdict>& verdicts) {
     row.sequence_length += it.accepted + 1;
     end(row, it, stopped);
   }
-  if (s_.trees) target_rows_->commit(committing, kept);  // every row's kept entries in one call where the rows can
+  keep_paths(committing, kept);
+}
+
+// The target keeps each committing row's root (the pending token verified) and accepted path, as target_call appended
+// them: a tree's tentative nodes through commit (every row's in one call where the rows can), a chain's appended
+// drafts by truncation, its cache then holding the sequence but the new pending token.
+void Batch::keep_paths(const std::vector<int64_t>& committing, const std::vector<std::vector<int64_t>>& kept) {
+  if (s_.trees) {
+    target_rows_->commit(committing, kept);
+    return;
+  }
+  for (const int64_t r : committing) target_rows_->truncate(r, rows_[r].sequence_length - 1);
 }
 
 void Batch::restart(int64_t r, int64_t length, const at::Tensor& t, int64_t t_host) {

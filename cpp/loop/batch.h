@@ -97,6 +97,7 @@ class Batch {
   std::vector<at::Tensor> target_call(const std::vector<at::Tensor>& inputs);
   std::vector<Verdict> verify();
   void accept(std::vector<Verdict>& verdicts);
+  void keep_paths(const std::vector<int64_t>& committing, const std::vector<std::vector<int64_t>>& kept);
 
   template <typename Phase>
   void timed(double Stats::*field, const Phase& phase);

@@ -303,6 +303,56 @@ Verdict walk(const Walk<acc_t>& in) {
   }
 }
 
+// Block verification of a chain (tree.h: Sun et al.'s rule): p [gamma + 1, V] standardized, q [gamma, V], the drafts.
+// The running ratios r_i first (one pass); then from the last position down, each position's stopping chance h_i
+// (r_gamma at the end, else a residual weight's pass over V) against one uniform, until one stops (tau; h_0 = 1:
+// tau = 0 draws none); then one uniform for t. Positions where r_i is 0 have h_i = 0 and are passed over unread.
+template <typename acc_t>
+Verdict block_walk(const acc_t* p, const acc_t* q, int64_t vocab, const int64_t* drafted, int64_t gamma,
+                   const Uniform& uniform) {
+  std::vector<double> r(gamma + 1, 1.0);
+  for (int64_t i = 1; i <= gamma; ++i) {
+    const int64_t x = drafted[i - 1];
+    r[i] = std::min(1.0, r[i - 1] * acceptance_ratio(p[(i - 1) * vocab + x], q[(i - 1) * vocab + x], 1.0));
+    if (!(r[i] > 0)) r[i] = 0.0;  // 0 times an infinite ratio (a draft q gave no mass): nothing to keep
+  }
+  // max(0, r_i p_(i+1) - q_(i+1)) at v, for i < gamma
+  const auto weight = [&](int64_t i, int64_t v) {
+    return std::max(0.0, r[i] * static_cast<double>(p[i * vocab + v]) - static_cast<double>(q[i * vocab + v]));
+  };
+  int64_t tau = 0;
+  double mass = 0.0;  // Z_tau
+  for (int64_t i = gamma; i > 0 && tau == 0; --i) {
+    if (r[i] == 0.0) continue;
+    double z = 0.0, h = r[i];
+    if (i < gamma) {
+      for (int64_t v = 0; v < vocab; ++v) z += weight(i, v);
+      h = z + 1.0 - r[i] > 0 ? z / (z + 1.0 - r[i]) : 1.0;
+    }
+    if (uniform() < h) {
+      tau = i;
+      mass = z;
+    }
+  }
+  if (tau == 0) {
+    for (int64_t v = 0; v < vocab && gamma > 0; ++v) mass += weight(0, v);
+  }
+  Verdict out;
+  out.drafted.assign(drafted, drafted + gamma);  // keep_chain reads them
+  out.keep_chain(tau);
+  out.accepted_rank.assign(tau, 0);
+  out.accepted_rank.push_back(-1);
+  for (int64_t i = 0; i <= std::min(tau, gamma - 1); ++i) {
+    out.betas.push_back(beta(p + i * vocab, q + i * vocab, vocab));
+  }
+  const acc_t* p_next = p + tau * vocab;
+  const auto target = [p_next](int64_t v) { return static_cast<double>(p_next[v]); };
+  out.host_token = tau == gamma || !(mass > 0)
+                       ? inverse_cdf(vocab, uniform(), target)
+                       : inverse_cdf(vocab, uniform(), [&](int64_t v) { return weight(tau, v); });
+  return out;
+}
+
 }  // namespace
 
 bool runs_on_host(const at::Device& device) {
@@ -443,6 +493,11 @@ Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64
   const Tree chain = Tree::from_shape(std::vector<int64_t>(gamma, 1));
   Verdict out;
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "speculant_verify", [&] {
+    if (config.block() && gamma > 0) {
+      out = block_walk(p.const_data_ptr<scalar_t>(), q_rows.const_data_ptr<scalar_t>(), p.size(1), drafted, gamma,
+                       uniform);
+      return;
+    }
     HostRows<scalar_t> q_by_node(q_rows), none{at::Tensor()};
     out = walk(Walk<scalar_t>{chain, p.const_data_ptr<scalar_t>(), p.size(1), q_by_node, none, tokens.data(), config,
                               Siblings::with_replacement, uniform, lenient.empty() ? nullptr : lenient.data()});

@@ -4,7 +4,7 @@
 // fifty of them (BENCHMARKS.md, "Engine overhead"); these kernels run one softmax and a few allocations.
 //
 // The laws are those of sampling.h and speculative.h, which the tensor path computes for accelerators. Tests
-// check both paths against tests/reference.py (test_sampling.py, test_step.py).
+// check both paths against tests/support/reference.py (test_sampling.py, test_step.py).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -55,6 +55,9 @@ at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
 // positions, finite: every target row was (standardize's flags). Draws one r per draft token up to the first
 // rejection, then one uniform for t, from `uniform`; greedy draws none. Standardizes all gamma + 1 target rows
 // (all are checked for finiteness) but evaluates beta and the residual only where Algorithm 1 reads them.
+// config.block(): Sun et al.'s block verification instead (tree.h), the verdict's betas still the first
+// min(n + 1, gamma) positions'; it draws one uniform per position from the last down to the one it stops at, then
+// one for t.
 Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
                const SamplingConfig& config, const Uniform& uniform);
 

@@ -19,6 +19,8 @@ void SamplingConfig::validate() const {
           "top_p must be in (0, 1] (1 turns it off), got {}", top_p);
   require(std::isfinite(lenience) && lenience > 0.0 && lenience <= 1.0,
           "lenience must be in (0, 1] (1 is exact), got {}", lenience);
+  require(verification == Verification::token || lenience == 1.0,
+          "lenience must be 1 with verification='block' (A.5's bound is proven for the token rule), got {}", lenience);
 }
 
 namespace {

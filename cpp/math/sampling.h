@@ -24,8 +24,14 @@ struct SamplingConfig {
   double top_p = 1.0;
   // A.5: l in (0, 1]; 1 is the exact algorithm.
   double lenience = 1.0;
+  // How a chain's drafts are verified: token by token (Algorithm 1), or as a block (Sun et al., ICLR 2025: tree.h),
+  // which keeps at least as many in expectation. Temperature 0 verifies both alike; a block takes lenience 1.
+  enum class Verification { token, block };
+  Verification verification = Verification::token;
 
   bool greedy() const { return temperature == 0.0; }
+  // A chain is verified as a block: sampled (at temperature 0 the block's verdicts are the token rule's).
+  bool block() const { return verification == Verification::block && !greedy(); }
   // Throws ValueError naming the first parameter outside its allowed range.
   void validate() const;
 };

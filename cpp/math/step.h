@@ -1,7 +1,7 @@
 // A draft step of Algorithm 1 once the draft has run (standardize its logits and draw x_i ~ q_i), the call the
 // drafters make; the verification is tree.h's verify_drafts. CPU tensors run the host kernels of cpu_kernels.h;
 // accelerators run tensor operations (sampling.h). Both paths have the same laws and are tested against
-// tests/reference.py.
+// tests/support/reference.py.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -220,6 +220,8 @@ void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblin
           "q must be [{}, V] = [{}, {}]", chain ? "drafts" : "tree nodes", rows, row.target_logits.size(1));
   require(row.tokens.dim() == 1 && row.tokens.size(0) == rows && row.tokens.scalar_type() == at::kLong,
           "tokens must be int64 [{}] = [{}]", chain ? "drafts" : "tree nodes", rows);
+  require(chain || !config.block(), "verification='block' verifies a chain of drafts (tree.h); a tree of drafts "
+          "takes verification='token'");
   require(chain || config.lenience == 1.0, "lenience must be 1 with a tree of drafts (A.5's bound is proven for one "
           "draft per position); got {}", config.lenience);
   if (row.sibling_q.defined()) {

@@ -76,6 +76,37 @@
 // sibling's k - 1 most probable tokens), and the first child equal to the target's argmax is accepted (the longest
 // path of argmax agreement); t is the argmax.
 // Lenience (A.5) is not defined for trees here: its bound is proven for one draft per position.
+//
+// Block verification of a chain (Sun, Mendlovic, Leviathan, Aharoni, Beirami, Ro and Suresh, ICLR 2025, Algorithm 2;
+// SamplingConfig::Verification::block). Drafts x_1 .. x_g, x_i drawn from q_i (the draft's law after x_1 .. x_(i-1)),
+// p_i the target's law there, p_(g+1) the target's after the whole chain. The running ratio
+//     r_0 = 1,  r_i = min(1, r_(i-1) p_i(x_i) / q_i(x_i)),
+// and for i < g the residual weight Z_i = sum_y max(0, r_i p_(i+1)(y) - q_(i+1)(y)) and the stopping chance
+// h_i = Z_i / (Z_i + 1 - r_i) (1 where that is 0 / 0; h_0 = 1), h_g = r_g. With independent uniforms eta_1 .. eta_g,
+// tau = the largest i with eta_i < h_i (0 if none, since h_0 = 1); the verifier keeps x_1 .. x_tau and emits
+// t ~ p_(g+1) when tau = g, else t ~ norm(max(0, r_tau p_(tau+1) - q_(tau+1))) (p_(tau+1) itself where that has no
+// mass). At r_tau = 1 that residual is Algorithm 1's; a rejection at position i no longer ends the block, because a
+// later position whose joint ratio recovers can still be kept.
+// Claim: the emitted tokens are distributed as the target's own continuation. Write q(x_1..i) and p(x_1..i) for the
+// products of the q_j(x_j) and p_j(x_j), j <= i.
+// (1) P(x_1..i drafted, tau >= i) = q(x_1..i) r_i, by induction from i = g down: at g, P(tau = g | x) = h_g = r_g.
+// Below, tau >= i + 1 given x_1..i has probability m_i = sum_y q_(i+1)(y) r_(i+1)(x_1..i, y) = sum_y min(r_i
+// p_(i+1)(y), q_(i+1)(y)) by the hypothesis, and tau = i adds h_i (1 - m_i), since eta_i is independent of the rest;
+// 1 - m_i = 1 - r_i + Z_i, so h_i (1 - m_i) = Z_i and m_i + Z_i = r_i (where 1 - m_i = 0 the value of h_i is never
+// used). (2) So P(tau = i, x_1..i, t = y) = q(x_1..i) Z_i norm(...)(y) = q(x_1..i) max(0, r_i p_(i+1)(y) -
+// q_(i+1)(y)) for i < g, and q(x_1..g) r_g p_(g+1)(y) at g. (3) The emitted sequence has length tau + 1; its first
+// i + 1 tokens are (x_1..i, y) either because tau >= i + 1 with x_(i+1) = y, of probability q(x_1..i) min(r_i
+// p_(i+1)(y), q_(i+1)(y)) by (1), or because tau = i and t = y, by (2); their sum is q(x_1..i) r_i p_(i+1)(y),
+// while reaching length i + 1 after x_1..i at all (tau >= i) has probability q(x_1..i) r_i by (1). So given that
+// the output reaches position i + 1 after x_1..i, its token there is distributed as p_(i+1): every emitted token
+// follows the target's law given the ones before it, and the next iteration, which starts from the target's
+// context, continues it (Theorem 3.5's argument, position by position). The three draws (the draft's, the etas, t's)
+// must be independent: a defect that reuses one stream's values across them breaks (1).
+// Temperature 0: every r_i is 0 or 1 (p is one-hot and the greedy draft's q too), h_i = r_i, so tau is the longest
+// prefix the target's argmax agrees with and t its argmax there: the token rule's verdict, which the engine runs.
+// What it keeps: E[tau] = sum_i E[r_i] over the draft's chains, at least the token rule's sum_i E[prod_j min(1,
+// p_j / q_j)], since r_i >= that product (Sun et al.: block verification is optimal among valid verifiers of one
+// draft chain). Block verification is defined here for chains only; a tree refuses it by name.
 #pragma once
 
 #include <ATen/ATen.h>

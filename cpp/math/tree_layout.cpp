@@ -43,21 +43,18 @@ at::Tensor take_rows(const at::Tensor& from, const std::vector<int64_t>& rows, c
   return from.index_select(0, index);
 }
 
-namespace {
-
-// The greedy layout's lists: each q row's node, and (lenience below 1: chain-form rows only) each one's draft.
-void greedy_lists(const Nodes& nodes, const SamplingConfig& config, Layout& layout) {
-  for (size_t r = 0; r < nodes.rows.size(); ++r) {
-    for (int64_t i = 0; i < nodes.q_base[r + 1] - nodes.q_base[r]; ++i) layout.q_nodes.push_back(nodes.base[r] + i);
+void put_rows(at::Tensor& to, const std::vector<int64_t>& rows, const at::Tensor& index, const at::Tensor& values) {
+  if (consecutive(rows)) {
+    to.narrow(0, rows.empty() ? 0 : rows[0], static_cast<int64_t>(rows.size())).copy_(values);
+  } else {
+    to.index_copy_(0, index, values);
   }
-  if (config.lenience < 1.0) {
-    for (const int64_t node : layout.q_nodes) layout.drafts.push_back(nodes.token(nodes.first_child(node)));
-  }
-  for (int64_t node = 0; node < nodes.size; ++node) layout.order.push_back(node);
 }
 
-// The sampled layout's order, coins and lists (Layout above).
-void sampled_lists(const Nodes& nodes, Layout& layout) {
+namespace {
+
+// The layout's order, coins and lists (Layout above).
+void layout_lists(const Nodes& nodes, Layout& layout) {
   std::vector<int64_t>& order = layout.order;
   for (int64_t node = 0; node < nodes.size; ++node) {
     if (nodes.children(node) > 0) order.push_back(node);
@@ -96,16 +93,31 @@ void sampled_lists(const Nodes& nodes, Layout& layout) {
   for (int64_t i = 0; i < nodes.size; ++i) layout.draw_of.push_back(draw_at[order[i]]);
 }
 
+// Block verification's grid of the chains' positions (Layout above); the rows are chains.
+void block_lists(const Nodes& nodes, Layout& layout) {
+  const auto rows = static_cast<int64_t>(nodes.rows.size());
+  for (int64_t r = 0; r < rows; ++r) layout.block_width = std::max(layout.block_width, nodes.tree(r).size() - 1);
+  const int64_t width = layout.block_width;
+  layout.block_cells.assign(rows * width, 0);
+  layout.cells.assign(layout.internal, 0);
+  layout.next_cells.assign(layout.internal, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < nodes.tree(r).size() - 1; ++i) {
+      const int64_t at = layout.position[nodes.base[r] + i];
+      layout.block_cells[r * width + i] = at;
+      layout.cells[at] = r * (width + 1) + i;
+      layout.next_cells[at] = layout.cells[at] + 1;
+    }
+  }
+}
+
 }  // namespace
 
 Layout::Layout(const Nodes& nodes, const SamplingConfig& config)
-    : greedy(config.greedy()), position(nodes.size), coin_at(nodes.size, 0) {
-  if (greedy) {
-    greedy_lists(nodes, config, *this);
-  } else {
-    sampled_lists(nodes, *this);
-  }
+    : greedy(config.greedy()), block(config.block()), position(nodes.size), coin_at(nodes.size, 0) {
+  layout_lists(nodes, *this);
   for (int64_t i = 0; i < nodes.size; ++i) position[order[i]] = i;
+  if (block) block_lists(nodes, *this);
   const auto lists = taken();
   if (!std::all_of(lists.begin(), lists.end(), [](const auto* list) { return consecutive(*list); })) {
     for (const auto* list : lists) index.insert(index.end(), list->begin(), list->end());
@@ -113,7 +125,8 @@ Layout::Layout(const Nodes& nodes, const SamplingConfig& config)
 }
 
 std::vector<const std::vector<int64_t>*> Layout::taken() const {
-  if (greedy) return {&q_nodes, &drafts};
+  if (greedy) return {&order, &q_rows, &children};
+  if (block) return {&order, &q_rows, &children, &draw_of, &coins, &block_cells, &cells, &next_cells};
   return {&order, &q_rows, &children, &draw_of, &coins};
 }
 

@@ -49,18 +49,21 @@ bool consecutive(const std::vector<int64_t>& rows);
 // The rows of `from` listed in `rows`: a view where they are consecutive, else one gather by `index`, their copy on
 // the device (undefined where consecutive).
 at::Tensor take_rows(const at::Tensor& from, const std::vector<int64_t>& rows, const at::Tensor& index);
+// Writes `values` into those rows of `to`, in place.
+void put_rows(at::Tensor& to, const std::vector<int64_t>& rows, const at::Tensor& index, const at::Tensor& values);
 
 // What a verification takes from its inputs, in which order, and where each row's uniforms are.
 //
-// Sampled: internal nodes first, by child count descending, so that step j's nodes (those with more than j children)
-// are the leading M_j rows; then the leaves. Each row's uniforms come from its own generator, as alone, in one
-// operation: a coin per (internal node in tree order, child of the row's widest node), then one per node for its
-// candidate t. Taken: the rows of p in that order, the internal nodes' q rows, their children's tokens [M, K] (past a
-// node's count: its first child again, never read), each position's candidate uniform, the children's coins [M, K]
-// (past a node's count: its first child's, never read).
+// Internal nodes first, by child count descending, so that step j's nodes (those with more than j children) are the
+// leading M_j rows; then the leaves. Taken: the rows of p in that order, the internal nodes' q rows, their children's
+// tokens [M, K] (past a node's count: its first child again, never read); sampled also each position's candidate
+// uniform and the children's coins [M, K] (past a node's count: its first child's, never read). Sampled, each row's
+// uniforms come from its own generator, as alone, in one operation: a coin per (internal node in tree order, child
+// of the row's widest node), then one per node for its candidate t. Greedy draws none.
 //
-// Greedy (no uniforms): the nodes in their own order. Taken: each q row's node (where the target's argmax is read
-// under q), and with A.5's lenience each chain node's draft.
+// Block verification (chains only, tree.h): also the rows' positions as a grid [R, G + 1] (G: the longest chain;
+// cell (r, i) is row r's position i, i = 0 .. g_r): block_cells [R, G], each cell's internal node (past a row's
+// drafts: node 0, never read), and for each internal node its cell and the next.
 struct Layout {
   Layout(const Nodes& nodes, const SamplingConfig& config);
 
@@ -69,15 +72,16 @@ struct Layout {
   // The lists taken, in the index's order.
   std::vector<const std::vector<int64_t>*> taken() const;
 
-  bool greedy;
+  bool greedy, block;
   std::vector<int64_t> order, position;  // position -> node, node -> position
   int64_t internal = 0;                   // M
   std::vector<int64_t> leading;           // M_j: the internal nodes with more than j children (j = 0 .. K)
   std::vector<int64_t> coin_at;           // an internal node's first coin in the uniforms
   std::vector<int64_t> uniform_sizes;     // each row's block of uniforms
-  // taken, sampled: the order above, q_rows [M], children [M, K], draw_of [nodes], coins [M, K]; greedy: q_nodes,
-  // drafts
-  std::vector<int64_t> q_rows, children, draw_of, coins, q_nodes, drafts;
+  // taken: the order above, q_rows [M], children [M, K]; sampled also draw_of [nodes], coins [M, K]
+  std::vector<int64_t> q_rows, children, draw_of, coins;
+  int64_t block_width = 0;                             // G
+  std::vector<int64_t> block_cells, cells, next_cells;  // taken, block: [R, G], [M], [M]
   std::vector<int64_t> index;  // the taken lists joined, one upload; empty where every one is a view
 };
 

@@ -60,29 +60,37 @@ bool draft_finite(const TreeInput& row, const ReadBack& read, size_t part) {
   return row.draft_finite && (part == kNone || all_finite(read.at(part), row.draft_maxima.numel()));
 }
 
-// What the device reads back (ids in the read-back). mass: each position's last row's total (sampled) or maximum
-// (greedy), NaN where the target's logits were not finite; candidates: each position's t; beta: by position
-// (sampled) or by q row (greedy); kept (sampled): by position [M, K], whether each child's test kept it (past a
-// node's count: false); lenient (greedy): by q row, whether A.5's argmax variant keeps the draft.
+// What the device reads back (ids in the read-back), by position (the layout's order): mass, each position's last
+// row's total (sampled) or maximum (greedy), NaN where the target's logits were not finite; candidates, each
+// position's t; beta, each internal position's; kept [M, K], whether each child's test kept it (past a node's count:
+// not read).
 struct DeviceParts {
-  size_t beta = kNone, kept = kNone, mass = kNone, candidates = kNone, lenient = kNone;
+  size_t beta = kNone, kept = kNone, mass = kNone, candidates = kNone;
   at::Tensor candidates_tensor;  // [nodes] in the layout's order, int64 on the device
 };
 
 // Temperature 0: every node's argmax (the first index on ties) and row maximum (its finiteness witness) in one
-// operation; beta at a node is q's mass at the target's argmax (p is one-hot); with A.5's lenience (chains only) a
-// draft is also kept where the target gives it at least l times its maximum.
-DeviceParts greedy_steps(const Layout& layout, const DeviceInputs& in, const SamplingConfig& config, ReadBack& read) {
+// operation; a child's test keeps it where its token is its parent's argmax, or (A.5's argmax variant, chains only)
+// where the target gives it at least l times its maximum; beta at a node is q's mass at the argmax (p is one-hot).
+DeviceParts greedy_steps(const Nodes& nodes, const Layout& layout, const DeviceInputs& in, const SamplingConfig& config,
+                         ReadBack& read) {
   DeviceParts out;
-  const auto [maxima, best] = at::max(in.logits, -1);  // [nodes]
-  out.beta = read.add(in.q.gather(1, take_rows(best, layout.q_nodes, in.taken[0]).unsqueeze(1)));
-  if (!layout.drafts.empty()) {
-    const auto work = in.logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    const at::Tensor drafts = take_rows(in.tokens, layout.drafts, in.taken[1]).unsqueeze(1);
-    out.lenient = read.add(lenient_argmax(take_rows(in.logits, layout.q_nodes, in.taken[0]), drafts, config.lenience,
-                                          work));
+  const int64_t m = layout.internal;
+  const auto [node_maxima, node_best] = at::max(in.logits, -1);  // [nodes], the nodes' order
+  const at::Tensor best = take_rows(node_best, layout.order, in.taken[0]);
+  if (m > 0) {
+    const at::Tensor top = best.narrow(0, 0, m).unsqueeze(1);                                  // [M, 1]
+    const at::Tensor x = take_rows(in.tokens, layout.children, in.taken[2]).view({m, nodes.widest});  // [M, K]
+    out.beta = read.add(take_rows(in.q, layout.q_rows, in.taken[1]).gather(1, top));
+    at::Tensor kept = x == top;
+    if (config.lenience < 1.0) {
+      const auto work = in.logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+      const at::Tensor logits = take_rows(in.logits, layout.order, in.taken[0]).narrow(0, 0, m);
+      kept.select(1, 0).logical_or_(lenient_argmax(logits, x.narrow(1, 0, 1), config.lenience, work));
+    }
+    out.kept = read.add(kept);
   }
-  out.mass = read.add(maxima);
+  out.mass = read.add(take_rows(node_maxima, layout.order, in.taken[0]));
   out.candidates_tensor = best;
   out.candidates = read.add(best);
   return out;
@@ -102,6 +110,17 @@ void child_tests(const at::Tensor& p_x, const at::Tensor& q_x, const at::Tensor&
     at::lt_out(out, scale * q_x.narrow(0, 0, n), p_x.narrow(0, 0, n));
   }
   if (!first) kept.logical_and_(q_x > 0);
+}
+
+// Every position's candidate t, drawn from its row of P (any nonnegative mass), with the mass read back as the
+// finiteness witness: NaN where the target's logits were not finite.
+void draw_candidates(const at::Tensor& P, const Layout& layout, const DeviceInputs& in, ReadBack& read,
+                     DeviceParts& out) {
+  at::Tensor mass;
+  out.candidates_tensor = sample_inverse_cdf_scaled(
+      P, take_rows(in.uniforms, layout.draw_of, in.taken[3]).view({-1, 1}), &mass);  // [nodes]
+  out.mass = read.add(mass);
+  out.candidates = read.add(out.candidates_tensor);
 }
 
 // tree.h's steps for every internal node at once; P holds p_j in place (row by row, the layout's order).
@@ -178,11 +197,43 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
     to_residual(p_j, residual);
   }
   if (m > 0) out.kept = read.add(kept);
-  at::Tensor mass;  // each node's final row's total: NaN where the target's logits were not finite
-  out.candidates_tensor = sample_inverse_cdf_scaled(
-      P, take_rows(in.uniforms, layout.draw_of, in.taken[3]).view({-1, 1}), &mass);  // [nodes]
-  out.mass = read.add(mass);
-  out.candidates = read.add(out.candidates_tensor);
+  draw_candidates(P, layout, in, read, out);
+  return out;
+}
+
+// Block verification of chains (tree.h), every row's positions at once. P holds p in the layout's order, its
+// internal rows turned into the residuals t is drawn from where a row stops there.
+DeviceParts block_steps(const Nodes& nodes, const Layout& layout, const DeviceInputs& in, const SamplingConfig& config,
+                        ReadBack& read) {
+  DeviceParts out;
+  const int64_t m = layout.internal;
+  const at::Tensor p = standardize_as_tensors(in.logits, config);  // a new tensor (T > 0), which P may overwrite
+  at::Tensor P = take_rows(p, layout.order, in.taken[0]);          // [nodes, V]
+  if (m > 0) {
+    at::Tensor p_i = P.narrow(0, 0, m);
+    const at::Tensor q = take_rows(in.q.to(p.scalar_type()), layout.q_rows, in.taken[1]);  // [M, V]
+    const at::Tensor x = take_rows(in.tokens, layout.children, in.taken[2]).view({m, 1});
+    out.beta = read.add(beta(p_i, q));
+    // r_i by row in the grid [R, G + 1]: log r_i = S_i - max_(j <= i) S_j, S the partial sums of log(p(x) / q(x))
+    // (S_0 = 0; a ratio of 0 makes S -inf from there, so r 0)
+    const at::Tensor ratio = p_i.gather(1, x).to(at::kDouble) / q.gather(1, x).to(at::kDouble).clamp_min(kTiny);
+    const auto rows = static_cast<int64_t>(nodes.rows.size());
+    const at::Tensor logs = take_rows(ratio.view(-1).log(), layout.block_cells, in.taken[5]).view({rows, -1});
+    const at::Tensor sums = at::cat({at::zeros({rows, 1}, logs.options()), logs.cumsum(1)}, 1);
+    const at::Tensor r = (sums - std::get<0>(sums.cummax(1))).exp().view(-1);  // [R (G + 1)]
+    const at::Tensor r_here = take_rows(r, layout.cells, in.taken[6]);        // [M]
+    // Z_i and h_i at every internal node; h at each row's end is r there
+    const at::Tensor weights = (r_here.unsqueeze(1).to(p.scalar_type()) * p_i - q).clamp_min(0.0);  // [M, V]
+    const at::Tensor z = weights.sum(-1).to(at::kDouble), rest = z + 1.0 - r_here;
+    at::Tensor h = r.clone();
+    put_rows(h, layout.cells, in.taken[6], at::where(rest > 0, z / rest.clamp_min(kTiny), 1.0));
+    // each draft's coin against the chance of stopping at it
+    const at::Tensor coins = take_rows(in.uniforms, layout.coins, in.taken[4]) * (1.0 / kBelowOne);
+    out.kept = read.add(coins.lt(take_rows(h, layout.next_cells, in.taken[7])));
+    // t's law where a row stops at an internal node: norm(max(0, r_i p_(i+1) - q_(i+1))), p_(i+1) without mass
+    p_i.copy_(at::where(z.unsqueeze(1) > 0, weights, p_i));
+  }
+  draw_candidates(P, layout, in, read, out);
   return out;
 }
 
@@ -200,7 +251,7 @@ struct Plan {
 
   bool same_places(const Plan& other) const { return offsets == other.offsets && ids() == other.ids(); }
   std::vector<size_t> ids() const {
-    std::vector<size_t> out{parts.beta, parts.kept, parts.mass, parts.candidates, parts.lenient, token_part};
+    std::vector<size_t> out{parts.beta, parts.kept, parts.mass, parts.candidates, token_part};
     out.insert(out.end(), draft_parts.begin(), draft_parts.end());
     return out;
   }
@@ -217,8 +268,9 @@ at::Tensor device_work(const Nodes& nodes, const Layout& layout, const SamplingC
   for (size_t r = 0, next = inputs.witnesses; r < nodes.rows.size(); ++r) {
     if (has_witnesses(nodes.rows[r])) plan.draft_parts[r] = read.add(in[next++]);
   }
-  plan.parts = layout.greedy ? greedy_steps(layout, inputs, config, read)
-                             : run_steps(nodes, layout, inputs, config, siblings, read);
+  plan.parts = layout.greedy ? greedy_steps(nodes, layout, inputs, config, read)
+               : layout.block ? block_steps(nodes, layout, inputs, config, read)
+                              : run_steps(nodes, layout, inputs, config, siblings, read);
   at::Tensor packed = read.pack();
   plan.offsets = read.offsets();
   return packed;
@@ -227,9 +279,10 @@ at::Tensor device_work(const Nodes& nodes, const Layout& layout, const SamplingC
 // A verification's key in the graphs: everything its operations' shapes and order depend on.
 std::string key_of(const Nodes& nodes, const SamplingConfig& config, Siblings siblings) {
   const TreeInput& first = nodes.rows.front();
-  std::string what = fmt::format("the verification of trees (T {}, top-k {}, top-p {}, lenience {}, siblings {}, "
+  std::string what = fmt::format("the verification of trees (T {}, top-k {}, top-p {}, lenience {}, {}, siblings {}, "
                                  "logits {}, q {}, V {}, sibling law {}):", config.temperature, config.top_k,
-                                 config.top_p, config.lenience, static_cast<int>(siblings),
+                                 config.top_p, config.lenience, config.block() ? "block" : "token",
+                                 static_cast<int>(siblings),
                                  c10::toString(first.target_logits.scalar_type()),
                                  c10::toString(first.q.scalar_type()), first.target_logits.size(1),
                                  nodes.siblings_law ? c10::toString(first.sibling_q.scalar_type()) : "none");
@@ -290,16 +343,13 @@ void run_device(const Nodes& nodes, const Layout& layout, const SamplingConfig& 
   }
 }
 
-// Greedy: the child whose token is the target's argmax at `node`, else (A.5's argmax variant) a chain's draft where
-// it is kept; -1: none.
-int64_t greedy_child(const Nodes& nodes, const ReadBack& read, const DeviceParts& parts, const double* token,
-                     int64_t node) {
-  const double best = read.at(parts.candidates)[node];
-  const int64_t first = nodes.first_child(node);
-  for (int64_t j = 0; j < nodes.children(node); ++j) {
-    if (token[nodes.token(first + j)] == best) return j;
+// Block verification: where chain row r stops, tau, the last draft whose coin fell below its chance (0: none).
+int64_t block_stop(const Nodes& nodes, const Layout& layout, const ReadBack& read, const DeviceParts& parts, size_t r) {
+  const double* kept = read.at(parts.kept);
+  for (int64_t i = nodes.tree(static_cast<int64_t>(r)).size() - 1; i > 0; --i) {
+    if (kept[layout.position[nodes.base[r] + i - 1]] != 0) return i;
   }
-  return parts.lenient != kNone && read.at(parts.lenient)[nodes.q_row(node)] != 0 ? 0 : -1;
+  return 0;
 }
 
 // Each row's walk down its tree on the host, from the read-back.
@@ -311,18 +361,16 @@ std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const D
   std::vector<Verdict> out(nodes.rows.size());
   for (size_t r = 0; r < out.size(); ++r) {
     const int64_t base = nodes.base[r];
+    const int64_t tau = layout.block ? block_stop(nodes, layout, read, parts, r) : 0;
     Verdict& verdict = out[r];
     verdict.finite = draft_finite(nodes.rows[r], read, run.plan->draft_parts[r]);
     for (int64_t node = 0; node < nodes.tree(r).size(); ++node) {
       verdict.finite = verdict.finite && std::isfinite(read.at(parts.mass)[layout.position[base + node]]);
     }
     auto choose = [&](int64_t node) {
-      if (layout.greedy) {
-        verdict.betas.push_back(read.at(parts.beta)[nodes.q_row(base + node)]);
-        return greedy_child(nodes, read, parts, token, base + node);
-      }
       const int64_t i = layout.position[base + node];
       verdict.betas.push_back(read.at(parts.beta)[i]);
+      if (layout.block) return node < tau ? int64_t{0} : int64_t{-1};
       const double* kept = read.at(parts.kept) + i * nodes.widest;  // the first child kept, in rank order
       for (int64_t j = 0; j < nodes.children(base + node); ++j) {
         if (kept[j] != 0) return j;

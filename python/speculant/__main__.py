@@ -37,7 +37,8 @@ def _demo(args) -> int:
     try:
         demo.run(prompt=args.prompt, gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
                  top_p=args.top_p, lenience=args.lenience, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                 repeats=args.repeats, color=color, device=args.device, dtype=args.dtype, threads=args.threads)
+                 repeats=args.repeats, color=color, device=args.device, dtype=args.dtype, threads=args.threads,
+                 verification=args.verification)
     except (ValueError, FileNotFoundError) as error:  # FileNotFoundError: the demo pair's weights are missing
         print(f"speculant demo: {error}", file=sys.stderr)
         return 2
@@ -92,6 +93,8 @@ def parser() -> argparse.ArgumentParser:
     demo.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 is off)")
     demo.add_argument("--lenience", type=float, default=1.0,
                       help="A.5's lenience in (0, 1]: 1 is exact, below 1 trades exactness for speed")
+    demo.add_argument("--verification", choices=["token", "block"], default="token",
+                      help="how the drafts are verified: token by token (Algorithm 1) or as a block (Sun et al.)")
     demo.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate")
     demo.add_argument("--seed", type=int, default=0, help="the seed (the same seed gives the same tokens)")
     demo.add_argument("--repeats", type=int, default=3,

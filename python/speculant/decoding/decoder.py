@@ -49,11 +49,24 @@ class Result:
 
 
 SIBLINGS = ("without_replacement", "with_replacement", "top", "coupled")
+VERIFICATIONS = ("token", "block")  # how a chain is verified (SpeculativeDecoder: verification)
 
 
 def _siblings(value) -> str:
     if not isinstance(value, str) or value not in SIBLINGS:
         raise ValueError(f"siblings must be one of {SIBLINGS}, got {value!r}")
+    return value
+
+
+def _verification(value, tree, settings: SamplingSettings) -> str:
+    if not isinstance(value, str) or value not in VERIFICATIONS:
+        raise ValueError(f"verification must be one of {VERIFICATIONS}, got {value!r}")
+    if value == "block" and tree:
+        raise ValueError("verification='block' verifies a chain of drafts (cpp/math/tree.h); a tree (tree=) takes "
+                         "verification='token'")
+    if value == "block" and settings.lenience != 1.0:
+        raise ValueError(f"lenience must be 1 with verification='block' (A.5's bound is proven for the token rule), "
+                         f"got {settings.lenience!r}")
     return value
 
 
@@ -199,12 +212,15 @@ def _check_level(draft: "SpeculativeDecoder", settings: SamplingSettings) -> Non
 
 
 def check_settings(*, gamma: int = DEFAULT_GAMMA, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                   lenience: float = 1.0) -> dict:
+                   lenience: float = 1.0, verification: str = "token") -> dict:
     """The sampling settings as a decoder takes them, checked: ValueError naming a bad one (gamma < 1,
-    temperature < 0 or NaN, top_k < 0, top_p outside (0, 1], lenience outside (0, 1]). What a program that
+    temperature < 0 or NaN, top_k < 0, top_p outside (0, 1], lenience outside (0, 1], a verification not in
+    VERIFICATIONS or "block" with lenience below 1). Returns the sampling settings as a dict. What a program that
     loads its models slowly calls first."""
     integer(gamma, "gamma", 1)
-    return SamplingSettings(temperature, top_k, top_p, lenience).as_dict()
+    settings = SamplingSettings(temperature, top_k, top_p, lenience)
+    _verification(verification, None, settings)
+    return settings.as_dict()
 
 
 GAMMA_POLICIES = ("fixed", "heuristic", "alpha")
@@ -611,6 +627,12 @@ class SpeculativeDecoder:
     the draft's own logits and draws, so the output law stays exactly the target's (cpp/drafting/model_drafter.h).
     Chains of a draft model only. On an accelerator each draft step then reads one number per row back to the host.
 
+    ``verification``: how a chain's drafts are verified. "token" (the default) is the paper's Algorithm 1, which
+    stops at the first rejection. "block" is block verification (Sun et al., ICLR 2025, arXiv 2403.10444): it
+    verifies the chain jointly, keeps at least as many drafts in expectation (never fewer tokens per target call),
+    and is exact too (the proof in cpp/math/tree.h). At temperature 0 both give the same tokens. "block" takes
+    chains only (no tree=) and lenience 1.
+
     ``draft_tokenizer`` with ``target_tokenizer``: a draft model whose vocabulary differs from the target's
     drafts through text (speculant.cross_tokenizer.CrossTokenizer: deterministic proposals with point-mass q,
     so the law stays exactly the target's at every setting, and at temperature 0 the output is the target's
@@ -622,7 +644,8 @@ class SpeculativeDecoder:
                  top_p: Optional[float] = None, lenience: Optional[float] = None, device=None, dtype=None,
                  cuda_graphs: str = "off", draft_tokenizer=None, target_tokenizer=None, gamma_policy: str = "fixed",
                  max_gamma: Optional[int] = None, cost: Optional[float] = None, sibling_draft=None,
-                 draft_confidence: Optional[float] = None, sampling: Optional[SamplingSettings] = None):
+                 draft_confidence: Optional[float] = None, sampling: Optional[SamplingSettings] = None,
+                 verification: str = "token"):
         # temperature, top_k, top_p, lenience: None is "not given" (sampling's field, else 1.0, 0, 1.0, 1.0)
         self.target = as_model(bound_target(target, draft), "target", device, dtype)
         self.draft = _draft(draft, device, dtype)
@@ -642,6 +665,7 @@ class SpeculativeDecoder:
         self._gamma = integer(gamma, "gamma", 1)
         self._siblings = _siblings(siblings)
         self._settings = overridden(sampling, temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
+        self._verification = _verification(verification, self._tree, self._settings)
         if isinstance(self.draft, SpeculativeDecoder):
             _check_level(self.draft, self._settings)
         self.sibling_draft = _sibling_draft(sibling_draft, self.draft, self._tree, self._siblings, device, dtype)
@@ -671,7 +695,8 @@ class SpeculativeDecoder:
         return _core.Decoder(self.target.engine, self._drafter, self._gamma, settings.temperature, settings.top_k,
                              settings.top_p, settings.lenience, *self._shapes,
                              tree=[] if grown else self._tree, siblings=self._siblings,
-                             growth=(grown.budget, grown.depth, grown.children, grown.width) if grown else None)
+                             growth=(grown.budget, grown.depth, grown.children, grown.width) if grown else None,
+                             verification=self._verification)
 
     def with_sampling(self, temperature: float, top_k: int = 0, top_p: float = 1.0) -> "SpeculativeDecoder":
         """This decoder (its models, drafter, gamma, tree, lenience, gamma policy, draft_confidence and CUDA graphs
@@ -683,12 +708,17 @@ class SpeculativeDecoder:
                                   siblings=self._siblings, sampling=SamplingSettings(
                                       temperature, top_k, top_p, self._settings.lenience), cuda_graphs=self._mode,
                                   sibling_draft=self.sibling_draft, draft_confidence=self._draft_confidence or None,
-                                  **self._schedule)
+                                  verification=self._verification, **self._schedule)
 
     @property
     def sampling(self) -> SamplingSettings:
         """The settings this decoder samples and verifies at (a generate call may override them for itself)."""
         return self._settings
+
+    @property
+    def verification(self) -> str:
+        """How a chain's drafts are verified: "token" (Algorithm 1) or "block" (Sun et al.'s block verification)."""
+        return self._verification
 
     @property
     def shapes(self) -> Tuple[str, str]:

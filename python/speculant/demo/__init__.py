@@ -28,7 +28,7 @@ def _row(name: str, spec, plain) -> str:
 def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature: float = 0.8, top_k: int = 0,
         top_p: float = 1.0, lenience: float = 1.0, max_new_tokens: int = 200, seed: int = 0, repeats: int = 3,
         color: Optional[bool] = None, out: Optional[TextIO] = None, device: str = "cpu",
-        dtype: Optional[str] = None, threads: Optional[int] = 1) -> dict:
+        dtype: Optional[str] = None, threads: Optional[int] = 1, verification: str = "token") -> dict:
     """Runs the demo and prints it (to ``out``, default sys.stdout); returns the figures it printed. The trace
     is in ANSI colours when ``color`` is True, or when it is None (the default) and ``out`` is a terminal and the
     NO_COLOR environment variable is unset (speculant.trace.use_color).
@@ -41,10 +41,12 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature
     them ("contended", "impossible", "noisy", "off theory").
 
     ``device``: where the models run ("cpu", "cuda", "cuda:1"); on a GPU in ``dtype`` (default bfloat16; on the CPU
-    float32, the weights' own) with CUDA graphs (cuda_graphs="auto"), c from the phases' device time."""
+    float32, the weights' own) with CUDA graphs (cuda_graphs="auto"), c from the phases' device time.
+    ``verification``: SpeculativeDecoder's, "token" (Algorithm 1, the default) or "block"."""
     repeats = timing.check_repeats(repeats)  # every option is checked before the models are made
     threads = timing.check_threads(threads)
-    check_settings(gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
+    check_settings(gamma=gamma, temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience,
+                   verification=verification)
     for name, value in (("max_new_tokens", max_new_tokens), ("seed", seed)):
         minimum = 1 if name == "max_new_tokens" else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -57,14 +59,14 @@ def run(*, prompt: str = DEFAULT_PROMPT, gamma: int = DEFAULT_GAMMA, temperature
     target, draft = (load(path, device=device, dtype=dtype) for path in (target_path, draft_path))
     graphs = "auto" if gpu else "off"
     decoder = SpeculativeDecoder(target, draft, gamma=gamma, temperature=temperature, top_k=top_k,
-                                 top_p=top_p, lenience=lenience, cuda_graphs=graphs)
+                                 top_p=top_p, lenience=lenience, cuda_graphs=graphs, verification=verification)
     # The first generation is shown at once (the timed rounds after it repeat its tokens: same seed).
     spec = decoder.generate(demo_pair.encode(prompt), max_new_tokens=max_new_tokens, seed=seed)
     print(f"speculant demo: target {info['params']['target']:,} params, draft {info['params']['draft']:,} params "
           f"(byte-level GPTs trained on Python's standard library; held-out loss {info['target_loss']:.3f} / "
           f"{info['draft_loss']:.3f} nats per byte)", file=out)
     print(f"gamma={gamma} temperature={temperature} top_k={top_k} top_p={top_p} lenience={lenience} "
-          f"seed={seed} device={device} dtype={dtype or 'float32'}\n", file=out)
+          f"verification={verification} seed={seed} device={device} dtype={dtype or 'float32'}\n", file=out)
     print("Trace (one line per target call; green: accepted draft tokens, red: rejected draft token, "
           "blue: the target's correction, underlined blue: bonus token):" if color else
           "Trace (one line per target call: [accepted:...] draft tokens, the [rejected:...] draft token, and the "

@@ -24,8 +24,9 @@ from matplotlib.ticker import MaxNLocator
 
 from . import analysis
 
-SETTINGS = ["gamma", "temperature", "top_k", "top_p", "lenience"]
-_NAMES = {"gamma": "\u03b3", "temperature": "T", "top_k": "top-k", "top_p": "top-p", "lenience": "l"}
+SETTINGS = ["gamma", "verification", "temperature", "top_k", "top_p", "lenience"]
+_NAMES = {"gamma": "\u03b3", "verification": "verification", "temperature": "T", "top_k": "top-k", "top_p": "top-p",
+          "lenience": "l"}
 SPEEDUP_LABEL = "speedup over plain decoding (\u00d7, wall time per token)"
 GAMMA_LABEL = "\u03b3 (draft tokens per iteration)"
 FLAGGED_LABEL = "flagged timing (contended, noisy or off theory)"

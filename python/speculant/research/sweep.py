@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import analysis, timing, workers
-from ..decoding.decoder import SIBLINGS, DynamicTree, SpeculativeDecoder, generate, tree_gamma
+from ..decoding.decoder import SIBLINGS, VERIFICATIONS, DynamicTree, SpeculativeDecoder, generate, tree_gamma
 from ..decoding.sampling import SamplingSettings, overridden
 from ..models.model import Model
 
@@ -26,7 +26,7 @@ Grid = Union[float, Sequence[float]]
 
 # SpeculativeDecoder's arguments (sibling_draft: whether the row's tree draws its later children from the sweep's
 # sibling draft)
-SETTING = ["gamma", "tree", "siblings", "sibling_draft", "temperature", "top_k", "top_p", "lenience"]
+SETTING = ["gamma", "tree", "siblings", "verification", "sibling_draft", "temperature", "top_k", "top_p", "lenience"]
 COLUMNS = [*SETTING, *timing.COLUMNS]
 _RESERVED = {"prompt_ids", "max_new_tokens", "seed", "temperature", "top_k", "top_p", "gamma", "tree", "lenience",
              "sampling"}
@@ -171,7 +171,8 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
           max_new_tokens: int = 64, seed: int = 0, repeats: int = 3,
           spread_threshold: float = timing.SPREAD_THRESHOLD, progress: bool = True,
           generate_kwargs: Optional[Mapping[str, Any]] = None, executor=None, batch_size: int = 1,
-          sibling_draft=None, threads: Optional[int] = 1, sampling: Optional[SamplingSettings] = None):
+          sibling_draft=None, threads: Optional[int] = 1, sampling: Optional[SamplingSettings] = None,
+          verifications: Union[str, Sequence[str]] = "token"):
     """Runs speculative decoding for every combination of the grids and returns a ``pandas.DataFrame``, one row
     per setting (columns in ``COLUMNS``).
 
@@ -220,6 +221,11 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     generations measured (``speculant.timing.summarize``, ``speculant.analysis``; for a grown tree, over the
     trees its iterations drafted).
 
+    verifications: how the chains of ``gammas`` are verified, one name or several of SpeculativeDecoder's
+    ``verification``: "token" (the default, Algorithm 1) and "block" (block verification); column
+    ``verification``. Block verification has no lenience: its rows run at lenience 1 only, and the lenience grid's
+    other values give token rows alone. Trees are verified token by token.
+
     sibling_draft: a second draft model (a ``speculant.Model`` or anything ``speculant.load`` takes, loaded once)
     that draws the later children of every tree row's nodes (SpeculativeDecoder's ``sibling_draft=``; trained by
     ``speculant.distill(..., loss="residual", beside=draft)``). It needs ``trees`` of fixed shapes and siblings
@@ -230,7 +236,8 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     in one frame, concatenate two sweeps (``pandas.concat``): the same seeds give the rows without it the same
     tokens.
 
-    Columns: the setting (gamma, tree, siblings, sibling_draft, temperature, top_k, top_p, lenience), then
+    Columns: the setting (gamma, tree, siblings, verification, sibling_draft, temperature, top_k, top_p,
+    lenience), then
     ``timing.COLUMNS``, defined in ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend
     on lenience), ``acceptance`` (the alpha that sets the speed at the row's lenience, A.5),
     ``tokens_per_target_call`` and Equation (1)'s ``expected_tokens``, totals over the prompts, ``c``
@@ -266,7 +273,7 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
                                                      batch_size)
     threads = timing.check_threads(threads)
     grids = _grids(sampling, temperatures=temperatures, top_k=top_k, top_p=top_p, lenience=lenience)
-    settings = _settings(gammas, trees, siblings, *grids, sibling_draft)
+    settings = _settings(gammas, trees, siblings, *grids, sibling_draft, verifications)
     target, draft, sibling_draft = _loaded(target, draft, sibling_draft, settings)
     calls = analysis.generation_kwargs(prompts, generate_kwargs)
     options = {"max_new_tokens": max_new_tokens, "seed": seed, "repeats": repeats,
@@ -304,8 +311,10 @@ def _grids(sampling: Optional[SamplingSettings], **given) -> list:
     return [getattr(fixed, field) if given[name] is None else given[name] for name, field in GRIDS.items()]
 
 
-def _settings(gammas, trees, siblings, temperatures, top_k, top_p, lenience, sibling_draft) -> List[Dict[str, Any]]:
-    """The grid, one setting per row: the chains of gammas, then each tree with each of siblings."""
+def _settings(gammas, trees, siblings, temperatures, top_k, top_p, lenience, sibling_draft,
+              verifications="token") -> List[Dict[str, Any]]:
+    """The grid, one setting per row: the chains of gammas (each with each of verifications, a block at lenience 1
+    only), then each tree with each of siblings."""
     shapes = _trees(trees)
     if gammas is None and not shapes:
         raise ValueError("give gammas (chains), trees (token-tree shapes) or both")
@@ -314,13 +323,19 @@ def _settings(gammas, trees, siblings, temperatures, top_k, top_p, lenience, sib
     ways = [siblings] if isinstance(siblings, str) else list(siblings) if isinstance(siblings, Sequence) else None
     if not ways:
         raise ValueError(f"siblings must be one of {SIBLINGS} or a non-empty list of them, got {siblings!r}")
+    rules = [verifications] if isinstance(verifications, str) else list(verifications) \
+        if isinstance(verifications, Sequence) else None
+    if not rules or any(rule not in VERIFICATIONS for rule in rules):
+        raise ValueError(f"verifications must be one of {VERIFICATIONS} or a non-empty list of them, got "
+                         f"{verifications!r}")
     if sibling_draft is not None and not shapes:
         raise ValueError("sibling_draft draws the later children of token trees: give trees= (the chains of gammas "
                          "do not use it)")
-    settings = [{"gamma": g, "tree": None, "siblings": None, "sibling_draft": False, "temperature": t, "top_k": k,
-                 "top_p": p, "lenience": leniency} for t, k, p, g, leniency in itertools.product(*sampling, *chains)] \
-        if chains else []
-    settings += [{"gamma": tree_gamma(shape), "tree": shape, "siblings": way,
+    settings = [{"gamma": g, "tree": None, "siblings": None, "verification": rule, "sibling_draft": False,
+                 "temperature": t, "top_k": k, "top_p": p, "lenience": leniency}
+                for t, k, p, g, leniency, rule in itertools.product(*sampling, *chains, rules)
+                if rule == "token" or leniency == 1.0] if chains else []
+    settings += [{"gamma": tree_gamma(shape), "tree": shape, "siblings": way, "verification": "token",
                   "sibling_draft": sibling_draft is not None, "temperature": t, "top_k": k, "top_p": p,
                   "lenience": 1.0}
                  for t, k, p in itertools.product(*sampling) for shape in shapes for way in ways]

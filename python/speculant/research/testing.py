@@ -245,7 +245,8 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
                        samples: int = 2000, significance: float = 1e-3, seed: int = 0,
                        target_logits: Optional[Logits] = None, generate_kwargs: Optional[Mapping[str, Any]] = None,
                        tokenizer=None, progress: bool = True,
-                       sampling: Optional[SamplingSettings] = None) -> DistributionCheck:
+                       sampling: Optional[SamplingSettings] = None,
+                       verification: str = "token") -> DistributionCheck:
     """Tests at level ``significance`` that the first ``k`` tokens speculative decoding generates after
     ``prompt_ids`` follow the target's own law (see the module docstring for the test).
 
@@ -259,7 +260,7 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
 
     The settings: temperature (default 1.0), top_k (0), top_p (1.0) and lenience (1.0), or ``sampling``, the four
     as one speculant.SamplingSettings, whose fields those keywords override where given (SpeculativeDecoder's
-    rule).
+    rule). ``verification``: SpeculativeDecoder's, "token" (the default) or "block".
 
     The target's law comes from ``target_logits(ids) -> logits [V]`` (the next-token logits after the token ids
     ``ids``, prompt included) when given, which models whose logits need more than the ids require; otherwise
@@ -293,7 +294,8 @@ def check_distribution(target: ModelLike, draft: ModelLike, prompt_ids=None, *, 
     generate_kwargs = dict(generate_kwargs or {})
     settings = overridden(sampling, temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
     engine_target = _engine_model(bound_target(target, draft))  # a bound draft's own target handle
-    decoder = SpeculativeDecoder(engine_target, _engine_model(draft), gamma=gamma, sampling=settings)
+    decoder = SpeculativeDecoder(engine_target, _engine_model(draft), gamma=gamma, sampling=settings,
+                                 verification=verification)
     logits = target_logits if target_logits is not None else \
         _module_logits(target if isinstance(target, torch.jit.ScriptModule) else engine_target, "target",
                        generate_kwargs.get("encoder_input_ids"))

@@ -1,8 +1,8 @@
 """Assertions on output laws, shared by the statistical tests (test_distribution.py, test_batch.py, test_graphs.py,
 test_tensor_path.py, test_tree_decoding.py, test_tree_growth.py).
 
-`assert_law` compares sampled rows of generated tokens with an exact joint law (tests/markov.py's enumerations) by
-tests/chisquare.py's Pearson test at SIGNIFICANCE, on the two WINDOWS of tokens 1-3 and 4-6;
+`assert_law` compares sampled rows of generated tokens with an exact joint law (tests/support/markov.py's
+enumerations) by tests/support/chisquare.py's Pearson test at SIGNIFICANCE, on the two WINDOWS of tokens 1-3 and 4-6;
 `check_no_top_p_boundary` is the precondition that keeps a top-p boundary away from float32 rounding. The LAW_*
 constants and `batched_samples` draw those rows from a decoder in batches of BATCH rows (row i with seed + i), on
 LAW_VOCAB-token Markov tables from the prompt LAW_PROMPT, LAW_NEW tokens each.
@@ -11,8 +11,8 @@ LAW_VOCAB-token Markov tables from the prompt LAW_PROMPT, LAW_NEW tokens each.
 import numpy as np
 import torch
 
-import markov
-from chisquare import SIGNIFICANCE, chi_square_pvalue
+from . import markov
+from .chisquare import SIGNIFICANCE, chi_square_pvalue
 
 WINDOWS = [(0, 1, 2), (3, 4, 5)]  # token indices whose joint law is tested (4-6 need several iterations)
 

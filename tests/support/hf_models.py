@@ -6,17 +6,16 @@ rejections happen). Untrained models tend to repeat one token; a wider initializ
 transformers' 0.02), norm gains drawn around 1 and T5 position-bias tables of scale 1 make their greedy
 continuations varied and their argmaxes decided by clear margins rather than by rounding.
 
-transformers' own answers for these models (test_hf_decoding.py, test_tree_decoding.py, test_tree_growth.py):
-`hf_greedy` (greedy generate of MAX_NEW tokens from PROMPTS[index], T5 from SOURCES[index]) and `two_token_law` (the
-exact joint law of the first two generated tokens from transformers' logits, `hf_next_logits`, standardized by
-tests/reference.py).
+transformers' own answers for these models (test_hf_decoding.py, test_tree_decoding.py, test_tree_growth.py) are
+tests/support/live_reference.py's; `hf_greedy` (greedy generate of MAX_NEW tokens from PROMPTS[index], T5 from
+SOURCES[index]) and `speculant_inputs` (speculant's input for the same) index them by prompt.
 """
 
 import torch
 import transformers
 
-import reference
-from hf_families import drafted  # noqa: F401  (the same noisy copy, for the export tests)
+from . import live_reference
+from .hf_families import drafted  # noqa: F401  (the same noisy copy, for the export tests)
 
 VOCAB = 64
 EOS = 2  # within the vocabulary (GPT-2's default 50256 is not)
@@ -65,39 +64,14 @@ MAX_NEW = 20
 
 
 def hf_greedy(model, arch: str, index: int, eos) -> list[int]:
-    """transformers' own greedy generation, new tokens only."""
-    kwargs = dict(do_sample=False, max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=0,
-                  num_beams=1, top_k=None, top_p=None, temperature=None)
-    with torch.no_grad():
-        if arch == "t5":
-            source = torch.tensor([SOURCES[index]])
-            out = model.generate(input_ids=source, attention_mask=torch.ones_like(source), **kwargs)
-            return out[0, 1:].tolist()  # after decoder_start_token_id
-        prompt = torch.tensor([PROMPTS[index]])
-        out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **kwargs)
-        return out[0, prompt.size(1):].tolist()
+    """transformers' own greedy generation of MAX_NEW tokens from PROMPTS[index] (T5: SOURCES[index]), new tokens
+    only (live_reference.hf_greedy)."""
+    return live_reference.hf_greedy(model, arch, eos, prompt=PROMPTS[index], source=SOURCES[index], max_new=MAX_NEW)
 
 
-def hf_next_logits(model, arch: str, prefixes: torch.Tensor, source: list[int]) -> torch.Tensor:
-    """transformers' next-token logits [N, V] after each row of prefixes [N, T] (decoder tokens for T5)."""
-    with torch.no_grad():
-        if arch == "t5":
-            encoder = torch.tensor([source]).expand(prefixes.size(0), -1)
-            return model(input_ids=encoder, decoder_input_ids=prefixes).logits[:, -1]
-        return model(prefixes).logits[:, -1]
-
-
-def two_token_law(model, arch: str, start: list[int], source: list[int], temperature, top_k, top_p):
-    """The target's exact joint law of the first two generated tokens [V, V] from transformers' logits."""
-    def law(logits):
-        return reference.standardize(logits.double(), temperature=temperature, top_k=top_k, top_p=top_p)
-
-    prefix = torch.tensor([start])
-    first = law(hf_next_logits(model, arch, prefix, source))[0]  # [V]
-    vocab = first.numel()
-    extended = torch.cat([prefix.expand(vocab, -1), torch.arange(vocab)[:, None]], dim=1)  # [V, T + 1]
-    second = law(hf_next_logits(model, arch, extended, source))  # [V, V]
-    return first[:, None] * second
+def speculant_inputs(arch: str, index: int) -> dict:
+    """generate's input keyword for the same: encoder_input_ids=SOURCES[index] for T5, else PROMPTS[index]."""
+    return live_reference.speculant_inputs(arch, PROMPTS[index], SOURCES[index])
 
 
 def noisy_medusa(target, heads: int = 2):

@@ -1,12 +1,13 @@
 """What the engine's tests share to check a generation and to build the models it runs on.
 
 Checks of a Result: `check_stats` (every invariant between tokens, trace and stats), `same`, `vars_of`,
-`assert_same_result` (tokens, trace and counts equal, alpha to a tolerance) and `check_rows` (row r of a batch is
-the batch-1 run with seed + r). Models: `load_pair` (a loaded Markov target and draft of VOCAB tokens),
-`poisoned_table` (non-finite logits after token 0), `MarkovRows` (tests/markov.py's cached table model with the
-native batched and tree calls, checked at every call) loaded by `markov_model` and `table_model`, and `tiny_models`
-(the batch tests' TinyGPT pair) with the batch tests' PROMPTS, MAX_NEW, GAMMA and SETTINGS. `same_seed_outputs` runs
-the seeded decode SAME_SEED in fresh processes (determinism across processes and thread counts).
+`assert_same_result` (tokens, trace and counts equal, alpha to a tolerance) and `check_rows` (row r of a batch is the
+batch-1 run with seed + r). Models: `load_pair` (a loaded Markov target and draft of VOCAB tokens), `poisoned_table`
+(non-finite logits after token 0), `MarkovRows` (tests/support/markov.py's cached table model with the native batched
+and tree calls, checked at every call) loaded by `markov_model` and `table_model` (or a subclass of it, for the graph
+tests), and `tiny_models` (the batch tests' TinyGPT pair; `loaded_tiny_models` loaded) with the batch tests' PROMPTS,
+MAX_NEW, GAMMA and SETTINGS. `same_seed_outputs` runs the seeded decode SAME_SEED in fresh processes (determinism
+across processes and thread counts).
 """
 
 import math
@@ -16,7 +17,7 @@ import pytest
 import torch
 from torch import Tensor
 
-import markov
+from . import markov
 import speculant
 from speculant import tiny_gpt
 
@@ -163,6 +164,14 @@ def tiny_models(max_length: int = TINY_MAX_LENGTH):
     return target.eval(), draft.eval()
 
 
+def loaded_tiny_models(plain: bool = False) -> tuple:
+    """tiny_models() loaded in the script_cached form (native batched): (target, draft), and with plain=True the
+    target's script_plain form third."""
+    target, draft = tiny_models()
+    loaded = (speculant.load(tiny_gpt.script_cached(target)), speculant.load(tiny_gpt.script_cached(draft)))
+    return (*loaded, speculant.load(tiny_gpt.script_plain(target))) if plain else loaded
+
+
 class MarkovRows(markov.MarkovCached):
     """markov.MarkovCached with the native batched methods of export/cached.py (start_rows, extend_rows), so that
     the engine runs its rows in one call (cpp/models/script_model.cpp's ScriptRows) on exactly enumerable tables. Row r's
@@ -253,8 +262,12 @@ def markov_model(table: Tensor, kind: str, max_length: int = 64):
     return model
 
 
-def table_model(table):
-    return speculant.load(torch.jit.script(MarkovRows(table.float(), 64)))
+TABLE_MAX_LENGTH = 64
+
+
+def table_model(table, cls=MarkovRows, device=None):
+    """A loaded table model: `cls` (MarkovRows or a subclass) on `table`, TABLE_MAX_LENGTH positions."""
+    return speculant.load(torch.jit.script(cls(table.float(), TABLE_MAX_LENGTH)), device=device)
 
 
 # One process's seeded run, printed. argv: torch threads, device, cuda_graphs mode. cuBLAS repeats itself across

@@ -5,7 +5,7 @@ Notation follows Leviathan, Kalman & Matias 2023 (../shared/paper): p = target M
 
 These functions are deliberately written for clarity, not speed; every C++ op in
 ``speculant.sampling`` is compared against them (tests/test_sampling.py) and the exact
-enumerations in tests/test_exact.py and tests/markov.py are built on them.
+enumerations in tests/test_exact.py and tests/support/markov.py are built on them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ import math
 import torch
 
 DTYPE = torch.float64
+
+
+def one_hot(tokens, vocab: int) -> torch.Tensor:
+    """The point mass on each of `tokens` (an int: [V]; a list of k: [k, V]), float64: a law that is certain."""
+    return torch.nn.functional.one_hot(torch.tensor(tokens, dtype=torch.long), vocab).to(DTYPE)
 
 
 def standardize(

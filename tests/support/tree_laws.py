@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-import reference
+from . import reference
 
 VOCAB = 5
 F64 = torch.float64

@@ -15,7 +15,7 @@ contract fails loudly. Both forms count their calls in ``calls`` so tests can co
 statistics with what really happened.
 
 Exact laws: ``continuation_law`` enumerates the target's k-token continuation law under a sampling
-configuration with tests/reference.py's standardize; ``speculative_law`` enumerates the law of the
+configuration with tests/support/reference.py's standardize; ``speculative_law`` enumerates the law of the
 first k tokens produced by Algorithm 1 (any lenience), memoised on the Markov state.
 """
 
@@ -24,7 +24,7 @@ from typing import Callable, List, Optional, Sequence
 
 import torch
 
-import reference
+from . import reference
 
 Tensor = torch.Tensor
 

@@ -14,7 +14,8 @@ cannot be rolled back (transformers marks it `_is_stateful`), for tests that a l
 
 `make(family, seed)` returns an eval-mode model without gradients; `drafted(model, noise, seed)` a copy with
 Gaussian noise on every weight, a draft that agrees with its target often but not always (NOISE[family] gives
-an acceptance rate about 0.9).
+an acceptance rate about 0.9); `random_ids(length, vocab, seed)` seeded token ids [1, length] for the logits
+tests; PT2_FAMILIES, PT2_MAX_LENGTH and PT2_MAX_SOURCE_LENGTH are conftest.py's pt2_zoo (.pt2 exports).
 """
 
 import copy
@@ -132,3 +133,14 @@ def drafted(model, noise: float, seed: int):
         for param in draft.parameters():
             param.add_(torch.randn(param.shape, generator=generator) * noise)
     return draft
+
+
+def random_ids(length: int, vocab: int = VOCAB, seed: int = 1) -> torch.Tensor:
+    """Token ids [1, length], uniform over the vocabulary, the same for the same seed (the logits tests' inputs)."""
+    return torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+# conftest.py's pt2_zoo: these families exported as .pt2 packages of these sizes, once per session
+PT2_FAMILIES = ("gpt2", "llama", "qwen2", "t5")
+PT2_MAX_LENGTH = 64
+PT2_MAX_SOURCE_LENGTH = 24

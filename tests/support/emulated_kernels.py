@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EMULATOR = ROOT / "tests" / "cuda_emulator"
 KERNELS = sorted((ROOT / "cpp" / "kernels").glob("*.cu"))
 SOURCES = [EMULATOR / "emulator.cpp", EMULATOR / "harness.cpp"]
