@@ -102,12 +102,14 @@ def test_a_sibling_draft_travels_as_its_file(pool, tmp_path):
 def test_a_failing_setting_is_reported_and_the_others_returned(pair, pool):
     draft = drafters.PythonDrafter(short_continuations, VOCAB)
     grid = dict(GRID, gammas=[2, 6, 4], temperatures=[0.0], top_k=0)
-    with pytest.warns(RuntimeWarning, match=r"1 of 3 settings failed .* gamma=6, temperature=0\.0, top_k=0, "
-                                            r"top_p=1\.0, lenience=1\.0 \(IndexError: list index out of range\)"):
+    with pytest.warns(RuntimeWarning, match=r"1 of 3 settings failed .* gamma=6, verification='token', "
+                                            r"temperature=0\.0, top_k=0, top_p=1\.0, lenience=1\.0 "
+                                            r"\(IndexError: list index out of range\)"):
         frame = speculant.sweep(pair[0], draft, PROMPTS, **grid, executor=pool)
     assert frame.gamma.tolist() == [2, 4] and (frame.new_tokens == 12 * len(PROMPTS)).all()
-    assert frame.attrs["failed"] == [{"gamma": 6, "tree": None, "siblings": None, "sibling_draft": False,
-                                      "temperature": 0.0, "top_k": 0, "top_p": 1.0, "lenience": 1.0,
+    assert frame.attrs["failed"] == [{"gamma": 6, "tree": None, "siblings": None, "verification": "token",
+                                      "sibling_draft": False, "temperature": 0.0, "top_k": 0, "top_p": 1.0,
+                                      "lenience": 1.0,
                                       "error": "IndexError: list index out of range"}]
     # Serial, the same setting is a bug in the call: its exception propagates.
     with pytest.raises(IndexError):
