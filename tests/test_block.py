@@ -68,18 +68,6 @@ def test_block_keeps_at_least_the_token_rules_drafts(config):
             assert block > token * 1.01, (gamma, block, token)
 
 
-def chains(q_table, gamma: int, draws: int, seed: int) -> list:
-    """`draws` chains of gamma drafts from the root 1, each draft drawn from q at the token before it."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(draws):
-        context = [1]
-        for _ in range(gamma):
-            context.append(int(torch.multinomial(q_table[context[-1]], 1, generator=gen)))
-        out.append(context)
-    return out
-
-
 def verdicts(target, q_table, contexts, config, as_tensors, verification="block", seed=0, device="cpu") -> list:
     """The engine's verdicts (n, t) for each chain (root first), one call, row i seeded seed + i."""
     rows = [(target[c].to(device), q_table[c[:-1]].to(device), torch.tensor(c[1:], device=device)) for c in contexts]
@@ -110,7 +98,7 @@ def test_engine_samples_the_block_law(case, path):
     target, draft = tables(seed)
     p_table, q_table = standardized(target, config), standardized(draft, config)
     draws = 4000
-    contexts = chains(q_table, gamma, draws, seed)
+    contexts = block_laws.draft_chains(q_table, gamma, draws, seed)
     contexts = [c if i % 2 == 0 else c[:-1] for i, c in enumerate(contexts)]
     counts = {gamma: defaultdict(int), gamma - 1: defaultdict(int)}
     found = verdicts(target, q_table, contexts, config, path != "host", device="cuda" if path == "cuda" else "cpu")
@@ -172,8 +160,8 @@ def test_refusals_name_what_is_wrong():
         speculant.SpeculativeDecoder(t, d, verification="joint")
     with pytest.raises(ValueError, match="lenience must be 1 with verification='block'"):
         speculant.SpeculativeDecoder(t, d, verification="block", lenience=0.5)
-    with pytest.raises(ValueError, match="verification='block' verifies a chain"):
-        speculant.SpeculativeDecoder(t, d, verification="block", tree=[2, 1])
+    with pytest.raises(ValueError, match="siblings='coupled' \\(the default\\) takes verification='token'"):
+        speculant.SpeculativeDecoder(t, d, verification="block", tree=[2, 1])  # trees: test_traversal.py
     decoder = speculant.SpeculativeDecoder(t, d, verification="block")
     with pytest.raises(ValueError, match="lenience must be 1 with verification='block'"):
         decoder.generate(LAW_PROMPT, max_new_tokens=2, sampling=speculant.SamplingSettings(lenience=0.5))

@@ -38,7 +38,7 @@ import torch
 from support.chisquare import SIGNIFICANCE, pooled
 from speculant import _core
 from speculant.testing import tensor_path
-from support.tree_laws import (F64, VOCAB, completed, iteration_law, sibling_table, standardized, tables,
+from support.tree_laws import (F64, VOCAB, completed, draw_tree, iteration_law, sibling_table, standardized, tables,
                                target_law, top_order)
 
 
@@ -350,23 +350,6 @@ def test_a_level_of_nodes_draws_each_nodes_children_from_its_own_row(siblings, a
         _core._draw_children(q, [1, 0, 1], siblings, False, 0, as_tensors)
     with pytest.raises(ValueError, match="the groups hold 2 rows of q's 3"):
         _core._draw_children(q, [1, 1, 1], siblings, False, 0, as_tensors, groups=[1, 1])
-
-
-def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, as_tensors=False, s_table=None):
-    """Node tokens drawn as the decoder's drafter draws them: each internal node's children from q at its token
-    (with a sibling table s_table, of the same kind as q_table / draft_scores: children 1 .. from its row)."""
-    tokens = [root] * len(parents)
-    children = defaultdict(list)
-    for node, parent in enumerate(parents[1:], start=1):
-        children[parent].append(node)
-    for node in range(len(parents)):  # breadth-first: a node's token is set before its children are drawn
-        if children[node]:
-            scores = draft_scores[tokens[node]] if greedy else q_table[tokens[node]]
-            drawn = _core._draw_children(scores, len(children[node]), siblings, greedy, seed * 1000 + node,
-                                         as_tensors, sibling_q=None if s_table is None else s_table[tokens[node]])
-            for child, token in zip(children[node], drawn.tolist()):
-                tokens[child] = token
-    return torch.tensor(tokens)
 
 
 def run_tree(shape, target, draft, config, siblings, draws, as_tensors, greedy=False, root=1, dtype=F64, sibling=None):

@@ -73,11 +73,12 @@ void bind_trees(py::module_& m) {
         py::arg("sibling_q") = std::optional<at::Tensor>());
   auto verify = [](const std::vector<std::tuple<std::vector<int64_t>, at::Tensor, at::Tensor, at::Tensor>>& trees,
                    double temperature, int64_t top_k, double top_p, double lenience, const std::string& siblings_name,
-                   const std::vector<uint64_t>& seeds, bool as_tensors, const std::vector<at::Tensor>& sibling_qs) {
+                   const std::vector<uint64_t>& seeds, bool as_tensors, const std::vector<at::Tensor>& sibling_qs,
+                   const std::string& verification) {
     require(seeds.size() == trees.size(), "seeds: one per tree ({}), got {}", trees.size(), seeds.size());
     require(sibling_qs.empty() || sibling_qs.size() == trees.size(), "sibling_qs: none, or one per tree ({}), got {}",
             trees.size(), sibling_qs.size());
-    const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
+    const SamplingConfig config = make_config(temperature, top_k, top_p, lenience, verification);
     std::vector<Tree> shapes;
     std::vector<at::Generator> generators;
     for (size_t i = 0; i < trees.size(); ++i) {
@@ -97,23 +98,26 @@ void bind_trees(py::module_& m) {
     }
     return out;
   };
-  // Several trees in one batch, tree i drawing from a generator seeded with seeds[i].
+  // Several trees in one batch, tree i drawing from a generator seeded with seeds[i], by the rule `verification`
+  // names ('token', or 'block': traversal verification).
   m.def("_verify_trees_seeded", verify, py::arg("trees"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
         py::arg("lenience"), py::arg("siblings"), py::arg("seeds"), py::arg("as_tensors") = false,
-        py::arg("sibling_qs") = std::vector<at::Tensor>{});
+        py::arg("sibling_qs") = std::vector<at::Tensor>{}, py::arg("verification") = "token");
   // One tree verified with each of `seeds` (a batch of copies of it).
   m.def("_verify_tree_seeded",
         [verify](const std::vector<int64_t>& parents, const at::Tensor& target_logits, const at::Tensor& q,
                  const at::Tensor& tokens, double temperature, int64_t top_k, double top_p, double lenience,
                  const std::string& siblings_name, const std::vector<uint64_t>& seeds, bool as_tensors,
-                 const std::optional<at::Tensor>& sibling_q) {
+                 const std::optional<at::Tensor>& sibling_q, const std::string& verification) {
           return verify({seeds.size(), {parents, target_logits, q, tokens}}, temperature, top_k, top_p, lenience,
                         siblings_name, seeds, as_tensors,
-                        sibling_q ? std::vector<at::Tensor>(seeds.size(), *sibling_q) : std::vector<at::Tensor>{});
+                        sibling_q ? std::vector<at::Tensor>(seeds.size(), *sibling_q) : std::vector<at::Tensor>{},
+                        verification);
         },
         py::arg("parents"), py::arg("target_logits"), py::arg("q"), py::arg("tokens"), py::arg("temperature"),
         py::arg("top_k"), py::arg("top_p"), py::arg("lenience"), py::arg("siblings"), py::arg("seeds"),
-        py::arg("as_tensors") = false, py::arg("sibling_q") = std::optional<at::Tensor>());
+        py::arg("as_tensors") = false, py::arg("sibling_q") = std::optional<at::Tensor>(),
+        py::arg("verification") = "token");
 }
 
 }  // namespace speculant::bindings

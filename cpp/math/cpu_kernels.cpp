@@ -206,6 +206,51 @@ int64_t greedy_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, i
   return -1;
 }
 
+// The laws a node's children were drawn from, in rank order (tree.h): q_j for child j given the rejections before
+// it. With replacement q (the sibling law from child 1 on); without replacement q without the earlier siblings'
+// tokens, renormalized; top the point mass at each of the first k - 1, then q without them. The coupled rule
+// reweights what is left itself (left()). Copies are made only where a later child reads them.
+template <typename acc_t>
+class ChildLaws {
+ public:
+  ChildLaws(const acc_t* q, const acc_t* s, int64_t vocab, int64_t children, Siblings siblings)
+      : q_(q), s_(s), vocab_(vocab), children_(children), siblings_(siblings) {}
+
+  // q_j for child j of token x, valid until the next call.
+  const acc_t* law(int64_t j, int64_t x) {
+    const acc_t* out = q_;
+    if (j > 0) {  // what is left, renormalized
+      double mass = 0.0;
+#pragma omp simd reduction(+ : mass)
+      for (int64_t v = 0; v < vocab_; ++v) mass += left_[v];
+      const double scale = 1.0 / std::max(mass, std::numeric_limits<double>::min());
+      rest_.resize(vocab_);
+      for (int64_t v = 0; v < vocab_; ++v) rest_[v] = static_cast<acc_t>(left_[v] * scale);
+      out = rest_.data();
+    }
+    if (siblings_ == Siblings::top && j < children_ - 1) {  // the first k - 1: the point mass at x
+      rest_.assign(vocab_, acc_t(0));
+      rest_[x] = 1;
+      out = rest_.data();
+    }
+    return out;
+  }
+  // After child j of token x is rejected: what is left for the next child, unnormalized.
+  std::vector<acc_t>& rejected(int64_t j, int64_t x) {
+    if (left_.empty()) left_.assign(q_, q_ + vocab_);
+    if (j == 0 && siblings_ == Siblings::with_replacement) std::copy(s_, s_ + vocab_, left_.begin());
+    if (!independent_draws(siblings_)) left_[x] = 0;
+    return left_;
+  }
+
+ private:
+  const acc_t* q_;
+  const acc_t* s_;
+  int64_t vocab_, children_;
+  Siblings siblings_;
+  std::vector<acc_t> left_, rest_;
+};
+
 // Sampled: the node's children tested in rank order (tree.h), one uniform each until one is kept; its rank, or
 // -1 with t drawn from the last residual. Child 0 reads p and q themselves; what is left of them is copied only
 // where a later child reads it, so a chain's test costs what Algorithm 1's does.
@@ -214,24 +259,11 @@ int64_t sampled_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, 
                       const acc_t* s_node, int64_t& t) {
   const int64_t children = in.tree.children(node), first = in.tree.first_child(node), vocab = in.vocab;
   const acc_t* p_j = p_node;
-  const acc_t* q_j = q_node;
-  std::vector<acc_t> p_rest, q_left, q_rest;  // p_j, what is left of q, q_j: once a later child reads them
+  std::vector<acc_t> p_rest;  // p_j, once a later child reads it
+  ChildLaws<acc_t> laws(q_node, s_node, vocab, children, in.siblings);
   for (int64_t j = 0; j < children; ++j) {
     const int64_t x = in.tokens[first + j];
-    if (j > 0) {  // q_j: what is left of q (without replacement or top: the earlier siblings removed), renormalized
-      double mass = 0.0;
-#pragma omp simd reduction(+ : mass)
-      for (int64_t v = 0; v < vocab; ++v) mass += q_left[v];
-      const double scale = 1.0 / std::max(mass, std::numeric_limits<double>::min());
-      q_rest.resize(vocab);
-      for (int64_t v = 0; v < vocab; ++v) q_rest[v] = static_cast<acc_t>(q_left[v] * scale);
-      q_j = q_rest.data();
-    }
-    if (in.siblings == Siblings::top && j < children - 1) {  // the first k - 1: the point mass at x (tree.h)
-      q_rest.assign(vocab, acc_t(0));
-      q_rest[x] = 1;
-      q_j = q_rest.data();
-    }
+    const acc_t* q_j = laws.law(j, x);
     // Coupled: the coin looks at whether the next child is in H_j = {p_j > q_j}, of q mass w (tree.h).
     const bool look_ahead = in.siblings == Siblings::coupled && j + 1 < children;
     double w = 0.0;
@@ -248,8 +280,7 @@ int64_t sampled_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, 
                        : inverse_cdf(vocab, in.uniform(), [p_j](int64_t v) { return static_cast<double>(p_j[v]); });
       return -1;
     }
-    if (q_left.empty()) q_left.assign(q_node, q_node + vocab);
-    if (j == 0 && in.siblings == Siblings::with_replacement) std::copy(s_node, s_node + vocab, q_left.begin());
+    std::vector<acc_t>& left = laws.rejected(j, x);
     if (look_ahead) {  // the next child's law given this rejection: q reweighted on H_j and off it (tree.h)
       double keep_in = 0.0, keep_out = 0.0;
       for (int64_t v = 0; v < vocab; ++v) {
@@ -259,7 +290,7 @@ int64_t sampled_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, 
         keep_out += q_j[v] * (1.0 - coupled_coin(r, false, w));
       }
       for (int64_t v = 0; v < vocab; ++v) {
-        q_left[v] = static_cast<acc_t>(s_node[v] * (p_j[v] > q_j[v] ? keep_in : keep_out));
+        left[v] = static_cast<acc_t>(s_node[v] * (p_j[v] > q_j[v] ? keep_in : keep_out));
       }
     }
     // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself when that has no mass
@@ -268,7 +299,6 @@ int64_t sampled_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, 
       for (int64_t v = 0; v < vocab; ++v) p_rest[v] = static_cast<acc_t>(residual_at(p_j[v], q_j[v], rejected));
       p_j = p_rest.data();
     }
-    if (!independent_draws(in.siblings)) q_left[x] = 0;
   }
   return -1;  // no children: not reached (walk() treats leaves)
 }
@@ -303,55 +333,80 @@ Verdict walk(const Walk<acc_t>& in) {
   }
 }
 
-// Block verification of a chain (tree.h: Sun et al.'s rule): p [gamma + 1, V] standardized, q [gamma, V], the drafts.
-// The running ratios r_i first (one pass); then from the last position down, each position's stopping chance h_i
-// (r_gamma at the end, else a residual weight's pass over V) against one uniform, until one stops (tau; h_0 = 1:
-// tau = 0 draws none); then one uniform for t. Positions where r_i is 0 have h_i = 0 and are passed over unread.
+// Traversal verification (tree.h; on a chain, Sun et al.'s block verification): the nodes in post-order, each of
+// weight r > 0 against one uniform (the root draws none: it stops when nothing below it does), until one falls below
+// the node's stopping chance h; then one uniform for t. A node's stage measures W_j are computed as its children are
+// reached (a pass over V for each child whose subtree was passed over), so a chain's walk costs what Algorithm 1's
+// does at each position it visits; a subtree of r = 0 is passed over unread.
 template <typename acc_t>
-Verdict block_walk(const acc_t* p, const acc_t* q, int64_t vocab, const int64_t* drafted, int64_t gamma,
-                   const Uniform& uniform) {
-  std::vector<double> r(gamma + 1, 1.0);
-  for (int64_t i = 1; i <= gamma; ++i) {
-    const int64_t x = drafted[i - 1];
-    r[i] = std::min(1.0, r[i - 1] * acceptance_ratio(p[(i - 1) * vocab + x], q[(i - 1) * vocab + x], 1.0));
-    if (!(r[i] > 0)) r[i] = 0.0;  // 0 times an infinite ratio (a draft q gave no mass): nothing to keep
-  }
-  // max(0, r_i p_(i+1) - q_(i+1)) at v, for i < gamma
-  const auto weight = [&](int64_t i, int64_t v) {
-    return std::max(0.0, r[i] * static_cast<double>(p[i * vocab + v]) - static_cast<double>(q[i * vocab + v]));
-  };
-  int64_t tau = 0;
-  double mass = 0.0;  // Z_tau
-  for (int64_t i = gamma; i > 0 && tau == 0; --i) {
-    if (r[i] == 0.0) continue;
-    double z = 0.0, h = r[i];
-    if (i < gamma) {
-      for (int64_t v = 0; v < vocab; ++v) z += weight(i, v);
-      h = z + 1.0 - r[i] > 0 ? z / (z + 1.0 - r[i]) : 1.0;
+class Traversal {
+ public:
+  explicit Traversal(const Walk<acc_t>& in) : in_(in) {}
+
+  Verdict run() {
+    visit(0, 1.0);
+    Verdict out;
+    for (int64_t node = stop_; node > 0; node = in_.tree.parent(node)) out.path.push_back(node);
+    std::reverse(out.path.begin(), out.path.end());
+    int64_t node = 0;
+    for (const int64_t next : out.path) {
+      out.betas.push_back(beta(in_.p + node * in_.vocab, in_.q[node], in_.vocab));
+      out.accepted_rank.push_back(in_.tree.rank(next));
+      out.path_tokens.push_back(in_.tokens[next]);
+      node = next;
     }
-    if (uniform() < h) {
-      tau = i;
-      mass = z;
+    if (in_.tree.children(stop_) > 0) out.betas.push_back(beta(in_.p + stop_ * in_.vocab, in_.q[stop_], in_.vocab));
+    out.accepted_rank.push_back(-1);
+    const acc_t* p_stop = in_.p + stop_ * in_.vocab;
+    double mass = 0.0;
+    for (const double w : stop_law_) mass += w;
+    out.host_token = mass > 0 ? inverse_cdf(in_.vocab, in_.uniform(), [this](int64_t v) { return stop_law_[v]; })
+                              : inverse_cdf(in_.vocab, in_.uniform(),
+                                            [p_stop](int64_t v) { return static_cast<double>(p_stop[v]); });
+    return out;
+  }
+
+ private:
+  // Node v's subtree in post-order, v of weight r > 0: its children's subtrees in rank order, then v itself. True
+  // once a node stops (stop_, and stop_law_ its W_(k+1): empty for a leaf, whose t follows p).
+  bool visit(int64_t v, double r) {
+    const int64_t vocab = in_.vocab, children = in_.tree.children(v), first = in_.tree.first_child(v);
+    const acc_t* p_v = in_.p + v * vocab;
+    std::vector<double> w;  // W_j for j >= 1; W_0 = r p_v is read from p
+    if (children > 0) {
+      const acc_t* q_row = in_.q[v];  // copied: deeper nodes read other rows, which a converted row's buffer holds
+      const std::vector<acc_t> q(q_row, q_row + vocab);
+      const acc_t* s_row = in_.sibling.defined() ? in_.sibling[v] : nullptr;
+      const std::vector<acc_t> s = s_row ? std::vector<acc_t>(s_row, s_row + vocab) : q;
+      ChildLaws<acc_t> laws(q.data(), s.data(), vocab, children, in_.siblings);
+      const auto at = [&](int64_t j, int64_t u) { return j == 0 ? r * static_cast<double>(p_v[u]) : w[u]; };
+      for (int64_t j = 0; j < children; ++j) {
+        const int64_t x = in_.tokens[first + j];
+        const acc_t* q_j = laws.law(j, x);
+        const double r_child = child_weight(at(j, x), q_j[x], j == 0);
+        if (r_child > 0 && visit(first + j, r_child)) return true;
+        double kept = 0.0;  // m_j = sum min(W_j, q_j)
+        for (int64_t u = 0; u < vocab; ++u) kept += std::min(at(j, u), static_cast<double>(q_j[u]));
+        std::vector<double> next(vocab);
+        for (int64_t u = 0; u < vocab; ++u) {
+          next[u] = 1.0 - kept > 0 ? std::max(0.0, at(j, u) - q_j[u]) / (1.0 - kept) : static_cast<double>(p_v[u]);
+        }
+        w.swap(next);
+        laws.rejected(j, x);
+      }
     }
+    double h = r;  // a leaf's; an internal node's is W_(k+1)'s mass
+    if (children > 0) h = std::accumulate(w.begin(), w.end(), 0.0);
+    if (v != 0 && !(in_.uniform() < h)) return false;
+    stop_ = v;
+    stop_law_.swap(w);
+    return true;
   }
-  if (tau == 0) {
-    for (int64_t v = 0; v < vocab && gamma > 0; ++v) mass += weight(0, v);
-  }
-  Verdict out;
-  out.drafted.assign(drafted, drafted + gamma);  // keep_chain reads them
-  out.keep_chain(tau);
-  out.accepted_rank.assign(tau, 0);
-  out.accepted_rank.push_back(-1);
-  for (int64_t i = 0; i <= std::min(tau, gamma - 1); ++i) {
-    out.betas.push_back(beta(p + i * vocab, q + i * vocab, vocab));
-  }
-  const acc_t* p_next = p + tau * vocab;
-  const auto target = [p_next](int64_t v) { return static_cast<double>(p_next[v]); };
-  out.host_token = tau == gamma || !(mass > 0)
-                       ? inverse_cdf(vocab, uniform(), target)
-                       : inverse_cdf(vocab, uniform(), [&](int64_t v) { return weight(tau, v); });
-  return out;
-}
+
+  const Walk<acc_t>& in_;
+  int64_t stop_ = 0;
+  std::vector<double> stop_law_;
+};
 
 }  // namespace
 
@@ -469,8 +524,9 @@ Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at:
   // in float64: a node's later children subtract residuals from residuals
   const at::Tensor p = standardize(target_logits, config, &finite).to(at::kDouble).contiguous();  // [N + 1, V]
   HostRows<double> q_rows(q), sibling_rows(sibling_q);
-  Verdict out = walk(Walk<double>{tree, p.const_data_ptr<double>(), p.size(1), q_rows, sibling_rows, tokens, config,
-                                  siblings, uniform, nullptr});
+  const Walk<double> in{tree, p.const_data_ptr<double>(), p.size(1), q_rows, sibling_rows, tokens, config, siblings,
+                        uniform, nullptr};
+  Verdict out = config.block() ? Traversal<double>(in).run() : walk(in);
   out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });
   return out;
 }
@@ -493,14 +549,10 @@ Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64
   const Tree chain = Tree::from_shape(std::vector<int64_t>(gamma, 1));
   Verdict out;
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "speculant_verify", [&] {
-    if (config.block() && gamma > 0) {
-      out = block_walk(p.const_data_ptr<scalar_t>(), q_rows.const_data_ptr<scalar_t>(), p.size(1), drafted, gamma,
-                       uniform);
-      return;
-    }
     HostRows<scalar_t> q_by_node(q_rows), none{at::Tensor()};
-    out = walk(Walk<scalar_t>{chain, p.const_data_ptr<scalar_t>(), p.size(1), q_by_node, none, tokens.data(), config,
-                              Siblings::with_replacement, uniform, lenient.empty() ? nullptr : lenient.data()});
+    const Walk<scalar_t> in{chain, p.const_data_ptr<scalar_t>(), p.size(1), q_by_node, none, tokens.data(), config,
+                            Siblings::with_replacement, uniform, lenient.empty() ? nullptr : lenient.data()};
+    out = config.block() ? Traversal<scalar_t>(in).run() : walk(in);
   });
   out.drafted.assign(drafted, drafted + gamma);
   out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });

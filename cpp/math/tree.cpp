@@ -47,6 +47,20 @@ Tree Tree::from_shape(const std::vector<int64_t>& shape) {
   return Tree(std::move(parent));
 }
 
+std::vector<int64_t> Tree::post_order() const {
+  std::vector<int64_t> out, stack{0}, next(size(), 0);  // next: the rank of the child to visit next
+  while (!stack.empty()) {
+    const int64_t node = stack.back();
+    if (next[node] < children_[node]) {
+      stack.push_back(first_child_[node] + next[node]++);
+    } else {
+      out.push_back(node);
+      stack.pop_back();
+    }
+  }
+  return out;
+}
+
 int64_t Tree::max_children() const { return *std::max_element(children_.begin(), children_.end()); }
 
 namespace {
@@ -220,8 +234,9 @@ void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblin
           "q must be [{}, V] = [{}, {}]", chain ? "drafts" : "tree nodes", rows, row.target_logits.size(1));
   require(row.tokens.dim() == 1 && row.tokens.size(0) == rows && row.tokens.scalar_type() == at::kLong,
           "tokens must be int64 [{}] = [{}]", chain ? "drafts" : "tree nodes", rows);
-  require(chain || !config.block(), "verification='block' verifies a chain of drafts (tree.h); a tree of drafts "
-          "takes verification='token'");
+  require(row.tree->chain() || !config.block() || siblings != Siblings::coupled, "verification='block' on a tree is traversal verification "
+          "(tree.h), proven for siblings 'with_replacement', 'without_replacement' and 'top'; siblings 'coupled' take "
+          "verification='token'");
   require(chain || config.lenience == 1.0, "lenience must be 1 with a tree of drafts (A.5's bound is proven for one "
           "draft per position); got {}", config.lenience);
   if (row.sibling_q.defined()) {

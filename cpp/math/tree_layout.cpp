@@ -59,8 +59,10 @@ void layout_lists(const Nodes& nodes, Layout& layout) {
   for (int64_t node = 0; node < nodes.size; ++node) {
     if (nodes.children(node) > 0) order.push_back(node);
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return nodes.children(a) > nodes.children(b); });
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    if (layout.block && nodes.depth(a) != nodes.depth(b)) return nodes.depth(a) < nodes.depth(b);
+    return nodes.children(a) > nodes.children(b);
+  });
   layout.internal = static_cast<int64_t>(order.size());
   for (int64_t node = 0; node < nodes.size; ++node) {
     if (nodes.children(node) == 0) order.push_back(node);
@@ -93,21 +95,18 @@ void layout_lists(const Nodes& nodes, Layout& layout) {
   for (int64_t i = 0; i < nodes.size; ++i) layout.draw_of.push_back(draw_at[order[i]]);
 }
 
-// Block verification's grid of the chains' positions (Layout above); the rows are chains.
-void block_lists(const Nodes& nodes, Layout& layout) {
-  const auto rows = static_cast<int64_t>(nodes.rows.size());
-  for (int64_t r = 0; r < rows; ++r) layout.block_width = std::max(layout.block_width, nodes.tree(r).size() - 1);
-  const int64_t width = layout.block_width;
-  layout.block_cells.assign(rows * width, 0);
-  layout.cells.assign(layout.internal, 0);
-  layout.next_cells.assign(layout.internal, 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < nodes.tree(r).size() - 1; ++i) {
-      const int64_t at = layout.position[nodes.base[r] + i];
-      layout.block_cells[r * width + i] = at;
-      layout.cells[at] = r * (width + 1) + i;
-      layout.next_cells[at] = layout.cells[at] + 1;
-    }
+// Traversal verification's depth ranges and edges (Layout above).
+void traversal_lists(const Nodes& nodes, Layout& layout) {
+  for (int64_t i = 0; i < layout.internal; ++i) {
+    if (i == 0 || nodes.depth(layout.order[i]) != nodes.depth(layout.order[i - 1])) layout.level_start.push_back(i);
+  }
+  layout.level_start.push_back(layout.internal);
+  layout.edge_of.assign(nodes.size, 0);
+  for (int64_t i = 0; i < nodes.size; ++i) {
+    const int64_t node = layout.order[i], r = nodes.row_of[node], local = node - nodes.base[r];
+    if (local == 0) continue;
+    const Tree& tree = nodes.tree(r);
+    layout.edge_of[i] = layout.position[nodes.base[r] + tree.parent(local)] * nodes.widest + tree.rank(local);
   }
 }
 
@@ -117,7 +116,7 @@ Layout::Layout(const Nodes& nodes, const SamplingConfig& config)
     : greedy(config.greedy()), block(config.block()), position(nodes.size), coin_at(nodes.size, 0) {
   layout_lists(nodes, *this);
   for (int64_t i = 0; i < nodes.size; ++i) position[order[i]] = i;
-  if (block) block_lists(nodes, *this);
+  if (block) traversal_lists(nodes, *this);
   const auto lists = taken();
   if (!std::all_of(lists.begin(), lists.end(), [](const auto* list) { return consecutive(*list); })) {
     for (const auto* list : lists) index.insert(index.end(), list->begin(), list->end());
@@ -126,7 +125,7 @@ Layout::Layout(const Nodes& nodes, const SamplingConfig& config)
 
 std::vector<const std::vector<int64_t>*> Layout::taken() const {
   if (greedy) return {&order, &q_rows, &children};
-  if (block) return {&order, &q_rows, &children, &draw_of, &coins, &block_cells, &cells, &next_cells};
+  if (block) return {&order, &q_rows, &children, &draw_of, &coins, &edge_of};
   return {&order, &q_rows, &children, &draw_of, &coins};
 }
 

@@ -20,6 +20,7 @@ struct Nodes {
 
   // of the batch's node, in the batch's numbering
   int64_t children(int64_t node) const { return tree(row_of[node]).children(node - base[row_of[node]]); }
+  int64_t depth(int64_t node) const { return tree(row_of[node]).depth(node - base[row_of[node]]); }
   int64_t first_child(int64_t node) const {
     const int64_t r = row_of[node];
     return base[r] + tree(r).first_child(node - base[r]);
@@ -61,9 +62,9 @@ void put_rows(at::Tensor& to, const std::vector<int64_t>& rows, const at::Tensor
 // uniforms come from its own generator, as alone, in one operation: a coin per (internal node in tree order, child
 // of the row's widest node), then one per node for its candidate t. Greedy draws none.
 //
-// Block verification (chains only, tree.h): also the rows' positions as a grid [R, G + 1] (G: the longest chain;
-// cell (r, i) is row r's position i, i = 0 .. g_r): block_cells [R, G], each cell's internal node (past a row's
-// drafts: node 0, never read), and for each internal node its cell and the next.
+// Traversal verification (verification = block, tree.h): the internal nodes by depth first (then by child count
+// descending, so that a depth's nodes with more than j children lead its range), their ranges by depth, and for each
+// node the index of its edge in [M, K] (its parent's position times K plus its rank; the root's 0, never read).
 struct Layout {
   Layout(const Nodes& nodes, const SamplingConfig& config);
 
@@ -80,8 +81,8 @@ struct Layout {
   std::vector<int64_t> uniform_sizes;     // each row's block of uniforms
   // taken: the order above, q_rows [M], children [M, K]; sampled also draw_of [nodes], coins [M, K]
   std::vector<int64_t> q_rows, children, draw_of, coins;
-  int64_t block_width = 0;                             // G
-  std::vector<int64_t> block_cells, cells, next_cells;  // taken, block: [R, G], [M], [M]
+  std::vector<int64_t> level_start;  // block: where each depth's internal nodes begin, then M
+  std::vector<int64_t> edge_of;      // taken, block: [nodes]
   std::vector<int64_t> index;  // the taken lists joined, one upload; empty where every one is a view
 };
 

@@ -123,6 +123,51 @@ void draw_candidates(const at::Tensor& P, const Layout& layout, const DeviceInpu
   out.candidates = read.add(out.candidates_tensor);
 }
 
+// The laws n nodes' children were drawn from, stage by stage (tree.h; the host's ChildLaws in tensor form): q [n, V],
+// s the later children's law (a sibling draft's, or q), x [n, K] the children's tokens. Stage j's nodes are the
+// leading rows_j, `next` of which have a child after j.
+class StageLaws {
+ public:
+  StageLaws(const at::Tensor& q, const at::Tensor& s, const at::Tensor& x, Siblings siblings)
+      : q_(q), s_(s), x_(x), siblings_(siblings), law_(q) {}
+
+  // q_j: top's point mass at x_j where a child follows, at the last child q without the top tokens; else as left.
+  at::Tensor law(int64_t j, int64_t rows_j, int64_t next) {
+    if (siblings_ == Siblings::top) {
+      std::vector<at::Tensor> laws;
+      if (next > 0) {
+        const at::Tensor x_j = x_.narrow(0, 0, next).narrow(1, j, 1);
+        laws.push_back(at::zeros({next, q_.size(1)}, q_.options()).scatter_(1, x_j, 1.0));
+      }
+      if (rows_j > next) {
+        at::Tensor last = q_.narrow(0, next, rows_j - next);
+        if (j > 0) {
+          last = last.scatter(1, x_.narrow(0, next, rows_j - next).narrow(1, 0, j), 0.0);
+          last = last / last.sum(-1, /*keepdim=*/true).clamp_min(kTiny);
+        }
+        laws.push_back(last);
+      }
+      law_ = joined(laws);
+    }
+    return law_.narrow(0, 0, rows_j);
+  }
+  // After stage j: without replacement, q_j without x_j, renormalized; with replacement, s from child 1 on.
+  void advance(int64_t j, int64_t next) {
+    if (next > 0 && siblings_ == Siblings::without_replacement) {
+      const at::Tensor left = law_.narrow(0, 0, next).scatter(1, x_.narrow(0, 0, next).narrow(1, j, 1), 0.0);
+      law_ = left / left.sum(-1, /*keepdim=*/true).clamp_min(kTiny);
+    } else if (j == 0 && siblings_ != Siblings::top) {
+      law_ = s_;
+    }
+  }
+  void set(const at::Tensor& law) { law_ = law; }  // the coupled rule's reweighted law
+
+ private:
+  at::Tensor q_, s_, x_;
+  Siblings siblings_;
+  at::Tensor law_;
+};
+
 // tree.h's steps for every internal node at once; P holds p_j in place (row by row, the layout's order).
 DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInputs& in, const SamplingConfig& config,
                       Siblings siblings, ReadBack& read) {
@@ -143,27 +188,11 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
     coins = take_rows(in.uniforms, layout.coins, in.taken[4]).view({m, k}) * (config.lenience / kBelowOne);
     kept = at::zeros({m, k}, coins.options().dtype(at::kBool));
   }
-  at::Tensor q_j = q;  // the law child j was drawn from, given every rejection before it (with replacement: q)
+  StageLaws laws(q, s, x, siblings);  // the law child j was drawn from, given every rejection before it
   for (int64_t j = 0; j < k && layout.leading[j] > 0; ++j) {
     const int64_t rows_j = layout.leading[j], next = layout.leading[j + 1];
     at::Tensor p_j = P.narrow(0, 0, rows_j);
-    if (siblings == Siblings::top) {  // the point mass at x_j where a child follows; at the last, q without the top
-      std::vector<at::Tensor> laws;
-      if (next > 0) {
-        const at::Tensor x_j = x.narrow(0, 0, next).narrow(1, j, 1);
-        laws.push_back(at::zeros({next, p.size(1)}, p.options()).scatter_(1, x_j, 1.0));
-      }
-      if (rows_j > next) {
-        at::Tensor last = q.narrow(0, next, rows_j - next);
-        if (j > 0) {
-          last = last.scatter(1, x.narrow(0, next, rows_j - next).narrow(1, 0, j), 0.0);
-          last = last / last.sum(-1, /*keepdim=*/true).clamp_min(kTiny);
-        }
-        laws.push_back(last);
-      }
-      q_j = joined(laws);
-    }
-    const at::Tensor law = q_j.narrow(0, 0, rows_j);
+    const at::Tensor law = laws.law(j, rows_j, next);
     const at::Tensor x_j = x.narrow(0, 0, rows_j).narrow(1, j, 1);
     const at::Tensor p_x = p_j.gather(1, x_j), q_x = law.gather(1, x_j);  // [M_j, 1], before p_j turns residual
     at::Tensor next_in_h, w;  // coupled: whether each next child lies in H_j, and q(H_j) [M_{j+1}, 1]
@@ -184,12 +213,9 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
       const at::Tensor in = at::minimum(qj, below / w.clamp_min(kTiny)).sum(-1, /*keepdim=*/true);
       const at::Tensor off = (qj - pj / at::rsub(w, 1.0).clamp_min(kTiny)).clamp_min(0.0).sum(-1, /*keepdim=*/true);
       next_in_h = in_h.gather(1, x.narrow(0, 0, next).narrow(1, j + 1, 1));
-      q_j = q0 * at::where(in_h, in, off) / mass.narrow(0, 0, next).clamp_min(kTiny);
-    } else if (next > 0 && siblings == Siblings::without_replacement) {
-      const at::Tensor left = law.narrow(0, 0, next).scatter(1, x.narrow(0, 0, next).narrow(1, j, 1), 0.0);
-      q_j = left / left.sum(-1, /*keepdim=*/true).clamp_min(kTiny);
-    } else if (j == 0 && in.sibling.defined()) {  // with replacement: the later children drawn from s
-      q_j = s;
+      laws.set(q0 * at::where(in_h, in, off) / mass.narrow(0, 0, next).clamp_min(kTiny));
+    } else {
+      laws.advance(j, next);
     }
     at::Tensor kept_j = kept.narrow(0, 0, rows_j).narrow(1, j, 1);
     child_tests(p_x, q_x, coins.narrow(0, 0, rows_j).narrow(1, j, 1), j == 0, next_in_h, w, kept_j);
@@ -201,37 +227,73 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
   return out;
 }
 
-// Block verification of chains (tree.h), every row's positions at once. P holds p in the layout's order, its
-// internal rows turned into the residuals t is drawn from where a row stops there.
-DeviceParts block_steps(const Nodes& nodes, const Layout& layout, const DeviceInputs& in, const SamplingConfig& config,
-                        ReadBack& read) {
+// A child's weight (tree.h's child_weight) for n children at once: w_x, q_x [n, 1] its token's W_j and q_j, float64.
+at::Tensor child_weights(const at::Tensor& w_x, const at::Tensor& q_x, bool first) {
+  const at::Tensor ratio = (w_x / q_x).clamp_max(1.0);  // inf where q_x = 0 < w_x, NaN where both are 0
+  return at::where(w_x > 0, at::where(q_x > 0, ratio, first ? 1.0 : 0.0), 0.0);
+}
+
+// Traversal verification (tree.h; on chains the block rule), every row's tree at once, depth by depth: at each
+// depth its internal nodes' stage measures W_j for their children in rank order, the children's weights, and each
+// node's W_(k+1), whose mass is its stopping chance and which P's row then holds (t's law where a row stops there;
+// p where it has no mass). Then each child's coin against its stopping chance (a leaf's: its weight), read back as
+// kept [M, K] by edge; the host finds each row's stop in post-order.
+DeviceParts traversal_steps(const Nodes& nodes, const Layout& layout, const DeviceInputs& in,
+                            const SamplingConfig& config, Siblings siblings, ReadBack& read) {
   DeviceParts out;
-  const int64_t m = layout.internal;
+  const int64_t m = layout.internal, k = nodes.widest;
   const at::Tensor p = standardize_as_tensors(in.logits, config);  // a new tensor (T > 0), which P may overwrite
   at::Tensor P = take_rows(p, layout.order, in.taken[0]);          // [nodes, V]
   if (m > 0) {
-    at::Tensor p_i = P.narrow(0, 0, m);
     const at::Tensor q = take_rows(in.q.to(p.scalar_type()), layout.q_rows, in.taken[1]);  // [M, V]
-    const at::Tensor x = take_rows(in.tokens, layout.children, in.taken[2]).view({m, 1});
-    out.beta = read.add(beta(p_i, q));
-    // r_i by row in the grid [R, G + 1]: log r_i = S_i - max_(j <= i) S_j, S the partial sums of log(p(x) / q(x))
-    // (S_0 = 0; a ratio of 0 makes S -inf from there, so r 0)
-    const at::Tensor ratio = p_i.gather(1, x).to(at::kDouble) / q.gather(1, x).to(at::kDouble).clamp_min(kTiny);
-    const auto rows = static_cast<int64_t>(nodes.rows.size());
-    const at::Tensor logs = take_rows(ratio.view(-1).log(), layout.block_cells, in.taken[5]).view({rows, -1});
-    const at::Tensor sums = at::cat({at::zeros({rows, 1}, logs.options()), logs.cumsum(1)}, 1);
-    const at::Tensor r = (sums - std::get<0>(sums.cummax(1))).exp().view(-1);  // [R (G + 1)]
-    const at::Tensor r_here = take_rows(r, layout.cells, in.taken[6]);        // [M]
-    // Z_i and h_i at every internal node; h at each row's end is r there
-    const at::Tensor weights = (r_here.unsqueeze(1).to(p.scalar_type()) * p_i - q).clamp_min(0.0);  // [M, V]
-    const at::Tensor z = weights.sum(-1).to(at::kDouble), rest = z + 1.0 - r_here;
-    at::Tensor h = r.clone();
-    put_rows(h, layout.cells, in.taken[6], at::where(rest > 0, z / rest.clamp_min(kTiny), 1.0));
-    // each draft's coin against the chance of stopping at it
-    const at::Tensor coins = take_rows(in.uniforms, layout.coins, in.taken[4]) * (1.0 / kBelowOne);
-    out.kept = read.add(coins.lt(take_rows(h, layout.next_cells, in.taken[7])));
-    // t's law where a row stops at an internal node: norm(max(0, r_i p_(i+1) - q_(i+1))), p_(i+1) without mass
-    p_i.copy_(at::where(z.unsqueeze(1) > 0, weights, p_i));
+    const at::Tensor s =
+        in.sibling.defined() ? take_rows(in.sibling.to(p.scalar_type()), layout.q_rows, in.taken[1]) : q;
+    const at::Tensor x = take_rows(in.tokens, layout.children, in.taken[2]).view({m, k});
+    out.beta = read.add(beta(P.narrow(0, 0, m), q));
+    const at::Tensor weights = at::zeros({m * k}, p.options().dtype(at::kDouble));  // each edge's child's r
+    const at::Tensor chance = at::empty({m}, weights.options());                     // each internal node's h
+    const at::Tensor edges = in.taken[5];
+    for (size_t d = 0; d + 1 < layout.level_start.size(); ++d) {
+      const int64_t begin = layout.level_start[d], n = layout.level_start[d + 1] - begin;
+      const at::Tensor p_level = P.narrow(0, begin, n);
+      at::Tensor r = at::ones({n, 1}, weights.options());
+      if (d > 0) {
+        const std::vector<int64_t> level(layout.edge_of.begin() + begin, layout.edge_of.begin() + begin + n);
+        r = take_rows(weights, level, edges.defined() ? edges.narrow(0, begin, n) : edges).view({n, 1});
+      }
+      at::Tensor w = r.to(p.scalar_type()) * p_level;  // W_1 = r p, then each stage's
+      StageLaws laws(q.narrow(0, begin, n), s.narrow(0, begin, n), x.narrow(0, begin, n), siblings);
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t rows_j = 0, next = 0;
+        for (int64_t i = begin; i < begin + n; ++i) {
+          rows_j += nodes.children(layout.order[i]) > j;
+          next += nodes.children(layout.order[i]) > j + 1;
+        }
+        if (rows_j == 0) break;
+        const at::Tensor law = laws.law(j, rows_j, next), w_j = w.narrow(0, 0, rows_j);
+        const at::Tensor x_j = x.narrow(0, begin, rows_j).narrow(1, j, 1);
+        const at::Tensor r_c = child_weights(w_j.gather(1, x_j).to(at::kDouble), law.gather(1, x_j).to(at::kDouble),
+                                             j == 0);
+        weights.view({m, k}).narrow(0, begin, rows_j).narrow(1, j, 1).copy_(r_c);
+        // W_(j+1) = max(0, W_j - q_j) / (1 - m_j), p where 1 - m_j is 0
+        const at::Tensor rest = at::rsub(at::minimum(w_j, law).sum(-1, /*keepdim=*/true).to(at::kDouble), 1.0);
+        const at::Tensor next_w = (w_j - law).clamp_min(0.0) / rest.clamp_min(kTiny).to(p.scalar_type());
+        w_j.copy_(at::where(rest > 0, next_w, p_level.narrow(0, 0, rows_j)));
+        laws.advance(j, next);
+      }
+      const at::Tensor mass = w.sum(-1).to(at::kDouble);  // [n]
+      chance.narrow(0, begin, n).copy_(mass);
+      p_level.copy_(at::where(mass.unsqueeze(1) > 0, w, p_level));
+    }
+    // every child's stopping chance, by edge: its weight, and for an internal child its W_(k+1)'s mass
+    at::Tensor h = weights.clone();
+    const int64_t first = layout.level_start.size() > 2 ? layout.level_start[1] : m;  // the non-root internal nodes
+    if (first < m) {
+      const std::vector<int64_t> below(layout.edge_of.begin() + first, layout.edge_of.begin() + m);
+      put_rows(h, below, edges.defined() ? edges.narrow(0, first, m - first) : edges, chance.narrow(0, first, m - first));
+    }
+    const at::Tensor coins = take_rows(in.uniforms, layout.coins, in.taken[4]).view({m, k}) * (1.0 / kBelowOne);
+    out.kept = read.add(coins.lt(h.view({m, k})));
   }
   draw_candidates(P, layout, in, read, out);
   return out;
@@ -269,7 +331,7 @@ at::Tensor device_work(const Nodes& nodes, const Layout& layout, const SamplingC
     if (has_witnesses(nodes.rows[r])) plan.draft_parts[r] = read.add(in[next++]);
   }
   plan.parts = layout.greedy ? greedy_steps(nodes, layout, inputs, config, read)
-               : layout.block ? block_steps(nodes, layout, inputs, config, read)
+               : layout.block ? traversal_steps(nodes, layout, inputs, config, siblings, read)
                               : run_steps(nodes, layout, inputs, config, siblings, read);
   at::Tensor packed = read.pack();
   plan.offsets = read.offsets();
@@ -343,13 +405,23 @@ void run_device(const Nodes& nodes, const Layout& layout, const SamplingConfig& 
   }
 }
 
-// Block verification: where chain row r stops, tau, the last draft whose coin fell below its chance (0: none).
-int64_t block_stop(const Nodes& nodes, const Layout& layout, const ReadBack& read, const DeviceParts& parts, size_t r) {
+// Traversal verification: where row r stops, the first node in post-order whose coin fell below its chance (kept,
+// by edge: its parent's position times K plus its rank), the root if none.
+int64_t traversal_stop(const Nodes& nodes, const Layout& layout, const ReadBack& read, const DeviceParts& parts,
+                       size_t r) {
   const double* kept = read.at(parts.kept);
-  for (int64_t i = nodes.tree(static_cast<int64_t>(r)).size() - 1; i > 0; --i) {
-    if (kept[layout.position[nodes.base[r] + i - 1]] != 0) return i;
+  const Tree& tree = nodes.tree(static_cast<int64_t>(r));
+  for (const int64_t node : tree.post_order()) {
+    if (node > 0 && kept[layout.edge_of[layout.position[nodes.base[r] + node]]] != 0) return node;
   }
   return 0;
+}
+
+// The rank of node's child on the path from the root to `stop` (-1 at stop itself).
+int64_t on_path(const Tree& tree, int64_t node, int64_t stop) {
+  int64_t child = stop;
+  while (child > 0 && tree.parent(child) != node) child = tree.parent(child);
+  return child > 0 ? tree.rank(child) : -1;
 }
 
 // Each row's walk down its tree on the host, from the read-back.
@@ -361,7 +433,7 @@ std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const D
   std::vector<Verdict> out(nodes.rows.size());
   for (size_t r = 0; r < out.size(); ++r) {
     const int64_t base = nodes.base[r];
-    const int64_t tau = layout.block ? block_stop(nodes, layout, read, parts, r) : 0;
+    const int64_t stop_node = layout.block ? traversal_stop(nodes, layout, read, parts, r) : 0;
     Verdict& verdict = out[r];
     verdict.finite = draft_finite(nodes.rows[r], read, run.plan->draft_parts[r]);
     for (int64_t node = 0; node < nodes.tree(r).size(); ++node) {
@@ -370,7 +442,7 @@ std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const D
     auto choose = [&](int64_t node) {
       const int64_t i = layout.position[base + node];
       verdict.betas.push_back(read.at(parts.beta)[i]);
-      if (layout.block) return node < tau ? int64_t{0} : int64_t{-1};
+      if (layout.block) return on_path(nodes.tree(static_cast<int64_t>(r)), node, stop_node);
       const double* kept = read.at(parts.kept) + i * nodes.widest;  // the first child kept, in rank order
       for (int64_t j = 0; j < nodes.children(base + node); ++j) {
         if (kept[j] != 0) return j;

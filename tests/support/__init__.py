@@ -14,5 +14,6 @@ laws                 assertions on output laws (assert_law over token windows) a
 live_reference       transformers' own answers: greedy generate, logits, the exact two-token law
 markov               table-driven Markov models in both TorchScript forms and their exact enumerated laws
 reference            pure-torch float64 reference implementations of the sampling math (standardize, verify, ...)
-tree_laws            the exact law of one token-tree iteration, enumerated on Markov tables
+traversal_laws       the exact law of one traversal-verification iteration (verification="block" on a tree)
+tree_laws            the exact law of one token-tree iteration, enumerated on Markov tables; trees drawn as drafted
 """

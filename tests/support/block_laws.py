@@ -3,7 +3,8 @@ on tree_laws' Markov tables.
 
 `chain_verdict_law` is the rule's law of (tau, t) given one chain of drafts; `iteration_law` the law of what one
 iteration emits, drafting included (every chain of gamma drafts enumerated); `expected_kept` the drafts one
-iteration keeps in expectation, by the block rule or the token rule (Algorithm 1). `plain_residual=True` plants
+iteration keeps in expectation, by the block rule or the token rule (Algorithm 1); `draft_chains` chains drawn from
+the draft as the engine's tests give them. `plain_residual=True` plants
 the defect the tests must catch: t drawn from Algorithm 1's residual norm(max(0, p - q)) where the block stops
 past its first position.
 """
@@ -12,6 +13,7 @@ import itertools
 from collections import defaultdict
 
 import numpy as np
+import torch
 
 from .tree_laws import VOCAB
 
@@ -92,3 +94,15 @@ def expected_kept(p_table, q_table, root: int, gamma: int, rule: str) -> float:
                 kept += running
         total += chance * kept
     return total
+
+
+def draft_chains(q_table, gamma: int, draws: int, seed: int) -> list:
+    """`draws` chains of gamma drafts from the root 1, each draft drawn from q at the token before it."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(draws):
+        context = [1]
+        for _ in range(gamma):
+            context.append(int(torch.multinomial(q_table[context[-1]], 1, generator=gen)))
+        out.append(context)
+    return out

@@ -1,7 +1,8 @@
 """The exact law of one token-tree iteration (cpp/math/tree.h), enumerated in float64 on Markov tables of VOCAB tokens.
 
 `tables` (a target and a draft logits table [V, V]: row x is the next-token logits after token x), `sibling_table`
-(a sibling draft's table), `standardized` (a table under a (temperature, top_k, top_p) config), `iteration_law` (the
+(a sibling draft's table), `standardized` (a table under a (temperature, top_k, top_p) config), `draw_tree` (a tree's
+node tokens drawn as the drafter draws them), `iteration_law` (the
 law of what one iteration emits, drafting included, for each way of drawing siblings), `completed` (that law
 continued by the target to a fixed length) and `target_law` (the target's own law of that length). Shared by
 test_tree.py, test_tree_growth.py and test_bench_trees.py.
@@ -12,6 +13,8 @@ from collections import defaultdict
 
 import numpy as np
 import torch
+
+from speculant import _core
 
 from . import reference
 
@@ -156,3 +159,20 @@ def sibling_table(seed: int) -> torch.Tensor:
     target, _ = tables(seed)
     gen = torch.Generator().manual_seed(seed + 500)
     return target.masked_fill(torch.isinf(target), 0.0) + torch.randn(VOCAB, VOCAB, generator=gen, dtype=F64) * 2.0
+
+
+def draw_tree(parents, q_table, draft_scores, root, siblings, greedy, seed, as_tensors=False, s_table=None):
+    """Node tokens drawn as the decoder's drafter draws them: each internal node's children from q at its token
+    (with a sibling table s_table, of the same kind as q_table / draft_scores: children 1 .. from its row)."""
+    tokens = [root] * len(parents)
+    children = defaultdict(list)
+    for node, parent in enumerate(parents[1:], start=1):
+        children[parent].append(node)
+    for node in range(len(parents)):  # breadth-first: a node's token is set before its children are drawn
+        if children[node]:
+            scores = draft_scores[tokens[node]] if greedy else q_table[tokens[node]]
+            drawn = _core._draw_children(scores, len(children[node]), siblings, greedy, seed * 1000 + node,
+                                         as_tensors, sibling_q=None if s_table is None else s_table[tokens[node]])
+            for child, token in zip(children[node], drawn.tolist()):
+                tokens[child] = token
+    return torch.tensor(tokens)

@@ -58,12 +58,17 @@ def _siblings(value) -> str:
     return value
 
 
-def _verification(value, tree, settings: SamplingSettings) -> str:
+def _verification(value, tree, settings: SamplingSettings, siblings: str = "with_replacement") -> str:
     if not isinstance(value, str) or value not in VERIFICATIONS:
         raise ValueError(f"verification must be one of {VERIFICATIONS}, got {value!r}")
-    if value == "block" and tree:
-        raise ValueError("verification='block' verifies a chain of drafts (cpp/math/tree.h); a tree (tree=) takes "
-                         "verification='token'")
+    if value == "block" and isinstance(tree, DynamicTree):
+        raise ValueError("verification='block' takes a chain or a tree of fixed shape: on a grown tree (budget=) the "
+                         "shapes of sibling subtrees depend on each other's draws, which traversal verification's proof "
+                         "(cpp/math/tree.h) does not cover; a grown tree takes verification='token'")
+    if value == "block" and tree and siblings == "coupled":
+        raise ValueError("verification='block' on a tree is traversal verification (cpp/math/tree.h), proven for "
+                         "siblings 'with_replacement', 'without_replacement' and 'top'; siblings='coupled' (the "
+                         "default) takes verification='token'")
     if value == "block" and settings.lenience != 1.0:
         raise ValueError(f"lenience must be 1 with verification='block' (A.5's bound is proven for the token rule), "
                          f"got {settings.lenience!r}")
@@ -630,8 +635,10 @@ class SpeculativeDecoder:
     ``verification``: how a chain's drafts are verified. "token" (the default) is the paper's Algorithm 1, which
     stops at the first rejection. "block" is block verification (Sun et al., ICLR 2025, arXiv 2403.10444): it
     verifies the chain jointly, keeps at least as many drafts in expectation (never fewer tokens per target call),
-    and is exact too (the proof in cpp/math/tree.h). At temperature 0 both give the same tokens. "block" takes
-    chains only (no tree=) and lenience 1.
+    and is exact too (the proof in cpp/math/tree.h). At temperature 0 both give the same tokens. On a tree=
+    of fixed shape "block" is traversal verification (Weng et al., NeurIPS 2025, arXiv 2505.12398: leaf to root,
+    sequence-level; on a chain it is the block rule), with siblings "with_replacement", "without_replacement" or
+    "top" (not "coupled", the trees' default, and not grown trees). "block" takes lenience 1.
 
     ``draft_tokenizer`` with ``target_tokenizer``: a draft model whose vocabulary differs from the target's
     drafts through text (speculant.cross_tokenizer.CrossTokenizer: deterministic proposals with point-mass q,
@@ -665,7 +672,7 @@ class SpeculativeDecoder:
         self._gamma = integer(gamma, "gamma", 1)
         self._siblings = _siblings(siblings)
         self._settings = overridden(sampling, temperature=temperature, top_k=top_k, top_p=top_p, lenience=lenience)
-        self._verification = _verification(verification, self._tree, self._settings)
+        self._verification = _verification(verification, self._tree, self._settings, self._siblings)
         if isinstance(self.draft, SpeculativeDecoder):
             _check_level(self.draft, self._settings)
         self.sibling_draft = _sibling_draft(sibling_draft, self.draft, self._tree, self._siblings, device, dtype)

@@ -11,6 +11,9 @@ one function here that runs models.
 Token trees (several drafts per position, cpp/math/tree.h) come last: the expected tokens and walltime improvement of a
 tree under positional acceptance (Sequoia, Chen et al. 2024), the best tree for a budget of drafts, and the
 acceptance table from verification counts. They take one tree and one acceptance model, not arrays.
+
+Exact verifiers from per-position laws (verifiers.py, re-exported here): the expected tokens per target call of
+token, block, traversal and token-tree verification, and ``chain_optimum``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from ..decoding.sampling import beta  # Theorem 3.5's beta, public here too (spe
 # The tree basics live in trees.py (the decoder takes trees too); they stay public here.
 from ..decoding.trees import (MAX_TREE_NODES, Tree, TreeChoice, TreeLike, TreeSpeedup, tree_depth, tree_draft_calls,
                     tree_parents, tree_size)
+# Each exact verifier's expected tokens from per-position laws live in verifiers.py; they stay public here.
+from .verifiers import (block_expected_tokens, chain_optimum, token_expected_tokens, token_tree_expected_tokens,
+                        traversal_expected_tokens)
 
 ArrayLike = Union[float, Sequence[float], np.ndarray]
 

@@ -224,7 +224,7 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     verifications: how the chains of ``gammas`` are verified, one name or several of SpeculativeDecoder's
     ``verification``: "token" (the default, Algorithm 1) and "block" (block verification); column
     ``verification``. Block verification has no lenience: its rows run at lenience 1 only, and the lenience grid's
-    other values give token rows alone. Trees are verified token by token.
+    other values give token rows alone. Fixed trees take "block" too (traversal), but not coupled or grown ones.
 
     sibling_draft: a second draft model (a ``speculant.Model`` or anything ``speculant.load`` takes, loaded once)
     that draws the later children of every tree row's nodes (SpeculativeDecoder's ``sibling_draft=``; trained by
@@ -314,7 +314,7 @@ def _grids(sampling: Optional[SamplingSettings], **given) -> list:
 def _settings(gammas, trees, siblings, temperatures, top_k, top_p, lenience, sibling_draft,
               verifications="token") -> List[Dict[str, Any]]:
     """The grid, one setting per row: the chains of gammas (each with each of verifications, a block at lenience 1
-    only), then each tree with each of siblings."""
+    only), then each tree with each of siblings and verifications (a block where traversal verification applies)."""
     shapes = _trees(trees)
     if gammas is None and not shapes:
         raise ValueError("give gammas (chains), trees (token-tree shapes) or both")
@@ -335,10 +335,11 @@ def _settings(gammas, trees, siblings, temperatures, top_k, top_p, lenience, sib
                  "temperature": t, "top_k": k, "top_p": p, "lenience": leniency}
                 for t, k, p, g, leniency, rule in itertools.product(*sampling, *chains, rules)
                 if rule == "token" or leniency == 1.0] if chains else []
-    settings += [{"gamma": tree_gamma(shape), "tree": shape, "siblings": way, "verification": "token",
+    settings += [{"gamma": tree_gamma(shape), "tree": shape, "siblings": way, "verification": rule,
                   "sibling_draft": sibling_draft is not None, "temperature": t, "top_k": k, "top_p": p,
                   "lenience": 1.0}
-                 for t, k, p in itertools.product(*sampling) for shape in shapes for way in ways]
+                 for t, k, p in itertools.product(*sampling) for shape in shapes for way in ways for rule in rules
+                 if rule == "token" or (way != "coupled" and not isinstance(shape, DynamicTree))]
     return settings
 
 
