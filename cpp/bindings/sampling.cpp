@@ -5,6 +5,7 @@
 #include "math/cpu_kernels.h"
 #include "math/sampling.h"
 #include "math/speculative.h"
+#include "math/streams.h"
 #include "math/step.h"
 
 namespace speculant::bindings {
@@ -83,8 +84,9 @@ void bind_sampling(py::module_& m) {
         py::arg("logits"), py::arg("temperature") = 1.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0);
   m.def("_verify_step",
         [](const at::Tensor& target_logits, const at::Tensor& q, const at::Tensor& draft_tokens, double temperature,
-           int64_t top_k, double top_p, double lenience, const std::vector<double>& uniforms) {
-          const SamplingConfig config = make_config(temperature, top_k, top_p, lenience);
+           int64_t top_k, double top_p, double lenience, const std::vector<double>& uniforms,
+           const std::vector<double>& draws, const std::string& verification) {
+          const SamplingConfig config = make_config(temperature, top_k, top_p, lenience, verification);
           require(target_logits.is_cpu() && q.is_cpu() && draft_tokens.is_cpu(), "the host kernel takes CPU tensors");
           require(q.dim() == 2 && target_logits.dim() == 2 && q.size(0) + 1 == target_logits.size(0) &&
                       q.size(1) == target_logits.size(1) && draft_tokens.numel() == q.size(0),
@@ -93,15 +95,36 @@ void bind_sampling(py::module_& m) {
           require(drafted.numel() == 0 || (drafted.min().item<int64_t>() >= 0 &&
                                            drafted.max().item<int64_t>() < target_logits.size(1)),
                   "draft_tokens must be token ids in [0, {})", target_logits.size(1));
-          size_t used = 0;
-          const Verdict v = cpu::verify(target_logits, q, drafted.const_data_ptr<int64_t>(), config, [&] {
+          size_t used = 0, drawn = 0;
+          const cpu::Uniform coins = [&] {  // the coins' (and t's where no draws are given), in the kernel's order
             require(used < uniforms.size(), "uniforms: the kernel needed more than the {} given", uniforms.size());
             return uniforms[used++];
-          });
-          return py::make_tuple(v.accepted(), v.host_token, v.betas, used);
+          };
+          const cpu::Uniform own = [&] {
+            require(drawn < draws.size(), "draws: the kernel needed more than the {} given", draws.size());
+            return draws[drawn++];
+          };
+          const Verdict v = cpu::verify(target_logits, q, drafted.const_data_ptr<int64_t>(), config, coins,
+                                        draws.empty() ? coins : own);
+          return py::make_tuple(v.accepted(), v.host_token, v.betas, used + drawn);
         },
         py::arg("target_logits"), py::arg("q"), py::arg("draft_tokens"), py::arg("temperature"), py::arg("top_k"),
-        py::arg("top_p"), py::arg("lenience"), py::arg("uniforms"));
+        py::arg("top_p"), py::arg("lenience"), py::arg("uniforms"), py::arg("draws") = std::vector<double>{},
+        py::arg("verification") = "token");
+  // The key of a row's stream (streams.h): role "draft", "coins" or "correction".
+  m.def("_stream_key",
+        [](uint64_t seed, const std::string& role, uint64_t step) {
+          Stream stream = Stream::draft;
+          if (role == "coins") {
+            stream = Stream::coins;
+          } else if (role == "correction") {
+            stream = Stream::correction;
+          } else {
+            require(role == "draft", "role must be 'draft', 'coins' or 'correction', got '{}'", role);
+          }
+          return stream_key(seed, stream, step);
+        },
+        py::arg("seed"), py::arg("role"), py::arg("step"));
 }
 
 }  // namespace speculant::bindings

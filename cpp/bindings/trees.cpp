@@ -2,6 +2,7 @@
 // seeds.
 #include "bindings/bindings.h"
 
+#include "math/streams.h"
 #include "math/tree.h"
 
 namespace speculant::bindings {
@@ -19,16 +20,16 @@ void bind_chain_verification(py::module_& m) {
           require(seeds.size() == rows.size(), "seeds: one per row ({}), got {}", rows.size(), seeds.size());
           const SamplingConfig config = make_config(temperature, top_k, top_p, lenience, verification);
           std::vector<Tree> chains;
-          std::vector<at::Generator> generators;
+          std::vector<Streams> streams;  // row i's, seeded with seeds[i] (streams.h)
           chains.reserve(rows.size());
-          generators.reserve(rows.size());
+          streams.reserve(rows.size());
           std::vector<TreeInput> inputs;
           for (size_t i = 0; i < rows.size(); ++i) {
             const auto& [target_logits, q, draft_tokens] = rows[i];
             chains.push_back(Tree::from_shape(std::vector<int64_t>(draft_tokens.numel(), 1)));
-            generators.push_back(make_generator(target_logits.device(), seeds[i]));
+            streams.emplace_back(target_logits.device(), seeds[i]);
             inputs.push_back({&chains.back(), target_logits, q, draft_tokens.to(at::kLong), at::Tensor(),
-                              &generators.back()});
+                              &streams.back().coins, &streams.back().correction});
           }
           const Siblings one = Siblings::with_replacement;  // one child per node
           std::vector<Verdict> verdicts = as_tensors ? verify_drafts_as_tensors(inputs, config, one)
@@ -80,15 +81,16 @@ void bind_trees(py::module_& m) {
             trees.size(), sibling_qs.size());
     const SamplingConfig config = make_config(temperature, top_k, top_p, lenience, verification);
     std::vector<Tree> shapes;
-    std::vector<at::Generator> generators;
+    std::vector<Streams> streams;  // tree i's, seeded with seeds[i] (streams.h)
     for (size_t i = 0; i < trees.size(); ++i) {
       shapes.emplace_back(std::get<0>(trees[i]));
-      generators.push_back(make_generator(std::get<1>(trees[i]).device(), seeds[i]));
+      streams.emplace_back(std::get<1>(trees[i]).device(), seeds[i]);
     }
     std::vector<TreeInput> rows;
     for (size_t i = 0; i < trees.size(); ++i) {
       rows.push_back({&shapes[i], std::get<1>(trees[i]), std::get<2>(trees[i]), std::get<3>(trees[i]).to(at::kLong),
-                      at::Tensor(), &generators[i], sibling_qs.empty() ? at::Tensor() : sibling_qs[i]});
+                      at::Tensor(), &streams[i].coins, &streams[i].correction,
+                      sibling_qs.empty() ? at::Tensor() : sibling_qs[i]});
     }
     const Siblings siblings = parse_siblings(siblings_name);
     py::list out;

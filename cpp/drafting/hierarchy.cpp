@@ -59,7 +59,8 @@ class HierarchyRows final : public DraftRows {
       Row& row = rows_[r];
       row.running = gammas[r] > 0;
       row.stop_at = row.out.stats.new_tokens + gammas[r];
-      row.generator = generators[r];
+      row.streams.reseat(generators[r].current_seed());  // keyed by the outer row's draft stream at this step
+      row.step = 0;
       row.emitted.clear();
       row.laws.clear();
       start_length_[r] = row.sequence_length;
@@ -106,7 +107,7 @@ class HierarchyRows final : public DraftRows {
                                     const at::Device& device) {
     std::vector<Row> rows;
     for (int64_t r = 0; r < count; ++r) {
-      // the generator is the outer row's, handed over with each proposal
+      // the streams are keyed anew with each proposal, by the outer row's draft stream
       rows.push_back(make_row(true, gamma, schedule, std::numeric_limits<int64_t>::max(), {}, device, 0));
       rows.back().running = false;
     }

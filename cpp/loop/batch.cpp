@@ -56,7 +56,7 @@ Row make_row(bool drafting, int64_t gamma, const GammaSchedule& schedule, int64_
   for (const int64_t children : tree_shape) stats.tree_accepted.emplace_back(children, 0);
   stats.tree_offered = stats.tree_accepted;
   stats.seed = seed;
-  row.generator = make_generator(device, seed);
+  row.streams = Streams(device, seed);
   return row;
 }
 
@@ -150,13 +150,14 @@ void Batch::draft() {
     row.limit = row.running ? std::min<int64_t>(wanted, row.stop_at - row.out.stats.new_tokens - 1) : 0;
     row.proposal = Proposal{};
     drafting = drafting || row.limit > 0;
+    if (row.running) row.streams.start(row.step++);
   }
   if (draft_rows_) {  // even when no row drafts: the drafter learns that none did (commit follows)
     std::vector<std::optional<TreeDraft>> trees(rows_.size());
     const std::vector<Layout> layouts = this->layouts(trees);
     if (drafting) check_interrupt();  // the drafter checks again before each of its own model calls
     std::vector<at::Generator> generators;
-    for (Row& row : rows_) generators.push_back(row.generator);  // handles: the rows' own generators
+    for (Row& row : rows_) generators.push_back(row.streams.draft);  // handles: the rows' own draft streams
     const auto draft_start = Clock::now();
     clock_.begin();
     std::vector<Proposal> proposals = draft_rows_->propose(layouts, s_.config, s_.siblings, generators,
@@ -231,7 +232,7 @@ std::vector<at::Tensor> Batch::target_call(const std::vector<at::Tensor>& inputs
 
 // Verify: Algorithm 1 runs M_p on prefix + the drafts in parallel (one call for every running row), then every
 // running row's verification at once (tree.h: verify_drafts, the one verifier of chains and trees), each row with its
-// own generator. A chain comes in its own form (tree.h: TreeInput), a tree with the root's token and a law for each
+// own streams. A chain comes in its own form (tree.h: TreeInput), a tree with the root's token and a law for each
 // node. Returns the verdicts of the running rows, in row order.
 std::vector<Verdict> Batch::verify() {
   const std::vector<at::Tensor> inputs = target_inputs();
@@ -254,7 +255,7 @@ std::vector<Verdict> Batch::verify() {
     if (!q.defined()) q = s_.trees ? at::zeros_like(verified) : verified.narrow(0, 0, 0);
     if (!sibling_q.defined() && sibling_law) sibling_q = at::zeros_like(q);
     checks.push_back({&proposal.tree, verified, q, s_.trees ? inputs[r] : proposal.tokens, proposal.maxima,
-                      &row.generator, sibling_q, proposal.finite});
+                      &row.streams.coins, &row.streams.correction, sibling_q, proposal.finite});
   }
   return verify_drafts(checks, s_.config, s_.siblings, s_.verify_graphs);
 }

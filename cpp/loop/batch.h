@@ -14,6 +14,7 @@
 #include "device/device_clock.h"
 #include "drafting/drafter.h"
 #include "drafting/gamma_policy.h"
+#include "math/streams.h"
 #include "models/model.h"
 #include "math/sampling.h"
 #include "loop/stats.h"
@@ -36,7 +37,8 @@ struct Generation {
 struct Row {
   Generation out;
   std::unique_ptr<GammaPolicy> policy;
-  at::Generator generator;
+  Streams streams;              // the draft's, the coins' and the correction's (streams.h)
+  uint64_t step = 0;            // the iterations started, which key the streams
   at::Tensor pending;           // [m >= 1] int64 on the device
   int64_t sequence_length = 0;  // tokens in the sequence, pending ones included
   int64_t stop_at = 0;          // the row stops when out.stats.new_tokens reaches this (or after an EOS)
@@ -50,7 +52,7 @@ struct Row {
   at::Tensor logits;            // Setup::laws: the target's logits at the verified positions [gamma + 1, V]
 };
 
-// A row's gamma policy (none without a drafter), statistics sized for it and for `tree_shape`, and generator.
+// A row's gamma policy (none without a drafter), statistics sized for it and for `tree_shape`, and streams.
 Row make_row(bool drafting, int64_t gamma, const GammaSchedule& schedule, int64_t cap,
              const std::vector<int64_t>& tree_shape, const at::Device& device, uint64_t seed);
 

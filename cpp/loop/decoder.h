@@ -43,8 +43,8 @@ class Decoder {
   // encoder-decoder pair the decoder's start, usually its decoder_start_token_id). sources[r] is row r's
   // encoder input, which each model encodes once per generation: required for encoder-decoder models, and
   // `sources` empty for decoder-only ones. Each row drafts, verifies, accepts and stops on its own, with its
-  // own gamma policy, statistics and trace, and its own generator seeded with seed + r (mod 2^64): it gets
-  // what a batch of one gives it with that seed, token for token in float32 (half-precision batched calls may
+  // own gamma policy, statistics and trace, and its own random streams keyed by seed + r (mod 2^64; streams.h): it
+  // gets what a batch of one gives it with that seed, token for token in float32 (half-precision batched calls may
   // round differently) (std::random_device seeds when absent, reported in
   // stats). Each step is one batched call of each model for the rows still running where the backend
   // supports it (Model::batched()), one call per row otherwise. A row's model times are those of the calls

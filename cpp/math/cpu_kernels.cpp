@@ -190,7 +190,8 @@ struct Walk {
   const int64_t* tokens;
   const SamplingConfig& config;
   Siblings siblings;
-  const Uniform& uniform;
+  const Uniform& uniform;  // the coins
+  const Uniform& draw;     // t's
   const uint8_t* lenient;
 };
 
@@ -276,8 +277,8 @@ int64_t sampled_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, 
     if (in.uniform() < child_acceptance(p_j[x], q_j[x], in.config.lenience, j == 0, look_ahead, next_in_h, w)) return j;
     const double rejected = residual_mass(p_j, q_j, vocab);
     if (j == children - 1) {  // every child rejected: t from residual(p_j, q_j), p_j itself when that has no mass
-      t = rejected > 0 ? inverse_cdf(vocab, in.uniform(), [p_j, q_j](int64_t v) { return excess(p_j[v], q_j[v]); })
-                       : inverse_cdf(vocab, in.uniform(), [p_j](int64_t v) { return static_cast<double>(p_j[v]); });
+      t = rejected > 0 ? inverse_cdf(vocab, in.draw(), [p_j, q_j](int64_t v) { return excess(p_j[v], q_j[v]); })
+                       : inverse_cdf(vocab, in.draw(), [p_j](int64_t v) { return static_cast<double>(p_j[v]); });
       return -1;
     }
     std::vector<acc_t>& left = laws.rejected(j, x);
@@ -313,7 +314,7 @@ Verdict walk(const Walk<acc_t>& in) {
     if (in.tree.children(node) == 0) {
       out.accepted_rank.push_back(-1);
       const auto mass = [p_node](int64_t v) { return static_cast<double>(p_node[v]); };
-      out.host_token = in.config.greedy() ? argmax(p_node, in.vocab) : inverse_cdf(in.vocab, in.uniform(), mass);
+      out.host_token = in.config.greedy() ? argmax(p_node, in.vocab) : inverse_cdf(in.vocab, in.draw(), mass);
       return out;
     }
     const acc_t* q_node = in.q[node];
@@ -360,8 +361,8 @@ class Traversal {
     const acc_t* p_stop = in_.p + stop_ * in_.vocab;
     double mass = 0.0;
     for (const double w : stop_law_) mass += w;
-    out.host_token = mass > 0 ? inverse_cdf(in_.vocab, in_.uniform(), [this](int64_t v) { return stop_law_[v]; })
-                              : inverse_cdf(in_.vocab, in_.uniform(),
+    out.host_token = mass > 0 ? inverse_cdf(in_.vocab, in_.draw(), [this](int64_t v) { return stop_law_[v]; })
+                              : inverse_cdf(in_.vocab, in_.draw(),
                                             [p_stop](int64_t v) { return static_cast<double>(p_stop[v]); });
     return out;
   }
@@ -518,21 +519,21 @@ at::Tensor token_tensor(int64_t token) {
 }
 
 Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
-                    const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
+                    const SamplingConfig& config, Siblings siblings, const Uniform& coins, const Uniform& draw,
                     const at::Tensor& sibling_q) {
   std::vector<uint8_t> finite;
   // in float64: a node's later children subtract residuals from residuals
   const at::Tensor p = standardize(target_logits, config, &finite).to(at::kDouble).contiguous();  // [N + 1, V]
   HostRows<double> q_rows(q), sibling_rows(sibling_q);
   const Walk<double> in{tree, p.const_data_ptr<double>(), p.size(1), q_rows, sibling_rows, tokens, config, siblings,
-                        uniform, nullptr};
+                        coins, draw, nullptr};
   Verdict out = config.block() ? Traversal<double>(in).run() : walk(in);
   out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });
   return out;
 }
 
 Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
-               const SamplingConfig& config, const Uniform& uniform) {
+               const SamplingConfig& config, const Uniform& coins, const Uniform& draw) {
   const int64_t gamma = q.size(0);
   std::vector<uint8_t> finite;
   const at::Tensor p = standardize(target_logits, config, &finite);  // [gamma + 1, V], in its working dtype
@@ -551,7 +552,7 @@ Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "speculant_verify", [&] {
     HostRows<scalar_t> q_by_node(q_rows), none{at::Tensor()};
     const Walk<scalar_t> in{chain, p.const_data_ptr<scalar_t>(), p.size(1), q_by_node, none, tokens.data(), config,
-                            Siblings::with_replacement, uniform, lenient.empty() ? nullptr : lenient.data()};
+                            Siblings::with_replacement, coins, draw, lenient.empty() ? nullptr : lenient.data()};
     out = config.block() ? Traversal<scalar_t>(in).run() : walk(in);
   });
   out.drafted.assign(drafted, drafted + gamma);

@@ -53,13 +53,14 @@ at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
 // refuse; each node's test reads p and q themselves. The verdict (verdict.h) without its device token: n kept,
 // t ~ residual(p_{n+1}, q_{n+1}) or p_{gamma+1} when all were kept (argmax if greedy), the betas of the verified
 // positions, finite: every target row was (standardize's flags). Draws one r per draft token up to the first
-// rejection, then one uniform for t, from `uniform`; greedy draws none. Standardizes all gamma + 1 target rows
+// rejection from `coins`, then one uniform for t from `draw`; greedy draws none. Standardizes all gamma + 1 target rows
 // (all are checked for finiteness) but evaluates beta and the residual only where Algorithm 1 reads them.
 // config.block(): Sun et al.'s block verification instead (tree.h), the verdict's betas still the first
 // min(n + 1, gamma) positions'; it draws one uniform per position from the last down to the one it stops at, then
 // one for t.
+// `coins` gives the tests' uniforms, `draw` t's: two streams (streams.h), which may be one source in tests.
 Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
-               const SamplingConfig& config, const Uniform& uniform);
+               const SamplingConfig& config, const Uniform& coins, const Uniform& draw);
 
 // draw_children() (tree.h) for a CPU row q [V], sampled (not greedy): k tokens, each by inverse CDF with one
 // uniform from what is left of q (without replacement: the tokens drawn before it removed); once nothing is
@@ -70,11 +71,12 @@ at::Tensor draw_children(const at::Tensor& q, int64_t k, Siblings siblings, cons
 
 // Multi-draft verification of a token tree for CPU tensors (tree.h's rule and arguments; tokens: the nodes'
 // tokens, host), in float64. Standardizes every target row (all are checked for finiteness) but walks down from
-// the root evaluating only the nodes it reaches: at each, its children's tests in rank order, one uniform each until
-// one is accepted (greedy: none), and at the node where it stops one uniform for t from the last residual
-// (greedy: the argmax of p there). verdict.token is left undefined (the caller makes it).
+// the root evaluating only the nodes it reaches: at each, its children's tests in rank order, one uniform of `coins`
+// each until one is accepted (greedy: none), and at the node where it stops one uniform of `draw` for t from the last
+// residual (greedy: the argmax of p there). verification = block: traversal verification (tree.h), its coins in
+// post-order. verdict.token is left undefined (the caller makes it).
 Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at::Tensor& q, const int64_t* tokens,
-                        const SamplingConfig& config, Siblings siblings, const Uniform& uniform,
+                        const SamplingConfig& config, Siblings siblings, const Uniform& coins, const Uniform& draw,
                         const at::Tensor& sibling_q = at::Tensor());
 
 // top_tokens() (tree.h) for CPU scores [..., V]: each row's k highest, the first index on ties (NaN above all, as

@@ -234,9 +234,11 @@ void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblin
           "q must be [{}, V] = [{}, {}]", chain ? "drafts" : "tree nodes", rows, row.target_logits.size(1));
   require(row.tokens.dim() == 1 && row.tokens.size(0) == rows && row.tokens.scalar_type() == at::kLong,
           "tokens must be int64 [{}] = [{}]", chain ? "drafts" : "tree nodes", rows);
-  require(row.tree->chain() || !config.block() || siblings != Siblings::coupled, "verification='block' on a tree is traversal verification "
-          "(tree.h), proven for siblings 'with_replacement', 'without_replacement' and 'top'; siblings 'coupled' take "
-          "verification='token'");
+  require(row.tree->chain() || !config.block() || siblings != Siblings::coupled,
+          "verification='block' on a tree is traversal verification (tree.h), proven for siblings 'with_replacement', "
+          "'without_replacement' and 'top'; siblings 'coupled' take verification='token'");
+  require(row.coins != nullptr && row.correction != nullptr && row.coins != row.correction,
+          "a verification's coins and its correction draw from two streams (streams.h)");
   require(chain || config.lenience == 1.0, "lenience must be 1 with a tree of drafts (A.5's bound is proven for one "
           "draft per position); got {}", config.lenience);
   if (row.sibling_q.defined()) {
@@ -257,12 +259,13 @@ std::vector<Verdict> verify_drafts(const std::vector<TreeInput>& rows, const Sam
     check_tree_input(row, config, siblings);
     const at::Tensor host_tokens = row.tokens.contiguous();
     {
-      cpu::GeneratorUniform uniform(*row.generator);
+      cpu::GeneratorUniform coin(*row.coins), correction(*row.correction);
+      const cpu::Uniform coins = [&coin] { return coin(); }, draw = [&correction] { return correction(); };
       const int64_t* tokens = host_tokens.const_data_ptr<int64_t>();
       out.push_back(row.chain_form()
-                        ? cpu::verify(row.target_logits, row.q, tokens, config, [&uniform] { return uniform(); })
-                        : cpu::verify_tree(*row.tree, row.target_logits, row.q, tokens, config, siblings,
-                                           [&uniform] { return uniform(); }, row.sibling_q));
+                        ? cpu::verify(row.target_logits, row.q, tokens, config, coins, draw)
+                        : cpu::verify_tree(*row.tree, row.target_logits, row.q, tokens, config, siblings, coins, draw,
+                                           row.sibling_q));
     }
     Verdict& verdict = out.back();
     verdict.finite = verdict.finite && row.draft_finite && cpu::all_finite(row.draft_maxima);

@@ -275,8 +275,8 @@ at::Tensor top_tokens(const at::Tensor& q, int64_t k);
 // q [N + 1, V]: row i is the draft's standardized distribution at node i, which node i's children were drawn from
 // (rows of leaves are not read). tokens int64 [N + 1]: node i's token (the root's is not read). draft_maxima (may
 // be undefined): the draft's raw row maxima, checked for NaN / +inf; draft_finite: those already checked on the
-// host. The row draws from *generator. sibling_q (may be undefined) [N + 1, V]: row i the law node i's children
-// 1 .. k - 1 were drawn from (a sibling draft's, above).
+// host. The row's coins come from *coins and its correction t from *correction, two streams (streams.h). sibling_q
+// (may be undefined) [N + 1, V]: row i the law node i's children 1 .. k - 1 were drawn from (a sibling draft's, above).
 //
 // A chain (the tree [1] * N) may come in its own form, as Algorithm 1 has it: q [N, V] and tokens [N], the drafts
 // x_1 .. x_N (node i's q row is q's row i, node i's token tokens[i - 1]); its verdict then lists them in `drafted`.
@@ -284,15 +284,16 @@ at::Tensor top_tokens(const at::Tensor& q, int64_t k);
 struct TreeInput {
   const Tree* tree = nullptr;
   at::Tensor target_logits, q, tokens, draft_maxima;
-  at::Generator* generator = nullptr;
+  at::Generator* coins = nullptr;       // the coins' stream (streams.h)
+  at::Generator* correction = nullptr;  // t's, another generator
   at::Tensor sibling_q;
   bool draft_finite = true;
 
   bool chain_form() const { return tree->chain() && tokens.defined() && tokens.size(0) == tree->size() - 1; }
 };
 
-// ValueError unless the row's tensors are shaped as above for its tree, lenience is 1 (but for chain-form rows), and
-// a sibling law comes with independent draws.
+// ValueError unless the row's tensors are shaped as above for its tree, lenience is 1 (but for chain-form rows), a
+// sibling law comes with independent draws, and the coins and the correction have two generators.
 void check_tree_input(const TreeInput& row, const SamplingConfig& config, Siblings siblings);
 
 // Every row's tree, chains included. CPU tensors go to the host walk row by row (cpu::verify_tree, cpu::verify for

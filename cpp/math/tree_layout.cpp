@@ -132,7 +132,10 @@ std::vector<const std::vector<int64_t>*> Layout::taken() const {
 at::Tensor Layout::uniforms(const Nodes& nodes, const at::Device& device) const {
   std::vector<at::Tensor> blocks;
   for (size_t r = 0; r < nodes.rows.size(); ++r) {
-    blocks.push_back(scaled_uniforms({uniform_sizes[r]}, *nodes.rows[r].generator, device));
+    // the coins from the row's coin stream, the candidates' uniforms from its correction stream
+    const int64_t candidates = nodes.tree(static_cast<int64_t>(r)).size();
+    blocks.push_back(scaled_uniforms({uniform_sizes[r] - candidates}, *nodes.rows[r].coins, device));
+    blocks.push_back(scaled_uniforms({candidates}, *nodes.rows[r].correction, device));
   }
   return joined(blocks);
 }

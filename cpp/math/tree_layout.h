@@ -60,7 +60,8 @@ void put_rows(at::Tensor& to, const std::vector<int64_t>& rows, const at::Tensor
 // tokens [M, K] (past a node's count: its first child again, never read); sampled also each position's candidate
 // uniform and the children's coins [M, K] (past a node's count: its first child's, never read). Sampled, each row's
 // uniforms come from its own generator, as alone, in one operation: a coin per (internal node in tree order, child
-// of the row's widest node), then one per node for its candidate t. Greedy draws none.
+// of the row's widest node) from its coin stream, then one per node for its candidate t from its correction stream
+// (streams.h). Greedy draws none.
 //
 // Traversal verification (verification = block, tree.h): the internal nodes by depth first (then by child count
 // descending, so that a depth's nodes with more than j children lead its range), their ranges by depth, and for each

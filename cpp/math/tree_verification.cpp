@@ -290,7 +290,8 @@ DeviceParts traversal_steps(const Nodes& nodes, const Layout& layout, const Devi
     const int64_t first = layout.level_start.size() > 2 ? layout.level_start[1] : m;  // the non-root internal nodes
     if (first < m) {
       const std::vector<int64_t> below(layout.edge_of.begin() + first, layout.edge_of.begin() + m);
-      put_rows(h, below, edges.defined() ? edges.narrow(0, first, m - first) : edges, chance.narrow(0, first, m - first));
+      const at::Tensor index = edges.defined() ? edges.narrow(0, first, m - first) : edges;
+      put_rows(h, below, index, chance.narrow(0, first, m - first));
     }
     const at::Tensor coins = take_rows(in.uniforms, layout.coins, in.taken[4]).view({m, k}) * (1.0 / kBelowOne);
     out.kept = read.add(coins.lt(h.view({m, k})));

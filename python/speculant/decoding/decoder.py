@@ -63,8 +63,8 @@ def _verification(value, tree, settings: SamplingSettings, siblings: str = "with
         raise ValueError(f"verification must be one of {VERIFICATIONS}, got {value!r}")
     if value == "block" and isinstance(tree, DynamicTree):
         raise ValueError("verification='block' takes a chain or a tree of fixed shape: on a grown tree (budget=) the "
-                         "shapes of sibling subtrees depend on each other's draws, which traversal verification's proof "
-                         "(cpp/math/tree.h) does not cover; a grown tree takes verification='token'")
+                         "shapes of sibling subtrees depend on each other's draws, which traversal verification's "
+                         "proof (cpp/math/tree.h) does not cover; a grown tree takes verification='token'")
     if value == "block" and tree and siblings == "coupled":
         raise ValueError("verification='block' on a tree is traversal verification (cpp/math/tree.h), proven for "
                          "siblings 'with_replacement', 'without_replacement' and 'top'; siblings='coupled' (the "
