@@ -414,6 +414,21 @@ def test_fixed_tree_verification_on_the_accelerators_path_equals_dynamic(pair, c
     assert keys == 0 if grown or sampling["temperature"] == 0 else keys >= 2  # the batch's rows, a row alone
 
 
+@pytest.mark.parametrize("tree, siblings", [(None, "coupled"), ([2, 1], "without_replacement"), ([2, 2], "top")],
+                         ids=["chain", "2x1-without", "2x2-top"])
+def test_block_verification_through_the_buffers_equals_dynamic(tiny, tree, siblings):
+    """verification="block" (the block rule on chains, traversal verification on trees) on the accelerators' path
+    with fixed shapes: its verification through its buffers, keyed apart from the token rule's: the tokens, trace
+    and counts of dynamic shapes."""
+    shape = dict(tree=tree, siblings=siblings) if tree else dict(gamma=GAMMA)
+    dynamic, fixed = (speculant.SpeculativeDecoder(*tiny, cuda_graphs=mode, temperature=1.0, verification="block",
+                                                   **shape) for mode in ("off", "fixed"))
+    with tensor_path():
+        assert_same_runs([dynamic.generate, fixed.generate], PROMPTS, seed=113, max_new_tokens=MAX_NEW)
+    keys, captured, failure = fixed._core.verification_graphs
+    assert keys >= 2 and captured == 0 and failure == "", (keys, captured, failure)
+
+
 @pytest.mark.parametrize("siblings, sampling", [("coupled", dict(temperature=1.0)),
                                                 ("with_replacement", dict(temperature=0.8, top_k=8)),
                                                 ("coupled", dict(temperature=0.0))], ids=["coupled", "with", "greedy"])

@@ -242,3 +242,11 @@ def test_analysis_re_exports_the_verifiers():
     for name in ("token_expected_tokens", "block_expected_tokens", "traversal_expected_tokens",
                  "token_tree_expected_tokens", "chain_optimum"):
         assert getattr(analysis, name) is getattr(verifiers, name)
+
+
+def test_float32_laws_are_taken_and_renormalized():
+    """A float32 softmax's rows sum to 1 only within its rounding: taken, renormalized in float64."""
+    gen = torch.Generator().manual_seed(4)
+    p64, q64 = (torch.softmax(torch.randn(n, 7, generator=gen, dtype=torch.float64), -1) for n in (5, 4))
+    for rule in (analysis.block_expected_tokens, analysis.token_expected_tokens):
+        assert rule(p64.float(), q64.float()) == pytest.approx(rule(p64, q64), abs=1e-6)

@@ -3,8 +3,8 @@
 The laws are per-position and context-free: p[d] is the target's law of the token after a node of depth d, the
 same whatever was drafted, and q[d] is the draft's law there (d = 0 is the last decided token). With equal rows
 this is the i.i.d. setting of Equation (1). Each function takes numpy or torch arrays of probabilities and works
-in float64. Each row must be nonnegative and sum to 1 within 1e-9, which float32 rows rarely do. A bad input
-raises ValueError naming the parameter.
+in float64. Each row must be nonnegative and sum to 1 within 1e-5 (a float32 softmax's rounding), and is
+renormalized in float64. A bad input raises ValueError naming the parameter.
 
 * ``token_expected_tokens``: Algorithm 1 on a chain, in closed form.
 * ``block_expected_tokens``: block verification of a chain (Sun et al., ICLR 2025), by a dynamic program over
@@ -49,10 +49,10 @@ def _laws(value: LawsLike, name: str, rows=None, vocab=None) -> np.ndarray:
     if not np.all(np.isfinite(laws)) or np.any(laws < 0.0):
         raise ValueError(f"{name} must hold finite probabilities >= 0")
     sums = laws.sum(axis=1)
-    bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-9)
+    bad = np.flatnonzero(np.abs(sums - 1.0) > 1e-5)
     if bad.size:
         raise ValueError(f"{name}[{bad[0]}] sums to {float(sums[bad[0]])!r}, not 1: each row must be a law")
-    return laws
+    return laws / sums[:, None]
 
 
 def _chain(p: LawsLike, q: LawsLike) -> Tuple[np.ndarray, np.ndarray]:
