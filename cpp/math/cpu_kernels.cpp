@@ -165,6 +165,7 @@ class HostRows {
     if (rows.defined() && rows.scalar_type() == kType && rows.is_contiguous()) data_ = rows.const_data_ptr<acc_t>();
   }
   bool defined() const { return rows_.defined(); }
+  bool stable() const { return data_ != nullptr; }  // whether a row stays valid after the next is read
   const acc_t* operator[](int64_t i) {
     if (data_) return data_ + i * rows_.size(1);
     held_ = rows_[i].to(kType).contiguous();
@@ -375,11 +376,11 @@ class Traversal {
     const acc_t* p_v = in_.p + v * vocab;
     std::vector<double> w;  // W_j for j >= 1; W_0 = r p_v is read from p
     if (children > 0) {
-      const acc_t* q_row = in_.q[v];  // copied: deeper nodes read other rows, which a converted row's buffer holds
-      const std::vector<acc_t> q(q_row, q_row + vocab);
-      const acc_t* s_row = in_.sibling.defined() ? in_.sibling[v] : nullptr;
-      const std::vector<acc_t> s = s_row ? std::vector<acc_t>(s_row, s_row + vocab) : q;
-      ChildLaws<acc_t> laws(q.data(), s.data(), vocab, children, in_.siblings);
+      // converted rows are copied: deeper nodes read other rows into the same buffer
+      std::vector<acc_t> q_held, s_held;
+      const acc_t* q = held(in_.q, v, q_held);
+      const acc_t* s = in_.sibling.defined() ? held(in_.sibling, v, s_held) : q;
+      ChildLaws<acc_t> laws(q, s, vocab, children, in_.siblings);
       const auto at = [&](int64_t j, int64_t u) { return j == 0 ? r * static_cast<double>(p_v[u]) : w[u]; };
       for (int64_t j = 0; j < children; ++j) {
         const int64_t x = in_.tokens[first + j];
@@ -402,6 +403,14 @@ class Traversal {
     stop_ = v;
     stop_law_.swap(w);
     return true;
+  }
+
+  // Row v of `rows`, valid through the deeper visits: the tensor's own memory, else a copy in `copy`.
+  const acc_t* held(HostRows<acc_t>& rows, int64_t v, std::vector<acc_t>& copy) const {
+    const acc_t* row = rows[v];
+    if (rows.stable()) return row;
+    copy.assign(row, row + in_.vocab);
+    return copy.data();
   }
 
   const Walk<acc_t>& in_;

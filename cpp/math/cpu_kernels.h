@@ -56,8 +56,8 @@ at::Tensor sample(const at::Tensor& probs, at::Generator& generator);
 // rejection from `coins`, then one uniform for t from `draw`; greedy draws none. Standardizes all gamma + 1 target rows
 // (all are checked for finiteness) but evaluates beta and the residual only where Algorithm 1 reads them.
 // config.block(): Sun et al.'s block verification instead (tree.h), the verdict's betas still the first
-// min(n + 1, gamma) positions'; it draws one uniform per position from the last down to the one it stops at, then
-// one for t.
+// min(n + 1, gamma) positions'; it draws one coin per position of r > 0 from the last down to the one it stops at,
+// then t's uniform from `draw`.
 // `coins` gives the tests' uniforms, `draw` t's: two streams (streams.h), which may be one source in tests.
 Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
                const SamplingConfig& config, const Uniform& coins, const Uniform& draw);
