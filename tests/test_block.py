@@ -74,7 +74,7 @@ def verdicts(target, q_table, contexts, config, as_tensors, verification="block"
     out = _core._verify_rows_seeded(rows, *config, 1.0, seeds=[seed + i for i in range(len(rows))],
                                     as_tensors=as_tensors, verification=verification)
     assert all(finite for *_, finite in out)
-    return [(n, t) for n, t, _, _ in out]
+    return [(n, t) for n, t, *_ in out]
 
 
 def chi_square(law: dict, counts: dict) -> float:

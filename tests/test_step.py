@@ -148,7 +148,7 @@ def test_seeded_verification_law_is_exact(as_tensors, config):
     assert (law > 0).sum() >= 4
     counts = np.zeros_like(law)
     # one batch of `draws` rows, row i seeded with i: what verifying the rows one by one gives (tested below)
-    for n, t, _, finite in _core._verify_rows_seeded([(logits, q, tokens)] * draws, *config, seeds=list(range(draws)),
+    for n, t, _, finite, _ in _core._verify_rows_seeded([(logits, q, tokens)] * draws, *config, seeds=list(range(draws)),
                                                      as_tensors=as_tensors):
         assert finite
         counts[n * vocab + t] += 1
@@ -207,7 +207,7 @@ def test_a_batch_verifies_each_row_as_alone(as_tensors, config):
         seeds = [1000 * draw + i for i in range(len(rows))]
         batch = _core._verify_rows_seeded(rows, *config, seeds=seeds, as_tensors=as_tensors)
         for row, seed, got in zip(rows, seeds, batch):
-            n, t, betas, finite = verify_one(*row, config, seed, as_tensors)
+            n, t, betas, finite, _ = verify_one(*row, config, seed, as_tensors)
             assert got[:2] == (n, t) and got[3] == finite
             np.testing.assert_array_equal(got[2], betas)
 
@@ -230,6 +230,6 @@ def test_a_draft_its_law_gives_no_mass_is_kept_as_algorithm_1_keeps_it(as_tensor
     q = torch.tensor([[0.0, 1.0, 0.0, 0.0]])  # the draft token 2 has q = 0 < p
     row = (logits, q, torch.tensor([2]))
     for seed in range(5):
-        n, _, _, _ = _core._verify_rows_seeded([row], 1.0, 0, 1.0, 1.0, seeds=[seed], as_tensors=as_tensors)[0]
+        n, *_ = _core._verify_rows_seeded([row], 1.0, 0, 1.0, 1.0, seeds=[seed], as_tensors=as_tensors)[0]
         assert n == 1
     assert reference.acceptance_probability(torch.tensor(1 / 3), torch.tensor(0.0)).item() == 1.0

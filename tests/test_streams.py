@@ -41,7 +41,7 @@ def test_a_verification_draws_its_coins_and_its_correction_from_their_own_keys(v
     q_table = standardized(draft, config)
     for seed, context in enumerate(block_laws.draft_chains(q_table, 4, 40, 3)):
         logits, q, drafts = target[context], q_table[context[:-1]], torch.tensor(context[1:])
-        n, t, _, _ = _core._verify_rows_seeded([(logits, q, drafts)], *config, 1.0, seeds=[seed], as_tensors=False,
+        n, t, *_ = _core._verify_rows_seeded([(logits, q, drafts)], *config, 1.0, seeds=[seed], as_tensors=False,
                                                verification=verification)[0]
         streams = {role: torch.Generator().manual_seed(_core._stream_key(seed, role, 0)) for role in ROLES}
         coins = torch.rand(8, generator=streams["coins"], dtype=F64).tolist()

@@ -99,7 +99,7 @@ def test_a_chain_as_a_tree_gets_the_block_verdicts_uniform_for_uniform(as_tensor
     trees = [(parents, target[c], q_table[c], torch.tensor(c)) for c in contexts]
     as_trees = _core._verify_trees_seeded(trees, *config, 1.0, "with_replacement", seeds, as_tensors,
                                           verification="block")
-    assert [(n, t) for n, t, _, _ in chains] == [(len(path), t) for path, _, t, _, _ in as_trees]
+    assert [(n, t) for n, t, *_ in chains] == [(len(path), t) for path, _, t, _, _ in as_trees]
     assert len({n for n, *_ in chains}) == gamma + 1, "every stopping place occurs"
 
 

@@ -38,6 +38,11 @@ void bind_results(py::module_& m) {
       .def_property_readonly("tokens_per_target_call", &Stats::tokens_per_target_call)
       .def_property_readonly("acceptance_rate", &Stats::acceptance_rate)
       .def_property_readonly("alpha", &Stats::alpha)
+      .def_readonly("token_kept_sum", &Stats::token_kept_sum)
+      .def_readonly("block_kept_sum", &Stats::block_kept_sum)
+      .def_readonly("predicted_iterations", &Stats::predicted_iterations)
+      .def_property_readonly("token_expected_tokens", [](const Stats& s) { return s.expected_tokens(false); })
+      .def_property_readonly("block_expected_tokens", [](const Stats& s) { return s.expected_tokens(true); })
       .def_readonly("draft_seconds", &Stats::draft_seconds)
       .def_readonly("target_seconds", &Stats::target_seconds)
       .def_property_readonly("other_seconds", &Stats::other_seconds)
@@ -60,6 +65,8 @@ void bind_results(py::module_& m) {
         d["tokens_per_target_call"] = s.tokens_per_target_call();
         d["acceptance_rate"] = s.acceptance_rate();
         d["alpha"] = s.alpha();
+        d["token_expected_tokens"] = s.expected_tokens(false);
+        d["block_expected_tokens"] = s.expected_tokens(true);
         d["draft_seconds"] = s.draft_seconds;
         d["target_seconds"] = s.target_seconds;
         d["other_seconds"] = s.other_seconds();

@@ -12,7 +12,7 @@ void bind_chain_verification(py::module_& m) {
   // Rows of (target_logits, q, draft_tokens), row i drawing from a generator seeded with seeds[i]: each row the
   // chain [1] * gamma in its own form (tree.h: TreeInput) through verify_drafts, or with as_tensors=true its tensor
   // path (what accelerators run) on any device, by the rule `verification` names ('token' or 'block').
-  // -> [(n, t, betas, finite)] per row.
+  // -> [(n, t, betas, finite, ratios)] per row (Verdict's).
   m.def("_verify_rows_seeded",
         [](const std::vector<std::tuple<at::Tensor, at::Tensor, at::Tensor>>& rows, double temperature, int64_t top_k,
            double top_p, double lenience, const std::vector<uint64_t>& seeds, bool as_tensors,
@@ -35,7 +35,9 @@ void bind_chain_verification(py::module_& m) {
           std::vector<Verdict> verdicts = as_tensors ? verify_drafts_as_tensors(inputs, config, one)
                                                      : verify_drafts(inputs, config, one);
           py::list out;
-          for (const Verdict& v : verdicts) out.append(py::make_tuple(v.accepted(), v.host_token, v.betas, v.finite));
+          for (const Verdict& v : verdicts) {
+            out.append(py::make_tuple(v.accepted(), v.host_token, v.betas, v.finite, v.ratios));
+          }
           return out;
         },
         py::arg("rows"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("lenience"),

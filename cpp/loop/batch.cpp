@@ -10,6 +10,7 @@
 #include "errors.h"
 #include "loop/interrupt.h"
 #include "math/cpu_kernels.h"
+#include "math/speculative.h"
 
 namespace speculant {
 namespace {
@@ -366,7 +367,15 @@ Iteration Batch::record(Row& row, Verdict& verdict) {
     stats.drafted_per_position[i] += 1;
     stats.accepted_per_position[i] += i < accepted;
   }
-  if (s_.trees) record_tree_ranks(stats, tree, verdict);
+  if (s_.trees) {
+    record_tree_ranks(stats, tree, verdict);
+  } else {  // each rule's drafts kept in expectation on these drafts (speculative.h)
+    const double lenience = s_.config.lenience;
+    stats.token_kept_sum += expected_kept(verdict.ratios, lenience, false);
+    stats.block_kept_sum += lenience == 1.0 ? expected_kept(verdict.ratios, 1.0, true)
+                                            : std::numeric_limits<double>::quiet_NaN();
+    stats.predicted_iterations += 1;
+  }
   const auto verified = static_cast<int64_t>(verdict.betas.size());
   double beta_sum = 0.0;
   for (const double beta : verdict.betas) beta_sum += beta;

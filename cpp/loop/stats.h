@@ -34,6 +34,11 @@ struct Stats {
   // generated sequence (every position up to and including the first rejection).
   double beta_sum = 0.0;
   int64_t beta_count = 0;
+  // A chain's drafts kept in expectation by each rule, from the ratios of the drafts it verified (speculative.h:
+  // expected_kept; block: NaN at lenience < 1, which the block rule refuses), over `predicted_iterations`.
+  double token_kept_sum = 0.0;
+  double block_kept_sum = 0.0;
+  int64_t predicted_iterations = 0;
   // Token trees (tree.h): at depth i, how often the accepted path reached a node whose children were tried
   // (tree_visits[i]) and how often its rank-j child was the one accepted (tree_accepted[i][j]); their ratio
   // estimates Sequoia's per-depth, per-rank acceptance. tree_offered[i][j]: how often such a node had a rank-j
@@ -54,6 +59,11 @@ struct Stats {
   }
   double acceptance_rate() const;  // accepted / drafted; NaN when nothing was drafted
   double alpha() const;            // NaN when nothing was drafted
+  // 1 + the mean drafts kept per iteration by that rule: its tokens per target call on these drafts (NaN: none).
+  double expected_tokens(bool block) const {
+    return predicted_iterations ? 1.0 + (block ? block_kept_sum : token_kept_sum) / predicted_iterations
+                                : std::numeric_limits<double>::quiet_NaN();
+  }
   double other_seconds() const { return total_seconds - draft_seconds - target_seconds; }
 };
 

@@ -541,6 +541,19 @@ Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at:
   return out;
 }
 
+// A chain's ratios p_i(x_i) / q_i(x_i) (Verdict::ratios) from its rows p [gamma + 1, V] and q [gamma, V]; at T = 0
+// +inf where the test keeps x_i (the argmax, or A.5's lenient argmax: `lenient` by node), else 0.
+template <typename acc_t>
+std::vector<double> chain_ratios(const acc_t* p, const acc_t* q, int64_t vocab, const int64_t* drafted, int64_t gamma,
+                                 bool greedy, const std::vector<uint8_t>& lenient) {
+  std::vector<double> out(gamma);
+  for (int64_t i = 0; i < gamma; ++i) {
+    const double p_x = p[i * vocab + drafted[i]], q_x = q[i * vocab + drafted[i]];
+    out[i] = !greedy ? acceptance_ratio(p_x, q_x, 1.0) : p_x > 0 || (!lenient.empty() && lenient[i + 1]) ? kInf : 0.0;
+  }
+  return out;
+}
+
 Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64_t* drafted,
                const SamplingConfig& config, const Uniform& coins, const Uniform& draw) {
   const int64_t gamma = q.size(0);
@@ -563,6 +576,10 @@ Verdict verify(const at::Tensor& target_logits, const at::Tensor& q, const int64
     const Walk<scalar_t> in{chain, p.const_data_ptr<scalar_t>(), p.size(1), q_by_node, none, tokens.data(), config,
                             Siblings::with_replacement, coins, draw, lenient.empty() ? nullptr : lenient.data()};
     out = config.block() ? Traversal<scalar_t>(in).run() : walk(in);
+    if (gamma > 0) {
+      out.ratios = chain_ratios(p.const_data_ptr<scalar_t>(), q_rows.const_data_ptr<scalar_t>(), p.size(1), drafted,
+                                gamma, config.greedy(), lenient);
+    }
   });
   out.drafted.assign(drafted, drafted + gamma);
   out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });

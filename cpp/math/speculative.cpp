@@ -17,6 +17,16 @@ at::Tensor acceptance_probability(const at::Tensor& p_x, const at::Tensor& q_x, 
   return ratio.to(p_x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
 }
 
+double expected_kept(const std::vector<double>& ratios, double lenience, bool block) {
+  double kept = 0.0, r = 1.0;
+  for (const double ratio : ratios) {
+    // r = 0 stays 0: a prefix the rule cannot keep is not revived by a later ratio of +inf (0 * inf)
+    r = r == 0.0 ? 0.0 : block ? std::min(1.0, r * ratio) : r * std::min(1.0, ratio / lenience);
+    kept += r;
+  }
+  return kept;
+}
+
 at::Tensor beta(const at::Tensor& p, const at::Tensor& q) { return at::minimum(p, q).sum(-1); }
 
 ResidualParts residual_parts(const at::Tensor& p, const at::Tensor& q) {

@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <limits>
 
+#include <vector>
+
 #include "math/sampling.h"
 
 namespace speculant {
@@ -42,6 +44,13 @@ inline double acceptance_ratio(double p_x, double q_x, double lenience) {
 inline double acceptance(double p_x, double q_x, double lenience) {
   return std::min(1.0, acceptance_ratio(p_x, q_x, lenience));
 }
+
+// The drafts a chain's rule keeps in expectation given the ratios p_i(x_i) / q_i(x_i) at its positions, without its
+// coins: sum_i P(n >= i | x_1 .. x_i). Algorithm 1 keeps position i with prod_(j <= i) min(1, ratio_j / l); the block
+// rule (tree.h) with r_i = min(1, r_(i-1) ratio_i), the lemma P(x_1..i drafted, tau >= i) = q(x_1..i) r_i. Averaged
+// over iterations it estimates the rule's E[n] from the drafts alone (its coins integrated out), for the rule that ran
+// and for the other one on the same drafts.
+double expected_kept(const std::vector<double>& ratios, double lenience, bool block);
 
 // Theorem 3.5's beta = sum_x min(p(x), q(x)), once per form: one row of V on the host (summed in float64), and
 // over the last dimension of p, q [..., V] as tensors.

@@ -63,9 +63,9 @@ bool draft_finite(const TreeInput& row, const ReadBack& read, size_t part) {
 // What the device reads back (ids in the read-back), by position (the layout's order): mass, each position's last
 // row's total (sampled) or maximum (greedy), NaN where the target's logits were not finite; candidates, each
 // position's t; beta, each internal position's; kept [M, K], whether each child's test kept it (past a node's count:
-// not read).
+// not read); ratio, each internal position's first child's p(x) / q(x) (a chain's Verdict::ratios).
 struct DeviceParts {
-  size_t beta = kNone, kept = kNone, mass = kNone, candidates = kNone;
+  size_t beta = kNone, kept = kNone, mass = kNone, candidates = kNone, ratio = kNone;
   at::Tensor candidates_tensor;  // [nodes] in the layout's order, int64 on the device
 };
 
@@ -89,11 +89,20 @@ DeviceParts greedy_steps(const Nodes& nodes, const Layout& layout, const DeviceI
       kept.select(1, 0).logical_or_(lenient_argmax(logits, x.narrow(1, 0, 1), config.lenience, work));
     }
     out.kept = read.add(kept);
+    out.ratio = read.add(at::where(kept.select(1, 0), std::numeric_limits<double>::infinity(), 0.0));
   }
   out.mass = read.add(take_rows(node_maxima, layout.order, in.taken[0]));
   out.candidates_tensor = best;
   out.candidates = read.add(best);
   return out;
+}
+
+// Each of the M internal nodes' first child's p(x) / q(x) [M], from their rows p, q [M, V] and children x [M, K]: 0
+// where p(x) = 0, +inf where q(x) = 0 < p(x).
+at::Tensor first_ratios(const at::Tensor& p, const at::Tensor& q, const at::Tensor& x) {
+  const at::Tensor x_0 = x.narrow(1, 0, 1);
+  const at::Tensor p_x = p.gather(1, x_0).to(at::kDouble), q_x = q.gather(1, x_0).to(at::kDouble);
+  return at::where(p_x > 0, p_x / q_x, 0.0).view({-1});
 }
 
 void child_tests(const at::Tensor& p_x, const at::Tensor& q_x, const at::Tensor& u, bool first,
@@ -182,6 +191,7 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
   const at::Tensor s =
       in.sibling.defined() ? take_rows(in.sibling.to(p.scalar_type()), layout.q_rows, in.taken[1]) : q;
   if (siblings == Siblings::top) out.beta = read.add(beta(P.narrow(0, 0, m), q));
+  if (m > 0) out.ratio = read.add(first_ratios(P.narrow(0, 0, m), q, x));
   // each child's coin u [M, K] (A.5's lenience l folded in: the test is u l q < p) and whether its test keeps it
   at::Tensor coins, kept;
   if (m > 0) {
@@ -250,6 +260,7 @@ DeviceParts traversal_steps(const Nodes& nodes, const Layout& layout, const Devi
         in.sibling.defined() ? take_rows(in.sibling.to(p.scalar_type()), layout.q_rows, in.taken[1]) : q;
     const at::Tensor x = take_rows(in.tokens, layout.children, in.taken[2]).view({m, k});
     out.beta = read.add(beta(P.narrow(0, 0, m), q));
+    out.ratio = read.add(first_ratios(P.narrow(0, 0, m), q, x));
     const at::Tensor weights = at::zeros({m * k}, p.options().dtype(at::kDouble));  // each edge's child's r
     const at::Tensor chance = at::empty({m}, weights.options());                     // each internal node's h
     const at::Tensor edges = in.taken[5];
@@ -314,7 +325,7 @@ struct Plan {
 
   bool same_places(const Plan& other) const { return offsets == other.offsets && ids() == other.ids(); }
   std::vector<size_t> ids() const {
-    std::vector<size_t> out{parts.beta, parts.kept, parts.mass, parts.candidates, token_part};
+    std::vector<size_t> out{parts.beta, parts.kept, parts.mass, parts.candidates, parts.ratio, token_part};
     out.insert(out.end(), draft_parts.begin(), draft_parts.end());
     return out;
   }
@@ -456,7 +467,12 @@ std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const D
       verdict.token = run.candidates.narrow(0, i, 1);
     };
     walk(nodes, static_cast<int64_t>(r), token, verdict, choose, stop);
-    if (nodes.chain_form[r]) verdict.drafted = nodes.drafts(static_cast<int64_t>(r), token);
+    if (nodes.chain_form[r]) {
+      verdict.drafted = nodes.drafts(static_cast<int64_t>(r), token);
+      for (int64_t node = 0; node + 1 < nodes.tree(r).size(); ++node) {
+        verdict.ratios.push_back(read.at(parts.ratio)[layout.position[base + node]]);
+      }
+    }
   }
   return out;
 }

@@ -21,6 +21,9 @@ struct Verdict {
   std::vector<int64_t> accepted_rank;
   std::vector<double> betas;  // beta = sum_x min(p, q) at each position verified (Theorem 3.5): a chain's
                               // min(n + 1, gamma) positions, a tree's internal nodes on the path
+  // A chain's p_i(x_i) / q_i(x_i) at each of its gamma positions (0 where p_i(x_i) = 0, +inf where q_i(x_i) = 0 <
+  // p_i(x_i); at T = 0, +inf where the test keeps x_i), for expected_kept() (speculative.h). Trees: empty.
+  std::vector<double> ratios;
   bool finite = true;         // every target row (and every draft row given) had finite logits
 
   int64_t accepted() const { return static_cast<int64_t>(path.size()); }

@@ -151,6 +151,9 @@ def _times(rounds, summary: dict, repeats: int, lenience: float, out: TextIO) ->
           f"{summary['predicted_speedup']:.2f}x from {measured} and c = {summary['c']:.3f} (draft call / target "
           f"call time);\n  {summary['cost_model_speedup']:.2f}x at the costs the engine measured (wide verification "
           "calls, its own work per iteration)", file=out)
+    print(f"  tokens per target call on these drafts, in expectation: {s.token_expected_tokens:.2f} by the token "
+          f"rule, {s.block_expected_tokens:.2f} by the block rule (measured {s.tokens_per_target_call:.2f}; "
+          f"Equation (1) at this alpha: {summary['expected_tokens']:.2f})", file=out)
     _flags(summary, out)
     print(f"  accepted per draft position: {list(s.accepted_per_position)} of {list(s.drafted_per_position)}",
           file=out)

@@ -237,10 +237,10 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     tokens.
 
     Columns: the setting (gamma, tree, siblings, verification, sibling_draft, temperature, top_k, top_p,
-    lenience), then
-    ``timing.COLUMNS``, defined in ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend
+    lenience), then ``timing.COLUMNS``, defined in ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend
     on lenience), ``acceptance`` (the alpha that sets the speed at the row's lenience, A.5),
-    ``tokens_per_target_call`` and Equation (1)'s ``expected_tokens``, totals over the prompts, ``c``
+    ``tokens_per_target_call`` and Equation (1)'s ``expected_tokens``, ``token_expected_tokens`` and
+    ``block_expected_tokens`` (each chain rule's expectation on the drafts verified), totals over the prompts, ``c``
     (Definition 3.7), the measured ``speedup`` and Theorem 3.8's ``predicted_speedup``.
 
     executor: None runs the settings one after the other in this process, with these models; an exception

@@ -42,7 +42,8 @@ CONTENDED_SHARE = 0.8
 # noise of the call costs the bound is made of).
 BOUND_MARGIN = 1.1
 COLUMNS = [
-    "alpha", "acceptance", "tokens_per_target_call", "expected_tokens",
+    "alpha", "acceptance", "tokens_per_target_call", "expected_tokens", "token_expected_tokens",
+    "block_expected_tokens",
     "new_tokens", "target_calls", "draft_calls", "seconds", "plain_seconds", "c", "speedup", "speedup_min",
     "speedup_max", "spread", "speedup_bound", "threads", "cpu_share", "predicted_speedup", "cost_model_speedup",
     "flag", "levels",
@@ -164,6 +165,17 @@ def totals(results) -> Dict[str, float]:
     return {key: sum(getattr(s, key) for s in stats)
             for key in ("new_tokens", "target_calls", "draft_calls", "drafted_tokens", "accepted_tokens",
                         "target_seconds", "draft_seconds", "other_seconds", "total_seconds")}
+
+
+def rule_expectations(results) -> Dict[str, float]:
+    """Each chain rule's tokens per target call on the drafts that several generations verified (Stats'
+    token_expected_tokens and block_expected_tokens, pooled over their iterations); NaN for trees."""
+    stats = [r.stats for r in results]
+    iterations = sum(s.predicted_iterations for s in stats)
+    if not iterations:
+        return {"token_expected_tokens": math.nan, "block_expected_tokens": math.nan}
+    return {f"{rule}_expected_tokens": 1.0 + sum(getattr(s, f"{rule}_kept_sum") for s in stats) / iterations
+            for rule in ("token", "block")}
 
 
 def median_range(values: Sequence[float]) -> Tuple[float, float, float]:
@@ -417,8 +429,11 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     alpha, Corollary 3.6: the engine's sum_x min(p, q) averaged over every verified position of every prompt;
     acceptance: the alpha that governs the speed at this lenience (A.5), alpha at lenience 1, below 1 the
     fraction of verified drafts that were kept; tokens_per_target_call measured and expected_tokens by Equation
-    (1) at acceptance; totals over the prompts (new_tokens, target_calls, draft_calls, seconds of speculative and
-    plain_seconds of plain decoding, the engine's own timings); c (Definition 3.7): the draft's mean seconds per
+    (1) at acceptance; token_expected_tokens and block_expected_tokens, each chain rule's tokens per target call
+    in expectation on the drafts these runs verified (``rule_expectations``: the rule that ran and the other one
+    on the same drafts; NaN for trees, block NaN at lenience < 1); totals over the prompts (new_tokens,
+    target_calls, draft_calls, seconds of speculative and plain_seconds of plain decoding, the engine's own
+    timings); c (Definition 3.7): the draft's mean seconds per
     call in the speculative runs (per drafted token for a drafter that calls no model) over the target's in
     plain decoding (on a GPU the phases' device time, cpp/device/device_clock.h); speedup: plain seconds per token over
     speculative seconds per token, with speedup_min, speedup_max and spread = (max - min) / median;
@@ -492,7 +507,7 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     return {
         "alpha": alpha, "acceptance": acceptance,
         "tokens_per_target_call": spec["new_tokens"] / spec["target_calls"] if spec["target_calls"] else nan,
-        "expected_tokens": expected,
+        "expected_tokens": expected, **rule_expectations(results),
         "new_tokens": spec["new_tokens"], "target_calls": spec["target_calls"], "draft_calls": spec["draft_calls"],
         "seconds": float(np.median(seconds)), "plain_seconds": float(np.median(plain_seconds)), "c": c,
         "speedup": speedup, "speedup_min": speedup_min, "speedup_max": speedup_max, "spread": spread, **checks,
