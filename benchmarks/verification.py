@@ -9,7 +9,9 @@ run every setting with the same seeds, side by side in one run: each row's token
 (warm-up, then --repeats rounds interleaved ABBA; median with min-max). Then, per setting, block's tokens per call
 over token's. Then the same ratio over --paired prompts (untimed; each prompt run by both rules with the same
 seed), with a 95% bootstrap interval over the prompts: the spread of the ratio that the prompts' own difficulty
-gives. The frame goes to results/verification-<pair>-cpu.csv.
+gives; beside it, each rule's 1 + drafts kept per iteration against its expectation on the drafts it verified
+(Stats.token_expected_tokens / block_expected_tokens: the coins integrated out). The frame goes to
+results/verification-<pair>-cpu.csv.
 """
 
 import argparse
@@ -24,27 +26,31 @@ import speculant
 sys.path.insert(0, str(Path(__file__).parent))
 from trees import pair_paths  # noqa: E402  (benchmarks/trees.py, beside this script)
 
-SHOWN = ["gamma", "temperature", "verification", "tokens_per_target_call", "expected_tokens", "alpha", "speedup",
-         "speedup_min", "speedup_max", "flag"]
+SHOWN = ["gamma", "temperature", "verification", "tokens_per_target_call", "token_expected_tokens",
+         "block_expected_tokens", "expected_tokens", "alpha", "speedup", "speedup_min", "speedup_max", "flag"]
 
 
 def paired(target, draft, prompts, gammas, temperatures, tokens: int) -> list:
-    """Per setting: block's tokens per target call over token's, summed over the prompts, and its 95% bootstrap
-    interval (prompts resampled, 2,000 times, seed 0)."""
+    """Per setting: block's tokens per target call over token's, summed over the prompts, its 95% bootstrap
+    interval (prompts resampled, 2,000 times, seed 0), and for each rule its measured tokens per target call
+    beside its expectation on the drafts it verified (speculant.timing.rule_expectations)."""
     rows = []
     for temperature in temperatures:
         for gamma in gammas:
-            counts = {}
+            counts, beside = {}, {}
             for rule in ("token", "block"):
                 decoder = speculant.SpeculativeDecoder(target, draft, gamma=gamma, temperature=temperature,
                                                        verification=rule)
                 results = [decoder.generate(p, max_new_tokens=tokens, seed=i) for i, p in enumerate(prompts)]
                 counts[rule] = np.array([[len(r.tokens), r.stats.target_calls] for r in results], float)
+                expected = speculant.timing.rule_expectations(results)[f"{rule}_expected_tokens"]
+                kept = sum(r.stats.accepted_tokens for r in results)
+                beside[rule] = (1 + kept / sum(r.stats.predicted_iterations for r in results), expected)
             ratio = lambda pick: (counts["block"][pick, 0].sum() / counts["block"][pick, 1].sum()) / \
                 (counts["token"][pick, 0].sum() / counts["token"][pick, 1].sum())  # noqa: E731
             rng = np.random.default_rng(0)
             spread = [ratio(rng.integers(0, len(prompts), len(prompts))) for _ in range(2000)]
-            rows.append((temperature, gamma, ratio(slice(None)), *np.percentile(spread, [2.5, 97.5])))
+            rows.append((temperature, gamma, ratio(slice(None)), *np.percentile(spread, [2.5, 97.5]), beside))
     return rows
 
 
@@ -68,9 +74,11 @@ def main(argv=None) -> None:
         print(f"\nblock / token, tokens per target call over {args.paired} prompts x {args.tokens} tokens, "
               "each prompt by both rules with the same seed (95% bootstrap interval over the prompts):")
         target, draft = speculant.load(target_path), speculant.load(draft_path)
-        for temperature, gamma, ratio, low, high in paired(target, draft, prompts(args.paired), args.gammas,
-                                                           args.temperatures, args.tokens):
-            print(f"  T {temperature}  gamma {gamma}:  {ratio:.3f}  ({low:.3f} - {high:.3f})")
+        print("  and each rule's 1 + drafts kept per iteration, measured / expected on its drafts (Stats)")
+        for temperature, gamma, ratio, low, high, beside in paired(target, draft, prompts(args.paired),
+                                                                   args.gammas, args.temperatures, args.tokens):
+            rules = "  ".join(f"{rule} {m:.3f} / {e:.3f} ({m / e - 1:+.1%})" for rule, (m, e) in beside.items())
+            print(f"  T {temperature}  gamma {gamma}:  {ratio:.3f}  ({low:.3f} - {high:.3f})   {rules}")
 
 
 def timed(args, target_path, draft_path, prompts) -> None:
