@@ -126,6 +126,19 @@ def trained_head(kind: str, target, recipe, root: Path, steps: int, smoke: bool)
     return result.draft, record
 
 
+def gpt2_eagle(steps: int = 0) -> tuple:
+    """The trained GPT-2 CPU pair's target, live, and the EAGLE head distilled on it (train_pairs.GPT2_CPU; the
+    head trained once with the recipe's draft steps, or `steps`, then loaded from the pair's heads/ folder)."""
+    import transformers
+
+    root = train_pairs.pair_dir(train_pairs.GPT2_CPU)
+    if not (root / "pair.json").exists():
+        raise SystemExit(f"{root}/pair.json: train the pair first (python benchmarks/train_pairs.py --stage gpt2)")
+    target = speculant.load(transformers.AutoModelForCausalLM.from_pretrained(root / "target").eval())
+    steps = steps or train_pairs.GPT2_CPU.draft_train.steps
+    return target, trained_head("eagle", target, train_pairs.GPT2_CPU, root, steps, smoke=False)[0]
+
+
 def exported(module, directory: str, name: str, device: str = "cpu") -> speculant.Model:
     """`module` exported by this version of speculant.export to `directory`/`name` and loaded on `device`."""
     path = Path(directory) / name

@@ -1,9 +1,10 @@
 """Drafts with another tokenizer (speculant.cross_tokenizer): greedy equality with transformers' generate, the
-output law at temperature 1 (chi-square), proposals that are accepted when the draft's text is right, and
-refusals by name.
+output law at temperature 1 (chi-square; under verification="block" too, both modes), proposals that are accepted
+when the draft's text is right, and refusals by name.
 
 Two byte-level BPE tokenizers trained here on different standard-library modules with different vocabulary
 sizes (so their merges differ), random GPT-2s over each vocabulary (tests/support/hf_models.py's initialization)."""
+import copy
 import inspect
 import string
 import textwrap
@@ -179,6 +180,27 @@ def test_sampling_in_the_intersection_is_exact_and_keeps_alpha(bytes_pair):
     assert sampled.stats.alpha > 0.98 and sampled.stats.alpha > text.stats.alpha + 0.1, (sampled.stats, text.stats)
     with pytest.raises(ValueError, match="mode must be one of 'text', 'intersection', got 'vocab'"):
         CrossTokenizer(draft, draft_tokenizer, target_tokenizer, 128, mode="vocab")
+
+
+# Significance 1e-3 for each of the two checks: a correct engine fails this test with probability <= 2e-3.
+@pytest.mark.parametrize("mode", ["text", "intersection"])
+def test_block_verification_keeps_the_targets_law(bytes_pair, mode):
+    """verification="block" on proposals through text: in the text mode a point mass (q of 0 / 1 at the
+    re-encoded proposal), in the intersection mode the drafting model's law on the shared tokens. The draft is the
+    target with its output layer halved (flatter laws), so that many proposals are kept and many rejected (a random
+    draft's are nearly all rejected, the target's own all kept)."""
+    target, _, target_tokenizer, _ = bytes_pair
+    prompt = target_tokenizer.encode(TEXTS[0]).ids
+    blunt = copy.deepcopy(target)
+    with torch.no_grad():
+        blunt.lm_head.weight.mul_(0.5)
+    drafter = CrossTokenizer(blunt, target_tokenizer, target_tokenizer, 128, mode=mode, seed=5)
+    check = testing.check_distribution(target, drafter, prompt, k=2, gamma=3, temperature=1.0, samples=1500,
+                                       significance=1e-3, seed=6, verification="block")
+    assert check.passed, check
+    stats = speculant.SpeculativeDecoder(target, drafter, gamma=3, verification="block").generate(
+        prompt, max_new_tokens=30, seed=0).stats
+    assert 5 < stats.accepted_tokens < stats.drafted_tokens, stats  # both the block's keeps and its residuals ran
 
 
 def test_refusals_name_what_is_wrong(pair):

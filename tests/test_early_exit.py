@@ -7,9 +7,10 @@
   transformers' greedy generate token for token; a sweep takes the draft.
 * Sampling: the joint law of the first two tokens is the target's law from transformers' logits (Pearson
   chi-square with cells of expected count < 5 pooled, SIGNIFICANCE = 1e-3 per test, fixed seeds): a GPT-2 chain at
-  T = 0.7 with top-k, a Llama tree [3, 2] of siblings drawn without replacement at T = 1, and a Llama chain at T = 1
-  through speculant.testing's own check_distribution (3 tests: a correct engine fails one by chance with
-  probability at most 0.3% for a fresh draw of seeds).
+  T = 0.7 with top-k, a Llama tree [3, 2] of siblings drawn without replacement at T = 1, the same tree on GPT-2
+  under traversal verification (verification="block"), and a Llama chain at T = 1 through speculant.testing's own
+  check_distribution (4 tests: a correct engine fails one by chance with probability at most 0.4% for a fresh draw
+  of seeds).
 * The shared cache (share_cache=True, the default): the target's verification of a drafted chain runs only its
   last token through the first l layers, and of a tree only the nodes the draft did not run (found whatever the
   order the draft ran them in, and only where they see the same entries); its logits are transformers' forward's.
@@ -304,15 +305,17 @@ def test_bottom_of_a_hierarchy_and_a_sweep():
 SAMPLES, BATCH = 2000, 500  # a live model's call re-enters Python: 2000 samples take about 30 s
 
 
-@pytest.mark.parametrize("arch, temperature, top_k, tree", [("gpt2", 0.7, 10, None), ("llama", 1.0, 0, [3, 2])])
-def test_two_token_law_is_the_targets(arch, temperature, top_k, tree):
+@pytest.mark.parametrize("arch, temperature, top_k, tree, verification", [
+    ("gpt2", 0.7, 10, None, "token"), ("llama", 1.0, 0, [3, 2], "token"), ("gpt2", 1.0, 0, [3, 2], "block")])
+def test_two_token_law_is_the_targets(arch, temperature, top_k, tree, verification):
     """Rows of one batch, each with its own seed; three tokens, so that a tree's first iteration is verified
     whole. The first two are tested against the law from transformers' logits."""
     model = make(arch)
     target = speculant.load(model)
     draft = speculant.EarlyExitDraft(target, exit_layer=2)
     shape = {"tree": tree, "siblings": "without_replacement"} if tree else {"gamma": 3}
-    decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, top_k=top_k, **shape)
+    decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, top_k=top_k,
+                                           verification=verification, **shape)
     samples = np.array([r.tokens[:2] for b in range(SAMPLES // BATCH)
                         for r in decoder.generate([PROMPTS[0]] * BATCH, max_new_tokens=3, seed=7000 + b * BATCH)])
     law = two_token_law(model, arch, PROMPTS[0], temperature, top_k)

@@ -11,7 +11,9 @@ speculant.MedusaDraft.
   Llama and GPT-2; a hierarchy's bottom level and a sweep take the drafts.
 * Sampling: the joint law of the first two tokens is the target's law from transformers' logits (Pearson
   chi-square, cells of expected count < 5 pooled, SIGNIFICANCE = 1e-3 per test, fixed seeds): an EAGLE chain at
-  T = 0.7 with top-k, an EAGLE-3 tree [3, 2] at T = 1, a Medusa tree [2, 2] at T = 1 with top-p.
+  T = 0.7 with top-k, an EAGLE-3 tree [3, 2] at T = 1, a Medusa tree [2, 2] at T = 1 with top-p; with
+  verification="block" (Sun et al.'s block rule on chains, traversal on trees) an EAGLE chain at T = 1 with top-p,
+  an EAGLE tree [3, 2] at T = 0.7 with top-k and a Medusa chain at T = 1.
 * speculant.testing.check_distribution takes a head built on the model it is given.
 * distill trains the heads (α after > α before, the caller's draft unchanged); save and load give the same logits.
 * Refused by name: compiled and encoder-decoder targets, a feature draft as a target, another target in the
@@ -231,12 +233,15 @@ def test_bottom_of_a_hierarchy_and_a_sweep():
 SAMPLES, BATCH = 2000, 500
 
 
-@pytest.mark.parametrize("arch, kind, temperature, top_k, top_p, tree", [
-    ("gpt2", "eagle", 0.7, 10, 1.0, None),
-    ("llama", "eagle3", 1.0, 0, 1.0, [3, 2]),
-    ("llama", "medusa", 1.0, 0, 0.9, [2, 2]),
+@pytest.mark.parametrize("arch, kind, temperature, top_k, top_p, tree, verification", [
+    ("gpt2", "eagle", 0.7, 10, 1.0, None, "token"),
+    ("llama", "eagle3", 1.0, 0, 1.0, [3, 2], "token"),
+    ("llama", "medusa", 1.0, 0, 0.9, [2, 2], "token"),
+    ("gpt2", "eagle", 1.0, 0, 0.9, None, "block"),
+    ("llama", "eagle", 0.7, 10, 1.0, [3, 2], "block"),
+    ("llama", "medusa", 1.0, 0, 1.0, None, "block"),
 ])
-def test_two_token_law_is_the_targets(arch, kind, temperature, top_k, top_p, tree):
+def test_two_token_law_is_the_targets(arch, kind, temperature, top_k, top_p, tree, verification):
     """Rows of one batch, each with its own seed; three tokens, so that a tree's first iteration is verified
     whole. The heads have random weights (Medusa's drawn away from zero), so that both acceptances and rejections
     happen."""
@@ -248,7 +253,7 @@ def test_two_token_law_is_the_targets(arch, kind, temperature, top_k, top_p, tre
         draft = speculant.EagleDraft(target, feature_layers=(0, 1) if kind == "eagle3" else None, seed=5)
     shape = {"tree": tree, "siblings": "without_replacement"} if tree else {"gamma": 3}
     decoder = speculant.SpeculativeDecoder(target, draft, temperature=temperature, top_k=top_k, top_p=top_p,
-                                           **shape)
+                                           verification=verification, **shape)
     results = [r for b in range(SAMPLES // BATCH)
                for r in decoder.generate([PROMPTS[0]] * BATCH, max_new_tokens=3, seed=7100 + b * BATCH)]
     accepted = sum(r.stats.accepted_tokens for r in results)
