@@ -1,16 +1,21 @@
 """Traversal against token verification of the same trees (verification="block" on a tree, cpp/math/tree.h).
 
     python benchmarks/traversal.py [--pair demo|gpt2] [--draft model|eagle] [--prompts 8] [--tokens 96]
-                                   [--seeds 4] [--threads 1]
+                                   [--seeds 4] [--threads 1] [--timed] [--repeats 3]
 
-The demo pair (shipped, nothing trained; its 8 prompts) or the trained GPT-2 pair (train_pairs.py; --prompts of
-its held-out prompts), with the pair's draft model or (--draft eagle, GPT-2 only) the EAGLE head distilled on
-its target (feature_heads.gpt2_eagle; the target runs live). Each prompt times --seeds seeds, each generation run
-by both rules with the same seed: mean tokens per target call for each tree and sibling rule at T = 1 and 0.6, and
+The demo pair (shipped, nothing trained; its 8 prompts) or the trained GPT-2 pair (train_pairs.py; --prompts of its
+held-out prompts), with the pair's draft model or (--draft eagle, GPT-2 only) the EAGLE head distilled on its
+target (feature_heads.gpt2_eagle; the target runs live). Each prompt times --seeds seeds, each generation run by
+both rules with the same seed: mean tokens per target call for each tree and sibling rule at T = 1 and 0.6, and
 their ratio with a 95% bootstrap interval over the generations (pairs kept). The trees: four small shapes, and
 Sequoia's best tree of 16 drafts (analysis.best_tree) at the acceptance table a token-verified probe of the tree
 [4, 2, 2, 1, 1, 1] measured on the same prompts; beside the token rule's figure where siblings are drawn without
-replacement, its prediction at that table (analysis.tree_expected_tokens, positional acceptance). Untimed: tokens per call do not depend on the machine's load.
+replacement, its prediction at that table (analysis.tree_expected_tokens, positional acceptance). Untimed: tokens
+per call do not depend on the machine's load.
+--timed instead times the trees drawn without replacement ([2, 2], [3, 1, 1], the best of 16) under both rules in
+one speculant.sweep over the prompts (seed i for prompt i; an untimed warm-up, then --repeats rounds interleaved
+ABBA against plain decoding): tokens per call, the speedup (median, min-max) and the sweep's predicted speedup (the
+tree theory at the table each row measured, which prices the token rule).
 """
 
 import argparse
@@ -71,26 +76,59 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--timed", action="store_true", help="time the trees drawn without replacement instead")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (--timed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, draft, held_out = models(args.pair, args.draft)
     prompts = [demo_pair.encode(text) for text in DEMO_PROMPTS] if args.pair == "demo" else held_out(args.prompts)
-    print("| T | tree | siblings | token (predicted) | traversal | traversal / token (95% interval) |")
+    if args.timed:
+        print("| T | tree | rule | tokens per target call | predicted speedup | speedup |")
+    else:
+        print("| T | tree | siblings | token (predicted) | traversal | traversal / token (95% interval) |")
     print("|---|---|---|---|---|---|")
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(0)  # the bootstrap's resamples
     for temperature in (1.0, 0.6):
         table = probe_table(target, draft, prompts, temperature, args)
         best = analysis.best_tree(BUDGET, table).tree
-        for tree, siblings in TREES + [(best, "without_replacement")]:
-            token, block = (per_call(target, draft, prompts, tree, siblings, temperature, rule, args)
-                            for rule in ("token", "block"))
-            picks = rng.integers(0, len(token), (2000, len(token)))  # the generations resampled, pairs kept
-            low, high = np.percentile(block[picks].mean(1) / token[picks].mean(1), [2.5, 97.5])
-            name = tree if tree is not best else f"best of {BUDGET}: parents {tree}"
-            predicted = f" ({analysis.tree_expected_tokens(tree, below(table, tree)):.3f})" \
-                if siblings == "without_replacement" else ""  # the probe's table is of that rule's ranks
-            print(f"| {temperature} | {name} | {siblings} | {token.mean():.3f}{predicted} | {block.mean():.3f} | "
-                  f"{block.mean() / token.mean():.3f} ({low:.3f}-{high:.3f}) |", flush=True)
+        if args.timed:
+            timed(target, draft, prompts, temperature, best, args)
+        else:
+            untimed(target, draft, prompts, temperature, table, best, args, rng)
+
+
+def untimed(target, draft, prompts, temperature, table, best, args, rng) -> None:
+    """Each tree's row: both rules' mean tokens per target call and their ratio with its bootstrap interval."""
+    for tree, siblings in TREES + [(best, "without_replacement")]:
+        token, block = (per_call(target, draft, prompts, tree, siblings, temperature, rule, args)
+                        for rule in ("token", "block"))
+        picks = rng.integers(0, len(token), (2000, len(token)))  # the generations resampled, pairs kept
+        low, high = np.percentile(block[picks].mean(1) / token[picks].mean(1), [2.5, 97.5])
+        predicted = f" ({analysis.tree_expected_tokens(tree, below(table, tree)):.3f})" \
+            if siblings == "without_replacement" else ""  # the probe's table is of that rule's ranks
+        print(f"| {temperature} | {name(tree, best)} | {siblings} | {token.mean():.3f}{predicted} | "
+              f"{block.mean():.3f} | {block.mean() / token.mean():.3f} ({low:.3f}-{high:.3f}) |", flush=True)
+
+
+def timed(target, draft, prompts, temperature, best, args) -> None:
+    """One sweep of the trees drawn without replacement under both rules, timed against plain decoding."""
+    trees = [tree for tree, siblings in TREES if siblings == "without_replacement"] + [best]
+    frame = speculant.sweep(target, draft, prompts, trees=trees, siblings="without_replacement",
+                            temperatures=[temperature], verifications=["token", "block"],
+                            max_new_tokens=args.tokens, repeats=args.repeats, threads=args.threads, progress=False)
+    for row in frame.itertuples():
+        print(f"| {temperature} | {name(row.tree, best)} | {row.verification} | {row.tokens_per_target_call:.3f} | "
+              f"{predicted(row.predicted_speedup)} | {row.speedup:.2f}x ({row.speedup_min:.2f}-{row.speedup_max:.2f})"
+              f"{' ' + row.flag if isinstance(row.flag, str) and row.flag else ''} |", flush=True)
+
+
+def predicted(speedup: float) -> str:
+    """The sweep's prediction, or "none" where the measured rates are no positional table (timing.tree_prediction)."""
+    return "none" if np.isnan(speedup) else f"{speedup:.2f}x"
+
+
+def name(tree, best) -> str:
+    return f"best of {BUDGET}: parents {list(best)}" if list(tree) == list(best) else str(list(tree))
 
 
 if __name__ == "__main__":

@@ -303,6 +303,25 @@ def test_cost_model_counts_what_the_engine_timed():
     assert timing.cost_model(rounds, acceptance=0.7, gamma=2, tree=[2, 1], sibling=True) == pytest.approx(want)
 
 
+def test_a_tree_whose_rates_are_no_positional_table_predicts_nothing():
+    """Given parents [-1, 0, 0, 1, 2, 2]: of depth 1's nodes one has a child, one two. Rank 1's rate is over the
+    nodes that had it, so depth 1's rates can sum above 1 (here 0.8 + 1.0), which no positional table does: the
+    prediction is NaN, where the analysis would raise. Rates that fit (0.5 + 0.4) predict."""
+    from types import SimpleNamespace
+
+    from speculant import timing
+    tree = [-1, 0, 0, 1, 2, 2]
+    for accepted, offered, fits in (([[6, 4], [8, 2]], [[20, 20], [10, 2]], False),
+                                    ([[6, 4], [5, 2]], [[20, 20], [10, 5]], True)):
+        stats = SimpleNamespace(tree_visits=[20, 10], tree_accepted=accepted, tree_offered=offered)
+        tokens, speedup = timing.tree_prediction([SimpleNamespace(stats=stats)], tree, c=0.1)
+        if fits:
+            assert tokens == pytest.approx(analysis.tree_expected_tokens(tree, [[0.3, 0.2], [0.5, 0.4]]))
+            assert math.isfinite(speedup)
+        else:
+            assert math.isnan(tokens) and math.isnan(speedup)
+
+
 def test_trees_beside_chains():
     """trees= rows sit beside the chains' (tree None), at every sampling setting and lenience 1 only, with the
     tree theory's expected tokens and prediction at the acceptance table they measured (MarkovRows: tables with

@@ -217,7 +217,8 @@ def tree_prediction(results, tree, c: float, verify_cost=None, sibling: bool = F
     generations `results` measured (``tree_table``); verify_cost as analysis.tree_speedup's (None: a wide call
     costs one target call); sibling: drafted with a sibling draft, whose calls count too (analysis.tree_draft_calls,
     each costing c, then the mean of the two models' calls). A shape: its own (analysis.tree_expected_tokens,
-    analysis.tree_speedup at analysis.tree_draft_calls's calls); NaN if a depth was never visited. A grown tree
+    analysis.tree_speedup at analysis.tree_draft_calls's calls); NaN if a depth was never visited or the table is
+    no positional model (a depth's rates summing above 1, see _covers). A grown tree
     (speculant.DynamicTree), whose shape changes every iteration: the mean over the iterations of the expected
     tokens of the tree each drafted (Iteration.tree), over the mean of its cost (analysis.tree_draft_calls times c,
     plus verify_cost of its width); the table stops at the first depth the accepted paths never reached with
@@ -247,9 +248,13 @@ def tree_prediction(results, tree, c: float, verify_cost=None, sibling: bool = F
 
 def _covers(table: List[List[float]], tree) -> bool:
     """Whether the acceptance table estimates every rank `tree` has at every depth (a rank never offered on the
-    accepted paths has no estimate: acceptance_from_counts ends the row before it)."""
+    accepted paths has no estimate: acceptance_from_counts ends the row before it) and is a positional model at
+    all: where the nodes of one depth have different numbers of children (given parents, grown trees), each rank's
+    rate is over the nodes that had it, and the rates of one depth can sum above 1 (nodes with more children
+    accepting more often), which no positional table does; such a table predicts nothing."""
     need = Tree(list(tree)).max_children
-    return len(table) >= len(need) and all(len(table[i]) >= k for i, k in enumerate(need))
+    return len(table) >= len(need) and all(len(table[i]) >= k for i, k in enumerate(need)) \
+        and all(sum(row) <= 1.0 + 1e-9 for row in table)
 
 
 def _cut(parents: Sequence[int], depth: int) -> List[int]:
@@ -450,7 +455,8 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     speculant.DynamicTree. Then expected_tokens and predicted_speedup come from the tree theory at the acceptance
     table the generations measured (``tree_table``): analysis.tree_expected_tokens and analysis.tree_speedup (one
     draft call per depth, a verification call costing one target call, as Theorem 3.8 assumes); for a grown tree
-    at the trees its iterations drafted (``tree_prediction``); NaN if a depth was never visited. sibling: the tree
+    at the trees its iterations drafted (``tree_prediction``); NaN if a depth was never visited or the measured
+    rates of one depth sum above 1 (nodes of one depth with different numbers of children). sibling: the tree
     was drafted with a sibling draft (SpeculativeDecoder's sibling_draft=): c is then the mean of the two models'
     calls, and the tree costs analysis.tree_draft_calls(tree, sibling=True) of them.
     """
