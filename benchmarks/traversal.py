@@ -1,7 +1,7 @@
 """Traversal against token verification of the same trees (verification="block" on a tree, cpp/math/tree.h).
 
     python benchmarks/traversal.py [--pair demo|gpt2] [--draft model|eagle] [--prompts 8] [--tokens 96]
-                                   [--seeds 4] [--threads 1] [--timed] [--repeats 3]
+                                   [--seeds 4] [--threads 1] [--timed] [--repeats 3] [--host]
 
 The demo pair (shipped, nothing trained; its 8 prompts) or the trained GPT-2 pair (train_pairs.py; --prompts of its
 held-out prompts), with the pair's draft model or (--draft eagle, GPT-2 only) the EAGLE head distilled on its
@@ -16,6 +16,9 @@ per call do not depend on the machine's load.
 one speculant.sweep over the prompts (seed i for prompt i; an untimed warm-up, then --repeats rounds interleaved
 ABBA against plain decoding): tokens per call, the speedup (median, min-max) and the sweep's predicted speedup (the
 tree theory at the table each row measured, which prices the token rule).
+--host instead prints, for the same trees, the engine's own time per iteration (Stats.other_seconds over target
+calls: verification and everything but the model calls) beside the target's and the draft's, each rule run twice in
+turn (ABAB) over the prompts, 96 tokens, seed i for prompt i; the means of the two runs.
 """
 
 import argparse
@@ -78,11 +81,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--timed", action="store_true", help="time the trees drawn without replacement instead")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds (--timed)")
+    parser.add_argument("--host", action="store_true", help="the engine's own time per iteration instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, draft, held_out = models(args.pair, args.draft)
     prompts = [demo_pair.encode(text) for text in DEMO_PROMPTS] if args.pair == "demo" else held_out(args.prompts)
-    if args.timed:
+    if args.host:
+        print("| T | tree | rule | engine ms / iteration | target ms / iteration | draft ms / iteration |")
+    elif args.timed:
         print("| T | tree | rule | tokens per target call | predicted speedup | speedup |")
     else:
         print("| T | tree | siblings | token (predicted) | traversal | traversal / token (95% interval) |")
@@ -91,7 +97,9 @@ def main() -> None:
     for temperature in (1.0, 0.6):
         table = probe_table(target, draft, prompts, temperature, args)
         best = analysis.best_tree(BUDGET, table).tree
-        if args.timed:
+        if args.host:
+            host(target, draft, prompts, temperature, best, args)
+        elif args.timed:
             timed(target, draft, prompts, temperature, best, args)
         else:
             untimed(target, draft, prompts, temperature, table, best, args, rng)
@@ -120,6 +128,24 @@ def timed(target, draft, prompts, temperature, best, args) -> None:
         print(f"| {temperature} | {name(row.tree, best)} | {row.verification} | {row.tokens_per_target_call:.3f} | "
               f"{predicted(row.predicted_speedup)} | {row.speedup:.2f}x ({row.speedup_min:.2f}-{row.speedup_max:.2f})"
               f"{' ' + row.flag if isinstance(row.flag, str) and row.flag else ''} |", flush=True)
+
+
+def host(target, draft, prompts, temperature, best, args) -> None:
+    """Per tree drawn without replacement and rule: the engine's, the target's and the draft's seconds per
+    iteration (one target call), over the prompts, the rules run in turn twice (ABAB) and averaged."""
+    for tree in [tree for tree, siblings in TREES if siblings == "without_replacement"] + [best]:
+        seconds = {"token": [], "block": []}
+        for rule in ("token", "block") * 2:
+            decoder = speculant.SpeculativeDecoder(target, draft, tree=tree, siblings="without_replacement",
+                                                   temperature=temperature, verification=rule)
+            stats = [decoder.generate(p, max_new_tokens=args.tokens, seed=i).stats for i, p in enumerate(prompts)]
+            calls = sum(s.target_calls for s in stats)
+            seconds[rule].append([sum(getattr(s, f"{role}_seconds") for s in stats) / calls * 1e3
+                                  for role in ("other", "target", "draft")])
+        for rule, runs in seconds.items():
+            engine, target_ms, draft_ms = np.mean(runs, axis=0)
+            print(f"| {temperature} | {name(tree, best)} | {rule} | {engine:.3f} | {target_ms:.3f} | {draft_ms:.3f} |",
+                  flush=True)
 
 
 def predicted(speedup: float) -> str:
