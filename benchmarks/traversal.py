@@ -10,7 +10,10 @@ both rules with the same seed: mean tokens per target call for each tree and sib
 their ratio with a 95% bootstrap interval over the generations (pairs kept). The trees: four small shapes, and
 Sequoia's best tree of 16 drafts (analysis.best_tree) at the acceptance table a token-verified probe of the tree
 [4, 2, 2, 1, 1, 1] measured on the same prompts; beside the token rule's figure where siblings are drawn without
-replacement, its prediction at that table (analysis.tree_expected_tokens, positional acceptance). Untimed: tokens
+replacement, its prediction at that table (analysis.tree_expected_tokens, positional acceptance). The last column:
+for each rule, 1 + the drafts kept per iteration, measured over expected on the drafts it verified (Stats: the
+engine's expectation of the rule that ran, its coins integrated out; cpp/math/tree.h, expected_kept), and z, the
+generations' mean of kept minus expected over its standard error. Untimed: tokens
 per call do not depend on the machine's load.
 --timed instead times the trees drawn without replacement ([2, 2], [3, 1, 1], the best of 16) under both rules in
 one speculant.sweep over the prompts (seed i for prompt i; an untimed warm-up, then --repeats rounds interleaved
@@ -54,12 +57,21 @@ def models(pair: str, draft: str) -> tuple:
     return (*gpt2_eagle(), prompts)
 
 
-def per_call(target, draft, prompts, tree, siblings, temperature, rule, args) -> np.ndarray:
-    """Tokens per target call of each generation (prompt-major, --seeds seeds each)."""
+def per_call(target, draft, prompts, tree, siblings, temperature, rule, args) -> tuple:
+    """Tokens per target call of each generation (prompt-major, --seeds seeds each), and 1 + the drafts kept per
+    iteration over all of them, measured / the engine's expectation on their drafts, with z: the mean over the
+    generations of drafts kept minus expected, over its standard error."""
     decoder = speculant.SpeculativeDecoder(target, draft, tree=tree, siblings=siblings, temperature=temperature,
                                            verification=rule)
-    return np.array([decoder.generate(p, max_new_tokens=args.tokens, seed=100 + i * 7 + s).stats.tokens_per_target_call
-                     for i, p in enumerate(prompts) for s in range(args.seeds)])
+    stats = [decoder.generate(p, max_new_tokens=args.tokens, seed=100 + i * 7 + s).stats
+             for i, p in enumerate(prompts) for s in range(args.seeds)]
+    kept = np.array([s.accepted_tokens for s in stats], float)
+    expected = np.array([getattr(s, f"{rule}_kept_sum") for s in stats])
+    iterations = sum(s.predicted_iterations for s in stats)
+    gaps = kept - expected
+    z = gaps.mean() / (gaps.std(ddof=1) / np.sqrt(len(gaps)))  # over the generations
+    fit = (1 + kept.sum() / iterations) / (1 + expected.sum() / iterations)
+    return np.array([s.tokens_per_target_call for s in stats]), f"{fit:.3f} (z {z:+.1f})"
 
 
 def probe_table(target, draft, prompts, temperature, args) -> list:
@@ -91,8 +103,9 @@ def main() -> None:
     elif args.timed:
         print("| T | tree | rule | tokens per target call | predicted speedup | speedup |")
     else:
-        print("| T | tree | siblings | token (predicted) | traversal | traversal / token (95% interval) |")
-    print("|---|---|---|---|---|---|")
+        print("| T | tree | siblings | token (predicted) | traversal | traversal / token (95% interval) | "
+              "measured / expected: token, traversal |")
+    print("|---|---|---|---|---|---|" + ("" if args.host or args.timed else "---|"))
     rng = np.random.default_rng(0)  # the bootstrap's resamples
     for temperature in (1.0, 0.6):
         table = probe_table(target, draft, prompts, temperature, args)
@@ -108,14 +121,15 @@ def main() -> None:
 def untimed(target, draft, prompts, temperature, table, best, args, rng) -> None:
     """Each tree's row: both rules' mean tokens per target call and their ratio with its bootstrap interval."""
     for tree, siblings in TREES + [(best, "without_replacement")]:
-        token, block = (per_call(target, draft, prompts, tree, siblings, temperature, rule, args)
-                        for rule in ("token", "block"))
+        (token, token_fit), (block, block_fit) = (per_call(target, draft, prompts, tree, siblings, temperature, rule,
+                                                           args) for rule in ("token", "block"))
         picks = rng.integers(0, len(token), (2000, len(token)))  # the generations resampled, pairs kept
         low, high = np.percentile(block[picks].mean(1) / token[picks].mean(1), [2.5, 97.5])
         predicted = f" ({analysis.tree_expected_tokens(tree, below(table, tree)):.3f})" \
             if siblings == "without_replacement" else ""  # the probe's table is of that rule's ranks
         print(f"| {temperature} | {name(tree, best)} | {siblings} | {token.mean():.3f}{predicted} | "
-              f"{block.mean():.3f} | {block.mean() / token.mean():.3f} ({low:.3f}-{high:.3f}) |", flush=True)
+              f"{block.mean():.3f} | {block.mean() / token.mean():.3f} ({low:.3f}-{high:.3f}) | "
+              f"{token_fit}, {block_fit} |", flush=True)
 
 
 def timed(target, draft, prompts, temperature, best, args) -> None:

@@ -99,7 +99,7 @@ def test_a_chain_as_a_tree_gets_the_block_verdicts_uniform_for_uniform(as_tensor
     trees = [(parents, target[c], q_table[c], torch.tensor(c)) for c in contexts]
     as_trees = _core._verify_trees_seeded(trees, *config, 1.0, "with_replacement", seeds, as_tensors,
                                           verification="block")
-    assert [(n, t) for n, t, *_ in chains] == [(len(path), t) for path, _, t, _, _ in as_trees]
+    assert [(n, t) for n, t, *_ in chains] == [(len(path), t) for path, _, t, *_ in as_trees]
     assert len({n for n, *_ in chains}) == gamma + 1, "every stopping place occurs"
 
 
@@ -116,7 +116,7 @@ def engine_counts(shape, config, siblings, seed, draws, as_tensors, verification
     out = _core._verify_trees_seeded(trees, *config, 1.0, siblings, list(range(draws)), as_tensors,
                                      verification=verification)
     counts = defaultdict(int)
-    for (path, path_tokens, t, ranks, finite) in out:
+    for (path, path_tokens, t, ranks, finite, _) in out:
         assert finite and len(ranks) == len(path) + 1
         assert [parents[node] for node in path] == ([0] + path)[:len(path)], "the path goes down the tree"
         counts[tuple(path_tokens) + (t,)] += 1
@@ -220,3 +220,7 @@ def test_sweep_runs_traversal_beside_the_token_rule():
                             verifications=["token", "block"], max_new_tokens=12, seed=5, repeats=1, progress=False)
     assert sorted(zip(frame.siblings, frame.verification)) == [("coupled", "token"), ("top", "block"),
                                                                ("top", "token")]
+    for row in frame.itertuples():  # the expectation of the rule that ran, on its drafts (test_tree_expectations.py)
+        ran, other = ((row.block_expected_tokens, row.token_expected_tokens) if row.verification == "block"
+                      else (row.token_expected_tokens, row.block_expected_tokens))
+        assert 1.0 < ran <= 3.0 and np.isnan(other)

@@ -363,7 +363,7 @@ def run_tree(shape, target, draft, config, siblings, draws, as_tensors, greedy=F
     for seed in range(draws):
         tokens = draw_tree(parents, q_table, draft, root, siblings, greedy, seed, as_tensors,
                            None if sibling is None else sibling if greedy else s_table)
-        path, path_tokens, t, ranks, finite = _core._verify_tree_seeded(
+        path, path_tokens, t, ranks, finite, _ = _core._verify_tree_seeded(
             parents, target[tokens].to(dtype), q_table[tokens].to(dtype), tokens, temperature, top_k, top_p, 1.0,
             siblings, [seed], as_tensors, sibling_q=None if sibling is None else s_table[tokens].to(dtype))[0]
         assert finite and len(ranks) == len(path) + 1
@@ -543,7 +543,7 @@ def test_degenerate_laws_emit_only_what_the_target_can(name, siblings, as_tensor
     for shape in ([2, 2], [3, 1], [4]):
         for seed in range(40):
             root = seed % VOCAB
-            (path, path_tokens, t, ranks, finite), = run_one(shape, target, draft, siblings, root, seed, as_tensors)
+            (path, path_tokens, t, ranks, finite, _), = run_one(shape, target, draft, siblings, root, seed, as_tensors)
             assert finite
             emitted, previous = path_tokens + [t], root
             for token in emitted:
@@ -589,7 +589,7 @@ def test_a_batch_of_trees_gives_each_its_verdict_alone(siblings, temperature, as
     logits[2, 3] = float("nan")
     flagged = _core._verify_trees_seeded([trees[0], (parents, logits, q, tokens), trees[2]], temperature, 0, 1.0,
                                          1.0, siblings, [1, 2, 3], as_tensors)
-    assert [verdict[-1] for verdict in flagged] == [True, False, True]
+    assert [verdict[4] for verdict in flagged] == [True, False, True]
 
 
 @pytest.mark.parametrize("as_tensors", [False, True], ids=["cpu-kernel", "tensor-path"])
@@ -599,7 +599,7 @@ def test_greedy_is_the_longest_argmax_agreement(shape, as_tensors):
     for root in range(VOCAB):
         parents = _core._tree_parents(shape)
         tokens = draw_tree(parents, None, draft, root, "top", True, seed=0)
-        (path, path_tokens, t, ranks, _), = _core._verify_tree_seeded(
+        (path, path_tokens, t, ranks, _, _), = _core._verify_tree_seeded(
             parents, target[tokens], standardized(draft, (0.0, 0, 1.0))[tokens], tokens, 0.0, 0, 1.0, 1.0, "top",
             [0], as_tensors)
         want, node = [], 0

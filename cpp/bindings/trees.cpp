@@ -49,7 +49,7 @@ void bind_chain_verification(py::module_& m) {
 void bind_trees(py::module_& m) {
   bind_chain_verification(m);
   // Token trees (tree.h), for the tests: the parents of a shape, a node's children, one tree's verification
-  // drawn with each of `seeds` -> [(path, path_tokens, t, accepted_rank, finite)].
+  // drawn with each of `seeds` -> [(path, path_tokens, t, accepted_rank, finite, kept_in_expectation)].
   m.def("_tree_parents", [](const std::vector<int64_t>& shape) { return Tree::from_shape(shape).parents(); },
         py::arg("shape"));
   // k children of one node (q [V], k an int) or counts[i] children of each of several (q [n, V], k a list); groups:
@@ -98,7 +98,7 @@ void bind_trees(py::module_& m) {
     py::list out;
     for (const Verdict& v : as_tensors ? verify_drafts_as_tensors(rows, config, siblings)
                                         : verify_drafts(rows, config, siblings)) {
-      out.append(py::make_tuple(v.path, v.path_tokens, v.host_token, v.accepted_rank, v.finite));
+      out.append(py::make_tuple(v.path, v.path_tokens, v.host_token, v.accepted_rank, v.finite, v.kept_in_expectation));
     }
     return out;
   };

@@ -369,6 +369,12 @@ Iteration Batch::record(Row& row, Verdict& verdict) {
   }
   if (s_.trees) {
     record_tree_ranks(stats, tree, verdict);
+    // the drafts kept in expectation by the rule that ran (tree.h: expected_kept); at T = 0 both rules' verdict
+    const bool block = s_.config.block(), both = s_.config.greedy();
+    (block ? stats.block_kept_sum : stats.token_kept_sum) += verdict.kept_in_expectation;
+    double& other = block ? stats.token_kept_sum : stats.block_kept_sum;
+    other = both ? other + verdict.kept_in_expectation : std::numeric_limits<double>::quiet_NaN();
+    stats.predicted_iterations += 1;
   } else {  // each rule's drafts kept in expectation on these drafts (speculative.h)
     const double lenience = s_.config.lenience;
     stats.token_kept_sum += expected_kept(verdict.ratios, lenience, false);

@@ -34,8 +34,10 @@ struct Stats {
   // generated sequence (every position up to and including the first rejection).
   double beta_sum = 0.0;
   int64_t beta_count = 0;
-  // A chain's drafts kept in expectation by each rule, from the ratios of the drafts it verified (speculative.h:
-  // expected_kept; block: NaN at lenience < 1, which the block rule refuses), over `predicted_iterations`.
+  // The drafts kept in expectation by each rule on the drafts verified, over `predicted_iterations`: a chain's by
+  // both rules, from its ratios (speculative.h: expected_kept; block: NaN at lenience < 1, which the block rule
+  // refuses); a tree's by the rule that ran (tree.h: expected_kept; traversal's is block's), the other's NaN but at
+  // T = 0, where the two rules' verdicts are one.
   double token_kept_sum = 0.0;
   double block_kept_sum = 0.0;
   int64_t predicted_iterations = 0;

@@ -255,10 +255,11 @@ class ChildLaws {
 
 // Sampled: the node's children tested in rank order (tree.h), one uniform each until one is kept; its rank, or
 // -1 with t drawn from the last residual. Child 0 reads p and q themselves; what is left of them is copied only
-// where a later child reads it, so a chain's test costs what Algorithm 1's does.
+// where a later child reads it, so a chain's test costs what Algorithm 1's does. With `chances` (by node), no coin
+// and no t: every child's test chance given the rejections before it is written there, and none is kept.
 template <typename acc_t>
 int64_t sampled_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, const acc_t* q_node,
-                      const acc_t* s_node, int64_t& t) {
+                      const acc_t* s_node, int64_t& t, double* chances = nullptr) {
   const int64_t children = in.tree.children(node), first = in.tree.first_child(node), vocab = in.vocab;
   const acc_t* p_j = p_node;
   std::vector<acc_t> p_rest;  // p_j, once a later child reads it
@@ -275,7 +276,13 @@ int64_t sampled_child(const Walk<acc_t>& in, int64_t node, const acc_t* p_node, 
     }
     const int64_t next = look_ahead ? in.tokens[first + j + 1] : 0;
     const bool next_in_h = p_j[next] > q_j[next];
-    if (in.uniform() < child_acceptance(p_j[x], q_j[x], in.config.lenience, j == 0, look_ahead, next_in_h, w)) return j;
+    const double chance = child_acceptance(p_j[x], q_j[x], in.config.lenience, j == 0, look_ahead, next_in_h, w);
+    if (chances != nullptr) {
+      chances[first + j] = chance;
+      if (j == children - 1) return -1;
+    } else if (in.uniform() < chance) {
+      return j;
+    }
     const double rejected = residual_mass(p_j, q_j, vocab);
     if (j == children - 1) {  // every child rejected: t from residual(p_j, q_j), p_j itself when that has no mass
       t = rejected > 0 ? inverse_cdf(vocab, in.draw(), [p_j, q_j](int64_t v) { return excess(p_j[v], q_j[v]); })
@@ -335,6 +342,22 @@ Verdict walk(const Walk<acc_t>& in) {
   }
 }
 
+// Every child's test chance by node (tree.h: expected_kept's c_v for the token rule), from sampled_child without
+// coins, at each internal node the kept path can reach: a node of chance 0 is passed over, and so its children
+// keep chance 0 and are passed over too.
+template <typename acc_t>
+std::vector<double> token_chances(const Walk<acc_t>& in) {
+  std::vector<double> out(in.tree.size(), 0.0);
+  for (int64_t node = 0; node < in.tree.size(); ++node) {
+    if ((node > 0 && !(out[node] > 0)) || in.tree.children(node) == 0) continue;
+    const acc_t* q_node = in.q[node];
+    int64_t t = 0;
+    sampled_child(in, node, in.p + node * in.vocab, q_node, in.sibling.defined() ? in.sibling[node] : q_node, t,
+                  out.data());
+  }
+  return out;
+}
+
 // Traversal verification (tree.h; on a chain, Sun et al.'s block verification): the nodes in post-order, each of
 // weight r > 0 against one uniform (the root draws none: it stops when nothing below it does), until one falls below
 // the node's stopping chance h; then one uniform for t. A node's stage measures W_j are computed as its children are
@@ -368,9 +391,20 @@ class Traversal {
     return out;
   }
 
+  // Every node's weight r_v (tree.h: expected_kept's c_v for traversal), by a visit of the whole tree without coins
+  // (a subtree of r = 0 is passed over: its weights are 0).
+  std::vector<double> weights() {
+    std::vector<double> out(in_.tree.size(), 0.0);
+    weights_ = &out;
+    visit(0, 1.0);
+    weights_ = nullptr;
+    return out;
+  }
+
  private:
   // Node v's subtree in post-order, v of weight r > 0: its children's subtrees in rank order, then v itself. True
-  // once a node stops (stop_, and stop_law_ its W_(k+1): empty for a leaf, whose t follows p).
+  // once a node stops (stop_, and stop_law_ its W_(k+1): empty for a leaf, whose t follows p). Recording weights_,
+  // no node stops.
   bool visit(int64_t v, double r) {
     const int64_t vocab = in_.vocab, children = in_.tree.children(v), first = in_.tree.first_child(v);
     const acc_t* p_v = in_.p + v * vocab;
@@ -386,7 +420,9 @@ class Traversal {
         const int64_t x = in_.tokens[first + j];
         const acc_t* q_j = laws.law(j, x);
         const double r_child = child_weight(at(j, x), q_j[x], j == 0);
+        if (weights_ != nullptr) (*weights_)[first + j] = r_child;
         if (r_child > 0 && visit(first + j, r_child)) return true;
+        if (weights_ != nullptr && j == children - 1) return false;  // W_(k+1), v's chance, is not needed
         double kept = 0.0;  // m_j = sum min(W_j, q_j)
         for (int64_t u = 0; u < vocab; ++u) kept += std::min(at(j, u), static_cast<double>(q_j[u]));
         std::vector<double> next(vocab);
@@ -399,7 +435,7 @@ class Traversal {
     }
     double h = r;  // a leaf's; an internal node's is W_(k+1)'s mass
     if (children > 0) h = std::accumulate(w.begin(), w.end(), 0.0);
-    if (v != 0 && !(in_.uniform() < h)) return false;
+    if (weights_ != nullptr || (v != 0 && !(in_.uniform() < h))) return false;
     stop_ = v;
     stop_law_.swap(w);
     return true;
@@ -416,6 +452,7 @@ class Traversal {
   const Walk<acc_t>& in_;
   int64_t stop_ = 0;
   std::vector<double> stop_law_;
+  std::vector<double>* weights_ = nullptr;
 };
 
 }  // namespace
@@ -537,6 +574,10 @@ Verdict verify_tree(const Tree& tree, const at::Tensor& target_logits, const at:
   const Walk<double> in{tree, p.const_data_ptr<double>(), p.size(1), q_rows, sibling_rows, tokens, config, siblings,
                         coins, draw, nullptr};
   Verdict out = config.block() ? Traversal<double>(in).run() : walk(in);
+  out.kept_in_expectation =
+      config.greedy() ? static_cast<double>(out.accepted())
+                      : expected_kept(tree, config.block() ? Traversal<double>(in).weights() : token_chances(in),
+                                      config.block());
   out.finite = std::all_of(finite.begin(), finite.end(), [](uint8_t ok) { return ok != 0; });
   return out;
 }

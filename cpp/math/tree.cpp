@@ -47,6 +47,22 @@ Tree Tree::from_shape(const std::vector<int64_t>& shape) {
   return Tree(std::move(parent));
 }
 
+double expected_kept(const Tree& tree, const std::vector<double>& chances, bool block) {
+  // reach[v]: the token rule's P(v kept); traversal's prod over the subtrees before v's of (1 - r_s)
+  std::vector<double> reach(tree.size(), 1.0);
+  double kept = 0.0;
+  for (int64_t node = 0; node < tree.size(); ++node) {
+    double passed = 1.0;  // prod (1 - c_s) over the earlier children
+    for (int64_t j = 0, first = tree.first_child(node); j < tree.children(node); ++j) {
+      const double chance = chances[first + j];
+      reach[first + j] = reach[node] * passed * (block ? 1.0 : chance);
+      kept += block ? reach[first + j] * chance : reach[first + j];
+      passed *= 1.0 - chance;
+    }
+  }
+  return kept;
+}
+
 std::vector<int64_t> Tree::post_order() const {
   std::vector<int64_t> out, stack{0}, next(size(), 0);  // next: the rank of the child to visit next
   while (!stack.empty()) {

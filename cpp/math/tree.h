@@ -147,6 +147,18 @@
 // What it keeps: on a chain at least the token rule's (the block rule's argument above); on trees Weng et al. report
 // 2.2-5.7% longer acceptance than the token rule's tree verification, and speculant.analysis computes both exactly
 // on small trees (traversal_expected_tokens, token_tree_expected_tokens).
+//
+// What a tree keeps in expectation on its drafts (expected_kept below; Verdict::kept_in_expectation). Given the
+// drafted tokens, with the coins integrated out, the kept path passes through node v with a chance each rule gives
+// in closed form from one number per node, its `chance`. Token rule: c_v = child v's test chance given its earlier
+// siblings' rejections (child_acceptance, with the law p_j and q_j the walk uses there); the coins are independent,
+// so P(v kept) = P(parent kept) c_v prod_(s: earlier siblings of v) (1 - c_s). Traversal: c_v = v's weight r_v; by
+// the lemma, v's subtree stops with chance r_v over its own drafts and coins, and it is visited when the subtrees
+// before it in post-order, those of the earlier siblings of v and of each of its ancestors, did not stop, each with
+// chance 1 - r_s over draws of its own: P(v kept) = r_v prod_(s before v) (1 - r_s). On a chain these are
+// expected_kept's products and running ratios. Their sum over the nodes is an unbiased estimate of E[n] whose
+// average over the drafter's draws is analysis' enumeration (tests/test_tree_expectations.py checks both rules on
+// every sibling rule by exact enumeration of the drafts). At T = 0 each verdict is fixed by the drafts: its n.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -291,6 +303,10 @@ struct TreeInput {
 
   bool chain_form() const { return tree->chain() && tokens.defined() && tokens.size(0) == tree->size() - 1; }
 };
+
+// The drafts a tree's rule keeps in expectation given each node's chance (above; chances[0], the root's, is not
+// read): the token rule's or, with `block`, traversal's.
+double expected_kept(const Tree& tree, const std::vector<double>& chances, bool block);
 
 // ValueError unless the row's tensors are shaped as above for its tree, lenience is 1 (but for chain-form rows), a
 // sibling law comes with independent draws, and the coins and the correction have two generators.

@@ -63,9 +63,12 @@ bool draft_finite(const TreeInput& row, const ReadBack& read, size_t part) {
 // What the device reads back (ids in the read-back), by position (the layout's order): mass, each position's last
 // row's total (sampled) or maximum (greedy), NaN where the target's logits were not finite; candidates, each
 // position's t; beta, each internal position's; kept [M, K], whether each child's test kept it (past a node's count:
-// not read); ratio, each internal position's first child's p(x) / q(x) (a chain's Verdict::ratios).
+// not read); ratio, each internal position's first child's p(x) / q(x) (a chain's Verdict::ratios). Sampled, for
+// expected_kept's chances (tree.h): weight [M, K], traversal's each child's r; tests [M, K, 4], the token rule's
+// child_acceptance arguments of each child: p_j(x), q_j(x) and, where the coupled coin looks ahead, whether the next
+// child lies in H_j (1 or 0) and w.
 struct DeviceParts {
-  size_t beta = kNone, kept = kNone, mass = kNone, candidates = kNone, ratio = kNone;
+  size_t beta = kNone, kept = kNone, mass = kNone, candidates = kNone, ratio = kNone, weight = kNone, tests = kNone;
   at::Tensor candidates_tensor;  // [nodes] in the layout's order, int64 on the device
 };
 
@@ -193,10 +196,11 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
   if (siblings == Siblings::top) out.beta = read.add(beta(P.narrow(0, 0, m), q));
   if (m > 0) out.ratio = read.add(first_ratios(P.narrow(0, 0, m), q, x));
   // each child's coin u [M, K] (A.5's lenience l folded in: the test is u l q < p) and whether its test keeps it
-  at::Tensor coins, kept;
+  at::Tensor coins, kept, tests;
   if (m > 0) {
     coins = take_rows(in.uniforms, layout.coins, in.taken[4]).view({m, k}) * (config.lenience / kBelowOne);
     kept = at::zeros({m, k}, coins.options().dtype(at::kBool));
+    tests = at::zeros({m, k, 4}, coins.options());  // DeviceParts::tests
   }
   StageLaws laws(q, s, x, siblings);  // the law child j was drawn from, given every rejection before it
   for (int64_t j = 0; j < k && layout.leading[j] > 0; ++j) {
@@ -229,10 +233,20 @@ DeviceParts run_steps(const Nodes& nodes, const Layout& layout, const DeviceInpu
     }
     at::Tensor kept_j = kept.narrow(0, 0, rows_j).narrow(1, j, 1);
     child_tests(p_x, q_x, coins.narrow(0, 0, rows_j).narrow(1, j, 1), j == 0, next_in_h, w, kept_j);
+    const at::Tensor tests_j = tests.narrow(0, 0, rows_j).select(1, j);  // [M_j, 4]
+    tests_j.narrow(1, 0, 1).copy_(p_x);
+    tests_j.narrow(1, 1, 1).copy_(q_x);
+    if (next_in_h.defined()) {
+      tests_j.narrow(0, 0, next).narrow(1, 2, 1).copy_(next_in_h);
+      tests_j.narrow(0, 0, next).narrow(1, 3, 1).copy_(w);
+    }
     // rejected: p_{j+1} = norm(max(0, p_j - q_j)), p_j itself where that has no mass (speculative.h's residual)
     to_residual(p_j, residual);
   }
-  if (m > 0) out.kept = read.add(kept);
+  if (m > 0) {
+    out.kept = read.add(kept);
+    out.tests = read.add(tests);
+  }
   draw_candidates(P, layout, in, read, out);
   return out;
 }
@@ -306,6 +320,7 @@ DeviceParts traversal_steps(const Nodes& nodes, const Layout& layout, const Devi
     }
     const at::Tensor coins = take_rows(in.uniforms, layout.coins, in.taken[4]).view({m, k}) * (1.0 / kBelowOne);
     out.kept = read.add(coins.lt(h.view({m, k})));
+    out.weight = read.add(weights);
   }
   draw_candidates(P, layout, in, read, out);
   return out;
@@ -325,7 +340,8 @@ struct Plan {
 
   bool same_places(const Plan& other) const { return offsets == other.offsets && ids() == other.ids(); }
   std::vector<size_t> ids() const {
-    std::vector<size_t> out{parts.beta, parts.kept, parts.mass, parts.candidates, parts.ratio, token_part};
+    std::vector<size_t> out{parts.beta, parts.kept, parts.mass, parts.candidates, parts.ratio, parts.weight,
+                            parts.tests, token_part};
     out.insert(out.end(), draft_parts.begin(), draft_parts.end());
     return out;
   }
@@ -436,8 +452,30 @@ int64_t on_path(const Tree& tree, int64_t node, int64_t stop) {
   return child > 0 ? tree.rank(child) : -1;
 }
 
+// Row r's drafts kept in expectation by its rule (tree.h: expected_kept), from each child's chance: traversal's
+// weights as read back, the token rule's by child_acceptance from its tests' values (at T = 0: its n).
+double kept_in_expectation(const Nodes& nodes, const Layout& layout, const ReadBack& read, const DeviceParts& parts,
+                           size_t r, const Verdict& verdict, double lenience, Siblings siblings) {
+  if (layout.greedy) return static_cast<double>(verdict.accepted());
+  const Tree& tree = nodes.tree(static_cast<int64_t>(r));
+  std::vector<double> chances(tree.size(), 0.0);
+  for (int64_t node = 1; node < tree.size(); ++node) {
+    const int64_t parent = tree.parent(node), rank = tree.rank(node);
+    const int64_t edge = layout.position[nodes.base[r] + parent] * nodes.widest + rank;
+    if (layout.block) {
+      chances[node] = read.at(parts.weight)[edge];
+      continue;
+    }
+    const double* test = read.at(parts.tests) + 4 * edge;
+    const bool look_ahead = siblings == Siblings::coupled && rank + 1 < tree.children(parent);
+    chances[node] = child_acceptance(test[0], test[1], lenience, rank == 0, look_ahead, test[2] != 0, test[3]);
+  }
+  return expected_kept(tree, chances, layout.block);
+}
+
 // Each row's walk down its tree on the host, from the read-back.
-std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const DeviceRun& run) {
+std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const DeviceRun& run, double lenience,
+                               Siblings siblings) {
   ReadBack read(run.plan->offsets);
   read.load(run.packed);
   const DeviceParts& parts = run.plan->parts;
@@ -467,6 +505,7 @@ std::vector<Verdict> walk_rows(const Nodes& nodes, const Layout& layout, const D
       verdict.token = run.candidates.narrow(0, i, 1);
     };
     walk(nodes, static_cast<int64_t>(r), token, verdict, choose, stop);
+    verdict.kept_in_expectation = kept_in_expectation(nodes, layout, read, parts, r, verdict, lenience, siblings);
     if (nodes.chain_form[r]) {
       verdict.drafted = nodes.drafts(static_cast<int64_t>(r), token);
       for (int64_t node = 0; node + 1 < nodes.tree(r).size(); ++node) {
@@ -487,7 +526,7 @@ std::vector<Verdict> verify_drafts_as_tensors(const std::vector<TreeInput>& rows
   const Layout layout(nodes, config);
   DeviceRun run;
   run_device(nodes, layout, config, siblings, graphs, run);
-  return walk_rows(nodes, layout, run);
+  return walk_rows(nodes, layout, run, config.lenience, siblings);
 }
 
 }  // namespace speculant

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace speculant {
@@ -24,6 +25,9 @@ struct Verdict {
   // A chain's p_i(x_i) / q_i(x_i) at each of its gamma positions (0 where p_i(x_i) = 0, +inf where q_i(x_i) = 0 <
   // p_i(x_i); at T = 0, +inf where the test keeps x_i), for expected_kept() (speculative.h). Trees: empty.
   std::vector<double> ratios;
+  // A tree's drafts kept in expectation on these drafts by the rule that verified it, its coins integrated out
+  // (tree.h: expected_kept; at T = 0 its n). Chains: NaN (their ratios give both rules').
+  double kept_in_expectation = std::numeric_limits<double>::quiet_NaN();
   bool finite = true;         // every target row (and every draft row given) had finite logits
 
   int64_t accepted() const { return static_cast<int64_t>(path.size()); }

@@ -240,8 +240,8 @@ def sweep(target: Model, draft, prompts, *, gammas: Optional[Grid] = None, trees
     lenience), then ``timing.COLUMNS``, defined in ``speculant.timing.summarize``: ``alpha`` (Corollary 3.6; it does not depend
     on lenience), ``acceptance`` (the alpha that sets the speed at the row's lenience, A.5),
     ``tokens_per_target_call`` and Equation (1)'s ``expected_tokens``, ``token_expected_tokens`` and
-    ``block_expected_tokens`` (each chain rule's expectation on the drafts verified), totals over the prompts, ``c``
-    (Definition 3.7), the measured ``speedup`` and Theorem 3.8's ``predicted_speedup``.
+    ``block_expected_tokens`` (each rule's expectation on the drafts verified; trees: the rule that ran), totals
+    over the prompts, ``c`` (Definition 3.7), the measured ``speedup`` and Theorem 3.8's ``predicted_speedup``.
 
     executor: None runs the settings one after the other in this process, with these models; an exception
     raised by a setting propagates (a bug in the call). Otherwise any ``concurrent.futures``-style executor (an

@@ -168,8 +168,9 @@ def totals(results) -> Dict[str, float]:
 
 
 def rule_expectations(results) -> Dict[str, float]:
-    """Each chain rule's tokens per target call on the drafts that several generations verified (Stats'
-    token_expected_tokens and block_expected_tokens, pooled over their iterations); NaN for trees."""
+    """Each rule's tokens per target call on the drafts that several generations verified (Stats'
+    token_expected_tokens and block_expected_tokens, pooled over their iterations). Chains give both rules; trees
+    give the rule that ran, and NaN for the other one."""
     stats = [r.stats for r in results]
     iterations = sum(s.predicted_iterations for s in stats)
     if not iterations:
@@ -435,8 +436,8 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     acceptance: the alpha that governs the speed at this lenience (A.5), alpha at lenience 1, below 1 the
     fraction of verified drafts that were kept; tokens_per_target_call measured and expected_tokens by Equation
     (1) at acceptance; token_expected_tokens and block_expected_tokens, each chain rule's tokens per target call
-    in expectation on the drafts these runs verified (``rule_expectations``: the rule that ran and the other one
-    on the same drafts; NaN for trees, block NaN at lenience < 1); totals over the prompts (new_tokens,
+    in expectation on the drafts these runs verified (``rule_expectations``: the rule that ran and, for chains, the
+    other one on the same drafts; block NaN at lenience < 1); totals over the prompts (new_tokens,
     target_calls, draft_calls, seconds of speculative and plain_seconds of plain decoding, the engine's own
     timings); c (Definition 3.7): the draft's mean seconds per
     call in the speculative runs (per drafted token for a drafter that calls no model) over the target's in
