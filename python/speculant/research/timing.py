@@ -435,7 +435,7 @@ def summarize(rounds: Sequence[Round], *, gamma: int, lenience: float,
     alpha, Corollary 3.6: the engine's sum_x min(p, q) averaged over every verified position of every prompt;
     acceptance: the alpha that governs the speed at this lenience (A.5), alpha at lenience 1, below 1 the
     fraction of verified drafts that were kept; tokens_per_target_call measured and expected_tokens by Equation
-    (1) at acceptance; token_expected_tokens and block_expected_tokens, each chain rule's tokens per target call
+    (1) at acceptance; token_expected_tokens and block_expected_tokens, each rule's tokens per target call
     in expectation on the drafts these runs verified (``rule_expectations``: the rule that ran and, for chains, the
     other one on the same drafts; block NaN at lenience < 1); totals over the prompts (new_tokens,
     target_calls, draft_calls, seconds of speculative and plain_seconds of plain decoding, the engine's own
